@@ -1,0 +1,51 @@
+-- Version 1 of the outbox table. Placeholders in braces are quoted identifiers filled in by
+-- outbox.rs; nothing user-supplied is spliced in any other way.
+CREATE TABLE IF NOT EXISTS {table} (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    event_id          text NOT NULL UNIQUE CHECK (char_length(event_id) BETWEEN 1 AND 128),
+    aggregate_type    text NOT NULL,
+    aggregate_id      text NOT NULL,
+    event_type        text NOT NULL,
+    payload           jsonb NOT NULL,
+    headers           jsonb NOT NULL DEFAULT '{}',
+    queue_url         text,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    available_at      timestamptz NOT NULL DEFAULT now(),
+    attempts          integer NOT NULL DEFAULT 0,
+    lease_owner       text,
+    lease_until       timestamptz,
+    lease_token       bigint NOT NULL DEFAULT 0,
+    sent_at           timestamptz,
+    message_id        text,
+    quarantined_at    timestamptz,
+    quarantine_reason text,
+    last_error        text
+)
+-- fillfactor leaves room on each page so that a claim (which changes no indexed column) is a
+-- HOT update; the autovacuum settings keep dead index entries of drained rows from piling up.
+WITH (
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_insert_scale_factor = 0.01,
+    autovacuum_analyze_scale_factor = 0.01
+);
+
+CREATE INDEX IF NOT EXISTS {unsent_index} ON {table} (id)
+    WHERE sent_at IS NULL AND quarantined_at IS NULL;
+
+CREATE INDEX IF NOT EXISTS {quarantined_index} ON {table} (id)
+    WHERE quarantined_at IS NOT NULL;
+
+-- One NOTIFY per inserting statement (not per row); PostgreSQL also folds identical
+-- notifications within a transaction. The channel is derived from the table's own name so
+-- that several outbox tables in one database wake only their relays.
+CREATE OR REPLACE FUNCTION {notify_function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('outbox_relay_' || left(md5(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME), 16), '');
+    RETURN NULL;
+END
+$fn$;
+
+CREATE OR REPLACE TRIGGER outbox_relay_notify
+    AFTER INSERT ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {notify_function}();

@@ -1,0 +1,515 @@
+//! Pure planning: claimed rows -> SendMessageBatch requests within SQS's limits.
+//!
+//! A row that SQS would refuse whatever we do (too large, attributes it cannot carry) is
+//! rejected here with its reason, before anything is sent, so it is quarantined instead of
+//! retried.
+
+use crate::outbox::{ClaimedRow, QuarantineReason};
+use sha2::{Digest, Sha256};
+
+/// SQS accepts at most this many entries in one SendMessageBatch call.
+pub const MAX_ENTRIES: usize = 10;
+/// SQS carries at most this many message attributes on one message.
+const MAX_ATTRIBUTES: usize = 10;
+/// Each message attribute is sent as a `String` attribute; its type name counts toward size.
+const STRING_TYPE: &str = "String";
+/// Longest MessageGroupId / MessageDeduplicationId SQS accepts.
+const MAX_FIFO_ID_LEN: usize = 128;
+
+/// What the planner needs to know about the destination.
+#[derive(Debug, Clone)]
+pub struct PlanConfig {
+    /// Where rows without their own `queue_url` go.
+    pub default_queue_url: String,
+    /// SQS's limit on one message and on the sum of a batch's messages (1 MiB today); a setting
+    /// so a deployment can follow a future change, or match a queue's smaller limit.
+    pub max_request_bytes: usize,
+}
+
+/// One message of a batch, in our terms; `sqs.rs` turns it into the SDK's entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// Index of the row in the claimed slice, to settle the outcome against it.
+    pub row: usize,
+    /// Batch entry ID: the row's `id`, unique within a request and made only of digits.
+    pub id: String,
+    /// The payload JSON text.
+    pub body: String,
+    /// String message attributes, fixed ones first, then the row's headers.
+    pub attributes: Vec<(String, String)>,
+    /// FIFO only: the message group (the aggregate) that SQS keeps in order.
+    pub group_id: Option<String>,
+    /// FIFO only: the business event ID, so SQS drops our resends within its window.
+    pub dedup_id: Option<String>,
+    /// Size as SQS counts it: body plus attribute names, types and values.
+    pub size: usize,
+}
+
+/// One SendMessageBatch call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchRequest {
+    pub queue_url: String,
+    pub entries: Vec<Entry>,
+}
+
+impl BatchRequest {
+    pub fn size(&self) -> usize {
+        self.entries.iter().map(|e| e.size).sum()
+    }
+
+    /// Splits a request in two halves, to isolate an entry that made the whole request fail.
+    pub fn split(mut self) -> (BatchRequest, BatchRequest) {
+        let tail = self.entries.split_off(self.entries.len() / 2);
+        let other = BatchRequest {
+            queue_url: self.queue_url.clone(),
+            entries: tail,
+        };
+        (self, other)
+    }
+}
+
+/// A row that must not be sent, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rejected {
+    pub row: usize,
+    pub reason: QuarantineReason,
+    pub error: String,
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    pub requests: Vec<BatchRequest>,
+    pub rejected: Vec<Rejected>,
+}
+
+/// Is this a FIFO queue? SQS requires FIFO queue names to end in `.fifo`.
+pub fn is_fifo(queue_url: &str) -> bool {
+    queue_url.trim_end_matches('/').ends_with(".fifo")
+}
+
+/// Groups rows into requests of at most [`MAX_ENTRIES`] entries and `max_request_bytes`,
+/// keeping claim order within each queue.
+pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
+    let mut plan = Plan::default();
+    // Open request per destination; a claim usually has one destination, rarely a few.
+    let mut open: Vec<BatchRequest> = Vec::new();
+    for (index, row) in rows.iter().enumerate() {
+        let queue_url = row
+            .queue_url
+            .as_deref()
+            .filter(|u| !u.is_empty())
+            .unwrap_or(&config.default_queue_url);
+        let entry = match entry_for(index, row, is_fifo(queue_url), config.max_request_bytes) {
+            Ok(entry) => entry,
+            Err(rejected) => {
+                plan.rejected.push(rejected);
+                continue;
+            }
+        };
+        let slot = match open.iter().position(|r| r.queue_url == queue_url) {
+            Some(i) => i,
+            None => {
+                open.push(BatchRequest {
+                    queue_url: queue_url.to_string(),
+                    entries: Vec::with_capacity(MAX_ENTRIES),
+                });
+                open.len() - 1
+            }
+        };
+        let request = &mut open[slot];
+        if request.entries.len() == MAX_ENTRIES
+            || request.size() + entry.size > config.max_request_bytes
+        {
+            let full = std::mem::replace(
+                request,
+                BatchRequest {
+                    queue_url: queue_url.to_string(),
+                    entries: Vec::with_capacity(MAX_ENTRIES),
+                },
+            );
+            plan.requests.push(full);
+        }
+        open[slot].entries.push(entry);
+    }
+    plan.requests
+        .extend(open.into_iter().filter(|r| !r.entries.is_empty()));
+    plan
+}
+
+fn entry_for(
+    index: usize,
+    row: &ClaimedRow,
+    fifo: bool,
+    max_bytes: usize,
+) -> Result<Entry, Rejected> {
+    let invalid = |error: String| Rejected {
+        row: index,
+        reason: QuarantineReason::Invalid,
+        error,
+    };
+    let mut attributes = Vec::with_capacity(4);
+    for (name, value) in [
+        ("event_id", &row.event_id),
+        ("event_type", &row.event_type),
+        ("aggregate_type", &row.aggregate_type),
+        ("aggregate_id", &row.aggregate_id),
+    ] {
+        check_attribute_value(name, value).map_err(invalid)?;
+        attributes.push((name.to_string(), value.clone()));
+    }
+    for (name, value) in header_attributes(&row.headers).map_err(invalid)? {
+        check_attribute_name(&name).map_err(invalid)?;
+        if attributes.iter().any(|(n, _)| *n == name) {
+            return Err(invalid(format!(
+                "header {name:?} collides with an attribute the relay sets itself"
+            )));
+        }
+        check_attribute_value(&name, &value).map_err(invalid)?;
+        attributes.push((name, value));
+    }
+    if attributes.len() > MAX_ATTRIBUTES {
+        return Err(invalid(format!(
+            "{} message attributes (4 fixed + {} headers); SQS allows {MAX_ATTRIBUTES}",
+            attributes.len(),
+            attributes.len() - 4
+        )));
+    }
+    if let Some(bad) = row.payload.chars().find(|c| !sqs_allows(*c)) {
+        return Err(invalid(format!(
+            "payload contains U+{:04X}, which SQS does not accept in a message body",
+            bad as u32
+        )));
+    }
+    let size = row.payload.len()
+        + attributes
+            .iter()
+            .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
+            .sum::<usize>();
+    if size > max_bytes {
+        return Err(Rejected {
+            row: index,
+            reason: QuarantineReason::TooLarge,
+            error: format!("message is {size} bytes with its attributes; the limit is {max_bytes}"),
+        });
+    }
+    let (group_id, dedup_id) = if fifo {
+        (
+            Some(fifo_id(&row.aggregate_id)),
+            Some(fifo_id(&row.event_id)),
+        )
+    } else {
+        (None, None)
+    };
+    Ok(Entry {
+        row: index,
+        id: row.id.to_string(),
+        body: row.payload.clone(),
+        attributes,
+        group_id,
+        dedup_id,
+        size,
+    })
+}
+
+/// Headers are a JSON object of string values; numbers and booleans are sent as their text.
+fn header_attributes(headers: &serde_json::Value) -> Result<Vec<(String, String)>, String> {
+    let map = match headers {
+        serde_json::Value::Null => return Ok(Vec::new()),
+        serde_json::Value::Object(map) => map,
+        other => {
+            return Err(format!(
+                "headers must be a JSON object, found {}",
+                kind(other)
+            ))
+        }
+    };
+    map.iter()
+        .map(|(k, v)| match v {
+            serde_json::Value::String(s) => Ok((k.clone(), s.clone())),
+            serde_json::Value::Number(n) => Ok((k.clone(), n.to_string())),
+            serde_json::Value::Bool(b) => Ok((k.clone(), b.to_string())),
+            other => Err(format!(
+                "header {k:?} must be a string, number or boolean, found {}",
+                kind(other)
+            )),
+        })
+        .collect()
+}
+
+fn kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// SQS's rule for attribute names: letters, digits, `_`, `-`, `.`; no `AWS.`/`Amazon.` prefix,
+/// no leading, trailing or doubled period; at most 256 characters.
+fn check_attribute_name(name: &str) -> Result<(), String> {
+    let lower = name.to_ascii_lowercase();
+    let ok = !name.is_empty()
+        && name.len() <= 256
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !name.starts_with('.')
+        && !name.ends_with('.')
+        && !name.contains("..")
+        && !lower.starts_with("aws.")
+        && !lower.starts_with("amazon.");
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "header name {name:?} is not a valid SQS attribute name (letters, digits, _ - . ; no AWS./Amazon. prefix)"
+        ))
+    }
+}
+
+fn check_attribute_value(name: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Err(format!("{name} is empty; SQS attributes need a value"));
+    }
+    if let Some(bad) = value.chars().find(|c| !sqs_allows(*c)) {
+        return Err(format!(
+            "{name} contains U+{:04X}, which SQS does not accept",
+            bad as u32
+        ));
+    }
+    Ok(())
+}
+
+/// The characters SQS accepts in bodies and attribute values (XML 1.0's set). Rust strings
+/// cannot hold surrogates, so only controls and the two non-characters remain to exclude.
+fn sqs_allows(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
+}
+
+/// A FIFO group or deduplication ID: the value itself where SQS accepts it (1–128 printable
+/// ASCII characters), otherwise its SHA-256 hex, which is stable, so the same aggregate always
+/// maps to the same group and the same event to the same deduplication ID.
+pub fn fifo_id(value: &str) -> String {
+    let valid = !value.is_empty()
+        && value.len() <= MAX_FIFO_ID_LEN
+        && value.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if valid {
+        value.to_string()
+    } else {
+        let digest = Sha256::digest(value.as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn row(id: i64, payload: &str) -> ClaimedRow {
+        ClaimedRow {
+            id,
+            event_id: format!("ev-{id}"),
+            aggregate_type: "order".into(),
+            aggregate_id: format!("{}", id % 3),
+            event_type: "order.paid".into(),
+            payload: payload.into(),
+            headers: json!({}),
+            queue_url: None,
+            lease_token: 1,
+            attempts: 1,
+            created_at_epoch: 0.0,
+        }
+    }
+
+    fn config() -> PlanConfig {
+        PlanConfig {
+            default_queue_url: "http://q/standard".into(),
+            max_request_bytes: 1024 * 1024,
+        }
+    }
+
+    #[test]
+    fn at_most_ten_entries_per_request_in_claim_order() {
+        let rows: Vec<_> = (1..=25).map(|i| row(i, "{}")).collect();
+        let plan = plan(&rows, &config());
+        assert!(plan.rejected.is_empty());
+        let sizes: Vec<_> = plan.requests.iter().map(|r| r.entries.len()).collect();
+        assert_eq!(sizes, vec![10, 10, 5]);
+        let ids: Vec<_> = plan
+            .requests
+            .iter()
+            .flat_map(|r| r.entries.iter().map(|e| e.id.clone()))
+            .collect();
+        let expected: Vec<_> = (1..=25).map(|i| i.to_string()).collect();
+        assert_eq!(ids, expected);
+    }
+
+    #[test]
+    fn the_request_size_limit_closes_a_batch_early() {
+        let big = format!("\"{}\"", "x".repeat(400));
+        let rows: Vec<_> = (1..=6).map(|i| row(i, &big)).collect();
+        let mut cfg = config();
+        cfg.max_request_bytes = 1000;
+        let plan = plan(&rows, &cfg);
+        assert!(plan.rejected.is_empty());
+        for r in &plan.requests {
+            assert!(r.size() <= 1000, "request of {} bytes", r.size());
+        }
+        assert_eq!(plan.requests.len(), 3);
+    }
+
+    #[test]
+    fn a_row_that_can_never_fit_is_rejected_too_large_and_others_flow() {
+        let mut cfg = config();
+        cfg.max_request_bytes = 500;
+        let huge = format!("\"{}\"", "y".repeat(600));
+        let rows = vec![row(1, "{}"), row(2, &huge), row(3, "{}")];
+        let plan = plan(&rows, &cfg);
+        assert_eq!(plan.rejected.len(), 1);
+        assert_eq!(plan.rejected[0].row, 1);
+        assert_eq!(plan.rejected[0].reason, QuarantineReason::TooLarge);
+        assert!(plan.rejected[0].error.contains("limit is 500"));
+        assert_eq!(plan.requests.len(), 1);
+        assert_eq!(plan.requests[0].entries.len(), 2);
+    }
+
+    #[test]
+    fn size_counts_body_and_attribute_names_types_and_values() {
+        let mut r = row(7, "{\"a\":1}");
+        r.headers = json!({"traceparent": "00-abc-def-01"});
+        let plan = plan(&[r], &config());
+        let e = &plan.requests[0].entries[0];
+        let expected = 7
+            + ("event_id".len() + 6 + "ev-7".len())
+            + ("event_type".len() + 6 + "order.paid".len())
+            + ("aggregate_type".len() + 6 + "order".len())
+            + ("aggregate_id".len() + 6 + "1".len())
+            + ("traceparent".len() + 6 + "00-abc-def-01".len());
+        assert_eq!(e.size, expected);
+    }
+
+    #[test]
+    fn attributes_follow_the_design_mapping() {
+        let mut r = row(4, "{\"order_id\":4}");
+        r.headers = json!({"traceparent": "00-1-2-01", "tenant": 42});
+        let plan = plan(&[r], &config());
+        let e = &plan.requests[0].entries[0];
+        assert_eq!(e.body, "{\"order_id\":4}");
+        assert_eq!(e.id, "4");
+        let get = |n: &str| {
+            e.attributes
+                .iter()
+                .find(|(k, _)| k == n)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("event_id"), Some("ev-4"));
+        assert_eq!(get("event_type"), Some("order.paid"));
+        assert_eq!(get("aggregate_type"), Some("order"));
+        assert_eq!(get("aggregate_id"), Some("1"));
+        assert_eq!(get("traceparent"), Some("00-1-2-01"));
+        assert_eq!(get("tenant"), Some("42"));
+        assert_eq!(e.group_id, None);
+        assert_eq!(e.dedup_id, None);
+    }
+
+    #[test]
+    fn bad_headers_are_rejected_as_invalid_with_a_reason() {
+        let cases = [
+            (json!({"a": {"nested": true}}), "must be a string"),
+            (json!({"AWS.trace": "x"}), "not a valid SQS attribute name"),
+            (json!({"event_id": "x"}), "collides"),
+            (json!({"h": ""}), "empty"),
+            (json!([1, 2]), "JSON object"),
+            (
+                json!({"h1":"v","h2":"v","h3":"v","h4":"v","h5":"v","h6":"v","h7":"v"}),
+                "SQS allows 10",
+            ),
+        ];
+        for (headers, why) in cases {
+            let mut r = row(1, "{}");
+            r.headers = headers.clone();
+            let plan = plan(&[r, row(2, "{}")], &config());
+            assert_eq!(plan.rejected.len(), 1, "{headers}");
+            assert_eq!(plan.rejected[0].reason, QuarantineReason::Invalid);
+            assert!(
+                plan.rejected[0].error.contains(why),
+                "{}",
+                plan.rejected[0].error
+            );
+            assert_eq!(plan.requests[0].entries.len(), 1, "the good row still goes");
+        }
+    }
+
+    #[test]
+    fn control_characters_in_attributes_are_invalid() {
+        let mut r = row(1, "{}");
+        r.aggregate_id = "a\u{1}b".into();
+        let plan = plan(&[r], &config());
+        assert_eq!(plan.rejected[0].reason, QuarantineReason::Invalid);
+        assert!(plan.rejected[0].error.contains("U+0001"));
+    }
+
+    #[test]
+    fn rows_go_to_their_own_queue_url_when_set() {
+        let mut a = row(1, "{}");
+        a.queue_url = Some("http://q/other".into());
+        let plan = plan(&[a, row(2, "{}"), row(3, "{}")], &config());
+        assert_eq!(plan.requests.len(), 2);
+        let other = plan
+            .requests
+            .iter()
+            .find(|r| r.queue_url == "http://q/other")
+            .unwrap();
+        assert_eq!(other.entries.len(), 1);
+        let default = plan
+            .requests
+            .iter()
+            .find(|r| r.queue_url == "http://q/standard")
+            .unwrap();
+        assert_eq!(default.entries.len(), 2);
+    }
+
+    #[test]
+    fn fifo_queues_get_group_and_dedup_ids() {
+        let mut cfg = config();
+        cfg.default_queue_url = "http://q/000000000000/orders.fifo".into();
+        let mut r = row(5, "{}");
+        r.aggregate_id = "order-17".into();
+        r.event_id = "order-17:paid".into();
+        let plan = plan(&[r], &cfg);
+        let e = &plan.requests[0].entries[0];
+        assert_eq!(e.group_id.as_deref(), Some("order-17"));
+        assert_eq!(e.dedup_id.as_deref(), Some("order-17:paid"));
+    }
+
+    #[test]
+    fn invalid_fifo_ids_become_their_sha256_hex() {
+        // Known answer from `printf 'a b' | sha256sum`; the space is not allowed in an ID.
+        assert_eq!(
+            fifo_id("a b"),
+            "c8687a08aa5d6ed2044328fa6a697ab8e96dc34291e8c2034ae8c38e6fcc6d65"
+        );
+        assert_eq!(fifo_id("a b").len(), 64);
+        assert_eq!(fifo_id("a b"), fifo_id("a b"), "stable");
+        assert_ne!(fifo_id("a b"), fifo_id("a c"));
+        assert_eq!(fifo_id(&"x".repeat(128)), "x".repeat(128));
+        assert_eq!(fifo_id(&"x".repeat(129)).len(), 64);
+        assert_eq!(fifo_id("é").len(), 64);
+        assert_eq!(fifo_id("").len(), 64);
+        assert_eq!(fifo_id("ok-1:paid!"), "ok-1:paid!");
+    }
+
+    #[test]
+    fn split_halves_a_request() {
+        let rows: Vec<_> = (1..=5).map(|i| row(i, "{}")).collect();
+        let plan = plan(&rows, &config());
+        let (a, b) = plan.requests[0].clone().split();
+        assert_eq!(a.entries.len() + b.entries.len(), 5);
+        assert_eq!(a.entries[0].id, "1");
+        assert_eq!(b.entries[0].id, "3");
+    }
+}

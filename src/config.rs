@@ -1,0 +1,407 @@
+//! Command line and environment -> validated configuration.
+//!
+//! Parsing is clap's; the rules live in pure `validate` functions that unit tests call without
+//! I/O. Every error is one line that says what to change.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::outbox::TableName;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Relays a PostgreSQL transactional outbox to Amazon SQS, at least once, with leases"
+)]
+pub struct Cli {
+    /// Log line format.
+    #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create or upgrade the outbox table, its indexes and wake-up trigger (idempotent).
+    Migrate(DatabaseArgs),
+    /// Run the relay until SIGTERM/SIGINT.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL connection: a libpq URL or key=value string.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Outbox table, optionally schema-qualified (`app.outbox`); quote a part containing a dot.
+    #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox")]
+    pub table: String,
+
+    /// Give up on one connection attempt after this long.
+    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Default destination queue; a URL ending in `.fifo` turns on FIFO fields.
+    #[arg(long, env = "OUTBOX_QUEUE_URL")]
+    pub queue_url: Option<String>,
+
+    /// SQS endpoint override (local emulators). AWS_ENDPOINT_URL is honoured by the SDK too.
+    #[arg(long, env = "AWS_ENDPOINT_URL_SQS")]
+    pub sqs_endpoint_url: Option<String>,
+
+    /// Where /metrics, /healthz and /readyz listen.
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "0.0.0.0:9898")]
+    pub metrics_addr: String,
+
+    /// How long a claim holds its rows; must outlast --send-timeout + --settle-margin.
+    #[arg(long, env = "OUTBOX_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+
+    /// Rows per claim.
+    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
+    pub batch_size: usize,
+
+    /// SendMessageBatch requests in flight at once.
+    #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = 4)]
+    pub max_in_flight: usize,
+
+    /// Claim at least this often even without a wake-up notification.
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub poll_interval: Duration,
+
+    /// Quarantine a row after this many failed attempts.
+    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
+    pub max_attempts: u32,
+
+    /// Lease owner name; default host name and process ID.
+    #[arg(long, env = "OUTBOX_RELAY_ID")]
+    pub relay_id: Option<String>,
+
+    /// Give up on one SQS call after this long.
+    #[arg(long, env = "OUTBOX_SEND_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub send_timeout: Duration,
+
+    /// Time reserved after a send to record its outcome before the lease ends.
+    #[arg(long, env = "OUTBOX_SETTLE_MARGIN", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub settle_margin: Duration,
+
+    /// On SIGTERM, how long to finish in-flight sends before giving up.
+    #[arg(long, env = "OUTBOX_DRAIN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    /// SQS's limit for one message and for one batch request, in bytes.
+    #[arg(long, env = "OUTBOX_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
+    pub max_request_bytes: usize,
+
+    /// First retry delay; doubles per attempt, with full jitter.
+    #[arg(long, env = "OUTBOX_RETRY_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub retry_base: Duration,
+
+    /// Longest retry delay, for rows and for the relay's own back-off.
+    #[arg(long, env = "OUTBOX_RETRY_MAX", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub retry_max: Duration,
+
+    /// How often the table gauges (oldest unsent age, counts) are refreshed.
+    #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub stats_interval: Duration,
+}
+
+/// A value that must never be printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Where the database is and which table to use.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    pub url: Secret,
+    pub table: TableName,
+    pub connect_timeout: Duration,
+}
+
+/// Everything `run` needs, validated.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub database: DatabaseConfig,
+    pub queue_url: String,
+    pub sqs_endpoint: Option<String>,
+    pub metrics_addr: SocketAddr,
+    pub relay_id: String,
+    pub lease: Duration,
+    pub batch_size: usize,
+    pub max_in_flight: usize,
+    pub poll_interval: Duration,
+    pub max_attempts: u32,
+    pub send_timeout: Duration,
+    pub settle_margin: Duration,
+    pub drain_timeout: Duration,
+    pub max_request_bytes: usize,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub stats_interval: Duration,
+}
+
+/// SQS's own ceiling for one message and one batch (1 MiB).
+pub const SQS_MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+impl DatabaseArgs {
+    pub fn validate(&self) -> Result<DatabaseConfig, String> {
+        let url = match self.database_url.as_deref().map(str::trim) {
+            Some(url) if !url.is_empty() => url.to_string(),
+            _ => {
+                return Err(
+                    "--database-url (or DATABASE_URL) is required: the PostgreSQL database holding the outbox table"
+                        .to_string(),
+                )
+            }
+        };
+        let table = self.table.parse::<TableName>()?;
+        if self.connect_timeout.is_zero() {
+            return Err("--connect-timeout must be above zero".to_string());
+        }
+        Ok(DatabaseConfig {
+            url: Secret(url),
+            table,
+            connect_timeout: self.connect_timeout,
+        })
+    }
+}
+
+impl RunArgs {
+    /// Checks every rule that needs no I/O.
+    pub fn validate(&self) -> Result<RunConfig, String> {
+        let database = self.database.validate()?;
+        let queue_url =
+            match self.queue_url.as_deref().map(str::trim) {
+                Some(url) if !url.is_empty() => url.to_string(),
+                _ => return Err(
+                    "--queue-url (or OUTBOX_QUEUE_URL) is required: the SQS queue URL to send to"
+                        .to_string(),
+                ),
+            };
+        if !(queue_url.starts_with("https://") || queue_url.starts_with("http://")) {
+            return Err(format!(
+                "--queue-url {queue_url:?} is not a queue URL: expected https://sqs.<region>.amazonaws.com/<account>/<name>"
+            ));
+        }
+        if let Some(endpoint) = &self.sqs_endpoint_url {
+            if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                return Err(format!(
+                    "--sqs-endpoint-url {endpoint:?} must start with http:// or https://"
+                ));
+            }
+        }
+        let metrics_addr: SocketAddr = self.metrics_addr.parse().map_err(|_| {
+            format!(
+                "--metrics-addr {:?} is not an address: use host:port, e.g. 0.0.0.0:9898",
+                self.metrics_addr
+            )
+        })?;
+        if self.batch_size == 0 || self.batch_size > 10_000 {
+            return Err(format!(
+                "--batch-size {} is out of range: use 1 to 10000 rows per claim",
+                self.batch_size
+            ));
+        }
+        if self.max_in_flight == 0 || self.max_in_flight > 256 {
+            return Err(format!(
+                "--max-in-flight {} is out of range: use 1 to 256",
+                self.max_in_flight
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err("--max-attempts must be at least 1".to_string());
+        }
+        for (name, value) in [
+            ("--poll-interval", self.poll_interval),
+            ("--send-timeout", self.send_timeout),
+            ("--stats-interval", self.stats_interval),
+            ("--retry-base", self.retry_base),
+        ] {
+            if value.is_zero() {
+                return Err(format!("{name} must be above zero"));
+            }
+        }
+        if self.retry_max < self.retry_base {
+            return Err(format!(
+                "--retry-max ({}) must not be below --retry-base ({})",
+                humantime::format_duration(self.retry_max),
+                humantime::format_duration(self.retry_base)
+            ));
+        }
+        check_lease(self.lease, self.send_timeout, self.settle_margin)?;
+        if self.max_request_bytes < 1024 || self.max_request_bytes > SQS_MAX_REQUEST_BYTES {
+            return Err(format!(
+                "--max-request-bytes {} is out of range: use 1024 to {SQS_MAX_REQUEST_BYTES} (SQS's limit)",
+                self.max_request_bytes
+            ));
+        }
+        let relay_id = match self.relay_id.as_deref().map(str::trim) {
+            Some("") => return Err("--relay-id must not be empty".to_string()),
+            Some(id) => id.to_string(),
+            None => default_relay_id(),
+        };
+        Ok(RunConfig {
+            database,
+            queue_url,
+            sqs_endpoint: self.sqs_endpoint_url.clone(),
+            metrics_addr,
+            relay_id,
+            lease: self.lease,
+            batch_size: self.batch_size,
+            max_in_flight: self.max_in_flight,
+            poll_interval: self.poll_interval,
+            max_attempts: self.max_attempts,
+            send_timeout: self.send_timeout,
+            settle_margin: self.settle_margin,
+            drain_timeout: self.drain_timeout,
+            max_request_bytes: self.max_request_bytes,
+            retry_base: self.retry_base,
+            retry_max: self.retry_max,
+            stats_interval: self.stats_interval,
+        })
+    }
+}
+
+/// The lease must outlast a send and the settlement after it; otherwise another replica could
+/// take the rows over while this one still holds SQS's answer, and every slow send would
+/// become a duplicate.
+pub fn check_lease(
+    lease: Duration,
+    send_timeout: Duration,
+    settle_margin: Duration,
+) -> Result<(), String> {
+    if send_timeout + settle_margin >= lease {
+        return Err(format!(
+            "--lease ({}) must be longer than --send-timeout ({}) + --settle-margin ({}), so a row's lease outlasts its send",
+            humantime::format_duration(lease),
+            humantime::format_duration(send_timeout),
+            humantime::format_duration(settle_margin)
+        ));
+    }
+    Ok(())
+}
+
+fn default_relay_id() -> String {
+    let host = gethostname::gethostname().to_string_lossy().into_owned();
+    format!("{host}-{}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_args(extra: &[&str]) -> Result<RunConfig, String> {
+        let mut argv = vec![
+            "outbox-relay",
+            "run",
+            "--database-url",
+            "postgres://relay:pw@127.0.0.1:5432/app",
+            "--queue-url",
+            "http://127.0.0.1:4566/000000000000/q",
+        ];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Run(args) => args.validate(),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid_and_keep_the_lease_relation() {
+        let c = run_args(&[]).unwrap();
+        assert_eq!(c.batch_size, 100);
+        assert_eq!(c.lease, Duration::from_secs(30));
+        assert!(c.send_timeout + c.settle_margin < c.lease);
+        assert_eq!(c.database.table.quoted(), "\"outbox\"");
+        assert!(!c.relay_id.is_empty());
+    }
+
+    #[test]
+    fn the_lease_must_outlast_send_timeout_plus_settle_margin() {
+        let s = Duration::from_secs;
+        assert!(check_lease(s(30), s(10), s(5)).is_ok());
+        assert!(check_lease(s(16), s(10), s(5)).is_ok());
+        let err = check_lease(s(15), s(10), s(5)).unwrap_err();
+        assert!(err.contains(
+            "--lease (15s) must be longer than --send-timeout (10s) + --settle-margin (5s)"
+        ));
+        assert!(check_lease(s(5), s(10), s(1)).is_err());
+        let err = run_args(&["--lease", "5s"]).unwrap_err();
+        assert!(err.contains("--lease"), "{err}");
+    }
+
+    #[test]
+    fn missing_queue_url_says_what_to_set() {
+        let cli =
+            Cli::try_parse_from(["outbox-relay", "run", "--database-url", "postgres://x@h/db"])
+                .unwrap();
+        let Command::Run(mut args) = cli.command else {
+            panic!()
+        };
+        args.queue_url = None;
+        let err = args.validate().unwrap_err();
+        assert!(err.starts_with("--queue-url (or OUTBOX_QUEUE_URL) is required"));
+        assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn ranges_and_shapes_are_checked() {
+        for (flags, needle) in [
+            (vec!["--batch-size", "0"], "--batch-size 0"),
+            (vec!["--max-in-flight", "0"], "--max-in-flight 0"),
+            (vec!["--max-attempts", "0"], "--max-attempts"),
+            (vec!["--metrics-addr", "nope"], "--metrics-addr"),
+            (
+                vec!["--max-request-bytes", "2000000"],
+                "--max-request-bytes",
+            ),
+            (
+                vec!["--retry-base", "10s", "--retry-max", "1s"],
+                "--retry-max",
+            ),
+            (vec!["--table", "a.b.c"], "--table"),
+            (
+                vec!["--sqs-endpoint-url", "localhost:4566"],
+                "--sqs-endpoint-url",
+            ),
+        ] {
+            let err = run_args(&flags).unwrap_err();
+            assert!(err.contains(needle), "{flags:?}: {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+    }
+
+    #[test]
+    fn the_database_url_is_redacted_in_debug_output() {
+        let c = run_args(&[]).unwrap();
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("relay:pw"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
+}

@@ -1,0 +1,25 @@
+//! # outbox-relay
+//!
+//! A sidecar that relays a PostgreSQL transactional outbox to Amazon SQS: it claims unsent
+//! rows under a short lease (`FOR UPDATE SKIP LOCKED`), sends them with SendMessageBatch
+//! keeping the business `event_id`, and marks them sent only after SQS acknowledged them.
+//!
+//! # Layout
+//!
+//! Data flows one way: `outbox::claim -> batch::plan -> sqs::send -> outbox::settle -> metrics`.
+//!
+//! - [`config`]: command line and environment -> validated configuration (pure rules).
+//! - [`outbox`]: the only owner of SQL: migrate, claim, settle (fenced by lease token), stats.
+//! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
+//! - [`sqs`]: the only owner of the AWS SDK: one request in, one outcome per entry out.
+//! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
+//! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
+//! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
+
+pub mod batch;
+pub mod config;
+pub mod metrics;
+pub mod outbox;
+pub mod relay;
+pub mod retry;
+pub mod sqs;

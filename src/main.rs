@@ -1,0 +1,172 @@
+//! The binary: parse, set up logging and metrics, dispatch. The only place that turns errors
+//! into exit codes: 0 done, 1 a runtime failure, 2 bad configuration or usage.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use outbox_relay::config::{Cli, Command, LogFormat};
+use outbox_relay::metrics::{self, Health};
+use outbox_relay::outbox::Outbox;
+use outbox_relay::relay;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    init_logging(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(dispatch(cli.command))
+}
+
+/// clap prints usage and hints over several lines; keep its first line, which says what is
+/// wrong, and point to --help. Help and version requests print as usual.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    let rendered = e.render().to_string();
+    let first = rendered
+        .lines()
+        .next()
+        .unwrap_or("error: invalid arguments");
+    eprintln!("{first} (see outbox-relay --help)");
+    ExitCode::from(2)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(
+            std::env::var_os("NO_COLOR").is_none()
+                && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        );
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn config_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(2)
+}
+
+fn runtime_error(message: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(1)
+}
+
+async fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Migrate(args) => {
+            let db = match args.validate() {
+                Ok(db) => db,
+                Err(e) => return config_error(&e),
+            };
+            let outbox = match Outbox::new(&db.url.0, db.table, db.connect_timeout) {
+                Ok(o) => o,
+                Err(e) => return config_error(&e.to_string()),
+            };
+            match outbox.migrate().await {
+                Ok(report) if report.from == report.to => {
+                    println!(
+                        "{} is up to date (schema version {})",
+                        outbox.table(),
+                        report.to
+                    );
+                    ExitCode::SUCCESS
+                }
+                Ok(report) => {
+                    println!(
+                        "migrated {} from schema version {} to {}",
+                        outbox.table(),
+                        report.from,
+                        report.to
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => runtime_error(&e),
+            }
+        }
+        Command::Run(args) => {
+            let config = match args.validate() {
+                Ok(c) => c,
+                Err(e) => return config_error(&e),
+            };
+            let handle = match metrics::install() {
+                Ok(h) => h,
+                Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
+            };
+            // Several poll intervals without a loop iteration means the loop is stuck.
+            let stuck_after = (config.poll_interval * 5).max(std::time::Duration::from_secs(10));
+            let health = Health::new(stuck_after);
+            let shutdown = CancellationToken::new();
+            let bound = match metrics::serve(
+                config.metrics_addr,
+                handle,
+                Arc::clone(&health),
+                shutdown.clone(),
+            )
+            .await
+            {
+                Ok(addr) => addr,
+                Err(e) => {
+                    return runtime_error(&format!(
+                        "cannot listen on --metrics-addr {}: {e}",
+                        config.metrics_addr
+                    ))
+                }
+            };
+            tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
+            tokio::spawn(signal_shutdown(shutdown.clone()));
+            match relay::run(config, health, shutdown).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => runtime_error(&e),
+            }
+        }
+    }
+}
+
+/// SIGTERM or SIGINT starts a clean shutdown; a second signal is left to the default action
+/// only after the first has been handled.
+async fn signal_shutdown(shutdown: CancellationToken) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (mut term, mut int) = match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(t), Ok(i)) => (t, i),
+        _ => {
+            tracing::error!("cannot install signal handlers; stop the relay with SIGKILL");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    shutdown.cancel();
+}

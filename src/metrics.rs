@@ -1,0 +1,255 @@
+//! Every metric name in one place, and the HTTP listener for `/metrics`, `/healthz`, `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub const OLDEST_UNSENT_AGE: &str = "outbox_oldest_unsent_age_seconds";
+pub const UNSENT_ROWS: &str = "outbox_unsent_rows";
+pub const QUARANTINED_ROWS: &str = "outbox_quarantined_rows";
+pub const EVENTS_SENT: &str = "outbox_events_sent_total";
+pub const SEND_FAILURES: &str = "outbox_send_failures_total";
+pub const EVENTS_QUARANTINED: &str = "outbox_events_quarantined_total";
+pub const LEASE_LOST: &str = "outbox_lease_lost_total";
+pub const SEND_DURATION: &str = "outbox_send_duration_seconds";
+pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
+
+/// Installs the Prometheus recorder for this process and describes every metric.
+pub fn install() -> Result<PrometheusHandle, String> {
+    let latency_buckets = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+    let lag_buckets = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        300.0, 900.0, 3600.0,
+    ];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(SEND_DURATION.into()), &latency_buckets)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DELIVERY_LAG.into()), &lag_buckets))
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| e.to_string())?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        OLDEST_UNSENT_AGE,
+        Unit::Seconds,
+        "now - created_at of the oldest unsent row; 0 when none"
+    );
+    describe_gauge!(UNSENT_ROWS, "unsent rows, leased ones included");
+    describe_gauge!(QUARANTINED_ROWS, "rows in quarantine");
+    describe_counter!(EVENTS_SENT, "rows marked sent");
+    describe_counter!(SEND_FAILURES, "failed sends per entry, by kind");
+    describe_counter!(EVENTS_QUARANTINED, "rows quarantined, by reason");
+    describe_counter!(
+        LEASE_LOST,
+        "settlements refused because another replica owns the row now"
+    );
+    describe_histogram!(
+        SEND_DURATION,
+        Unit::Seconds,
+        "one SQS SendMessageBatch call"
+    );
+    describe_histogram!(
+        DELIVERY_LAG,
+        Unit::Seconds,
+        "created_at to acknowledged by SQS"
+    );
+    // Counters with labels appear only once touched; zero them so dashboards and alerts see
+    // the series from the start.
+    for kind in ["transient", "throttled", "permanent", "config"] {
+        metrics::counter!(SEND_FAILURES, "kind" => kind).absolute(0);
+    }
+    metrics::counter!(EVENTS_SENT).absolute(0);
+    metrics::counter!(LEASE_LOST).absolute(0);
+}
+
+/// What the probes report, updated by the relay loop.
+#[derive(Debug)]
+pub struct Health {
+    started: Instant,
+    /// Milliseconds since `started` at the last loop iteration: `/healthz` fails when stale.
+    last_tick_ms: AtomicU64,
+    /// How long without an iteration counts as stuck.
+    stuck_after: Duration,
+    /// The last database round trip succeeded.
+    database_ok: AtomicBool,
+    /// Set while a configuration error blocks sending (queue missing, access denied).
+    config_error: Mutex<Option<String>>,
+}
+
+impl Health {
+    pub fn new(stuck_after: Duration) -> Arc<Health> {
+        Arc::new(Health {
+            started: Instant::now(),
+            last_tick_ms: AtomicU64::new(0),
+            stuck_after,
+            database_ok: AtomicBool::new(false),
+            config_error: Mutex::new(None),
+        })
+    }
+
+    pub fn tick(&self) {
+        let ms = self.started.elapsed().as_millis() as u64;
+        self.last_tick_ms.store(ms, Ordering::Relaxed);
+    }
+
+    pub fn set_database_ok(&self, ok: bool) {
+        self.database_ok.store(ok, Ordering::Relaxed);
+    }
+
+    pub fn set_config_error(&self, error: Option<String>) {
+        *self.config_error.lock().expect("health lock") = error;
+    }
+
+    fn live(&self) -> Result<(), String> {
+        let last = Duration::from_millis(self.last_tick_ms.load(Ordering::Relaxed));
+        let idle = self.started.elapsed().saturating_sub(last);
+        if idle > self.stuck_after {
+            Err(format!("relay loop has not run for {}s", idle.as_secs()))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        self.live()?;
+        if !self.database_ok.load(Ordering::Relaxed) {
+            return Err("database unreachable".to_string());
+        }
+        if let Some(error) = self.config_error.lock().expect("health lock").as_ref() {
+            return Err(format!("configuration error: {error}"));
+        }
+        Ok(())
+    }
+}
+
+/// Binds the listener now (so a bad address fails at start-up) and serves until `shutdown`.
+pub async fn serve(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metrics listener accept failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                },
+                _ = shutdown.cancelled() => return,
+            };
+            let handle = handle.clone();
+            let health = Arc::clone(&health);
+            tokio::spawn(async move {
+                if let Err(e) = answer(stream, &handle, &health).await {
+                    tracing::debug!(error = %e, "metrics request failed");
+                }
+            });
+        }
+    });
+    Ok(bound)
+}
+
+/// A deliberately tiny HTTP/1.1 responder: three GET paths, one response per connection.
+/// Probes and scrapers need nothing more, and it keeps a web framework out of the build.
+async fn answer(
+    mut stream: tokio::net::TcpStream,
+    handle: &PrometheusHandle,
+    health: &Health,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    let read = async {
+        loop {
+            let n = stream.read(&mut buf[len..]).await?;
+            if n == 0 {
+                break;
+            }
+            len += n;
+            if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") || len == buf.len() {
+                break;
+            }
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request head timeout"))??;
+    let head = String::from_utf8_lossy(&buf[..len]);
+    let path = head
+        .lines()
+        .next()
+        .and_then(|line| line.split_whitespace().nth(1))
+        .unwrap_or("/");
+    let path = path.split('?').next().unwrap_or(path);
+    let (status, content_type, body) = match path {
+        "/metrics" => (
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            handle.render(),
+        ),
+        "/healthz" => probe(health.live()),
+        "/readyz" => probe(health.ready()),
+        _ => ("404 Not Found", "text/plain", "not found\n".to_string()),
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+fn probe(result: Result<(), String>) -> (&'static str, &'static str, String) {
+    match result {
+        Ok(()) => ("200 OK", "text/plain", "ok\n".to_string()),
+        Err(why) => ("503 Service Unavailable", "text/plain", format!("{why}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_fails_when_the_loop_stops_ticking() {
+        let health = Health::new(Duration::from_millis(50));
+        health.tick();
+        assert!(health.live().is_ok());
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(health.live().unwrap_err().contains("has not run"));
+        health.tick();
+        assert!(health.live().is_ok());
+    }
+
+    #[test]
+    fn readiness_needs_the_database_and_no_config_error() {
+        let health = Health::new(Duration::from_secs(60));
+        health.tick();
+        assert_eq!(health.ready().unwrap_err(), "database unreachable");
+        health.set_database_ok(true);
+        assert!(health.ready().is_ok());
+        health.set_config_error(Some("queue does not exist".into()));
+        assert!(health.ready().unwrap_err().contains("queue does not exist"));
+        health.set_config_error(None);
+        assert!(health.ready().is_ok());
+    }
+}

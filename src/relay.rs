@@ -1,0 +1,571 @@
+//! The loop: wait -> claim -> plan -> send -> settle -> record.
+//!
+//! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
+//! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
+//! claim is delivered by its own task, so the next claim runs while earlier batches are in
+//! flight. Two semaphores bound the work: requests in flight, and claims being delivered (so
+//! rows are not leased long before a request slot is free for them).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::{self, BatchRequest, PlanConfig};
+use crate::config::RunConfig;
+use crate::metrics::{self as names, Health};
+use crate::outbox::{
+    ClaimedRow, Outbox, OutboxError, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow,
+    Settlement, SharedSession,
+};
+use crate::retry::{self, FailureClass, RequestFailure, Transport};
+use crate::sqs::{EntryOutcome, Sqs};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Startup(#[from] OutboxError),
+}
+
+/// The relay's shared state, one per process.
+struct Relay {
+    config: RunConfig,
+    plan_config: PlanConfig,
+    outbox: Arc<Outbox>,
+    session: SharedSession,
+    sqs: Sqs,
+    health: Arc<Health>,
+    /// Woken by NOTIFY from the table's trigger; a stored permit coalesces bursts.
+    wake: Notify,
+    /// Relay-wide back-off after whole-request failures (throttling, outage, configuration).
+    pressure: Pressure,
+    /// Bounds SendMessageBatch calls in flight.
+    request_permits: Arc<Semaphore>,
+}
+
+/// Connects, checks the table, then relays until `shutdown` fires and in-flight work drained.
+/// Start-up problems (database unreachable, table missing) are returned at once; after
+/// start-up every failure is retried with back-off and never ends the loop.
+pub async fn run(
+    config: RunConfig,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> Result<(), RelayError> {
+    let outbox = Arc::new(Outbox::new(
+        &config.database.url.0,
+        config.database.table.clone(),
+        config.database.connect_timeout,
+    )?);
+    let first = outbox.connect().await?;
+    health.set_database_ok(true);
+    health.tick();
+    let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
+    let relay = Arc::new(Relay {
+        plan_config: PlanConfig {
+            default_queue_url: config.queue_url.clone(),
+            max_request_bytes: config.max_request_bytes,
+        },
+        session: SharedSession::new(Arc::clone(&outbox), first),
+        outbox,
+        sqs,
+        health,
+        wake: Notify::new(),
+        pressure: Pressure::default(),
+        request_permits: Arc::new(Semaphore::new(config.max_in_flight)),
+        config,
+    });
+    tracing::info!(
+        relay_id = %relay.config.relay_id,
+        table = %relay.config.database.table,
+        queue_url = %relay.config.queue_url,
+        batch_size = relay.config.batch_size,
+        max_in_flight = relay.config.max_in_flight,
+        lease = %humantime::format_duration(relay.config.lease),
+        "relay started"
+    );
+    let background = CancellationToken::new();
+    let listener = tokio::spawn(Arc::clone(&relay).listen_for_wakeups(background.clone()));
+    let stats = tokio::spawn(Arc::clone(&relay).refresh_stats(background.clone()));
+    relay.claim_loop(&shutdown).await;
+    background.cancel();
+    let _ = tokio::join!(listener, stats);
+    tracing::info!("relay stopped");
+    Ok(())
+}
+
+impl Relay {
+    async fn claim_loop(self: &Arc<Self>, shutdown: &CancellationToken) {
+        let c = &self.config;
+        // Enough claims in delivery to keep every request slot busy, plus one being prepared.
+        let claims_in_delivery = (c.max_in_flight * batch::MAX_ENTRIES).div_ceil(c.batch_size) + 1;
+        let claim_permits = Arc::new(Semaphore::new(claims_in_delivery));
+        let mut deliveries = JoinSet::new();
+        let mut db_failures = 0u32;
+        while !shutdown.is_cancelled() {
+            self.health.tick();
+            reap(&mut deliveries);
+            if let Some(pause) = self.pressure.remaining() {
+                self.sleep_or_shutdown(pause.min(c.poll_interval), shutdown)
+                    .await;
+                continue;
+            }
+            let permit = tokio::select! {
+                permit = Arc::clone(&claim_permits).acquire_owned() => permit.expect("never closed"),
+                _ = tokio::time::sleep(c.poll_interval) => continue,
+                _ = shutdown.cancelled() => break,
+            };
+            let claimed_at = Instant::now();
+            let claim = async {
+                let session = self.session.get().await?;
+                session
+                    .claim(&c.relay_id, c.lease, c.batch_size as i64)
+                    .await
+            };
+            match claim.await {
+                Ok(rows) => {
+                    db_failures = 0;
+                    self.health.set_database_ok(true);
+                    let full = rows.len() == c.batch_size;
+                    if !rows.is_empty() {
+                        let lease_deadline = claimed_at + c.lease;
+                        let relay = Arc::clone(self);
+                        let shutdown = shutdown.clone();
+                        deliveries.spawn(async move {
+                            relay.deliver(rows, lease_deadline, permit, shutdown).await
+                        });
+                    }
+                    if !full {
+                        self.wait_for_work(shutdown).await;
+                    }
+                }
+                Err(e) => {
+                    db_failures += 1;
+                    self.health.set_database_ok(false);
+                    let delay = self.backoff(db_failures);
+                    tracing::warn!(error = %e, retry_in = ?delay, "claim failed; backing off");
+                    self.sleep_or_shutdown(delay, shutdown).await;
+                }
+            }
+        }
+        tracing::info!(
+            deliveries = deliveries.len(),
+            "shutting down: no new claims; finishing in-flight sends"
+        );
+        let drain = async { while deliveries.join_next().await.is_some() {} };
+        if tokio::time::timeout(c.drain_timeout, drain).await.is_err() {
+            tracing::warn!(
+                "drain timeout reached; unsettled rows stay leased until their lease expires, then another replica sends them"
+            );
+            deliveries.abort_all();
+        }
+    }
+
+    /// Sends one claim's rows and settles every row exactly once.
+    async fn deliver(
+        self: Arc<Self>,
+        rows: Vec<ClaimedRow>,
+        lease_deadline: Instant,
+        _claim_permit: OwnedSemaphorePermit,
+        shutdown: CancellationToken,
+    ) {
+        let plan = batch::plan(&rows, &self.plan_config);
+        let mut settlement = Settlement::default();
+        for rejected in plan.rejected {
+            let row = &rows[rejected.row];
+            quarantine(&mut settlement, row, rejected.reason, rejected.error);
+        }
+        let mut sends: FuturesUnordered<_> = plan
+            .requests
+            .into_iter()
+            .map(|request| self.send(request, lease_deadline, &shutdown))
+            .collect();
+        while let Some((request, result)) = sends.next().await {
+            match result {
+                Ok(outcomes) => {
+                    self.pressure.relieve();
+                    self.health.set_config_error(None);
+                    for (entry, outcome) in request.entries.iter().zip(outcomes) {
+                        self.settle_entry(&mut settlement, &rows[entry.row], outcome);
+                    }
+                }
+                Err(Unsent::Failed(failure)) => {
+                    let class = retry::classify(&failure);
+                    if class == FailureClass::BadRequest && request.entries.len() > 1 {
+                        // Some entry made SQS refuse the whole request (moto does this for
+                        // one oversized body): halve until the culprit stands alone.
+                        let (left, right) = request.split();
+                        sends.push(self.send(left, lease_deadline, &shutdown));
+                        sends.push(self.send(right, lease_deadline, &shutdown));
+                        continue;
+                    }
+                    self.request_failed(&mut settlement, &rows, &request, class, &failure);
+                }
+                Err(Unsent::NotSent(why)) => {
+                    for entry in &request.entries {
+                        release(&mut settlement, &rows[entry.row], Duration::ZERO, None);
+                    }
+                    tracing::debug!(
+                        entries = request.entries.len(),
+                        why,
+                        "batch not sent; rows released"
+                    );
+                }
+            }
+        }
+        drop(sends);
+        self.settle(settlement, lease_deadline).await;
+    }
+
+    /// One SendMessageBatch call, once a request slot is free and the relay is not backing off.
+    async fn send(
+        &self,
+        request: BatchRequest,
+        lease_deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> (BatchRequest, Result<Vec<EntryOutcome>, Unsent>) {
+        let c = &self.config;
+        let _permit = tokio::select! {
+            permit = self.request_permits.acquire() => permit.expect("never closed"),
+            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+        };
+        while let Some(pause) = self.pressure.remaining() {
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+            }
+        }
+        // Sending now could outlive the lease: another replica might take the rows over while
+        // SQS's answer is still on its way. Give them back instead.
+        if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
+            return (
+                request,
+                Err(Unsent::NotSent("lease too short for another send")),
+            );
+        }
+        let started = Instant::now();
+        // The SDK enforces the send timeout; this guard only covers a stuck future.
+        let hard_limit = c.send_timeout + Duration::from_secs(1);
+        let result = match tokio::time::timeout(hard_limit, self.sqs.send(&request)).await {
+            Ok(result) => result.map_err(Unsent::Failed),
+            Err(_) => Err(Unsent::Failed(RequestFailure {
+                status: None,
+                code: None,
+                message: format!(
+                    "no answer within {}",
+                    humantime::format_duration(hard_limit)
+                ),
+                transport: Transport::Timeout,
+            })),
+        };
+        metrics::histogram!(names::SEND_DURATION).record(started.elapsed().as_secs_f64());
+        (request, result)
+    }
+
+    /// Decides one entry's fate from SQS's per-entry answer.
+    fn settle_entry(&self, settlement: &mut Settlement, row: &ClaimedRow, outcome: EntryOutcome) {
+        match outcome {
+            EntryOutcome::Sent { message_id } => {
+                let lag = unix_now() - row.created_at_epoch;
+                metrics::histogram!(names::DELIVERY_LAG).record(lag.max(0.0));
+                settlement.sent.push(SentRow {
+                    id: row.id,
+                    lease_token: row.lease_token,
+                    message_id,
+                });
+            }
+            EntryOutcome::Failed {
+                sender_fault: true,
+                code,
+                message,
+            } => {
+                metrics::counter!(names::SEND_FAILURES, "kind" => "permanent").increment(1);
+                quarantine(
+                    settlement,
+                    row,
+                    QuarantineReason::SenderFault,
+                    format!("{code}: {message}"),
+                );
+            }
+            EntryOutcome::Failed { code, message, .. } => {
+                let error = format!("{code}: {message}");
+                if retry::is_throttle_code(&code) {
+                    // Pressure on the queue, not the row's fault: slow the relay, keep the attempt.
+                    metrics::counter!(names::SEND_FAILURES, "kind" => "throttled").increment(1);
+                    let delay = self.pressure.push(&self.config);
+                    release(settlement, row, delay, Some(error));
+                    return;
+                }
+                metrics::counter!(names::SEND_FAILURES, "kind" => "transient").increment(1);
+                if row.attempts as u32 >= self.config.max_attempts {
+                    let error = format!("{} attempts; last: {error}", row.attempts);
+                    quarantine(settlement, row, QuarantineReason::MaxAttempts, error);
+                } else {
+                    settlement.reschedule.push(RescheduledRow {
+                        id: row.id,
+                        lease_token: row.lease_token,
+                        delay: self.backoff(row.attempts as u32),
+                        error: Some(error),
+                        refund: false,
+                    });
+                }
+            }
+        }
+    }
+
+    /// The whole request failed. Bad input that a single entry caused is quarantined; anything
+    /// else is not the rows' fault: they go back with their attempts and the relay backs off.
+    fn request_failed(
+        &self,
+        settlement: &mut Settlement,
+        rows: &[ClaimedRow],
+        request: &BatchRequest,
+        class: FailureClass,
+        failure: &RequestFailure,
+    ) {
+        let entries = request.entries.len() as u64;
+        metrics::counter!(names::SEND_FAILURES, "kind" => class.metric_kind()).increment(entries);
+        let what = match &failure.code {
+            Some(code) => format!("{code}: {}", failure.message),
+            None => failure.message.clone(),
+        };
+        if class == FailureClass::BadRequest {
+            let row = &rows[request.entries[0].row];
+            quarantine(settlement, row, QuarantineReason::Rejected, what);
+            return;
+        }
+        let delay = self.pressure.push(&self.config);
+        if class == FailureClass::Config {
+            self.health.set_config_error(Some(what.clone()));
+            tracing::error!(error = %what, retry_in = ?delay, queue_url = %request.queue_url,
+                "SQS refused the relay's configuration; rows stay unsent, fix the queue URL, permissions or credentials");
+        } else {
+            tracing::warn!(error = %what, kind = class.metric_kind(), retry_in = ?delay,
+                "SendMessageBatch failed; rows released, relay backing off");
+        }
+        for entry in &request.entries {
+            release(settlement, &rows[entry.row], delay, Some(what.clone()));
+        }
+    }
+
+    /// Writes a claim's outcomes, retrying while the lease still protects the rows. If the
+    /// database stays away past the lease, the rows are simply claimed and sent again later,
+    /// with the same event_id.
+    async fn settle(&self, settlement: Settlement, lease_deadline: Instant) {
+        if settlement.is_empty() {
+            return;
+        }
+        let mut attempt = 0u32;
+        loop {
+            let result = async {
+                let session = self.session.get().await?;
+                session.settle(&self.config.relay_id, &settlement).await
+            }
+            .await;
+            match result {
+                Ok(settled) => {
+                    self.health.set_database_ok(true);
+                    metrics::counter!(names::EVENTS_SENT).increment(settled.sent);
+                    for reason in &settled.quarantined_reasons {
+                        metrics::counter!(names::EVENTS_QUARANTINED, "reason" => reason.as_str())
+                            .increment(1);
+                    }
+                    if settled.lost > 0 {
+                        metrics::counter!(names::LEASE_LOST).increment(settled.lost);
+                        tracing::warn!(
+                            rows = settled.lost,
+                            "lease lost: another replica owns these rows now; our outcome was not recorded"
+                        );
+                    }
+                    return;
+                }
+                Err(e) => {
+                    self.health.set_database_ok(false);
+                    attempt += 1;
+                    let delay = self.backoff(attempt);
+                    if Instant::now() + delay >= lease_deadline {
+                        tracing::error!(error = %e, rows = settlement.sent.len() + settlement.reschedule.len() + settlement.quarantine.len(),
+                            "could not record outcomes before the lease ends; the rows will be sent again with the same event_id");
+                        return;
+                    }
+                    tracing::warn!(error = %e, retry_in = ?delay, "settlement failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Keeps a LISTEN connection open; each (re)connection also wakes the loop once, since
+    /// notifications sent while it was down are gone.
+    async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
+        let mut failures = 0u32;
+        loop {
+            let listening = self.outbox.listen(
+                || self.wake.notify_one(),
+                || {
+                    tracing::debug!("listening for outbox notifications");
+                    self.wake.notify_one();
+                },
+            );
+            let result = tokio::select! {
+                result = listening => result,
+                _ = stop.cancelled() => return,
+            };
+            if let Err(e) = result {
+                failures += 1;
+                let delay = self.backoff(failures);
+                tracing::warn!(error = %e, retry_in = ?delay, "wake-up connection lost; polling until it is back");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+
+    /// Refreshes the table gauges with one index-backed query every `--stats-interval`.
+    async fn refresh_stats(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.stats_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let stats = async { self.session.get().await?.stats().await }.await;
+            match stats {
+                Ok(s) => {
+                    self.health.set_database_ok(true);
+                    metrics::gauge!(names::OLDEST_UNSENT_AGE).set(s.oldest_unsent_age_seconds);
+                    metrics::gauge!(names::UNSENT_ROWS).set(s.unsent as f64);
+                    metrics::gauge!(names::QUARANTINED_ROWS).set(s.quarantined as f64);
+                }
+                Err(e) => {
+                    self.health.set_database_ok(false);
+                    tracing::warn!(error = %e, "could not read outbox statistics");
+                }
+            }
+        }
+    }
+
+    async fn wait_for_work(&self, shutdown: &CancellationToken) {
+        tokio::select! {
+            _ = self.wake.notified() => {}
+            _ = tokio::time::sleep(self.config.poll_interval) => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
+
+    async fn sleep_or_shutdown(&self, delay: Duration, shutdown: &CancellationToken) {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => {}
+        }
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        retry::backoff(
+            attempt,
+            self.config.retry_base,
+            self.config.retry_max,
+            fastrand::f64(),
+        )
+    }
+}
+
+/// Why a request produced no per-entry answers.
+enum Unsent {
+    /// SQS (or the path to it) failed the whole request.
+    Failed(RequestFailure),
+    /// We chose not to send it (shutdown, or the lease would not outlast the call).
+    NotSent(&'static str),
+}
+
+fn quarantine(
+    settlement: &mut Settlement,
+    row: &ClaimedRow,
+    reason: QuarantineReason,
+    error: String,
+) {
+    tracing::warn!(event_id = %row.event_id, id = row.id, reason = reason.as_str(), error = %error, "row quarantined");
+    settlement.quarantine.push(QuarantinedRow {
+        id: row.id,
+        lease_token: row.lease_token,
+        reason,
+        error,
+    });
+}
+
+/// Gives a row back without counting the claim against it.
+fn release(settlement: &mut Settlement, row: &ClaimedRow, delay: Duration, error: Option<String>) {
+    settlement.reschedule.push(RescheduledRow {
+        id: row.id,
+        lease_token: row.lease_token,
+        delay,
+        error,
+        refund: true,
+    });
+}
+
+fn reap(deliveries: &mut JoinSet<()>) {
+    while let Some(done) = deliveries.try_join_next() {
+        if let Err(e) = done {
+            if e.is_panic() {
+                tracing::error!(error = %e, "a delivery task panicked; its rows are retried after their lease");
+            }
+        }
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Relay-wide back-off: after a whole-request failure every sender waits, so an outage or
+/// throttling costs one failed request per back-off step instead of one per batch.
+#[derive(Debug, Default)]
+struct Pressure {
+    state: Mutex<PressureState>,
+}
+
+#[derive(Debug, Default)]
+struct PressureState {
+    consecutive_failures: u32,
+    paused_until: Option<Instant>,
+}
+
+impl Pressure {
+    /// Records a failure; returns the pause it imposes (capped, full jitter).
+    fn push(&self, config: &RunConfig) -> Duration {
+        let mut s = self.state.lock().expect("pressure lock");
+        s.consecutive_failures = s.consecutive_failures.saturating_add(1);
+        let delay = retry::backoff(
+            s.consecutive_failures,
+            config.retry_base,
+            config.retry_max,
+            fastrand::f64(),
+        );
+        let until = Instant::now() + delay;
+        s.paused_until = Some(s.paused_until.map_or(until, |u| u.max(until)));
+        delay
+    }
+
+    /// A request went through: the path is healthy again.
+    fn relieve(&self) {
+        let mut s = self.state.lock().expect("pressure lock");
+        s.consecutive_failures = 0;
+        s.paused_until = None;
+    }
+
+    fn remaining(&self) -> Option<Duration> {
+        let s = self.state.lock().expect("pressure lock");
+        s.paused_until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|d| !d.is_zero())
+    }
+}

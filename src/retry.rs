@@ -1,0 +1,297 @@
+//! Pure rules for failures: which class an SQS failure belongs to, and how long to wait.
+//!
+//! Nothing here does I/O. `sqs.rs` turns an SDK error into a [`RequestFailure`]; this module
+//! decides what it means, so the decision is unit-tested without a server.
+
+use std::time::Duration;
+
+/// What a failed SendMessageBatch call (the whole request, not one entry) tells us.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestFailure {
+    /// HTTP status, when a response arrived at all.
+    pub status: Option<u16>,
+    /// The SQS/AWS error code (`QueueDoesNotExist`, `ThrottlingException`, ...).
+    pub code: Option<String>,
+    /// Human-readable message from the service or the transport; never contains credentials.
+    pub message: String,
+    /// How the call failed before or around the response.
+    pub transport: Transport,
+}
+
+/// The transport-level shape of a failure, independent of the SDK's types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// The service answered with an error response.
+    Response,
+    /// The call timed out (connect, read or the whole operation).
+    Timeout,
+    /// The connection failed or was dropped (refused, reset, closed before the response).
+    Connection,
+    /// The request could not even be built: usually missing credentials or region.
+    Construction,
+}
+
+/// What the relay does about a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureClass {
+    /// The queue asks us to slow down: back off as a whole, do not blame the rows.
+    Throttled,
+    /// The queue or the path to it is unwell: back off, rows keep their attempts.
+    Transient,
+    /// Our configuration is wrong (queue missing, access denied, credentials): rows are not at
+    /// fault, readiness fails until a request succeeds again.
+    Config,
+    /// The request was refused because of its input: some entry is bad. Split the batch to
+    /// find it; a single rejected entry is quarantined.
+    BadRequest,
+}
+
+impl FailureClass {
+    /// The `kind` label of `outbox_send_failures_total` for this class.
+    pub fn metric_kind(self) -> &'static str {
+        match self {
+            FailureClass::Throttled => "throttled",
+            FailureClass::Transient => "transient",
+            FailureClass::Config => "config",
+            FailureClass::BadRequest => "permanent",
+        }
+    }
+}
+
+const THROTTLE_CODES: &[&str] = &[
+    "ThrottlingException",
+    "Throttling",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+    "SlowDown",
+    "KmsThrottled",
+    "KmsThrottlingException",
+    "OverLimit",
+];
+
+const CONFIG_CODES: &[&str] = &[
+    "QueueDoesNotExist",
+    "NonExistentQueue",
+    "QueueDeletedRecently",
+    "AccessDenied",
+    "AccessDeniedException",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "IncompleteSignature",
+    "MissingAuthenticationToken",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "RequestExpired",
+    "InvalidSecurity",
+    "InvalidAddress",
+    "KmsAccessDenied",
+    "KmsDisabled",
+    "KmsNotFound",
+    "KmsInvalidState",
+    "KmsInvalidKeyUsage",
+    "KmsOptInRequired",
+    "UnsupportedOperation",
+];
+
+const BAD_REQUEST_CODES: &[&str] = &[
+    "InvalidParameterValue",
+    "InvalidParameterCombination",
+    "BatchRequestTooLong",
+    "InvalidMessageContents",
+    "InvalidAttributeName",
+    "InvalidAttributeValue",
+    "TooManyEntriesInBatchRequest",
+    "BatchEntryIdsNotDistinct",
+    "InvalidBatchEntryId",
+    "EmptyBatchRequest",
+    "MissingParameter",
+    "ValidationError",
+    "ValidationException",
+    "MessageTooLong",
+];
+
+/// Strips the namespaces SQS puts in front of codes (`AWS.SimpleQueueService.NonExistentQueue`,
+/// `com.amazonaws.sqs#QueueDoesNotExist`) so one list serves the query and JSON protocols.
+fn bare_code(code: &str) -> &str {
+    let code = code.rsplit('#').next().unwrap_or(code);
+    code.rsplit('.').next().unwrap_or(code)
+}
+
+/// Is this code one SQS uses to ask for less traffic? Also used for per-entry failures.
+pub fn is_throttle_code(code: &str) -> bool {
+    THROTTLE_CODES.contains(&bare_code(code))
+}
+
+/// Decides what a whole-request failure means. Unknown errors are transient: retrying a row
+/// that is fine costs a delay, while calling a fine row bad would quarantine it for nothing.
+pub fn classify(failure: &RequestFailure) -> FailureClass {
+    match failure.transport {
+        Transport::Timeout | Transport::Connection => return FailureClass::Transient,
+        Transport::Construction => return FailureClass::Config,
+        Transport::Response => {}
+    }
+    if let Some(code) = failure.code.as_deref() {
+        let code = bare_code(code);
+        if THROTTLE_CODES.contains(&code) {
+            return FailureClass::Throttled;
+        }
+        if CONFIG_CODES.contains(&code) {
+            return FailureClass::Config;
+        }
+        if BAD_REQUEST_CODES.contains(&code) {
+            return FailureClass::BadRequest;
+        }
+    }
+    match failure.status {
+        Some(429) => FailureClass::Throttled,
+        Some(401) | Some(403) => FailureClass::Config,
+        Some(413) => FailureClass::BadRequest,
+        _ => FailureClass::Transient,
+    }
+}
+
+/// Capped exponential backoff with full jitter: a uniformly random wait in
+/// `[0, min(cap, base * 2^(attempt-1)))`. `jitter` is the random draw in `[0, 1)`, passed in so
+/// tests can pin it; callers use `fastrand::f64()`.
+pub fn backoff(attempt: u32, base: Duration, cap: Duration, jitter: f64) -> Duration {
+    let exp = attempt.saturating_sub(1).min(30);
+    let ceiling = base.saturating_mul(1u32 << exp).min(cap);
+    ceiling.mul_f64(jitter.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(status: u16, code: &str) -> RequestFailure {
+        RequestFailure {
+            status: Some(status),
+            code: Some(code.to_string()),
+            message: "m".into(),
+            transport: Transport::Response,
+        }
+    }
+
+    #[test]
+    fn throttling_codes_are_pressure_not_row_faults() {
+        for code in [
+            "ThrottlingException",
+            "RequestThrottled",
+            "AWS.SimpleQueueService.RequestThrottled",
+        ] {
+            assert_eq!(
+                classify(&response(400, code)),
+                FailureClass::Throttled,
+                "{code}"
+            );
+        }
+        let mut no_code = response(429, "x");
+        no_code.code = None;
+        assert_eq!(classify(&no_code), FailureClass::Throttled);
+    }
+
+    #[test]
+    fn configuration_errors_are_config() {
+        for code in [
+            "AWS.SimpleQueueService.NonExistentQueue",
+            "QueueDoesNotExist",
+            "com.amazonaws.sqs#QueueDoesNotExist",
+            "AccessDenied",
+            "InvalidClientTokenId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+        ] {
+            assert_eq!(
+                classify(&response(400, code)),
+                FailureClass::Config,
+                "{code}"
+            );
+        }
+        let mut forbidden = response(403, "Something");
+        forbidden.code = None;
+        assert_eq!(classify(&forbidden), FailureClass::Config);
+        let construction = RequestFailure {
+            status: None,
+            code: None,
+            message: "no credentials".into(),
+            transport: Transport::Construction,
+        };
+        assert_eq!(classify(&construction), FailureClass::Config);
+    }
+
+    #[test]
+    fn input_errors_are_bad_requests() {
+        for code in [
+            "InvalidParameterValue",
+            "AWS.SimpleQueueService.BatchRequestTooLong",
+            "InvalidMessageContents",
+        ] {
+            assert_eq!(
+                classify(&response(400, code)),
+                FailureClass::BadRequest,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn server_errors_timeouts_and_unknowns_are_transient() {
+        assert_eq!(
+            classify(&response(500, "InternalError")),
+            FailureClass::Transient
+        );
+        assert_eq!(
+            classify(&response(503, "ServiceUnavailable")),
+            FailureClass::Transient
+        );
+        assert_eq!(
+            classify(&response(400, "SomethingNew")),
+            FailureClass::Transient
+        );
+        for transport in [Transport::Timeout, Transport::Connection] {
+            let f = RequestFailure {
+                status: None,
+                code: None,
+                message: "io".into(),
+                transport,
+            };
+            assert_eq!(classify(&f), FailureClass::Transient);
+        }
+    }
+
+    #[test]
+    fn backoff_grows_exponentially_up_to_the_cap() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_secs(5);
+        // jitter just below 1 shows the ceiling of each attempt.
+        let top = |a| backoff(a, base, cap, 0.999_999);
+        assert!(top(1) <= base && top(1) > base.mul_f64(0.99));
+        assert!(top(2) <= base * 2 && top(2) > base.mul_f64(1.99));
+        assert!(top(4) <= base * 8 && top(4) > base.mul_f64(7.99));
+        assert!(top(7) <= cap);
+        assert!(top(1000) <= cap && top(1000) > cap.mul_f64(0.99));
+        assert_eq!(backoff(0, base, cap, 0.5), base / 2);
+    }
+
+    #[test]
+    fn full_jitter_spans_zero_to_the_ceiling() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_secs(60);
+        assert_eq!(backoff(3, base, cap, 0.0), Duration::ZERO);
+        assert_eq!(backoff(3, base, cap, 0.5), Duration::from_millis(200));
+        // Out-of-range draws are clamped rather than trusted.
+        assert_eq!(backoff(3, base, cap, 7.0), Duration::from_millis(400));
+        for _ in 0..1000 {
+            let d = backoff(5, base, cap, fastrand::f64());
+            assert!(d < Duration::from_millis(1600));
+        }
+    }
+
+    #[test]
+    fn throttle_codes_are_recognised_per_entry() {
+        assert!(is_throttle_code("RequestThrottled"));
+        assert!(!is_throttle_code("InternalError"));
+    }
+}

@@ -1,0 +1,157 @@
+//! The only owner of `aws_sdk_sqs`: one planned batch in, one outcome per entry out.
+
+use std::time::Duration;
+
+use aws_sdk_sqs::config::retry::RetryConfig;
+use aws_sdk_sqs::config::timeout::TimeoutConfig;
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+
+use crate::batch::BatchRequest;
+use crate::retry::{RequestFailure, Transport};
+
+/// What SQS said about one entry of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryOutcome {
+    /// Accepted; the message ID SQS assigned.
+    Sent { message_id: String },
+    /// Refused. `sender_fault` means the entry itself is bad and must not be retried.
+    Failed {
+        sender_fault: bool,
+        code: String,
+        message: String,
+    },
+}
+
+/// An SQS client set up for the relay.
+#[derive(Debug, Clone)]
+pub struct Sqs {
+    client: aws_sdk_sqs::Client,
+}
+
+impl Sqs {
+    /// Region and credentials come from the standard AWS chain; `endpoint` overrides the
+    /// service endpoint (local emulators). The SDK's own retries are off: the relay decides
+    /// what a failure means for each row, and a hidden SDK retry after a timeout would only
+    /// add duplicates and delay that decision.
+    pub async fn new(endpoint: Option<&str>, send_timeout: Duration) -> Sqs {
+        let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .load()
+            .await;
+        let mut config = aws_sdk_sqs::config::Builder::from(&shared)
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(send_timeout.min(Duration::from_secs(3)))
+                    .operation_timeout(send_timeout)
+                    .build(),
+            );
+        if let Some(endpoint) = endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        Sqs {
+            client: aws_sdk_sqs::Client::from_conf(config.build()),
+        }
+    }
+
+    /// Sends one batch. `Ok` carries an outcome for every entry, in the request's order;
+    /// `Err` means the request as a whole failed and no entry can be assumed either way.
+    pub async fn send(&self, request: &BatchRequest) -> Result<Vec<EntryOutcome>, RequestFailure> {
+        let entries = request
+            .entries
+            .iter()
+            .map(|e| {
+                let mut entry = SendMessageBatchRequestEntry::builder()
+                    .id(&e.id)
+                    .message_body(&e.body)
+                    .set_message_group_id(e.group_id.clone())
+                    .set_message_deduplication_id(e.dedup_id.clone());
+                for (name, value) in &e.attributes {
+                    entry = entry.message_attributes(
+                        name,
+                        MessageAttributeValue::builder()
+                            .data_type("String")
+                            .string_value(value)
+                            .build()
+                            .expect("data_type is set"),
+                    );
+                }
+                entry.build().expect("id and body are set")
+            })
+            .collect();
+        let output = self
+            .client
+            .send_message_batch()
+            .queue_url(&request.queue_url)
+            .set_entries(Some(entries))
+            .send()
+            .await
+            .map_err(request_failure)?;
+        let outcomes = request
+            .entries
+            .iter()
+            .map(|e| {
+                if let Some(ok) = output.successful().iter().find(|s| s.id() == e.id) {
+                    EntryOutcome::Sent {
+                        message_id: ok.message_id().to_string(),
+                    }
+                } else if let Some(failed) = output.failed().iter().find(|f| f.id() == e.id) {
+                    EntryOutcome::Failed {
+                        sender_fault: failed.sender_fault(),
+                        code: failed.code().to_string(),
+                        message: failed.message().unwrap_or_default().to_string(),
+                    }
+                } else {
+                    // Not in either list: we cannot know, so treat it as retryable; a resend
+                    // carries the same event_id.
+                    EntryOutcome::Failed {
+                        sender_fault: false,
+                        code: "MissingFromResponse".to_string(),
+                        message: "entry absent from the SendMessageBatch response".to_string(),
+                    }
+                }
+            })
+            .collect();
+        Ok(outcomes)
+    }
+}
+
+/// Flattens the SDK's error into the facts `retry::classify` decides on.
+fn request_failure<E, R>(err: SdkError<E, R>) -> RequestFailure
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug + HasStatus,
+{
+    let message = DisplayErrorContext(&err).to_string();
+    let (transport, status, code) = match &err {
+        SdkError::ConstructionFailure(_) => (Transport::Construction, None, None),
+        SdkError::TimeoutError(_) => (Transport::Timeout, None, None),
+        SdkError::DispatchFailure(d) if d.is_timeout() => (Transport::Timeout, None, None),
+        SdkError::DispatchFailure(d) if d.is_user() => (Transport::Construction, None, None),
+        SdkError::DispatchFailure(_) => (Transport::Connection, None, None),
+        SdkError::ResponseError(r) => (Transport::Response, Some(r.raw().status_code()), None),
+        SdkError::ServiceError(s) => (
+            Transport::Response,
+            Some(s.raw().status_code()),
+            s.err().code().map(str::to_string),
+        ),
+        _ => (Transport::Connection, None, None),
+    };
+    RequestFailure {
+        status,
+        code,
+        message,
+        transport,
+    }
+}
+
+/// The raw HTTP response's status, without naming the SDK's HTTP types in signatures.
+trait HasStatus {
+    fn status_code(&self) -> u16;
+}
+
+impl HasStatus for aws_sdk_sqs::config::http::HttpResponse {
+    fn status_code(&self) -> u16 {
+        self.status().as_u16()
+    }
+}
