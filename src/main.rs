@@ -116,6 +116,10 @@ async fn dispatch(command: Command) -> ExitCode {
                 Ok(c) => c,
                 Err(e) => return config_error(&e),
             };
+            let connected = match relay::connect(config.clone()).await {
+                Ok(c) => c,
+                Err(e) => return runtime_error(&e),
+            };
             let handle = match metrics::install() {
                 Ok(h) => h,
                 Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
@@ -124,11 +128,14 @@ async fn dispatch(command: Command) -> ExitCode {
             let stuck_after = (config.poll_interval * 5).max(std::time::Duration::from_secs(10));
             let health = Health::new(stuck_after);
             let shutdown = CancellationToken::new();
+            // Separate from `shutdown`: metrics and probes keep answering while in-flight sends
+            // drain after SIGTERM.
+            let stop_serving = CancellationToken::new();
             let bound = match metrics::serve(
                 config.metrics_addr,
                 handle,
                 Arc::clone(&health),
-                shutdown.clone(),
+                stop_serving.clone(),
             )
             .await
             {
@@ -142,10 +149,9 @@ async fn dispatch(command: Command) -> ExitCode {
             };
             tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
             tokio::spawn(signal_shutdown(shutdown.clone()));
-            match relay::run(config, health, shutdown).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => runtime_error(&e),
-            }
+            relay::run(connected, health, shutdown).await;
+            stop_serving.cancel();
+            ExitCode::SUCCESS
         }
     }
 }

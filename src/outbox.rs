@@ -347,15 +347,41 @@ impl Outbox {
         format!("{host}:{port}/{db}")
     }
 
+    /// Connects within the connect timeout. tokio-postgres applies its own timeout to the TCP
+    /// connect only; a server that accepts and then never answers would hang the start-up
+    /// handshake, so the whole handshake is bounded here.
+    async fn open(
+        &self,
+    ) -> Result<
+        (
+            Client,
+            tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+        ),
+        OutboxError,
+    > {
+        let limit = self
+            .pg
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(Duration::from_secs(10));
+        match tokio::time::timeout(limit, self.pg.connect(NoTls)).await {
+            Ok(Ok(pair)) => Ok(pair),
+            Ok(Err(e)) => Err(OutboxError::Connect {
+                target: self.target(),
+                reason: e.to_string(),
+            }),
+            Err(_) => Err(OutboxError::Connect {
+                target: self.target(),
+                reason: format!(
+                    "no answer within {} (--connect-timeout)",
+                    humantime::format_duration(limit)
+                ),
+            }),
+        }
+    }
+
     async fn raw_connect(&self) -> Result<Client, OutboxError> {
-        let (client, connection) =
-            self.pg
-                .connect(NoTls)
-                .await
-                .map_err(|e| OutboxError::Connect {
-                    target: self.target(),
-                    reason: e.to_string(),
-                })?;
+        let (client, connection) = self.open().await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "database connection ended");
@@ -504,14 +530,7 @@ impl Outbox {
         wake: impl Fn(),
         on_listening: impl FnOnce(),
     ) -> Result<(), OutboxError> {
-        let (client, mut connection) =
-            self.pg
-                .connect(NoTls)
-                .await
-                .map_err(|e| OutboxError::Connect {
-                    target: self.target(),
-                    reason: e.to_string(),
-                })?;
+        let (client, mut connection) = self.open().await?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));

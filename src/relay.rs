@@ -19,7 +19,7 @@ use crate::config::RunConfig;
 use crate::metrics::{self as names, Health};
 use crate::outbox::{
     ClaimedRow, Outbox, OutboxError, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow,
-    Settlement, SharedSession,
+    Session, Settlement, SharedSession,
 };
 use crate::retry::{self, FailureClass, RequestFailure, Transport};
 use crate::sqs::{EntryOutcome, Sqs};
@@ -46,20 +46,37 @@ struct Relay {
     request_permits: Arc<Semaphore>,
 }
 
-/// Connects, checks the table, then relays until `shutdown` fires and in-flight work drained.
-/// Start-up problems (database unreachable, table missing) are returned at once; after
-/// start-up every failure is retried with back-off and never ends the loop.
-pub async fn run(
+/// A relay that has reached its database and found its table, ready to [`run`].
+pub struct Connected {
     config: RunConfig,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-) -> Result<(), RelayError> {
+    outbox: Arc<Outbox>,
+    first: Session,
+}
+
+/// Connects and checks the table, so that start-up problems (database unreachable, table
+/// missing) end the process with one clear line before anything else is started.
+pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
     let outbox = Arc::new(Outbox::new(
         &config.database.url.0,
         config.database.table.clone(),
         config.database.connect_timeout,
     )?);
     let first = outbox.connect().await?;
+    Ok(Connected {
+        config,
+        outbox,
+        first,
+    })
+}
+
+/// Relays until `shutdown` fires and in-flight work has drained. After start-up every failure
+/// is retried with back-off and never ends the loop.
+pub async fn run(connected: Connected, health: Arc<Health>, shutdown: CancellationToken) {
+    let Connected {
+        config,
+        outbox,
+        first,
+    } = connected;
     health.set_database_ok(true);
     health.tick();
     let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
@@ -93,7 +110,6 @@ pub async fn run(
     background.cancel();
     let _ = tokio::join!(listener, stats);
     tracing::info!("relay stopped");
-    Ok(())
 }
 
 impl Relay {
