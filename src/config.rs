@@ -37,7 +37,7 @@ pub enum Command {
     /// Create or upgrade the outbox table, its indexes and wake-up trigger (idempotent).
     Migrate(DatabaseArgs),
     /// Run the relay until SIGTERM/SIGINT.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -29,9 +29,11 @@ pub enum OutboxError {
     TableMissing(String),
     #[error("table {table} is at schema version {found}, newer than this relay understands ({SCHEMA_VERSION}); upgrade the relay")]
     TooNew { table: String, found: i32 },
-    #[error("{context}: {source}")]
+    #[error("{context}: {detail}")]
     Query {
         context: &'static str,
+        /// The server's message and SQLSTATE, or the client-side cause; never the password.
+        detail: String,
         #[source]
         source: tokio_postgres::Error,
     },
@@ -49,7 +51,27 @@ impl OutboxError {
 }
 
 fn query_err(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> OutboxError {
-    move |source| OutboxError::Query { context, source }
+    move |source| OutboxError::Query {
+        context,
+        detail: describe(&source),
+        source,
+    }
+}
+
+/// tokio-postgres displays a server error as just "db error"; the useful part (message and
+/// SQLSTATE) is in its source, and a client-side error's cause is further down the chain.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// A possibly schema-qualified table name from configuration.
@@ -368,7 +390,7 @@ impl Outbox {
             Ok(Ok(pair)) => Ok(pair),
             Ok(Err(e)) => Err(OutboxError::Connect {
                 target: self.target(),
-                reason: e.to_string(),
+                reason: describe(&e),
             }),
             Err(_) => Err(OutboxError::Connect {
                 target: self.target(),

@@ -1,0 +1,12 @@
+//! The one integration-test binary: one link step, one PostgreSQL and one SQS server per run.
+
+mod support;
+
+mod harness_smoke;
+
+mod scenario;
+
+mod crash;
+mod outbox_sql;
+mod sqs_contract;
+mod startup;

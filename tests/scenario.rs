@@ -1,0 +1,163 @@
+//! Steps the relay tests share: a migrated database, events written the way an application
+//! writes them, the relay's command line, and reading back what arrived on the queue.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use aws_sdk_sqs::types::Message;
+
+use crate::support::{run_to_end, TestDb};
+
+/// A fresh database with the outbox table created by the real `migrate` command.
+pub async fn migrated_db() -> TestDb {
+    let db = crate::support::fresh_db().await;
+    migrate(&db, "outbox").await;
+    db
+}
+
+pub async fn migrate(db: &TestDb, table: &str) {
+    let (status, output) = run_to_end(
+        &args(&["migrate", "--database-url", &db.url, "--table", table]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(status.success(), "migrate failed: {output}");
+}
+
+pub fn args(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(|s| s.to_string()).collect()
+}
+
+/// `run` with test-friendly timings: quick polls and gauges, a metrics port of its own.
+pub fn run_args(db: &TestDb, queue_url: &str, endpoint: &str, extra: &[&str]) -> Vec<String> {
+    let mut a = args(&[
+        "run",
+        "--database-url",
+        &db.url,
+        "--queue-url",
+        queue_url,
+        "--sqs-endpoint-url",
+        endpoint,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--poll-interval",
+        "200ms",
+        "--stats-interval",
+        "200ms",
+        "--retry-base",
+        "100ms",
+        "--retry-max",
+        "1s",
+    ]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+/// One event as the application writes it.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: serde_json::Value,
+    pub headers: serde_json::Value,
+}
+
+/// `n` events spread over `aggregates` aggregates; every third carries a traceparent header.
+pub fn events(prefix: &str, n: usize, aggregates: usize) -> Vec<Event> {
+    (0..n)
+        .map(|i| {
+            let aggregate = i % aggregates;
+            let headers = if i % 3 == 0 {
+                serde_json::json!({"traceparent": format!("00-{:032x}-{:016x}-01", i + 1, i + 7)})
+            } else {
+                serde_json::json!({})
+            };
+            Event {
+                event_id: format!("{prefix}-{i}"),
+                aggregate_type: "order".to_string(),
+                aggregate_id: format!("agg-{aggregate}"),
+                event_type: if i % 2 == 0 {
+                    "order.placed"
+                } else {
+                    "order.paid"
+                }
+                .to_string(),
+                payload: serde_json::json!({
+                    "order_id": i,
+                    "amount": i * 100 + 7,
+                    "note": format!("event {i} of {n} \u{e9}\"quoted\""),
+                    "items": [{"sku": format!("sku-{}", i % 11), "qty": i % 4 + 1}],
+                }),
+                headers,
+            }
+        })
+        .collect()
+}
+
+/// Writes events in one transaction, as plain SQL with parameters, like an application.
+/// `delay` makes them available only later (they count as unsent meanwhile).
+pub async fn insert(client: &tokio_postgres::Client, events: &[Event], delay: Duration) {
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let aggs: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<String> = events.iter().map(|e| e.payload.to_string()).collect();
+    let headers: Vec<String> = events.iter().map(|e| e.headers.to_string()).collect();
+    client
+        .execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers, available_at)
+             SELECT e, t, a, k, p::jsonb, h::jsonb, now() + make_interval(secs => $7)
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+                  WITH ORDINALITY AS u(e, t, a, k, p, h, n)
+             ORDER BY n",
+            &[&ids, &types, &aggs, &kinds, &payloads, &headers, &delay.as_secs_f64()],
+        )
+        .await
+        .expect("insert events");
+}
+
+pub async fn count(client: &tokio_postgres::Client, condition: &str) -> i64 {
+    client
+        .query_one(
+            &format!("SELECT count(*) FROM outbox WHERE {condition}"),
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0)
+}
+
+pub async fn wait_count(
+    client: &tokio_postgres::Client,
+    condition: &str,
+    expected: i64,
+    timeout: Duration,
+) {
+    let what = format!("{expected} rows where {condition}");
+    crate::support::wait_until(&what, timeout, || async {
+        count(client, condition).await == expected
+    })
+    .await;
+}
+
+/// The `event_id` message attribute of a received message.
+pub fn attr<'a>(m: &'a Message, name: &str) -> Option<&'a str> {
+    m.message_attributes()?.get(name)?.string_value()
+}
+
+/// How many copies of each event_id arrived.
+pub fn copies(messages: &[Message]) -> HashMap<String, usize> {
+    let mut by_id = HashMap::new();
+    for m in messages {
+        let id = attr(m, "event_id")
+            .expect("every message carries event_id")
+            .to_string();
+        *by_id.entry(id).or_insert(0) += 1;
+    }
+    by_id
+}

@@ -1,0 +1,209 @@
+//! Bad configuration: a non-zero exit, one line that says what to fix, and no secret in it.
+
+use std::time::{Duration, Instant};
+
+use crate::scenario::{args, migrated_db};
+use crate::support::{pg, run_to_end, sqs, TEST_SECRET_ACCESS_KEY};
+
+/// Lines the process printed that are not log lines: its verdict.
+fn error_lines(output: &str) -> Vec<&str> {
+    output.lines().filter(|l| l.starts_with("error:")).collect()
+}
+
+fn assert_one_clear_line(output: &str, needle: &str) {
+    let errors = error_lines(output);
+    assert_eq!(errors.len(), 1, "one error line expected:\n{output}");
+    assert!(
+        errors[0].contains(needle),
+        "{:?} should mention {needle:?}",
+        errors[0]
+    );
+    assert!(
+        !output.contains(pg().password()),
+        "the database password leaked:\n{output}"
+    );
+    assert!(
+        !output.contains(TEST_SECRET_ACCESS_KEY),
+        "the AWS secret leaked:\n{output}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_queue_url_is_a_usage_error_with_one_line() {
+    let db = migrated_db().await;
+    let (status, output) = run_to_end(
+        &args(&[
+            "run",
+            "--database-url",
+            &db.url,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]),
+        &[],
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert_one_clear_line(&output, "--queue-url (or OUTBOX_QUEUE_URL) is required");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_shorter_than_a_send_is_refused_before_touching_data() {
+    let db = migrated_db().await;
+    let (status, output) = run_to_end(
+        &args(&[
+            "run",
+            "--database-url",
+            &db.url,
+            "--queue-url",
+            "http://127.0.0.1:1/000000000000/q",
+            "--lease",
+            "5s",
+            "--send-timeout",
+            "10s",
+        ]),
+        &[],
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert_one_clear_line(
+        &output,
+        "--lease (5s) must be longer than --send-timeout (10s)",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_fails_after_the_connect_timeout_without_showing_the_password() {
+    // A server that accepts connections and never answers: only the relay's own timeout ends it.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let url = format!(
+        "postgres://postgres:{}@127.0.0.1:{port}/app",
+        pg().password()
+    );
+    let started = Instant::now();
+    let (status, output) = run_to_end(
+        &args(&[
+            "run",
+            "--database-url",
+            &url,
+            "--queue-url",
+            "http://127.0.0.1:1/000000000000/q",
+            "--connect-timeout",
+            "1s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    println!("gave up after {:?}", started.elapsed());
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert_one_clear_line(&output, "no answer within 1s");
+    drop(silent);
+
+    // Nobody listening at all: refused at once.
+    let closed = crate::support::pg::free_port();
+    let url = format!(
+        "postgres://postgres:{}@127.0.0.1:{closed}/app",
+        pg().password()
+    );
+    let (status, output) = run_to_end(
+        &args(&["migrate", "--database-url", &url]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert_one_clear_line(&output, "cannot connect to PostgreSQL at 127.0.0.1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_table_says_to_run_migrate() {
+    let db = crate::support::fresh_db().await;
+    let (status, output) = run_to_end(
+        &args(&[
+            "run",
+            "--database-url",
+            &db.url,
+            "--queue-url",
+            "http://127.0.0.1:1/000000000000/q",
+            "--table",
+            "app.orders_outbox",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--sqs-endpoint-url",
+            sqs().endpoint(),
+        ]),
+        &[],
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert_one_clear_line(
+        &output,
+        "table \"app\".\"orders_outbox\" does not exist: run `outbox-relay migrate`",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_reported_without_echoing_it() {
+    let db = migrated_db().await;
+    let wrong = db
+        .url
+        .replace(pg().password(), "definitely-not-the-password-42");
+    let (status, output) = run_to_end(
+        &args(&["migrate", "--database-url", &wrong]),
+        &[],
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert_one_clear_line(&output, "password authentication failed");
+    assert!(!output.contains("definitely-not-the-password-42"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_quotes_odd_table_names() {
+    let db = crate::support::fresh_db().await;
+    // A schema with a quote in its name and a table with a dot in its name.
+    let table = "\"we\"\"ird\".\"my.outbox\"";
+    for expected in [
+        "from schema version 0 to 1",
+        "is up to date (schema version 1)",
+    ] {
+        let (status, output) = run_to_end(
+            &args(&["migrate", "--database-url", &db.url, "--table", table]),
+            &[],
+            Duration::from_secs(20),
+        )
+        .await;
+        assert!(status.success(), "{output}");
+        assert!(output.contains(expected), "{output}");
+    }
+    let client = db.client().await;
+    let row = client
+        .query_one(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'we\"ird' AND c.relname = 'my.outbox'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i64>(0),
+        1,
+        "the table exists under its exact name"
+    );
+    let version: i32 = client
+        .query_one(
+            "SELECT version FROM \"we\"\"ird\".outbox_relay_schema WHERE table_name = 'my.outbox'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(version, 1);
+}

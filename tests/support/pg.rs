@@ -1,0 +1,282 @@
+//! One throwaway PostgreSQL cluster per test process, one database per test.
+
+use super::{log_tail, make_temp_dir, random_hex, spawn_kept, stop_at_exit, unique};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The test cluster: a `postgres` child of this process on a loopback port.
+pub struct Pg {
+    /// Directory holding server binaries; kept so the server can be started again.
+    bin_dir: PathBuf,
+    /// Cluster data; kept across a restart so databases survive it like in production.
+    data_dir: PathBuf,
+    /// Unix socket directory, private to this run so it never collides with a system server.
+    socket_dir: PathBuf,
+    /// Server log (stdout and stderr), quoted when the server fails.
+    log_path: PathBuf,
+    /// Fixed for the life of the process so URLs handed to relays stay valid across restarts.
+    port: u16,
+    /// Password of the `postgres` superuser; random so tests can check it never leaks into logs.
+    password: String,
+    /// `(uid, gid)` of the `postgres` OS user when we are root: initdb and postgres refuse root.
+    run_as: Option<(u32, u32)>,
+    /// The running postmaster; `None` while stopped.
+    child: Mutex<Option<Child>>,
+}
+
+/// A database of its own for one test.
+pub struct TestDb {
+    pub name: String,
+    /// libpq URL with the password, for the relay's `--database-url`.
+    pub url: String,
+}
+
+/// The cluster, started on first use.
+pub fn pg() -> &'static Pg {
+    static PG: OnceLock<Pg> = OnceLock::new();
+    // Started on a plain thread: readiness is checked with a runtime of its own, which cannot
+    // be created on a thread that is already inside the test's runtime.
+    PG.get_or_init(|| {
+        std::thread::spawn(Pg::start)
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+/// Creates an empty database with a unique name.
+pub async fn fresh_db() -> TestDb {
+    let pg = pg();
+    let name = format!("t_{}_{}", unique(), std::process::id());
+    let admin = connect(&pg.admin_url()).await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
+    let url = pg.url_for(&name);
+    TestDb { name, url }
+}
+
+impl TestDb {
+    /// A new connection to this database as the superuser.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        connect(&self.url).await
+    }
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to test PostgreSQL: {e}"));
+    tokio::spawn(async move {
+        // The connection ends with an error when the test kills the server on purpose.
+        let _ = connection.await;
+    });
+    client
+}
+
+impl Pg {
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+
+    pub fn admin_url(&self) -> String {
+        self.url_for("postgres")
+    }
+
+    /// libpq URL for database `name` as the superuser.
+    pub fn url_for(&self, name: &str) -> String {
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/{name}",
+            self.password, self.port
+        )
+    }
+
+    /// Everything the server has logged so far.
+    pub fn log(&self) -> String {
+        log_tail(&self.log_path, usize::MAX)
+    }
+
+    fn start() -> Pg {
+        let bin_dir = find_bin_dir();
+        let run_as = if unsafe { libc::geteuid() } == 0 {
+            Some(postgres_user())
+        } else {
+            None
+        };
+        let root = make_temp_dir("pg");
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&root, Some(uid), Some(gid)).expect("chown pg temp dir");
+        }
+        let data_dir = root.join("data");
+        let log_path = root.join("postgres.log");
+        let password = random_hex(16);
+
+        let pwfile = root.join("pwfile");
+        std::fs::write(&pwfile, &password).expect("write pwfile");
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&pwfile, Some(uid), Some(gid)).expect("chown pwfile");
+        }
+        let mut initdb = Command::new(bin_dir.join("initdb"));
+        initdb
+            .arg("-D")
+            .arg(&data_dir)
+            .args(["-U", "postgres", "--auth=scram-sha-256", "--no-sync"])
+            .args(["--encoding=UTF8", "--locale=C"])
+            .arg(format!("--pwfile={}", pwfile.display()));
+        as_user(&mut initdb, run_as, &root);
+        let out = initdb.output().expect("run initdb");
+        let _ = std::fs::remove_file(&pwfile);
+        assert!(
+            out.status.success(),
+            "initdb failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let pg = Pg {
+            bin_dir,
+            data_dir,
+            socket_dir: root,
+            log_path,
+            port: free_port(),
+            password,
+            run_as,
+            child: Mutex::new(None),
+        };
+        pg.spawn_server();
+        pg.wait_ready();
+        pg
+    }
+
+    fn spawn_server(&self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open postgres log");
+        let mut cmd = Command::new(self.bin_dir.join("postgres"));
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-k")
+            .arg(&self.socket_dir)
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            // fsync=off is safe against a killed server (writes reach the page cache); commits
+            // stay synchronous so a restart test never loses an acknowledged row.
+            .args(["-c", "fsync=off"])
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log fd"))
+            .stderr(log);
+        as_user(&mut cmd, self.run_as, &self.socket_dir);
+        // SIGQUIT is PostgreSQL's immediate shutdown: no checkpoint, children told to exit.
+        let child = spawn_kept(cmd, libc::SIGQUIT).expect("spawn postgres");
+        stop_at_exit(child.id(), libc::SIGQUIT);
+        *self.child.lock().unwrap() = Some(child);
+    }
+
+    /// Blocks until a real login succeeds, so the first test does not race the startup.
+    fn wait_ready(&self) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime for the readiness check");
+        let url = self.admin_url();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let attempt = rt.block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(5),
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls),
+                )
+                .await
+            });
+            if matches!(attempt, Ok(Ok(_))) {
+                return;
+            }
+            if let Some(child) = self.child.lock().unwrap().as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("postgres exited with {status}:\n{}", self.log());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not accept connections in 60 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Drops root for initdb and postgres, and starts them in a directory they may enter.
+fn as_user(cmd: &mut Command, run_as: Option<(u32, u32)>, cwd: &Path) {
+    cmd.current_dir(cwd);
+    if let Some((uid, gid)) = run_as {
+        cmd.uid(uid)
+            .gid(gid)
+            .env("HOME", cwd)
+            .env("USER", "postgres");
+    }
+}
+
+fn postgres_user() -> (u32, u32) {
+    // SAFETY: getpwnam returns a pointer into static storage; read it at once. Only this
+    // one-time start-up calls it.
+    unsafe {
+        let pw = libc::getpwnam(c"postgres".as_ptr());
+        assert!(
+            !pw.is_null(),
+            "running as root, but there is no `postgres` OS user to run PostgreSQL as \
+             (install the postgresql package, or run the tests as a normal user)"
+        );
+        ((*pw).pw_uid, (*pw).pw_gid)
+    }
+}
+
+/// `OUTBOX_TEST_PG_BINDIR`, else `pg_config --bindir`, else Debian's newest
+/// `/usr/lib/postgresql/N/bin` (Debian keeps the server out of PATH), else PATH.
+fn find_bin_dir() -> PathBuf {
+    let has_server = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    if let Some(dir) = std::env::var_os("OUTBOX_TEST_PG_BINDIR") {
+        return PathBuf::from(dir);
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && has_server(&dir) {
+            return dir;
+        }
+    }
+    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, dir)| has_server(dir))
+        .collect();
+    debian.sort();
+    if let Some((_, dir)) = debian.pop() {
+        return dir;
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .find(|dir| has_server(dir))
+        .expect("no PostgreSQL server binaries (initdb, postgres) found; run scripts/test")
+}
+
+/// A loopback port nobody listens on right now; the tiny window before use is acceptable here.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}

@@ -1,0 +1,424 @@
+//! An HTTP/1.1 fault injector between the relay and the SQS server.
+//!
+//! It understands just enough HTTP for the SDK's requests: a head plus a `Content-Length` body,
+//! several requests per client connection. Each request goes upstream on a fresh connection
+//! with `Connection: close`, so the upstream response is simply read to EOF; it is then passed
+//! back unchanged except for its `Connection` header. The mode in force when a request has
+//! arrived decides its fate.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What happens to a request that arrives while the mode is set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Forward and answer.
+    Pass,
+    /// Wait, then forward and answer.
+    Delay(Duration),
+    /// Answer 500 `InternalError` without forwarding.
+    Error500,
+    /// Answer 400 `ThrottlingException` without forwarding.
+    Throttle,
+    /// Close the client connection with a TCP RST without forwarding.
+    Reset,
+    /// Read the request, never answer, keep the connection open.
+    BlackHole,
+    /// Forward (SQS acts on it), then close the client connection without answering.
+    DropResponse,
+    /// Forward, then keep the response until `release_held()` or the next `set_mode()`.
+    Hold,
+}
+
+/// Body of the injected 500; `__type` is what the SDK reads as the error code.
+const INTERNAL_ERROR_BODY: &str = r#"{"__type":"InternalError","message":"injected"}"#;
+/// Body of the injected throttle. The SQS JSON protocol is "query compatible": the SDK takes the
+/// code from `x-amzn-query-error` (sent too) over `__type`, so both say `ThrottlingException`.
+const THROTTLE_BODY: &str =
+    r#"{"__type":"com.amazonaws.sqs#ThrottlingException","message":"Rate exceeded (injected)"}"#;
+
+pub struct FaultProxy {
+    /// `http://127.0.0.1:PORT`, for `--sqs-endpoint-url`.
+    endpoint: String,
+    /// State shared with the connection tasks.
+    shared: Arc<Shared>,
+    /// A runtime of its own, so the proxy keeps serving while a test blocks its own threads;
+    /// dropping it closes every connection.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+#[derive(Clone, Copy)]
+struct Control {
+    mode: Mode,
+    /// One-shot faults: the next `next_faults` requests get `next_mode` instead of `mode`.
+    /// Counted down where requests arrive, so a test need not race the relay to switch back.
+    next_mode: Mode,
+    next_faults: u64,
+    /// Bumped by `release_held` and `set_mode`; a held response waits for it to move on from
+    /// the value it saw when its request arrived.
+    release_generation: u64,
+}
+
+struct Shared {
+    /// `host:port` of the SQS server.
+    upstream: String,
+    control: watch::Sender<Control>,
+    requests: AtomicU64,
+    forwarded: AtomicU64,
+    faulted: AtomicU64,
+    held: AtomicUsize,
+    /// `X-Amz-Target` of every request, in arrival order.
+    actions: Mutex<Vec<String>>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy in `Pass` mode in front of `upstream` (`http://127.0.0.1:PORT`).
+    pub fn start(upstream: &str) -> FaultProxy {
+        let upstream = upstream
+            .strip_prefix("http://")
+            .unwrap_or(upstream)
+            .trim_end_matches('/')
+            .to_string();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("fault-proxy")
+            .enable_all()
+            .build()
+            .expect("fault proxy runtime");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind fault proxy");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let (control, _) = watch::channel(Control {
+            mode: Mode::Pass,
+            next_mode: Mode::Pass,
+            next_faults: 0,
+            release_generation: 0,
+        });
+        let shared = Arc::new(Shared {
+            upstream,
+            control,
+            requests: AtomicU64::new(0),
+            forwarded: AtomicU64::new(0),
+            faulted: AtomicU64::new(0),
+            held: AtomicUsize::new(0),
+            actions: Mutex::new(Vec::new()),
+        });
+        let accept_shared = shared.clone();
+        runtime.spawn(async move {
+            let listener = TcpListener::from_std(listener).expect("register listener");
+            loop {
+                let Ok((client, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                tokio::spawn(serve(client, accept_shared.clone()));
+            }
+        });
+        FaultProxy {
+            endpoint,
+            shared,
+            runtime: Some(runtime),
+        }
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Applies to requests arriving from now on; also releases held responses and cancels
+    /// one-shot faults still pending from `fault_next`.
+    pub fn set_mode(&self, mode: Mode) {
+        self.shared.control.send_modify(|c| {
+            c.mode = mode;
+            c.next_faults = 0;
+            c.release_generation += 1;
+        });
+    }
+
+    /// The next `count` requests get `mode`; later ones get the mode set by `set_mode`.
+    pub fn fault_next(&self, mode: Mode, count: u64) {
+        self.shared.control.send_modify(|c| {
+            c.next_mode = mode;
+            c.next_faults = count;
+        });
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.shared.control.borrow().mode
+    }
+
+    /// Delivers every response held so far.
+    pub fn release_held(&self) {
+        self.shared
+            .control
+            .send_modify(|c| c.release_generation += 1);
+    }
+
+    /// Requests read from clients, in any mode.
+    pub fn requests(&self) -> u64 {
+        self.shared.requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests sent to the SQS server (`Pass`, `Delay`, `DropResponse`, `Hold`).
+    pub fn forwarded(&self) -> u64 {
+        self.shared.forwarded.load(Ordering::SeqCst)
+    }
+
+    /// Requests handled in any mode but `Pass`.
+    pub fn faulted(&self) -> u64 {
+        self.shared.faulted.load(Ordering::SeqCst)
+    }
+
+    /// Responses waiting for `release_held()` right now.
+    pub fn held(&self) -> usize {
+        self.shared.held.load(Ordering::SeqCst)
+    }
+
+    /// `X-Amz-Target` of every request so far (e.g. `AmazonSQS.SendMessageBatch`).
+    pub fn actions(&self) -> Vec<String> {
+        self.shared.actions.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        // `shutdown_background` is the one way to drop a runtime from inside another one.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+struct Request {
+    /// Request line and headers, without the blank line.
+    head: String,
+    body: Vec<u8>,
+    action: String,
+    /// The client asked to close after this exchange.
+    close: bool,
+}
+
+async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
+    let mut buffered = Vec::new();
+    loop {
+        let request = match read_request(&mut client, &mut buffered).await {
+            Ok(Some(request)) => request,
+            Ok(None) | Err(_) => return,
+        };
+        let control = arrive(&shared);
+        shared.requests.fetch_add(1, Ordering::SeqCst);
+        if control.mode != Mode::Pass {
+            shared.faulted.fetch_add(1, Ordering::SeqCst);
+        }
+        shared.actions.lock().unwrap().push(request.action.clone());
+
+        let response = match control.mode {
+            Mode::Pass => forward(&shared, &request).await,
+            Mode::Delay(delay) => {
+                tokio::time::sleep(delay).await;
+                forward(&shared, &request).await
+            }
+            Mode::Error500 => canned("500 Internal Server Error", &[], INTERNAL_ERROR_BODY),
+            Mode::Throttle => canned(
+                "400 Bad Request",
+                &["x-amzn-query-error: ThrottlingException;Sender"],
+                THROTTLE_BODY,
+            ),
+            Mode::Reset => {
+                // Zero linger turns close into RST, as a crashed load balancer would send.
+                let _ = client.set_zero_linger();
+                return;
+            }
+            Mode::BlackHole => return std::future::pending().await,
+            Mode::DropResponse => {
+                let _ = forward(&shared, &request).await;
+                return;
+            }
+            Mode::Hold => {
+                let response = forward(&shared, &request).await;
+                shared.held.fetch_add(1, Ordering::SeqCst);
+                let mut control_rx = shared.control.subscribe();
+                let _ = control_rx
+                    .wait_for(|c| c.release_generation != control.release_generation)
+                    .await;
+                shared.held.fetch_sub(1, Ordering::SeqCst);
+                response
+            }
+        };
+        let (bytes, keep_alive) = response;
+        if client.write_all(&bytes).await.is_err() || !keep_alive || request.close {
+            return;
+        }
+    }
+}
+
+/// The control in force for a request arriving now; takes one pending one-shot fault, if any.
+fn arrive(shared: &Shared) -> Control {
+    let mut seen = None;
+    shared.control.send_if_modified(|c| {
+        let mut now = *c;
+        let one_shot = c.next_faults > 0;
+        if one_shot {
+            c.next_faults -= 1;
+            now.mode = c.next_mode;
+        }
+        seen = Some(now);
+        one_shot
+    });
+    seen.expect("send_if_modified runs its closure")
+}
+
+/// Reads one request; `Ok(None)` when the client closed the connection between requests.
+async fn read_request(
+    client: &mut TcpStream,
+    buffered: &mut Vec<u8>,
+) -> std::io::Result<Option<Request>> {
+    let head_end = loop {
+        if let Some(pos) = find(buffered, b"\r\n\r\n") {
+            break pos;
+        }
+        if read_more(client, buffered).await? == 0 {
+            return if buffered.is_empty() {
+                Ok(None)
+            } else {
+                Err(std::io::ErrorKind::UnexpectedEof.into())
+            };
+        }
+    };
+    let head = String::from_utf8_lossy(&buffered[..head_end]).into_owned();
+    let content_length: usize = header(&head, "content-length")
+        .map(|v| v.parse().unwrap_or(0))
+        .unwrap_or(0);
+    if header(&head, "transfer-encoding").is_some() {
+        // The SDK always sends a Content-Length for SQS; dropping the connection beats
+        // mis-framing the stream.
+        eprintln!("fault proxy: chunked request bodies are not supported:\n{head}");
+        return Err(std::io::ErrorKind::Unsupported.into());
+    }
+    let total = head_end + 4 + content_length;
+    while buffered.len() < total {
+        if read_more(client, buffered).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    let body = buffered[head_end + 4..total].to_vec();
+    buffered.drain(..total);
+    let action = header(&head, "x-amz-target").unwrap_or("").to_string();
+    let close = header(&head, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    Ok(Some(Request {
+        head,
+        body,
+        action,
+        close,
+    }))
+}
+
+async fn read_more(stream: &mut TcpStream, buffered: &mut Vec<u8>) -> std::io::Result<usize> {
+    let mut chunk = [0u8; 16 * 1024];
+    let n = stream.read(&mut chunk).await?;
+    buffered.extend_from_slice(&chunk[..n]);
+    Ok(n)
+}
+
+/// Sends the request upstream and returns the response to relay and whether the client
+/// connection can stay open after it.
+async fn forward(shared: &Shared, request: &Request) -> (Vec<u8>, bool) {
+    shared.forwarded.fetch_add(1, Ordering::SeqCst);
+    let exchange = async {
+        let mut upstream = TcpStream::connect(&shared.upstream).await?;
+        let mut head = String::new();
+        for line in request.head.split("\r\n") {
+            if !is_hop_by_hop(line) {
+                head.push_str(line);
+                head.push_str("\r\n");
+            }
+        }
+        head.push_str("Connection: close\r\n\r\n");
+        upstream.write_all(head.as_bytes()).await?;
+        upstream.write_all(&request.body).await?;
+        let mut response = Vec::new();
+        upstream.read_to_end(&mut response).await?;
+        std::io::Result::Ok(response)
+    };
+    match tokio::time::timeout(Duration::from_secs(120), exchange).await {
+        Ok(Ok(response)) => reframe(response),
+        Ok(Err(e)) => canned_close("502 Bad Gateway", &format!("upstream: {e}")),
+        Err(_) => canned_close("504 Gateway Timeout", "upstream took over 120 s"),
+    }
+}
+
+/// Drops the upstream's `Connection: close` so the client may keep its connection, when the
+/// body is framed by length or chunks; otherwise the body ends at EOF and so must our answer.
+fn reframe(response: Vec<u8>) -> (Vec<u8>, bool) {
+    let Some(head_end) = find(&response, b"\r\n\r\n") else {
+        return (response, false);
+    };
+    let head = String::from_utf8_lossy(&response[..head_end]).into_owned();
+    let http11 = head.starts_with("HTTP/1.1");
+    let length = header(&head, "content-length").and_then(|v| v.parse::<usize>().ok());
+    let chunked = header(&head, "transfer-encoding").is_some_and(|v| v.contains("chunked"));
+    let keep_alive = http11 && (length.is_some() || chunked);
+    let mut out = Vec::with_capacity(response.len() + 20);
+    for line in head.split("\r\n") {
+        if !is_hop_by_hop(line) {
+            out.extend_from_slice(line.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    if !keep_alive {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    let body = &response[head_end + 4..];
+    let body = match length {
+        Some(n) if !chunked => &body[..n.min(body.len())],
+        _ => body,
+    };
+    out.extend_from_slice(body);
+    (out, keep_alive)
+}
+
+fn canned(status: &str, extra_headers: &[&str], body: &str) -> (Vec<u8>, bool) {
+    let mut head = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: application/x-amz-json-1.0\r\n\
+         Content-Length: {}\r\nx-amzn-RequestId: fault-proxy-{}\r\n",
+        body.len(),
+        super::random_hex(8)
+    );
+    for h in extra_headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    head.push_str(body);
+    (head.into_bytes(), true)
+}
+
+fn canned_close(status: &str, message: &str) -> (Vec<u8>, bool) {
+    let body = serde_json::json!({ "__type": "ProxyError", "message": message }).to_string();
+    let (bytes, _) = canned(status, &["Connection: close"], &body);
+    (bytes, false)
+}
+
+fn is_hop_by_hop(line: &str) -> bool {
+    let name = line.split(':').next().unwrap_or("").trim();
+    ["connection", "keep-alive", "proxy-connection"]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Value of the first header named `name` (case-insensitive) in an HTTP head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.split("\r\n").skip(1).find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
