@@ -19,11 +19,12 @@ async fn a_relay_killed_after_sqs_accepted_a_batch_is_followed_by_a_resend_with_
     let written = events("kill9", n, 4);
     insert(&client, &written, Duration::ZERO).await;
 
+    // The send timeout leaves time to kill the relay before its own SDK gives up on the answer.
     let timing = [
         "--lease",
-        "3s",
+        "4s",
         "--send-timeout",
-        "1s",
+        "2s",
         "--settle-margin",
         "1s",
     ];
