@@ -36,6 +36,10 @@ CREATE INDEX IF NOT EXISTS {unsent_index} ON {table} (id)
 CREATE INDEX IF NOT EXISTS {quarantined_index} ON {table} (id)
     WHERE quarantined_at IS NOT NULL;
 
+-- Retention deletes sent rows oldest first; this index bounds each pass to the rows it removes.
+CREATE INDEX IF NOT EXISTS {sent_index} ON {table} (sent_at)
+    WHERE sent_at IS NOT NULL;
+
 -- One NOTIFY per inserting statement (not per row); PostgreSQL also folds identical
 -- notifications within a transaction. The channel is derived from the table's own name so
 -- that several outbox tables in one database wake only their relays.

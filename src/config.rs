@@ -38,6 +38,58 @@ pub enum Command {
     Migrate(DatabaseArgs),
     /// Run the relay until SIGTERM/SIGINT.
     Run(Box<RunArgs>),
+    /// Inspect and re-drive quarantined rows.
+    #[command(subcommand)]
+    Quarantine(QuarantineCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// List quarantined rows, oldest first, with reason, last error and attempts.
+    List(QuarantineListArgs),
+    /// Put quarantined rows back to unsent (attempts reset, same event_id); prints how many.
+    Retry(QuarantineRetryArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct QuarantineListArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Print JSON (one array) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only rows quarantined for this reason (too_large, invalid, sender_fault, rejected, max_attempts).
+    #[arg(long)]
+    pub reason: Option<String>,
+
+    /// At most this many rows.
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "event_id", "all"])))]
+pub struct QuarantineRetryArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// The row with this id.
+    #[arg(long)]
+    pub id: Option<i64>,
+
+    /// The row with this event_id.
+    #[arg(long)]
+    pub event_id: Option<String>,
+
+    /// Every quarantined row (narrow with --reason).
+    #[arg(long)]
+    pub all: bool,
+
+    /// With --all: only rows quarantined for this reason.
+    #[arg(long, requires = "all")]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -123,7 +175,39 @@ pub struct RunArgs {
     /// How often the table gauges (oldest unsent age, counts) are refreshed.
     #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stats_interval: Duration,
+
+    /// Delete sent rows this long after they were sent (`off` keeps them).
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = parse_retention)]
+    pub retention: Retention,
+
+    /// How often the retention pass runs.
+    #[arg(long, env = "OUTBOX_RETENTION_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub retention_interval: Duration,
+
+    /// Delete rows as soon as SQS acknowledged them, instead of marking them sent.
+    #[arg(long, env = "OUTBOX_DELETE_ON_ACK")]
+    pub delete_on_ack: bool,
 }
+
+/// How long sent rows are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retention {
+    Off,
+    For(Duration),
+}
+
+fn parse_retention(s: &str) -> Result<Retention, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(Retention::Off);
+    }
+    humantime::parse_duration(s)
+        .map(Retention::For)
+        .map_err(|e| format!("{e}: use a duration such as 7d or 12h, or `off`"))
+}
+
+/// Rows deleted per retention statement: small enough that each DELETE holds its row locks
+/// for milliseconds, large enough that a busy table keeps up.
+pub const RETENTION_BATCH: i64 = 1000;
 
 /// A value that must never be printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -163,6 +247,9 @@ pub struct RunConfig {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub stats_interval: Duration,
+    pub retention: Retention,
+    pub retention_interval: Duration,
+    pub delete_on_ack: bool,
 }
 
 /// SQS's own ceiling for one message and one batch (1 MiB).
@@ -241,6 +328,7 @@ impl RunArgs {
             ("--send-timeout", self.send_timeout),
             ("--stats-interval", self.stats_interval),
             ("--retry-base", self.retry_base),
+            ("--retention-interval", self.retention_interval),
         ] {
             if value.is_zero() {
                 return Err(format!("{name} must be above zero"));
@@ -283,6 +371,9 @@ impl RunArgs {
             retry_base: self.retry_base,
             retry_max: self.retry_max,
             stats_interval: self.stats_interval,
+            retention: self.retention,
+            retention_interval: self.retention_interval,
+            delete_on_ack: self.delete_on_ack,
         })
     }
 }
@@ -395,6 +486,48 @@ mod tests {
             assert!(err.contains(needle), "{flags:?}: {err}");
             assert!(!err.contains('\n'), "one line: {err}");
         }
+    }
+
+    #[test]
+    fn retention_takes_a_duration_or_off() {
+        assert_eq!(
+            run_args(&[]).unwrap().retention,
+            Retention::For(Duration::from_secs(7 * 86400))
+        );
+        assert_eq!(
+            run_args(&["--retention", "off"]).unwrap().retention,
+            Retention::Off
+        );
+        assert_eq!(
+            run_args(&["--retention", "90s"]).unwrap().retention,
+            Retention::For(Duration::from_secs(90))
+        );
+        assert!(run_args(&["--retention", "soon"])
+            .unwrap_err()
+            .contains("or `off`"));
+    }
+
+    #[test]
+    fn quarantine_retry_needs_exactly_one_selection() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec![
+                "outbox-relay",
+                "quarantine",
+                "retry",
+                "--database-url",
+                "postgres://h/db",
+            ];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+        };
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["--id", "3", "--all"]).is_err());
+        assert!(
+            parse(&["--reason", "invalid"]).is_err(),
+            "--reason only narrows --all"
+        );
+        assert!(parse(&["--all", "--reason", "invalid"]).is_ok());
+        assert!(parse(&["--event-id", "order-1:paid"]).is_ok());
     }
 
     #[test]

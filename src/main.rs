@@ -7,9 +7,12 @@ use std::sync::Arc;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use outbox_relay::config::{Cli, Command, LogFormat};
+use outbox_relay::config::{
+    Cli, Command, DatabaseArgs, LogFormat, QuarantineCommand, QuarantineListArgs,
+    QuarantineRetryArgs, RunArgs,
+};
 use outbox_relay::metrics::{self, Health};
-use outbox_relay::outbox::Outbox;
+use outbox_relay::outbox::{Outbox, RetrySelection};
 use outbox_relay::relay;
 
 fn main() -> ExitCode {
@@ -81,78 +84,145 @@ fn runtime_error(message: &dyn std::fmt::Display) -> ExitCode {
 
 async fn dispatch(command: Command) -> ExitCode {
     match command {
-        Command::Migrate(args) => {
-            let db = match args.validate() {
-                Ok(db) => db,
-                Err(e) => return config_error(&e),
-            };
-            let outbox = match Outbox::new(&db.url.0, db.table, db.connect_timeout) {
-                Ok(o) => o,
-                Err(e) => return config_error(&e.to_string()),
-            };
-            match outbox.migrate().await {
-                Ok(report) if report.from == report.to => {
-                    println!(
-                        "{} is up to date (schema version {})",
-                        outbox.table(),
-                        report.to
-                    );
-                    ExitCode::SUCCESS
-                }
-                Ok(report) => {
-                    println!(
-                        "migrated {} from schema version {} to {}",
-                        outbox.table(),
-                        report.from,
-                        report.to
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => runtime_error(&e),
-            }
-        }
-        Command::Run(args) => {
-            let config = match args.validate() {
-                Ok(c) => c,
-                Err(e) => return config_error(&e),
-            };
-            let connected = match relay::connect(config.clone()).await {
-                Ok(c) => c,
-                Err(e) => return runtime_error(&e),
-            };
-            let handle = match metrics::install() {
-                Ok(h) => h,
-                Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
-            };
-            // Several poll intervals without a loop iteration means the loop is stuck.
-            let stuck_after = (config.poll_interval * 5).max(std::time::Duration::from_secs(10));
-            let health = Health::new(stuck_after);
-            let shutdown = CancellationToken::new();
-            // Separate from `shutdown`: metrics and probes keep answering while in-flight sends
-            // drain after SIGTERM.
-            let stop_serving = CancellationToken::new();
-            let bound = match metrics::serve(
-                config.metrics_addr,
-                handle,
-                Arc::clone(&health),
-                stop_serving.clone(),
-            )
-            .await
-            {
-                Ok(addr) => addr,
-                Err(e) => {
-                    return runtime_error(&format!(
-                        "cannot listen on --metrics-addr {}: {e}",
-                        config.metrics_addr
-                    ))
-                }
-            };
-            tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
-            tokio::spawn(signal_shutdown(shutdown.clone()));
-            relay::run(connected, health, shutdown).await;
-            stop_serving.cancel();
+        Command::Migrate(args) => migrate(args).await,
+        Command::Run(args) => run(*args).await,
+        Command::Quarantine(QuarantineCommand::List(args)) => quarantine_list(args).await,
+        Command::Quarantine(QuarantineCommand::Retry(args)) => quarantine_retry(args).await,
+    }
+}
+
+/// The outbox of `args`, or the exit code for a bad database setting.
+fn outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
+    let db = args.validate().map_err(|e| config_error(&e))?;
+    Outbox::new(&db.url.0, db.table, db.connect_timeout).map_err(|e| config_error(&e.to_string()))
+}
+
+async fn migrate(args: DatabaseArgs) -> ExitCode {
+    let outbox = match outbox(&args) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    match outbox.migrate().await {
+        Ok(report) if report.from == report.to => {
+            println!(
+                "{} is up to date (schema version {})",
+                outbox.table(),
+                report.to
+            );
             ExitCode::SUCCESS
         }
+        Ok(report) => {
+            println!(
+                "migrated {} from schema version {} to {}",
+                outbox.table(),
+                report.from,
+                report.to
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => runtime_error(&e),
+    }
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => return config_error(&e),
+    };
+    let connected = match relay::connect(config.clone()).await {
+        Ok(c) => c,
+        Err(e) => return runtime_error(&e),
+    };
+    let handle = match metrics::install() {
+        Ok(h) => h,
+        Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
+    };
+    // Several poll intervals without a loop iteration means the loop is stuck.
+    let stuck_after = (config.poll_interval * 5).max(std::time::Duration::from_secs(10));
+    let health = Health::new(stuck_after);
+    let shutdown = CancellationToken::new();
+    // Separate from `shutdown`: metrics and probes keep answering while in-flight sends
+    // drain after SIGTERM.
+    let stop_serving = CancellationToken::new();
+    let bound = match metrics::serve(
+        config.metrics_addr,
+        handle,
+        Arc::clone(&health),
+        stop_serving.clone(),
+    )
+    .await
+    {
+        Ok(addr) => addr,
+        Err(e) => {
+            return runtime_error(&format!(
+                "cannot listen on --metrics-addr {}: {e}",
+                config.metrics_addr
+            ))
+        }
+    };
+    tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
+    tokio::spawn(signal_shutdown(shutdown.clone()));
+    relay::run(connected, health, shutdown).await;
+    stop_serving.cancel();
+    ExitCode::SUCCESS
+}
+
+async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
+    let outbox = match outbox(&args.database) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let rows = match outbox
+        .quarantine_list(args.reason.as_deref(), args.limit)
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) => return runtime_error(&e),
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&rows) {
+            Ok(json) => println!("{json}"),
+            Err(e) => return runtime_error(&e),
+        }
+        return ExitCode::SUCCESS;
+    }
+    if rows.is_empty() {
+        println!("no quarantined rows");
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{:>10}  {:<32}  {:<13}  {:>8}  {:<29}  last error",
+        "id", "event_id", "reason", "attempts", "quarantined at"
+    );
+    for r in &rows {
+        // One line per row; the full error is in --json.
+        let error: String = r.last_error.replace('\n', " ").chars().take(120).collect();
+        println!(
+            "{:>10}  {:<32}  {:<13}  {:>8}  {:<29}  {}",
+            r.id, r.event_id, r.reason, r.attempts, r.quarantined_at, error
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
+    let outbox = match outbox(&args.database) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let which = match (args.id, args.event_id, args.all) {
+        (Some(id), _, _) => RetrySelection::Id(id),
+        (_, Some(event_id), _) => RetrySelection::EventId(event_id),
+        _ => RetrySelection::All {
+            reason: args.reason,
+        },
+    };
+    match outbox.quarantine_retry(&which).await {
+        Ok(moved) => {
+            println!("moved {moved} quarantined row(s) back to unsent");
+            ExitCode::SUCCESS
+        }
+        Err(e) => runtime_error(&e),
     }
 }
 

@@ -40,14 +40,41 @@ pub enum OutboxError {
 }
 
 impl OutboxError {
-    /// Is the connection gone (so a reconnect, not a different query, is the fix)?
-    pub fn is_connection_lost(&self) -> bool {
+    /// Will the same work likely succeed if retried after a pause? Connection trouble and the
+    /// server's transient states are; anything else (a missing table, a permission, a bug)
+    /// needs a person, so it is logged as an error while the relay keeps backing off.
+    pub fn is_transient(&self) -> bool {
         match self {
             OutboxError::Connect { .. } => true,
-            OutboxError::Query { source, .. } => source.is_closed() || source.code().is_none(),
+            OutboxError::Query { source, .. } => match source.code() {
+                Some(code) => sqlstate_is_transient(code.code()),
+                // No SQLSTATE: the failure is on the connection, not in the statement.
+                None => true,
+            },
             _ => false,
         }
     }
+}
+
+/// SQLSTATEs worth retrying as they are: connection exceptions (class 08), serialization
+/// failure and deadlock (40001, 40P01), the server shutting down or starting (57P01–57P03),
+/// too many connections (53300), lock and statement timeouts (55P03, 57014), and running out
+/// of memory or disk (53100, 53200), which an operator fixes without the relay restarting.
+pub fn sqlstate_is_transient(code: &str) -> bool {
+    code.starts_with("08")
+        || matches!(
+            code,
+            "40001"
+                | "40P01"
+                | "57P01"
+                | "57P02"
+                | "57P03"
+                | "53300"
+                | "55P03"
+                | "57014"
+                | "53100"
+                | "53200"
+        )
 }
 
 fn query_err(context: &'static str) -> impl FnOnce(tokio_postgres::Error) -> OutboxError {
@@ -312,9 +339,13 @@ pub struct Stats {
 struct Sql {
     claim: String,
     mark_sent: String,
+    delete_sent: String,
     reschedule: String,
     quarantine: String,
     stats: String,
+    delete_expired: String,
+    quarantine_list: String,
+    quarantine_retry: String,
 }
 
 /// How to reach the outbox: connection settings and the table's statements.
@@ -323,6 +354,8 @@ pub struct Outbox {
     table: TableName,
     pg: tokio_postgres::Config,
     sql: Sql,
+    /// Acknowledged rows are deleted rather than marked sent.
+    delete_on_ack: bool,
 }
 
 impl Outbox {
@@ -345,11 +378,27 @@ impl Outbox {
         let sql = Sql {
             claim: fill(include_str!("../sql/claim.sql")),
             mark_sent: fill(include_str!("../sql/mark_sent.sql")),
+            delete_sent: fill(include_str!("../sql/delete_sent.sql")),
             reschedule: fill(include_str!("../sql/reschedule.sql")),
             quarantine: fill(include_str!("../sql/quarantine.sql")),
             stats: fill(include_str!("../sql/stats.sql")),
+            delete_expired: fill(include_str!("../sql/delete_expired.sql")),
+            quarantine_list: fill(include_str!("../sql/quarantine_list.sql")),
+            quarantine_retry: fill(include_str!("../sql/quarantine_retry.sql")),
         };
-        Ok(Outbox { table, pg, sql })
+        Ok(Outbox {
+            table,
+            pg,
+            sql,
+            delete_on_ack: false,
+        })
+    }
+
+    /// Delete rows once SQS acknowledged them instead of marking them sent: no history, but no
+    /// bloat and the cheapest settlement (see docs/benchmarks.md).
+    pub fn delete_on_ack(mut self, yes: bool) -> Self {
+        self.delete_on_ack = yes;
+        self
     }
 
     pub fn table(&self) -> &TableName {
@@ -423,12 +472,18 @@ impl Outbox {
             .await
             .map_err(query_err("setting up the relay's session"))?;
         self.resolve_channel(&client).await?;
-        let (claim, mark_sent, reschedule, quarantine, stats) = tokio::try_join!(
+        let settle_sent = if self.delete_on_ack {
+            &self.sql.delete_sent
+        } else {
+            &self.sql.mark_sent
+        };
+        let (claim, mark_sent, reschedule, quarantine, stats, delete_expired) = tokio::try_join!(
             client.prepare(&self.sql.claim),
-            client.prepare(&self.sql.mark_sent),
+            client.prepare(settle_sent),
             client.prepare(&self.sql.reschedule),
             client.prepare(&self.sql.quarantine),
             client.prepare(&self.sql.stats),
+            client.prepare(&self.sql.delete_expired),
         )
         .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?;
         Ok(Session {
@@ -439,7 +494,9 @@ impl Outbox {
                 reschedule,
                 quarantine,
                 stats,
+                delete_expired,
             },
+            delete_on_ack: self.delete_on_ack,
         })
     }
 
@@ -539,6 +596,10 @@ impl Outbox {
                 &quote_ident(&self.table.derived("quarantined_idx")),
             )
             .replace(
+                "{sent_index}",
+                &quote_ident(&self.table.derived("sent_idx")),
+            )
+            .replace(
                 "{notify_function}",
                 &self.table.qualify(&self.table.derived("notify")),
             )
@@ -588,6 +649,90 @@ impl Outbox {
     }
 }
 
+impl Outbox {
+    /// Quarantined rows, oldest first.
+    pub async fn quarantine_list(
+        &self,
+        reason: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<QuarantineEntry>, OutboxError> {
+        let client = self.raw_connect().await?;
+        self.resolve_channel(&client).await?;
+        let rows = client
+            .query(&self.sql.quarantine_list, &[&reason, &limit])
+            .await
+            .map_err(query_err("listing quarantined rows"))?;
+        Ok(rows
+            .iter()
+            .map(|r| QuarantineEntry {
+                id: r.get(0),
+                event_id: r.get(1),
+                aggregate_type: r.get(2),
+                aggregate_id: r.get(3),
+                event_type: r.get(4),
+                reason: r.get(5),
+                last_error: r.get(6),
+                attempts: r.get(7),
+                quarantined_at: r.get(8),
+                created_at: r.get(9),
+            })
+            .collect())
+    }
+
+    /// Puts quarantined rows back to unsent (attempts reset, same event_id) and wakes the
+    /// relays; returns how many rows moved.
+    pub async fn quarantine_retry(&self, which: &RetrySelection) -> Result<u64, OutboxError> {
+        let mut client = self.raw_connect().await?;
+        let channel = self.resolve_channel(&client).await?;
+        let (id, event_id, all, reason) = match which {
+            RetrySelection::Id(id) => (Some(*id), None, false, None),
+            RetrySelection::EventId(e) => (None, Some(e.as_str()), false, None),
+            RetrySelection::All { reason } => (None, None, true, reason.as_deref()),
+        };
+        let tx = client
+            .transaction()
+            .await
+            .map_err(query_err("starting the re-drive"))?;
+        let moved = tx
+            .execute(&self.sql.quarantine_retry, &[&id, &event_id, &all, &reason])
+            .await
+            .map_err(query_err("re-driving quarantined rows"))?;
+        if moved > 0 {
+            // Delivered at commit, like the insert trigger's.
+            tx.execute("SELECT pg_notify($1, '')", &[&channel])
+                .await
+                .map_err(query_err("waking the relays"))?;
+        }
+        tx.commit()
+            .await
+            .map_err(query_err("committing the re-drive"))?;
+        Ok(moved)
+    }
+}
+
+/// Which quarantined rows `quarantine retry` moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetrySelection {
+    Id(i64),
+    EventId(String),
+    All { reason: Option<String> },
+}
+
+/// One quarantined row, as operators see it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QuarantineEntry {
+    pub id: i64,
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub reason: String,
+    pub last_error: String,
+    pub attempts: i32,
+    pub quarantined_at: String,
+    pub created_at: String,
+}
+
 /// Result of `migrate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MigrateReport {
@@ -598,10 +743,12 @@ pub struct MigrateReport {
 #[derive(Debug)]
 struct Statements {
     claim: Statement,
+    /// mark_sent.sql, or delete_sent.sql with --delete-on-ack.
     mark_sent: Statement,
     reschedule: Statement,
     quarantine: Statement,
     stats: Statement,
+    delete_expired: Statement,
 }
 
 /// One connection with the relay's prepared statements.
@@ -609,6 +756,8 @@ struct Statements {
 pub struct Session {
     client: Client,
     statements: Statements,
+    /// Which statement `mark_sent` is; their parameters differ.
+    delete_on_ack: bool,
 }
 
 impl Session {
@@ -663,6 +812,13 @@ impl Session {
             }
             let ids: Vec<i64> = s.sent.iter().map(|r| r.id).collect();
             let tokens: Vec<i64> = s.sent.iter().map(|r| r.lease_token).collect();
+            if self.delete_on_ack {
+                return self
+                    .client
+                    .execute(&self.statements.mark_sent, &[&owner, &ids, &tokens])
+                    .await
+                    .map_err(query_err("deleting acknowledged rows"));
+            }
             let message_ids: Vec<&str> = s.sent.iter().map(|r| r.message_id.as_str()).collect();
             self.client
                 .execute(
@@ -728,6 +884,21 @@ impl Session {
         })
     }
 
+    /// Deletes up to `limit` sent rows older than `retention`; returns how many went.
+    pub async fn delete_expired(
+        &self,
+        retention: Duration,
+        limit: i64,
+    ) -> Result<u64, OutboxError> {
+        self.client
+            .execute(
+                &self.statements.delete_expired,
+                &[&retention.as_secs_f64(), &limit],
+            )
+            .await
+            .map_err(query_err("deleting sent rows past retention"))
+    }
+
     /// Gauges for `/metrics`, from partial indexes only.
     pub async fn stats(&self) -> Result<Stats, OutboxError> {
         let row = self
@@ -779,6 +950,18 @@ impl SharedSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sqlstates_are_classified_transient_or_not() {
+        for transient in [
+            "08006", "08001", "40001", "40P01", "57P01", "57P03", "53300", "57014",
+        ] {
+            assert!(sqlstate_is_transient(transient), "{transient}");
+        }
+        for fatal in ["42P01", "42501", "42703", "23505", "22P02", "XX000"] {
+            assert!(!sqlstate_is_transient(fatal), "{fatal}");
+        }
+    }
 
     #[test]
     fn plain_and_schema_qualified_names() {

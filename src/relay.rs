@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchRequest, PlanConfig};
-use crate::config::RunConfig;
+use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::metrics::{self as names, Health};
 use crate::outbox::{
     ClaimedRow, Outbox, OutboxError, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow,
@@ -56,11 +56,14 @@ pub struct Connected {
 /// Connects and checks the table, so that start-up problems (database unreachable, table
 /// missing) end the process with one clear line before anything else is started.
 pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
-    let outbox = Arc::new(Outbox::new(
-        &config.database.url.0,
-        config.database.table.clone(),
-        config.database.connect_timeout,
-    )?);
+    let outbox = Arc::new(
+        Outbox::new(
+            &config.database.url.0,
+            config.database.table.clone(),
+            config.database.connect_timeout,
+        )?
+        .delete_on_ack(config.delete_on_ack),
+    );
     let first = outbox.connect().await?;
     Ok(Connected {
         config,
@@ -106,9 +109,10 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
     let background = CancellationToken::new();
     let listener = tokio::spawn(Arc::clone(&relay).listen_for_wakeups(background.clone()));
     let stats = tokio::spawn(Arc::clone(&relay).refresh_stats(background.clone()));
+    let retention = tokio::spawn(Arc::clone(&relay).expire_sent(background.clone()));
     relay.claim_loop(&shutdown).await;
     background.cancel();
-    let _ = tokio::join!(listener, stats);
+    let _ = tokio::join!(listener, stats, retention);
     tracing::info!("relay stopped");
 }
 
@@ -161,7 +165,12 @@ impl Relay {
                     db_failures += 1;
                     self.health.set_database_ok(false);
                     let delay = self.backoff(db_failures);
-                    tracing::warn!(error = %e, retry_in = ?delay, "claim failed; backing off");
+                    if e.is_transient() {
+                        tracing::warn!(error = %e, retry_in = ?delay, "claim failed; backing off");
+                    } else {
+                        tracing::error!(error = %e, retry_in = ?delay,
+                            "claim failed and will keep failing until the database or its permissions are fixed; backing off");
+                    }
                     self.sleep_or_shutdown(delay, shutdown).await;
                 }
             }
@@ -462,6 +471,49 @@ impl Relay {
                     self.health.set_database_ok(false);
                     tracing::warn!(error = %e, "could not read outbox statistics");
                 }
+            }
+        }
+    }
+
+    /// Deletes sent rows past `--retention`, in short batches, every `--retention-interval`.
+    /// Every replica may run it: SKIP LOCKED keeps them from waiting on each other.
+    async fn expire_sent(self: Arc<Self>, stop: CancellationToken) {
+        let Retention::For(retention) = self.config.retention else {
+            return;
+        };
+        let mut tick = tokio::time::interval(self.config.retention_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let mut deleted = 0u64;
+            loop {
+                let pass = async {
+                    self.session
+                        .get()
+                        .await?
+                        .delete_expired(retention, RETENTION_BATCH)
+                        .await
+                };
+                match pass.await {
+                    Ok(n) => {
+                        deleted += n;
+                        if n < RETENTION_BATCH as u64 || stop.is_cancelled() {
+                            break;
+                        }
+                        // Leave room for claims and settlements between batches.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention pass failed; next pass retries");
+                        break;
+                    }
+                }
+            }
+            if deleted > 0 {
+                tracing::debug!(rows = deleted, "deleted sent rows past retention");
             }
         }
     }

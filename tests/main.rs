@@ -8,5 +8,6 @@ mod scenario;
 
 mod crash;
 mod outbox_sql;
+mod retention;
 mod sqs_contract;
 mod startup;

@@ -161,3 +161,10 @@ pub fn copies(messages: &[Message]) -> HashMap<String, usize> {
     }
     by_id
 }
+
+/// Runs `outbox-relay ARGS` to its end and returns its stdout and stderr, asserting success.
+pub async fn relay_command(parts: &[&str]) -> String {
+    let (status, output) = run_to_end(&args(parts), &[], Duration::from_secs(30)).await;
+    assert!(status.success(), "outbox-relay {parts:?} failed: {output}");
+    output
+}

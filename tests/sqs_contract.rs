@@ -222,3 +222,144 @@ async fn a_lost_acknowledgement_is_resent_with_the_same_event_id_and_nothing_is_
         Some(10.0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantined_rows_are_listed_with_reasons_and_sent_after_the_cause_is_fixed_and_retried() {
+    use crate::scenario::relay_command;
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("redrive", &[("MaximumMessageSize", "1024")]).await;
+    let mut written = events("redrive", 10, 3);
+    for i in [1, 5, 8] {
+        written[i].payload = serde_json::json!({"blob": "y".repeat(3000), "i": i});
+    }
+    for i in [2, 6] {
+        written[i].headers = serde_json::json!({"tenant": {"id": 7}});
+    }
+    insert(&client, &written, Duration::ZERO).await;
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &[]);
+    wait_count(
+        &client,
+        "quarantined_at IS NOT NULL",
+        5,
+        Duration::from_secs(60),
+    )
+    .await;
+    wait_count(&client, "sent_at IS NOT NULL", 5, Duration::from_secs(60)).await;
+
+    let too_big_reason = match sqs().kind() {
+        SqsKind::Fauxqs => "sender_fault",
+        SqsKind::Moto => "rejected",
+    };
+    let listed = relay_command(&["quarantine", "list", "--json", "--database-url", &db.url]).await;
+    let json_start = listed.find('[').expect("a JSON array");
+    let entries: Vec<serde_json::Value> = serde_json::from_str(&listed[json_start..]).unwrap();
+    assert_eq!(entries.len(), 5);
+    for e in &entries {
+        let i: usize = e["event_id"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("redrive-")
+            .parse()
+            .unwrap();
+        let expected = if [2, 6].contains(&i) {
+            "invalid"
+        } else {
+            too_big_reason
+        };
+        assert_eq!(e["reason"], expected, "{e}");
+        assert!(!e["last_error"].as_str().unwrap().is_empty());
+        assert_eq!(e["attempts"], 1);
+        assert!(e["quarantined_at"].is_string());
+    }
+    let invalid = relay_command(&[
+        "quarantine",
+        "list",
+        "--reason",
+        "invalid",
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    assert!(
+        invalid.contains("redrive-2")
+            && invalid.contains("redrive-6")
+            && !invalid.contains("redrive-1 ")
+    );
+
+    // Fix the causes: the queue takes larger messages now; the headers become strings.
+    crate::support::sqs_client()
+        .await
+        .set_queue_attributes()
+        .queue_url(&queue)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize,
+            "262144",
+        )
+        .send()
+        .await
+        .unwrap();
+    client
+        .execute(
+            "UPDATE outbox SET headers = '{\"tenant\": \"7\"}' WHERE quarantine_reason = 'invalid'",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let moved = relay_command(&[
+        "quarantine",
+        "retry",
+        "--all",
+        "--reason",
+        too_big_reason,
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    assert!(moved.contains("moved 3 quarantined row(s)"), "{moved}");
+    let id_of_6: i64 = client
+        .query_one("SELECT id FROM outbox WHERE event_id = 'redrive-6'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let moved = relay_command(&[
+        "quarantine",
+        "retry",
+        "--event-id",
+        "redrive-2",
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    assert!(moved.contains("moved 1 quarantined row(s)"), "{moved}");
+    let moved = relay_command(&[
+        "quarantine",
+        "retry",
+        "--id",
+        &id_of_6.to_string(),
+        "--database-url",
+        &db.url,
+    ])
+    .await;
+    assert!(moved.contains("moved 1 quarantined row(s)"), "{moved}");
+    let moved = relay_command(&["quarantine", "retry", "--all", "--database-url", &db.url]).await;
+    assert!(
+        moved.contains("moved 0 quarantined row(s)"),
+        "nothing left: {moved}"
+    );
+
+    wait_count(&client, "sent_at IS NOT NULL", 10, Duration::from_secs(60)).await;
+    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
+    let received = receive_all(&queue, 10, Duration::from_secs(60)).await;
+    let by_id = copies(&received);
+    assert_eq!(
+        by_id.len(),
+        10,
+        "every event arrives, the re-driven ones with their event_id"
+    );
+    assert!(by_id.values().all(|&c| c == 1));
+    let empty = relay_command(&["quarantine", "list", "--database-url", &db.url]).await;
+    assert!(empty.contains("no quarantined rows"));
+    drop(relay);
+}
