@@ -7,4 +7,5 @@ SELECT
               ORDER BY id
               LIMIT 1), 0),
     (SELECT count(*) FROM {table} WHERE sent_at IS NULL AND quarantined_at IS NULL),
-    (SELECT count(*) FROM {table} WHERE quarantined_at IS NOT NULL)
+    (SELECT count(*) FROM {table} WHERE quarantined_at IS NOT NULL),
+    (SELECT count(*) FROM {table} WHERE quarantined_at IS NOT NULL AND quarantine_reason = 'blocked')

@@ -16,14 +16,124 @@ const STRING_TYPE: &str = "String";
 /// Longest MessageGroupId / MessageDeduplicationId SQS accepts.
 const MAX_FIFO_ID_LEN: usize = 128;
 
+/// A per-row key: the FIFO message group, the routing key, the fairness key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyColumn {
+    AggregateId,
+    AggregateType,
+    EventType,
+    /// A string entry of the row's `headers`.
+    Header(String),
+}
+
+impl KeyColumn {
+    /// The row's value for this key; `None` when a header is absent.
+    pub fn value<'a>(&self, row: &'a ClaimedRow) -> Option<std::borrow::Cow<'a, str>> {
+        use std::borrow::Cow;
+        match self {
+            KeyColumn::AggregateId => Some(Cow::Borrowed(&row.aggregate_id)),
+            KeyColumn::AggregateType => Some(Cow::Borrowed(&row.aggregate_type)),
+            KeyColumn::EventType => Some(Cow::Borrowed(&row.event_type)),
+            KeyColumn::Header(name) => match row.headers.get(name)? {
+                serde_json::Value::String(s) => Some(Cow::Borrowed(s)),
+                serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string())),
+                serde_json::Value::Bool(b) => Some(Cow::Owned(b.to_string())),
+                _ => None,
+            },
+        }
+    }
+
+    /// A short name usable inside identifiers (index names).
+    pub fn slug(&self) -> String {
+        match self {
+            KeyColumn::AggregateId => "aggregate_id".into(),
+            KeyColumn::AggregateType => "aggregate_type".into(),
+            KeyColumn::EventType => "event_type".into(),
+            KeyColumn::Header(name) => format!("h_{}", name.replace(['.', '-'], "_")),
+        }
+    }
+}
+
+impl std::str::FromStr for KeyColumn {
+    type Err = String;
+
+    /// `aggregate_id`, `aggregate_type`, `event_type` or `header:NAME`. Header names follow
+    /// SQS's attribute-name characters, which also keeps them safe inside index definitions.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "aggregate_id" => Ok(KeyColumn::AggregateId),
+            "aggregate_type" => Ok(KeyColumn::AggregateType),
+            "event_type" => Ok(KeyColumn::EventType),
+            _ => match s.strip_prefix("header:") {
+                Some(name)
+                    if !name.is_empty()
+                        && name.len() <= 128
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) =>
+                {
+                    Ok(KeyColumn::Header(name.to_string()))
+                }
+                _ => Err(format!(
+                    "{s:?} is not a key: use aggregate_id, aggregate_type, event_type or header:NAME (NAME of letters, digits, _ - .)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for KeyColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyColumn::Header(name) => write!(f, "header:{name}"),
+            other => f.write_str(&other.slug()),
+        }
+    }
+}
+
+/// How the payload becomes the message body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MessageFormat {
+    /// The payload JSON as it is.
+    Raw,
+    /// A CloudEvents 1.0 structured-mode JSON envelope with the payload as `data`.
+    CloudEvents { source: String },
+}
+
 /// What the planner needs to know about the destination.
 #[derive(Debug, Clone)]
 pub struct PlanConfig {
-    /// Where rows without their own `queue_url` go.
+    /// Where rows without their own `queue_url` or a route go.
     pub default_queue_url: String,
+    /// `--route`: key value -> queue URL, for rows without their own `queue_url`.
+    pub routes: Vec<(String, String)>,
+    /// Which key `routes` match on.
+    pub route_by: KeyColumn,
+    /// FIFO `MessageGroupId`.
+    pub group_by: KeyColumn,
+    /// Standard queues: send this key as `MessageGroupId` (SQS fair queues).
+    pub fair_group: Option<KeyColumn>,
+    pub format: MessageFormat,
     /// SQS's limit on one message and on the sum of a batch's messages (1 MiB today); a setting
     /// so a deployment can follow a future change, or match a queue's smaller limit.
     pub max_request_bytes: usize,
+}
+
+impl PlanConfig {
+    /// The queue a row goes to: its own `queue_url`, else its route, else the default.
+    pub fn queue_for<'a>(&'a self, row: &'a ClaimedRow) -> &'a str {
+        if let Some(url) = row.queue_url.as_deref().filter(|u| !u.is_empty()) {
+            return url;
+        }
+        if !self.routes.is_empty() {
+            if let Some(key) = self.route_by.value(row) {
+                if let Some((_, url)) = self.routes.iter().find(|(k, _)| *k == key) {
+                    return url;
+                }
+            }
+        }
+        &self.default_queue_url
+    }
 }
 
 /// One message of a batch, in our terms; `sqs.rs` turns it into the SDK's entry.
@@ -94,12 +204,8 @@ pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
     // Open request per destination; a claim usually has one destination, rarely a few.
     let mut open: Vec<BatchRequest> = Vec::new();
     for (index, row) in rows.iter().enumerate() {
-        let queue_url = row
-            .queue_url
-            .as_deref()
-            .filter(|u| !u.is_empty())
-            .unwrap_or(&config.default_queue_url);
-        let entry = match entry_for(index, row, is_fifo(queue_url), config.max_request_bytes) {
+        let queue_url = config.queue_for(row);
+        let entry = match entry_for(index, row, is_fifo(queue_url), config) {
             Ok(entry) => entry,
             Err(rejected) => {
                 plan.rejected.push(rejected);
@@ -140,8 +246,9 @@ fn entry_for(
     index: usize,
     row: &ClaimedRow,
     fifo: bool,
-    max_bytes: usize,
+    config: &PlanConfig,
 ) -> Result<Entry, Rejected> {
+    let max_bytes = config.max_request_bytes;
     let invalid = |error: String| Rejected {
         row: index,
         reason: QuarantineReason::Invalid,
@@ -174,13 +281,17 @@ fn entry_for(
             attributes.len() - 4
         )));
     }
-    if let Some(bad) = row.payload.chars().find(|c| !sqs_allows(*c)) {
+    let body = match &config.format {
+        MessageFormat::Raw => row.payload.clone(),
+        MessageFormat::CloudEvents { source } => cloudevent(row, source),
+    };
+    if let Some(bad) = body.chars().find(|c| !sqs_allows(*c)) {
         return Err(invalid(format!(
             "payload contains U+{:04X}, which SQS does not accept in a message body",
             bad as u32
         )));
     }
-    let size = row.payload.len()
+    let size = body.len()
         + attributes
             .iter()
             .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
@@ -192,23 +303,47 @@ fn entry_for(
             error: format!("message is {size} bytes with its attributes; the limit is {max_bytes}"),
         });
     }
-    let (group_id, dedup_id) = if fifo {
-        (
-            Some(fifo_id(&row.aggregate_id)),
-            Some(fifo_id(&row.event_id)),
-        )
+    let group_key = if fifo {
+        Some(&config.group_by)
     } else {
-        (None, None)
+        config.fair_group.as_ref()
     };
+    let group_id = match group_key {
+        Some(key) => match key.value(row) {
+            Some(value) if !value.is_empty() => Some(fifo_id(&value)),
+            _ => {
+                return Err(invalid(format!(
+                    "no {key} on this row: it is the message group (--group-by / --fair-by)"
+                )))
+            }
+        },
+        None => None,
+    };
+    let dedup_id = fifo.then(|| fifo_id(&row.event_id));
     Ok(Entry {
         row: index,
         id: row.id.to_string(),
-        body: row.payload.clone(),
+        body,
         attributes,
         group_id,
         dedup_id,
         size,
     })
+}
+
+/// The CloudEvents 1.0 structured JSON envelope. The payload is spliced in as `data` without
+/// re-parsing: it is already JSON text from PostgreSQL.
+fn cloudevent(row: &ClaimedRow, source: &str) -> String {
+    let text = |s: &str| serde_json::Value::from(s).to_string();
+    format!(
+        r#"{{"specversion":"1.0","id":{},"source":{},"type":{},"subject":{},"time":{},"datacontenttype":"application/json","data":{}}}"#,
+        text(&row.event_id),
+        text(source),
+        text(&row.event_type),
+        text(&row.aggregate_id),
+        text(&row.created_at),
+        row.payload
+    )
 }
 
 /// Headers are a JSON object of string values; numbers and booleans are sent as their text.
@@ -322,12 +457,18 @@ mod tests {
             lease_token: 1,
             attempts: 1,
             created_at_epoch: 0.0,
+            created_at: "2026-11-29T10:00:00.123456Z".into(),
         }
     }
 
     fn config() -> PlanConfig {
         PlanConfig {
             default_queue_url: "http://q/standard".into(),
+            routes: Vec::new(),
+            route_by: KeyColumn::AggregateType,
+            group_by: KeyColumn::AggregateId,
+            fair_group: None,
+            format: MessageFormat::Raw,
             max_request_bytes: 1024 * 1024,
         }
     }
@@ -501,6 +642,113 @@ mod tests {
         assert_eq!(fifo_id("é").len(), 64);
         assert_eq!(fifo_id("").len(), 64);
         assert_eq!(fifo_id("ok-1:paid!"), "ok-1:paid!");
+    }
+
+    #[test]
+    fn the_group_key_is_configurable_and_a_missing_one_is_invalid() {
+        let mut cfg = config();
+        cfg.default_queue_url = "http://q/1/orders.fifo".into();
+        cfg.group_by = "header:tenant".parse().unwrap();
+        let mut with = row(1, "{}");
+        with.headers = json!({"tenant": "acme"});
+        let without = row(2, "{}");
+        let plan = plan(&[with, without], &cfg);
+        assert_eq!(
+            plan.requests[0].entries[0].group_id.as_deref(),
+            Some("acme")
+        );
+        assert_eq!(plan.rejected.len(), 1);
+        assert!(
+            plan.rejected[0].error.contains("no header:tenant"),
+            "{}",
+            plan.rejected[0].error
+        );
+        cfg.group_by = KeyColumn::AggregateType;
+        let plan = super::plan(&[row(3, "{}")], &cfg);
+        assert_eq!(
+            plan.requests[0].entries[0].group_id.as_deref(),
+            Some("order")
+        );
+    }
+
+    #[test]
+    fn key_names_are_checked() {
+        assert_eq!(
+            "aggregate_id".parse::<KeyColumn>(),
+            Ok(KeyColumn::AggregateId)
+        );
+        assert_eq!(
+            "header:x-tenant.id".parse::<KeyColumn>(),
+            Ok(KeyColumn::Header("x-tenant.id".into()))
+        );
+        for bad in ["header:", "header:a'b", "payload", "header:a b"] {
+            assert!(bad.parse::<KeyColumn>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn standard_queues_can_carry_the_fairness_key_as_group_id() {
+        let mut cfg = config();
+        cfg.fair_group = Some(KeyColumn::AggregateType);
+        let plan = plan(&[row(1, "{}")], &cfg);
+        let e = &plan.requests[0].entries[0];
+        assert_eq!(e.group_id.as_deref(), Some("order"));
+        assert_eq!(e.dedup_id, None);
+    }
+
+    #[test]
+    fn routes_pick_the_queue_by_key_unless_the_row_names_its_own() {
+        let mut cfg = config();
+        cfg.routes = vec![
+            ("order".into(), "http://q/orders".into()),
+            ("invoice".into(), "http://q/invoices".into()),
+        ];
+        let mut invoice = row(2, "{}");
+        invoice.aggregate_type = "invoice".into();
+        let mut own = row(3, "{}");
+        own.queue_url = Some("http://q/own".into());
+        let mut other = row(4, "{}");
+        other.aggregate_type = "customer".into();
+        let plan = plan(&[row(1, "{}"), invoice, own, other], &cfg);
+        let queue_of = |id: &str| {
+            plan.requests
+                .iter()
+                .find(|r| r.entries.iter().any(|e| e.id == id))
+                .map(|r| r.queue_url.clone())
+                .unwrap()
+        };
+        assert_eq!(queue_of("1"), "http://q/orders");
+        assert_eq!(queue_of("2"), "http://q/invoices");
+        assert_eq!(queue_of("3"), "http://q/own");
+        assert_eq!(queue_of("4"), "http://q/standard");
+        cfg.route_by = KeyColumn::EventType;
+        cfg.routes = vec![("order.paid".into(), "http://q/paid".into())];
+        assert_eq!(cfg.queue_for(&row(9, "{}")), "http://q/paid");
+    }
+
+    #[test]
+    fn cloudevents_wrap_the_payload_in_a_structured_envelope() {
+        let mut cfg = config();
+        cfg.format = MessageFormat::CloudEvents {
+            source: "/shop/orders".into(),
+        };
+        let plan = plan(&[row(5, "{\"order_id\": 5}")], &cfg);
+        let e = &plan.requests[0].entries[0];
+        let v: serde_json::Value = serde_json::from_str(&e.body).unwrap();
+        assert_eq!(v["specversion"], "1.0");
+        assert_eq!(v["id"], "ev-5");
+        assert_eq!(v["type"], "order.paid");
+        assert_eq!(v["source"], "/shop/orders");
+        assert_eq!(v["subject"], "2");
+        assert_eq!(v["time"], "2026-11-29T10:00:00.123456Z");
+        assert_eq!(v["datacontenttype"], "application/json");
+        assert_eq!(v["data"], json!({"order_id": 5}));
+        let attrs: usize = e
+            .attributes
+            .iter()
+            .map(|(n, v)| n.len() + 6 + v.len())
+            .sum();
+        assert_eq!(e.size, e.body.len() + attrs);
     }
 
     #[test]

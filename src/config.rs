@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::outbox::TableName;
+use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig};
+use crate::outbox::{ClaimMode, Ordered, TableName};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,7 +36,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create or upgrade the outbox table, its indexes and wake-up trigger (idempotent).
-    Migrate(DatabaseArgs),
+    Migrate(MigrateArgs),
     /// Run the relay until SIGTERM/SIGINT.
     Run(Box<RunArgs>),
     /// Inspect and re-drive quarantined rows.
@@ -105,6 +106,51 @@ pub struct DatabaseArgs {
     /// Give up on one connection attempt after this long.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Also create the group index for this --group-by key (aggregate_id always has one).
+    #[arg(long, env = "OUTBOX_GROUP_BY")]
+    pub group_by: Option<KeyColumn>,
+
+    /// Also create the index that --fair-by with this key needs.
+    #[arg(long, env = "OUTBOX_FAIR_BY")]
+    pub fair_by: Option<KeyColumn>,
+}
+
+impl MigrateArgs {
+    /// The keys whose (key, id) index `migrate` creates besides the default one.
+    pub fn keys(&self) -> Vec<KeyColumn> {
+        self.group_by.iter().chain(&self.fair_by).cloned().collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Switch {
+    /// On when a destination queue is FIFO (`.fifo`), off otherwise.
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnPoison {
+    /// A quarantined row holds back the rest of its group until it is re-driven.
+    Block,
+    /// A quarantined row is passed over; the rest of its group flows.
+    Skip,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// The payload JSON as the body.
+    Raw,
+    /// A CloudEvents 1.0 structured JSON envelope around the payload.
+    Cloudevents,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -187,6 +233,61 @@ pub struct RunArgs {
     /// Delete rows as soon as SQS acknowledged them, instead of marking them sent.
     #[arg(long, env = "OUTBOX_DELETE_ON_ACK")]
     pub delete_on_ack: bool,
+
+    /// Per-group ordered delivery: a group's next event is sent only after the previous one was
+    /// acknowledged, across all replicas.
+    #[arg(long, env = "OUTBOX_ORDERED", value_enum, default_value_t = Switch::Auto)]
+    pub ordered: Switch,
+
+    /// The group key: FIFO MessageGroupId and the unit of ordering (aggregate_id, aggregate_type,
+    /// event_type or header:NAME).
+    #[arg(long, env = "OUTBOX_GROUP_BY", default_value = "aggregate_id")]
+    pub group_by: KeyColumn,
+
+    /// With ordering, what a quarantined row does to the rest of its group.
+    #[arg(long, env = "OUTBOX_ON_POISON", value_enum, default_value_t = OnPoison::Block)]
+    pub on_poison: OnPoison,
+
+    /// Claim round-robin across the values of this key (e.g. aggregate_type, header:tenant), so a
+    /// burst under one value cannot starve the others.
+    #[arg(long, env = "OUTBOX_FAIR_BY")]
+    pub fair_by: Option<KeyColumn>,
+
+    /// On standard queues, send the --fair-by key as MessageGroupId (SQS fair queues).
+    #[arg(long, env = "OUTBOX_FAIR_GROUP_ID")]
+    pub fair_group_id: bool,
+
+    /// Route rows by key value to a queue: KEY=QUEUE_URL, repeatable (env: comma-separated).
+    /// A row's own queue_url wins; unrouted rows go to --queue-url.
+    #[arg(long = "route", env = "OUTBOX_ROUTES", value_delimiter = ',', value_parser = parse_route)]
+    pub routes: Vec<(String, String)>,
+
+    /// The key --route matches on.
+    #[arg(long, env = "OUTBOX_ROUTE_BY", default_value = "aggregate_type")]
+    pub route_by: KeyColumn,
+
+    /// Message body format.
+    #[arg(long, env = "OUTBOX_MESSAGE_FORMAT", value_enum, default_value_t = Format::Raw)]
+    pub message_format: Format,
+
+    /// CloudEvents `source` attribute (a URI reference naming the producer).
+    #[arg(
+        long,
+        env = "OUTBOX_CLOUDEVENTS_SOURCE",
+        default_value = "/outbox-relay"
+    )]
+    pub cloudevents_source: String,
+}
+
+fn parse_route(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, url))
+            if !key.is_empty() && (url.starts_with("https://") || url.starts_with("http://")) =>
+        {
+            Ok((key.to_string(), url.to_string()))
+        }
+        _ => Err(format!("{s:?}: use KEY=QUEUE_URL, e.g. order=https://sqs.eu-west-1.amazonaws.com/123456789012/orders")),
+    }
 }
 
 /// How long sent rows are kept.
@@ -250,6 +351,10 @@ pub struct RunConfig {
     pub retention: Retention,
     pub retention_interval: Duration,
     pub delete_on_ack: bool,
+    /// How claims choose rows.
+    pub claim_mode: ClaimMode,
+    /// How rows become messages, and where they go.
+    pub plan: PlanConfig,
 }
 
 /// SQS's own ceiling for one message and one batch (1 MiB).
@@ -348,6 +453,43 @@ impl RunArgs {
                 self.max_request_bytes
             ));
         }
+        let any_fifo = is_fifo(&queue_url) || self.routes.iter().any(|(_, url)| is_fifo(url));
+        let ordered = match self.ordered {
+            Switch::Auto => any_fifo,
+            Switch::On => true,
+            Switch::Off => false,
+        };
+        if self.fair_group_id && self.fair_by.is_none() {
+            return Err(
+                "--fair-group-id sends the --fair-by key as MessageGroupId: set --fair-by too"
+                    .to_string(),
+            );
+        }
+        let format = match self.message_format {
+            Format::Raw => MessageFormat::Raw,
+            Format::Cloudevents if self.cloudevents_source.trim().is_empty() => {
+                return Err("--message-format cloudevents needs --cloudevents-source (a URI reference such as /shop/orders)".to_string())
+            }
+            Format::Cloudevents => MessageFormat::CloudEvents {
+                source: self.cloudevents_source.clone(),
+            },
+        };
+        let claim_mode = ClaimMode {
+            ordered: ordered.then(|| Ordered {
+                key: self.group_by.clone(),
+                skip_poison: self.on_poison == OnPoison::Skip,
+            }),
+            fair: self.fair_by.clone(),
+        };
+        let plan = PlanConfig {
+            default_queue_url: queue_url.clone(),
+            routes: self.routes.clone(),
+            route_by: self.route_by.clone(),
+            group_by: self.group_by.clone(),
+            fair_group: self.fair_by.clone().filter(|_| self.fair_group_id),
+            format,
+            max_request_bytes: self.max_request_bytes,
+        };
         let relay_id = match self.relay_id.as_deref().map(str::trim) {
             Some("") => return Err("--relay-id must not be empty".to_string()),
             Some(id) => id.to_string(),
@@ -374,6 +516,8 @@ impl RunArgs {
             retention: self.retention,
             retention_interval: self.retention_interval,
             delete_on_ack: self.delete_on_ack,
+            claim_mode,
+            plan,
         })
     }
 }
@@ -407,13 +551,17 @@ mod tests {
     use super::*;
 
     fn run_args(extra: &[&str]) -> Result<RunConfig, String> {
+        run_args_to("http://127.0.0.1:4566/000000000000/q", extra)
+    }
+
+    fn run_args_to(queue_url: &str, extra: &[&str]) -> Result<RunConfig, String> {
         let mut argv = vec![
             "outbox-relay",
             "run",
             "--database-url",
             "postgres://relay:pw@127.0.0.1:5432/app",
             "--queue-url",
-            "http://127.0.0.1:4566/000000000000/q",
+            queue_url,
         ];
         argv.extend_from_slice(extra);
         let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
@@ -528,6 +676,85 @@ mod tests {
         );
         assert!(parse(&["--all", "--reason", "invalid"]).is_ok());
         assert!(parse(&["--event-id", "order-1:paid"]).is_ok());
+    }
+
+    #[test]
+    fn ordering_is_on_by_default_for_fifo_queues_only() {
+        let fifo = "http://127.0.0.1:4566/000000000000/orders.fifo";
+        let c = run_args_to(fifo, &[]).unwrap();
+        let ordered = c.claim_mode.ordered.expect("ordered on a FIFO queue");
+        assert_eq!(ordered.key, KeyColumn::AggregateId);
+        assert!(!ordered.skip_poison);
+        assert!(run_args(&[]).unwrap().claim_mode.ordered.is_none());
+        let c = run_args(&[
+            "--ordered",
+            "on",
+            "--group-by",
+            "header:tenant",
+            "--on-poison",
+            "skip",
+        ])
+        .unwrap();
+        let ordered = c.claim_mode.ordered.unwrap();
+        assert_eq!(ordered.key, KeyColumn::Header("tenant".into()));
+        assert!(ordered.skip_poison);
+        assert!(run_args_to(fifo, &["--ordered", "off"])
+            .unwrap()
+            .claim_mode
+            .ordered
+            .is_none());
+        let routed = run_args(&["--route", "order=http://q/1/orders.fifo"]).unwrap();
+        assert!(
+            routed.claim_mode.ordered.is_some(),
+            "a FIFO route turns ordering on"
+        );
+    }
+
+    #[test]
+    fn routes_fairness_and_formats_are_validated() {
+        let c = run_args(&[
+            "--route",
+            "order=http://q/o",
+            "--route",
+            "invoice=http://q/i",
+            "--route-by",
+            "event_type",
+        ])
+        .unwrap();
+        assert_eq!(c.plan.routes.len(), 2);
+        assert_eq!(c.plan.route_by, KeyColumn::EventType);
+        assert!(run_args(&["--route", "nourl"])
+            .unwrap_err()
+            .contains("KEY=QUEUE_URL"));
+        assert!(run_args(&["--fair-group-id"])
+            .unwrap_err()
+            .contains("set --fair-by"));
+        let c = run_args(&["--fair-by", "aggregate_type", "--fair-group-id"]).unwrap();
+        assert_eq!(c.claim_mode.fair, Some(KeyColumn::AggregateType));
+        assert_eq!(c.plan.fair_group, Some(KeyColumn::AggregateType));
+        assert!(run_args(&["--group-by", "payload"])
+            .unwrap_err()
+            .contains("not a key"));
+        let c = run_args(&[
+            "--message-format",
+            "cloudevents",
+            "--cloudevents-source",
+            "/shop",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.plan.format,
+            MessageFormat::CloudEvents {
+                source: "/shop".into()
+            }
+        );
+        assert!(run_args(&[
+            "--message-format",
+            "cloudevents",
+            "--cloudevents-source",
+            " "
+        ])
+        .is_err());
     }
 
     #[test]

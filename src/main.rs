@@ -8,7 +8,7 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use outbox_relay::config::{
-    Cli, Command, DatabaseArgs, LogFormat, QuarantineCommand, QuarantineListArgs,
+    Cli, Command, DatabaseArgs, LogFormat, MigrateArgs, QuarantineCommand, QuarantineListArgs,
     QuarantineRetryArgs, RunArgs,
 };
 use outbox_relay::metrics::{self, Health};
@@ -97,12 +97,12 @@ fn outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
     Outbox::new(&db.url.0, db.table, db.connect_timeout).map_err(|e| config_error(&e.to_string()))
 }
 
-async fn migrate(args: DatabaseArgs) -> ExitCode {
-    let outbox = match outbox(&args) {
+async fn migrate(args: MigrateArgs) -> ExitCode {
+    let outbox = match outbox(&args.database) {
         Ok(o) => o,
         Err(code) => return code,
     };
-    match outbox.migrate().await {
+    match outbox.migrate(&args.keys()).await {
         Ok(report) if report.from == report.to => {
             println!(
                 "{} is up to date (schema version {})",

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 pub const OLDEST_UNSENT_AGE: &str = "outbox_oldest_unsent_age_seconds";
 pub const UNSENT_ROWS: &str = "outbox_unsent_rows";
 pub const QUARANTINED_ROWS: &str = "outbox_quarantined_rows";
+pub const BLOCKED_ROWS: &str = "outbox_blocked_rows";
 pub const EVENTS_SENT: &str = "outbox_events_sent_total";
 pub const SEND_FAILURES: &str = "outbox_send_failures_total";
 pub const EVENTS_QUARANTINED: &str = "outbox_events_quarantined_total";
@@ -48,6 +49,10 @@ fn describe() {
     );
     describe_gauge!(UNSENT_ROWS, "unsent rows, leased ones included");
     describe_gauge!(QUARANTINED_ROWS, "rows in quarantine");
+    describe_gauge!(
+        BLOCKED_ROWS,
+        "quarantined rows parked behind a quarantined event of their group (ordered delivery)"
+    );
     describe_counter!(EVENTS_SENT, "rows marked sent");
     describe_counter!(SEND_FAILURES, "failed sends per entry, by kind");
     describe_counter!(EVENTS_QUARANTINED, "rows quarantined, by reason");

@@ -12,6 +12,8 @@ use futures_util::StreamExt;
 use tokio::sync::Mutex;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
 
+use crate::batch::KeyColumn;
+
 /// Schema version this build creates and understands. Later versions add steps to
 /// [`MIGRATIONS`]; `migrate` applies the missing ones in order.
 pub const SCHEMA_VERSION: i32 = 1;
@@ -27,6 +29,12 @@ pub enum OutboxError {
     Connect { target: String, reason: String },
     #[error("table {0} does not exist: run `outbox-relay migrate` with the same --table, or fix --table")]
     TableMissing(String),
+    #[error("the index for {key} is missing on {table}: run `outbox-relay migrate --table {table} {flag} {key}`")]
+    KeyIndexMissing {
+        table: String,
+        key: String,
+        flag: &'static str,
+    },
     #[error("table {table} is at schema version {found}, newer than this relay understands ({SCHEMA_VERSION}); upgrade the relay")]
     TooNew { table: String, found: i32 },
     #[error("{context}: {detail}")]
@@ -274,6 +282,8 @@ pub struct ClaimedRow {
     pub attempts: i32,
     /// `created_at` as Unix seconds, for the delivery-lag histogram.
     pub created_at_epoch: f64,
+    /// `created_at` in RFC 3339 (UTC), for envelopes such as CloudEvents' `time`.
+    pub created_at: String,
 }
 
 /// Outcomes of one claim, one statement per class.
@@ -332,12 +342,61 @@ pub struct Stats {
     pub oldest_unsent_age_seconds: f64,
     pub unsent: i64,
     pub quarantined: i64,
+    /// Quarantined rows parked behind a quarantined row of their group (ordered delivery).
+    pub blocked: i64,
+}
+
+/// How claims choose rows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimMode {
+    /// Per-group order: never claim a row while an earlier row of its group is unsent.
+    pub ordered: Option<Ordered>,
+    /// Round-robin across the values of this key instead of strict id order.
+    pub fair: Option<KeyColumn>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ordered {
+    /// The group: the same key as the FIFO MessageGroupId.
+    pub key: KeyColumn,
+    /// `--on-poison skip`: a quarantined row no longer holds its group back.
+    pub skip_poison: bool,
+}
+
+/// The SQL for a key's value on a row (`alias` = None inside index definitions, where the
+/// expression must match the queries' exactly). Header names are restricted to letters,
+/// digits, `_ - .` by `KeyColumn::from_str`, so the literal below cannot break out of its
+/// quotes; it is escaped all the same.
+fn key_sql(key: &KeyColumn, alias: Option<&str>) -> String {
+    let column = |name: &str| match alias {
+        Some(a) => format!("{a}.{name}"),
+        None => name.to_string(),
+    };
+    match key {
+        KeyColumn::AggregateId => column("aggregate_id"),
+        KeyColumn::AggregateType => column("aggregate_type"),
+        KeyColumn::EventType => column("event_type"),
+        KeyColumn::Header(name) => format!(
+            "coalesce({} ->> '{}', '')",
+            column("headers"),
+            name.replace('\'', "''")
+        ),
+    }
+}
+
+/// Rows an ordered claim looks at, at most: enough to find a claim's worth of group heads
+/// when groups interleave, and a bound on the probes when a few groups hold a long backlog.
+fn ordered_window(limit: i64) -> i64 {
+    (limit * 10).max(1000)
 }
 
 /// The table's statements with its quoted name filled in; built once.
 #[derive(Debug)]
 struct Sql {
     claim: String,
+    /// Ordered delivery with poison blocking: park and unpark rows behind quarantined heads.
+    park_blocked: Option<String>,
+    unpark_blocked: Option<String>,
     mark_sent: String,
     delete_sent: String,
     reschedule: String,
@@ -356,6 +415,7 @@ pub struct Outbox {
     sql: Sql,
     /// Acknowledged rows are deleted rather than marked sent.
     delete_on_ack: bool,
+    mode: ClaimMode,
 }
 
 impl Outbox {
@@ -376,7 +436,9 @@ impl Outbox {
         let quoted = table.quoted();
         let fill = |template: &str| template.replace("{table}", &quoted);
         let sql = Sql {
-            claim: fill(include_str!("../sql/claim.sql")),
+            claim: claim_sql(&quoted, &ClaimMode::default()),
+            park_blocked: None,
+            unpark_blocked: None,
             mark_sent: fill(include_str!("../sql/mark_sent.sql")),
             delete_sent: fill(include_str!("../sql/delete_sent.sql")),
             reschedule: fill(include_str!("../sql/reschedule.sql")),
@@ -391,7 +453,29 @@ impl Outbox {
             pg,
             sql,
             delete_on_ack: false,
+            mode: ClaimMode::default(),
         })
+    }
+
+    /// Chooses how claims pick rows (ordered per group, fair across keys).
+    pub fn claim_mode(mut self, mode: ClaimMode) -> Self {
+        let quoted = self.table.quoted();
+        self.sql.claim = claim_sql(&quoted, &mode);
+        let blocking = mode.ordered.as_ref().filter(|o| !o.skip_poison);
+        self.sql.park_blocked = blocking.map(|o| {
+            include_str!("../sql/park_blocked.sql")
+                .replace("{table}", &quoted)
+                .replace("{key_q}", &key_sql(&o.key, Some("q")))
+                .replace("{key_o}", &key_sql(&o.key, Some("o")))
+        });
+        self.sql.unpark_blocked = blocking.map(|o| {
+            include_str!("../sql/unpark_blocked.sql")
+                .replace("{table}", &quoted)
+                .replace("{key_p}", &key_sql(&o.key, Some("p")))
+                .replace("{key_o}", &key_sql(&o.key, Some("o")))
+        });
+        self.mode = mode;
+        self
     }
 
     /// Delete rows once SQS acknowledged them instead of marking them sent: no history, but no
@@ -472,6 +556,7 @@ impl Outbox {
             .await
             .map_err(query_err("setting up the relay's session"))?;
         self.resolve_channel(&client).await?;
+        self.check_key_indexes(&client).await?;
         let settle_sent = if self.delete_on_ack {
             &self.sql.delete_sent
         } else {
@@ -486,6 +571,19 @@ impl Outbox {
             client.prepare(&self.sql.delete_expired),
         )
         .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?;
+        let park = match (&self.sql.park_blocked, &self.sql.unpark_blocked) {
+            (Some(park), Some(unpark)) => Some((
+                client
+                    .prepare(park)
+                    .await
+                    .map_err(query_err("preparing park_blocked"))?,
+                client
+                    .prepare(unpark)
+                    .await
+                    .map_err(query_err("preparing unpark_blocked"))?,
+            )),
+            _ => None,
+        };
         Ok(Session {
             client,
             statements: Statements {
@@ -495,9 +593,42 @@ impl Outbox {
                 quarantine,
                 stats,
                 delete_expired,
+                park,
             },
             delete_on_ack: self.delete_on_ack,
+            ordered: self.mode.ordered.is_some(),
         })
+    }
+
+    /// The (key, id) indexes the claim mode needs; without them every claim would scan the
+    /// backlog, so their absence stops the start-up with the command that creates them.
+    async fn check_key_indexes(&self, client: &Client) -> Result<(), OutboxError> {
+        let mut needed = Vec::new();
+        if let Some(o) = &self.mode.ordered {
+            needed.push((&o.key, "--group-by"));
+        }
+        if let Some(k) = &self.mode.fair {
+            needed.push((k, "--fair-by"));
+        }
+        for (key, flag) in needed {
+            let index = self.table.qualify(&self.key_index_name(key));
+            let found = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&index])
+                .await
+                .map_err(query_err("looking up the key index"))?;
+            if !found.get::<_, bool>(0) {
+                return Err(OutboxError::KeyIndexMissing {
+                    table: self.table.to_string(),
+                    key: key.to_string(),
+                    flag,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn key_index_name(&self, key: &KeyColumn) -> String {
+        self.table.derived(&format!("key_{}_idx", key.slug()))
     }
 
     /// The NOTIFY channel of the table's trigger; fails clearly when the table is missing.
@@ -517,7 +648,7 @@ impl Outbox {
 
     /// Creates or upgrades the table, its indexes and wake-up trigger. Safe to run again and
     /// from several processes at once (an advisory lock serialises them).
-    pub async fn migrate(&self) -> Result<MigrateReport, OutboxError> {
+    pub async fn migrate(&self, keys: &[KeyColumn]) -> Result<MigrateReport, OutboxError> {
         let mut client = self.raw_connect().await?;
         let tx = client
             .transaction()
@@ -565,6 +696,20 @@ impl Outbox {
             tx.batch_execute(&self.fill_migration(step))
                 .await
                 .map_err(query_err("applying a migration step"))?;
+        }
+        // The group key index for the default --group-by always, plus any the caller asks for.
+        let mut keys = keys.to_vec();
+        if !keys.contains(&KeyColumn::AggregateId) {
+            keys.insert(0, KeyColumn::AggregateId);
+        }
+        for key in &keys {
+            let ddl = include_str!("../sql/key_index.sql")
+                .replace("{table}", &self.table.quoted())
+                .replace("{index}", &quote_ident(&self.key_index_name(key)))
+                .replace("{key_bare}", &key_sql(key, None));
+            tx.batch_execute(&ddl)
+                .await
+                .map_err(query_err("creating a key index"))?;
         }
         tx.execute(
             &format!(
@@ -733,6 +878,35 @@ pub struct QuarantineEntry {
     pub created_at: String,
 }
 
+/// The claim statement for a mode: the candidates part of the mode, then the shared UPDATE.
+fn claim_sql(table: &str, mode: &ClaimMode) -> String {
+    let ordered_filter = match &mode.ordered {
+        Some(o) => format!(
+            "AND NOT EXISTS (SELECT 1 FROM {table} AS p WHERE {} = {} AND p.id < c.id AND p.sent_at IS NULL{})",
+            key_sql(&o.key, Some("p")),
+            key_sql(&o.key, Some("c")),
+            if o.skip_poison { " AND p.quarantined_at IS NULL" } else { "" },
+        ),
+        None => String::new(),
+    };
+    let candidates = match (&mode.fair, &mode.ordered) {
+        (Some(key), _) => format!(
+            "RECURSIVE {}",
+            include_str!("../sql/claim_candidates_fair.sql")
+                .replace("{key_bare}", &key_sql(key, None))
+                .replace("{key_c}", &key_sql(key, Some("c")))
+        ),
+        (None, Some(_)) => include_str!("../sql/claim_candidates_ordered.sql").to_string(),
+        (None, None) => include_str!("../sql/claim_candidates.sql").to_string(),
+    };
+    format!(
+        "WITH {}\n{}",
+        candidates.replace("{ordered_filter}", &ordered_filter),
+        include_str!("../sql/claim.sql")
+    )
+    .replace("{table}", table)
+}
+
 /// Result of `migrate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MigrateReport {
@@ -749,6 +923,8 @@ struct Statements {
     quarantine: Statement,
     stats: Statement,
     delete_expired: Statement,
+    /// park_blocked and unpark_blocked, with ordered delivery and poison blocking.
+    park: Option<(Statement, Statement)>,
 }
 
 /// One connection with the relay's prepared statements.
@@ -758,6 +934,8 @@ pub struct Session {
     statements: Statements,
     /// Which statement `mark_sent` is; their parameters differ.
     delete_on_ack: bool,
+    /// The ordered claim takes the window size as a fourth parameter.
+    ordered: bool,
 }
 
 impl Session {
@@ -773,14 +951,18 @@ impl Session {
         lease: Duration,
         limit: i64,
     ) -> Result<Vec<ClaimedRow>, OutboxError> {
-        let rows = self
-            .client
-            .query(
-                &self.statements.claim,
-                &[&limit, &owner, &lease.as_secs_f64()],
-            )
-            .await
-            .map_err(query_err("claiming rows"))?;
+        let lease = lease.as_secs_f64();
+        let window = ordered_window(limit);
+        let rows = if self.ordered {
+            self.client
+                .query(&self.statements.claim, &[&limit, &owner, &lease, &window])
+                .await
+        } else {
+            self.client
+                .query(&self.statements.claim, &[&limit, &owner, &lease])
+                .await
+        }
+        .map_err(query_err("claiming rows"))?;
         let mut claimed: Vec<ClaimedRow> = rows
             .iter()
             .map(|r| ClaimedRow {
@@ -795,6 +977,7 @@ impl Session {
                 lease_token: r.get(8),
                 attempts: r.get(9),
                 created_at_epoch: r.get(10),
+                created_at: r.get(11),
             })
             .collect();
         // UPDATE ... RETURNING does not keep the CTE's order.
@@ -910,7 +1093,27 @@ impl Session {
             oldest_unsent_age_seconds: row.get(0),
             unsent: row.get(1),
             quarantined: row.get(2),
+            blocked: row.get(3),
         })
+    }
+
+    /// Ordered delivery with poison blocking: parks rows behind quarantined heads and unparks
+    /// those whose head was re-driven. Returns (parked, unparked); (0, 0) in other modes.
+    pub async fn maintain_blocked_groups(&self) -> Result<(u64, u64), OutboxError> {
+        let Some((park, unpark)) = &self.statements.park else {
+            return Ok((0, 0));
+        };
+        let unparked = self
+            .client
+            .execute(unpark, &[])
+            .await
+            .map_err(query_err("unparking rows of re-driven groups"))?;
+        let parked = self
+            .client
+            .execute(park, &[])
+            .await
+            .map_err(query_err("parking rows behind quarantined heads"))?;
+        Ok((parked, unparked))
     }
 }
 

@@ -62,7 +62,8 @@ pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
             config.database.table.clone(),
             config.database.connect_timeout,
         )?
-        .delete_on_ack(config.delete_on_ack),
+        .delete_on_ack(config.delete_on_ack)
+        .claim_mode(config.claim_mode.clone()),
     );
     let first = outbox.connect().await?;
     Ok(Connected {
@@ -84,10 +85,7 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
     health.tick();
     let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
     let relay = Arc::new(Relay {
-        plan_config: PlanConfig {
-            default_queue_url: config.queue_url.clone(),
-            max_request_bytes: config.max_request_bytes,
-        },
+        plan_config: config.plan.clone(),
         session: SharedSession::new(Arc::clone(&outbox), first),
         outbox,
         sqs,
@@ -459,6 +457,7 @@ impl Relay {
                 _ = tick.tick() => {}
                 _ = stop.cancelled() => return,
             }
+            self.maintain_blocked_groups().await;
             let stats = async { self.session.get().await?.stats().await }.await;
             match stats {
                 Ok(s) => {
@@ -466,6 +465,7 @@ impl Relay {
                     metrics::gauge!(names::OLDEST_UNSENT_AGE).set(s.oldest_unsent_age_seconds);
                     metrics::gauge!(names::UNSENT_ROWS).set(s.unsent as f64);
                     metrics::gauge!(names::QUARANTINED_ROWS).set(s.quarantined as f64);
+                    metrics::gauge!(names::BLOCKED_ROWS).set(s.blocked as f64);
                 }
                 Err(e) => {
                     self.health.set_database_ok(false);
@@ -515,6 +515,32 @@ impl Relay {
             if deleted > 0 {
                 tracing::debug!(rows = deleted, "deleted sent rows past retention");
             }
+        }
+    }
+
+    /// Ordered delivery with poison blocking: park rows behind quarantined heads (so claims
+    /// stop walking them and operators see them) and release groups whose head was re-driven.
+    /// Runs with the gauges; every replica may run it, the statements are idempotent.
+    async fn maintain_blocked_groups(&self) {
+        let result = async { self.session.get().await?.maintain_blocked_groups().await }.await;
+        match result {
+            Ok((parked, unparked)) => {
+                if parked > 0 {
+                    metrics::counter!(names::EVENTS_QUARANTINED, "reason" => "blocked")
+                        .increment(parked);
+                    tracing::warn!(
+                        rows = parked,
+                        "rows parked behind a quarantined event of their group"
+                    );
+                }
+                if unparked > 0 {
+                    tracing::info!(
+                        rows = unparked,
+                        "rows released: the quarantined event of their group was re-driven"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not maintain blocked groups"),
         }
     }
 

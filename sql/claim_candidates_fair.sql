@@ -1,0 +1,42 @@
+-- Fair claiming: up to $1 rows taken round-robin across the values of {key} (the first
+-- unclaimed row of every key, then the second, ...), so a burst under one key cannot starve
+-- the others. `keys` walks the distinct values with one index probe each. The per-key scan
+-- compares with `>= k AND <= k` rather than `= k` on purpose: with `=` the planner treats the
+-- key as constant, believes the primary key's id order serves as well, and walks a skewed
+-- backlog row by row; the range keeps it on the (key, id) index.
+keys(k) AS (
+    (SELECT {key_bare} FROM {table} WHERE sent_at IS NULL ORDER BY 1 LIMIT 1)
+    UNION ALL
+    SELECT (SELECT {key_bare} FROM {table}
+            WHERE sent_at IS NULL AND {key_bare} > keys.k ORDER BY 1 LIMIT 1)
+    FROM keys
+    WHERE keys.k IS NOT NULL
+),
+ranked AS (
+    SELECT picked.id, row_number() OVER (PARTITION BY keys.k ORDER BY picked.id) AS turn
+    FROM keys
+    CROSS JOIN LATERAL (
+        SELECT c.id
+        FROM {table} AS c
+        WHERE {key_c} >= keys.k AND {key_c} <= keys.k
+          AND c.sent_at IS NULL
+          AND c.quarantined_at IS NULL
+          AND c.available_at <= now()
+          AND (c.lease_until IS NULL OR c.lease_until < now())
+        ORDER BY {key_c}, c.id
+        LIMIT $1
+    ) AS picked
+    WHERE keys.k IS NOT NULL
+),
+candidates AS (
+    SELECT c.id
+    FROM {table} AS c
+    WHERE c.id IN (SELECT id FROM ranked ORDER BY turn, id LIMIT $1)
+      AND c.sent_at IS NULL
+      AND c.quarantined_at IS NULL
+      AND c.available_at <= now()
+      AND (c.lease_until IS NULL OR c.lease_until < now())
+      {ordered_filter}
+    ORDER BY c.id
+    FOR UPDATE OF c SKIP LOCKED
+)

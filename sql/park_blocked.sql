@@ -1,0 +1,20 @@
+-- Ordered delivery with --on-poison block: unsent rows waiting behind a quarantined row of
+-- their group ({key}) are parked as quarantined with reason `blocked`, so they show up in
+-- `quarantine list` and stop being walked by every claim. Rows under a lease are left alone.
+UPDATE {table} AS o
+SET quarantined_at = now(),
+    quarantine_reason = 'blocked',
+    last_error = 'waiting behind quarantined event ' || head.event_id || ' (id ' || head.id || ') of its group'
+FROM (
+    SELECT DISTINCT ON ({key_q}) {key_q} AS k, q.id, q.event_id
+    FROM {table} AS q
+    WHERE q.quarantined_at IS NOT NULL
+      AND q.quarantine_reason IS DISTINCT FROM 'blocked'
+    ORDER BY {key_q}, q.id
+) AS head
+WHERE {key_o} = head.k
+  AND o.id > head.id
+  AND o.sent_at IS NULL
+  AND o.quarantined_at IS NULL
+  AND (o.lease_until IS NULL OR o.lease_until < now())
+RETURNING o.id
