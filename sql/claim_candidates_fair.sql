@@ -31,7 +31,9 @@ ranked AS (
 candidates AS (
     SELECT c.id
     FROM {table} AS c
-    WHERE c.id IN (SELECT id FROM ranked ORDER BY turn, id LIMIT $1)
+    -- An array, not IN (subquery): the chosen ids are looked up by primary key whatever the
+    -- statistics say, never by a join over the table.
+    WHERE c.id = ANY (ARRAY(SELECT id FROM ranked ORDER BY turn, id LIMIT $1))
       AND c.sent_at IS NULL
       AND c.quarantined_at IS NULL
       AND c.available_at <= now()

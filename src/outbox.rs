@@ -880,13 +880,23 @@ pub struct QuarantineEntry {
 
 /// The claim statement for a mode: the candidates part of the mode, then the shared UPDATE.
 fn claim_sql(table: &str, mode: &ClaimMode) -> String {
+    // "c is the first unsent row of its group", as a correlated scalar subquery: unlike NOT
+    // EXISTS it cannot be turned into a hash anti-join over the whole backlog when statistics
+    // are missing (a freshly filled table), so each candidate costs one probe of the key index.
+    // The range comparison keeps the planner on that index (see claim_candidates_fair.sql).
     let ordered_filter = match &mode.ordered {
-        Some(o) => format!(
-            "AND NOT EXISTS (SELECT 1 FROM {table} AS p WHERE {} = {} AND p.id < c.id AND p.sent_at IS NULL{})",
-            key_sql(&o.key, Some("p")),
-            key_sql(&o.key, Some("c")),
-            if o.skip_poison { " AND p.quarantined_at IS NULL" } else { "" },
-        ),
+        Some(o) => {
+            let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
+            format!(
+                "AND c.id = (SELECT p.id FROM {table} AS p WHERE {p} >= {c} AND {p} <= {c} \
+                 AND p.sent_at IS NULL{} ORDER BY {p}, p.id LIMIT 1)",
+                if o.skip_poison {
+                    " AND p.quarantined_at IS NULL"
+                } else {
+                    ""
+                },
+            )
+        }
         None => String::new(),
     };
     let candidates = match (&mode.fair, &mode.ordered) {

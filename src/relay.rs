@@ -240,6 +240,10 @@ impl Relay {
         }
         drop(sends);
         self.settle(settlement, lease_deadline).await;
+        // Settled rows may unblock others: the next row of each group under ordered delivery,
+        // retries due now. Claim again rather than wait for the poll interval; no NOTIFY
+        // fires for an UPDATE.
+        self.wake.notify_one();
     }
 
     /// One SendMessageBatch call, once a request slot is free and the relay is not backing off.

@@ -7,6 +7,7 @@ mod harness_smoke;
 mod scenario;
 
 mod crash;
+mod fifo;
 mod outbox_sql;
 mod retention;
 mod sqs_contract;
