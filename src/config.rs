@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig};
-use crate::outbox::{ClaimMode, Ordered, TableName};
+use crate::outbox::{ClaimMode, ColumnMap, Ordered, TableName};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -106,6 +106,21 @@ pub struct DatabaseArgs {
     /// Give up on one connection attempt after this long.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
+
+    /// An adopted table's column for a standard name: NAME=COLUMN, repeatable (env:
+    /// comma-separated), e.g. event_id=id aggregate_type=aggregatetype. With any of these the
+    /// relay reads the table through the view `migrate --adopt` created.
+    #[arg(long = "column", env = "OUTBOX_COLUMNS", value_delimiter = ',', value_parser = parse_column)]
+    pub columns: Vec<(String, String)>,
+}
+
+fn parse_column(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, column)) if !name.is_empty() => Ok((name.to_string(), column.to_string())),
+        _ => Err(format!(
+            "{s:?}: use NAME=COLUMN, e.g. aggregate_type=aggregatetype"
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -120,6 +135,11 @@ pub struct MigrateArgs {
     /// Also create the index that --fair-by with this key needs.
     #[arg(long, env = "OUTBOX_FAIR_BY")]
     pub fair_by: Option<KeyColumn>,
+
+    /// Adopt an existing outbox table (e.g. Debezium's): add only the relay's columns, indexes,
+    /// trigger and a view; the application's columns are named with --column.
+    #[arg(long)]
+    pub adopt: bool,
 }
 
 impl MigrateArgs {
@@ -324,8 +344,11 @@ impl fmt::Debug for Secret {
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
     pub url: Secret,
+    /// What the relay reads and updates: the table, or an adopted table's view.
     pub table: TableName,
     pub connect_timeout: Duration,
+    /// With --column: the application's own table and where its columns are.
+    pub adopted: Option<(TableName, ColumnMap)>,
 }
 
 /// Everything `run` needs, validated.
@@ -375,10 +398,17 @@ impl DatabaseArgs {
         if self.connect_timeout.is_zero() {
             return Err("--connect-timeout must be above zero".to_string());
         }
+        let (table, adopted) = if self.columns.is_empty() {
+            (table, None)
+        } else {
+            let map = ColumnMap::from_pairs(&self.columns)?;
+            (table.relay_view(), Some((table, map)))
+        };
         Ok(DatabaseConfig {
             url: Secret(url),
             table,
             connect_timeout: self.connect_timeout,
+            adopted,
         })
     }
 }
@@ -755,6 +785,35 @@ mod tests {
             " "
         ])
         .is_err());
+    }
+
+    #[test]
+    fn column_mapping_reads_an_adopted_table_through_its_view() {
+        let c = run_args(&[
+            "--table",
+            "app.outboxevent",
+            "--column",
+            "event_id=id",
+            "--column",
+            "aggregate_type=aggregatetype",
+            "--column",
+            "headers=",
+        ])
+        .unwrap();
+        assert_eq!(c.database.table.quoted(), "\"app\".\"outboxevent_relay\"");
+        let (base, map) = c.database.adopted.unwrap();
+        assert_eq!(base.quoted(), "\"app\".\"outboxevent\"");
+        assert_eq!(map.event_id, "id");
+        assert_eq!(map.aggregate_type, "aggregatetype");
+        assert_eq!(map.headers, None);
+        assert_eq!(map.id, "outbox_seq");
+        assert!(run_args(&["--column", "payload="])
+            .unwrap_err()
+            .contains("needs a column"));
+        assert!(run_args(&["--column", "nope=x"])
+            .unwrap_err()
+            .contains("unknown name"));
+        assert!(run_args(&["--column", "x"]).is_err());
     }
 
     #[test]

@@ -98,11 +98,29 @@ fn outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {
+    let db = match args.database.validate() {
+        Ok(db) => db,
+        Err(e) => return config_error(&e),
+    };
     let outbox = match outbox(&args.database) {
         Ok(o) => o,
         Err(code) => return code,
     };
-    match outbox.migrate(&args.keys()).await {
+    let result = match (&db.adopted, args.adopt) {
+        (Some((base, map)), true) => outbox.adopt(base, map, &args.keys()).await,
+        (None, true) => {
+            return config_error(
+                "--adopt needs --column NAME=COLUMN for the application's columns (e.g. --column event_id=id)",
+            )
+        }
+        (Some(_), false) => {
+            return config_error(
+                "--column describes an existing table: add --adopt to adopt it, or drop --column to create a new outbox table",
+            )
+        }
+        (None, false) => outbox.migrate(&args.keys()).await,
+    };
+    match result {
         Ok(report) if report.from == report.to => {
             println!(
                 "{} is up to date (schema version {})",

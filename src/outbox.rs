@@ -35,6 +35,12 @@ pub enum OutboxError {
         key: String,
         flag: &'static str,
     },
+    #[error("table {table} has no column {column:?} for {relay}: fix --column {relay}=COLUMN")]
+    AdoptColumn {
+        table: String,
+        relay: String,
+        column: String,
+    },
     #[error("table {table} is at schema version {found}, newer than this relay understands ({SCHEMA_VERSION}); upgrade the relay")]
     TooNew { table: String, found: i32 },
     #[error("{context}: {detail}")]
@@ -202,6 +208,14 @@ impl TableName {
     /// The table as SQL: `"schema"."name"` or `"name"`.
     pub fn quoted(&self) -> String {
         self.qualify(&self.name)
+    }
+
+    /// The view through which the relay reads an adopted table: `<name>_relay`, same schema.
+    pub fn relay_view(&self) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: self.derived("relay"),
+        }
     }
 
     /// Another object in the table's schema (function, version table), quoted.
@@ -915,6 +929,258 @@ fn claim_sql(table: &str, mode: &ClaimMode) -> String {
         include_str!("../sql/claim.sql")
     )
     .replace("{table}", table)
+}
+
+/// Where the standard columns live in an adopted table (`--column NAME=COLUMN`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnMap {
+    /// The relay's own sequence column, added by `migrate --adopt` (delivery order).
+    pub id: String,
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: String,
+    /// Absent: messages carry no header attributes.
+    pub headers: Option<String>,
+    /// Absent: every row goes to its route or the default queue.
+    pub queue_url: Option<String>,
+}
+
+impl ColumnMap {
+    /// `NAME=COLUMN` pairs over the defaults (the standard names, the sequence as
+    /// `outbox_seq` since adopted tables usually have an `id` of their own); `headers=` and
+    /// `queue_url=` with nothing after `=` mean the table has no such column.
+    pub fn from_pairs(pairs: &[(String, String)]) -> Result<ColumnMap, String> {
+        let mut map = ColumnMap {
+            id: "outbox_seq".into(),
+            event_id: "event_id".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            payload: "payload".into(),
+            headers: Some("headers".into()),
+            queue_url: Some("queue_url".into()),
+        };
+        for (name, column) in pairs {
+            if column.len() > MAX_IDENTIFIER_BYTES {
+                return Err(format!(
+                    "--column {name}={column}: longer than {MAX_IDENTIFIER_BYTES} bytes"
+                ));
+            }
+            let required = |c: &String| {
+                if c.is_empty() {
+                    Err(format!("--column {name}= needs a column name"))
+                } else {
+                    Ok(c.clone())
+                }
+            };
+            match name.as_str() {
+                "id" => map.id = required(column)?,
+                "event_id" => map.event_id = required(column)?,
+                "aggregate_type" => map.aggregate_type = required(column)?,
+                "aggregate_id" => map.aggregate_id = required(column)?,
+                "event_type" => map.event_type = required(column)?,
+                "payload" => map.payload = required(column)?,
+                "headers" => map.headers = (!column.is_empty()).then(|| column.clone()),
+                "queue_url" => map.queue_url = (!column.is_empty()).then(|| column.clone()),
+                other => {
+                    return Err(format!(
+                        "--column {other}=...: unknown name; use id, event_id, aggregate_type, aggregate_id, event_type, payload, headers or queue_url"
+                    ))
+                }
+            }
+        }
+        Ok(map)
+    }
+}
+
+impl Outbox {
+    /// `migrate --adopt`: makes an existing outbox table relayable without changing the
+    /// application's columns or writes. `self` is built on the view the relay will read
+    /// (`TableName::relay_view` of `base`).
+    pub async fn adopt(
+        &self,
+        base: &TableName,
+        map: &ColumnMap,
+        keys: &[KeyColumn],
+    ) -> Result<MigrateReport, OutboxError> {
+        let mut client = self.raw_connect().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(query_err("starting the adoption"))?;
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate ' || $1))",
+            &[&self.table.quoted()],
+        )
+        .await
+        .map_err(query_err("taking the migration lock"))?;
+        let types: Vec<(String, String, String)> = tx
+            .query(
+                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typcategory::text
+                 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+                &[&base.quoted()],
+            )
+            .await
+            .map_err(query_err("reading the table's columns"))?
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        if types.is_empty() {
+            return Err(OutboxError::TableMissing(base.quoted()));
+        }
+        // Text-like columns are exposed as they are, so indexes on them serve the relay's
+        // queries; anything else (a uuid event id, say) is exposed as its text.
+        let as_text = |relay: &str, column: &str| -> Result<String, OutboxError> {
+            let found = types.iter().find(|(name, _, _)| name == column);
+            match found {
+                Some((_, _, category)) if category == "S" => Ok(quote_ident(column)),
+                Some(_) => Ok(format!("{}::text", quote_ident(column))),
+                None => Err(OutboxError::AdoptColumn {
+                    table: base.quoted(),
+                    relay: relay.to_string(),
+                    column: column.to_string(),
+                }),
+            }
+        };
+        let json = |relay: &str, column: &Option<String>| -> Result<String, OutboxError> {
+            match column {
+                None => Ok("'{}'::jsonb".to_string()),
+                Some(column) => match types.iter().find(|(name, _, _)| name == column) {
+                    Some((_, ty, _)) if ty == "jsonb" => Ok(quote_ident(column)),
+                    Some(_) => Ok(format!("{}::jsonb", quote_ident(column))),
+                    None => Err(OutboxError::AdoptColumn {
+                        table: base.quoted(),
+                        relay: relay.to_string(),
+                        column: column.clone(),
+                    }),
+                },
+            }
+        };
+        let event_id = as_text("event_id", &map.event_id)?;
+        let aggregate_type = as_text("aggregate_type", &map.aggregate_type)?;
+        let aggregate_id = as_text("aggregate_id", &map.aggregate_id)?;
+        let event_type = as_text("event_type", &map.event_type)?;
+        if !types.iter().any(|(name, _, _)| *name == map.payload) {
+            return Err(OutboxError::AdoptColumn {
+                table: base.quoted(),
+                relay: "payload".into(),
+                column: map.payload.clone(),
+            });
+        }
+        // The optional columns under their standard names count as absent when the table
+        // does not have them (Debezium's has neither); a name given with --column must exist.
+        let present = |column: &Option<String>, standard: &str| {
+            column
+                .clone()
+                .filter(|c| c != standard || types.iter().any(|(name, _, _)| name == c))
+        };
+        let headers = json("headers", &present(&map.headers, "headers"))?;
+        let queue_url = match present(&map.queue_url, "queue_url") {
+            Some(column) => as_text("queue_url", &column)?,
+            None => "NULL::text".to_string(),
+        };
+        let view_columns = format!(
+            "{} AS id, {event_id} AS event_id, {aggregate_type} AS aggregate_type, \
+             {aggregate_id} AS aggregate_id, {event_type} AS event_type, {} AS payload, \
+             {headers} AS headers, {queue_url} AS queue_url",
+            quote_ident(&map.id),
+            quote_ident(&map.payload),
+        );
+        let schema: String = match &self.table.schema {
+            Some(schema) => schema.clone(),
+            None => tx
+                .query_one("SELECT current_schema()::text", &[])
+                .await
+                .map_err(query_err("reading the current schema"))?
+                .get(0),
+        };
+        let channel: String = tx
+            .query_one(
+                "SELECT 'outbox_relay_' || left(md5($1 || '.' || $2), 16)",
+                &[&schema, &self.table.name],
+            )
+            .await
+            .map_err(query_err("naming the wake-up channel"))?
+            .get(0);
+        let index = |suffix: &str| quote_ident(&self.table.derived(suffix));
+        let ddl = include_str!("../sql/adopt.sql")
+            .replace("{base}", &base.quoted())
+            .replace("{seq}", &quote_ident(&map.id))
+            .replace("{seq_index}", &index("seq_idx"))
+            .replace("{unsent_index}", &index("unsent_idx"))
+            .replace("{quarantined_index}", &index("quarantined_idx"))
+            .replace("{sent_index}", &index("sent_idx"))
+            .replace("{view}", &self.table.quoted())
+            .replace("{view_columns}", &view_columns)
+            .replace(
+                "{notify_function}",
+                &self.table.qualify(&self.table.derived("notify")),
+            )
+            // Hex digits and an underscore: nothing to escape.
+            .replace("{channel}", &format!("'{channel}'"));
+        tx.batch_execute(&ddl)
+            .await
+            .map_err(query_err("adopting the table"))?;
+        let mut keys = keys.to_vec();
+        if !keys.contains(&KeyColumn::AggregateId) {
+            keys.insert(0, KeyColumn::AggregateId);
+        }
+        for key in &keys {
+            let expression = match key {
+                KeyColumn::AggregateId => aggregate_id.clone(),
+                KeyColumn::AggregateType => aggregate_type.clone(),
+                KeyColumn::EventType => event_type.clone(),
+                KeyColumn::Header(name) => {
+                    format!("coalesce({headers} ->> '{}', '')", name.replace('\'', "''"))
+                }
+            };
+            tx.batch_execute(&format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {} (({expression}), {}) WHERE sent_at IS NULL",
+                quote_ident(&self.key_index_name(key)),
+                base.quoted(),
+                quote_ident(&map.id),
+            ))
+            .await
+            .map_err(query_err("creating a key index"))?;
+        }
+        let versions = self.table.qualify("outbox_relay_schema");
+        tx.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {versions} (\
+                table_name text PRIMARY KEY, \
+                version integer NOT NULL, \
+                migrated_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await
+        .map_err(query_err("creating the schema version table"))?;
+        let found: i32 = tx
+            .query_opt(
+                &format!("SELECT version FROM {versions} WHERE table_name = $1"),
+                &[&self.table.name],
+            )
+            .await
+            .map_err(query_err("reading the schema version"))?
+            .map(|r| r.get(0))
+            .unwrap_or(0);
+        tx.execute(
+            &format!(
+                "INSERT INTO {versions} (table_name, version) VALUES ($1, $2) \
+                 ON CONFLICT (table_name) DO UPDATE SET version = $2, migrated_at = now()"
+            ),
+            &[&self.table.name, &SCHEMA_VERSION],
+        )
+        .await
+        .map_err(query_err("recording the schema version"))?;
+        tx.commit()
+            .await
+            .map_err(query_err("committing the adoption"))?;
+        Ok(MigrateReport {
+            from: found,
+            to: SCHEMA_VERSION,
+        })
+    }
 }
 
 /// Result of `migrate`.

@@ -6,6 +6,7 @@ mod harness_smoke;
 
 mod scenario;
 
+mod adopt;
 mod crash;
 mod fifo;
 mod outbox_sql;
