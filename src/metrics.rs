@@ -75,6 +75,16 @@ fn describe() {
     for kind in ["transient", "throttled", "permanent", "config"] {
         metrics::counter!(SEND_FAILURES, "kind" => kind).absolute(0);
     }
+    for reason in [
+        "too_large",
+        "invalid",
+        "sender_fault",
+        "rejected",
+        "max_attempts",
+        "blocked",
+    ] {
+        metrics::counter!(EVENTS_QUARANTINED, "reason" => reason).absolute(0);
+    }
     metrics::counter!(EVENTS_SENT).absolute(0);
     metrics::counter!(LEASE_LOST).absolute(0);
 }

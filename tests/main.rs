@@ -9,6 +9,7 @@ mod scenario;
 mod adopt;
 mod crash;
 mod fifo;
+mod ops_metrics;
 mod outbox_sql;
 mod retention;
 mod sqs_contract;

@@ -97,6 +97,41 @@ ensure_moto() {
 	moto_ready || die "moto is still not importable from .tools/venv"
 }
 
+promtool_ready() {
+	command -v promtool >/dev/null && promtool --version >/dev/null 2>&1
+}
+
+# promtool checks the alert rules (deploy/prometheus/) and the relay's /metrics output. Debian
+# ships it in the `prometheus` package, whose install also starts a Prometheus server; a test run
+# needs only the tool, so where no policy-rc.d exists one is put in place for the install (it
+# forbids starting services) and the unit it enabled is disabled again. Containers usually have a
+# policy-rc.d already and no systemd; the install then works the same, and the check afterwards
+# is what decides.
+ensure_promtool() {
+	promtool_ready && return 0
+	if [ "${#SUDO[@]}" -gt 0 ] && ! command -v sudo >/dev/null; then
+		die "not root and no sudo: install promtool by hand (Debian package prometheus)"
+	fi
+	local guard=no
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		printf '#!/bin/sh\n# put in place by outbox-relay scripts/lib/setup.sh during one install\nexit 101\n' |
+			"${SUDO[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+		"${SUDO[@]}" chmod 755 /usr/sbin/policy-rc.d
+		guard=yes
+	fi
+	local rc=0
+	apt_install prometheus || rc=$?
+	if [ "$guard" = yes ]; then
+		"${SUDO[@]}" rm -f /usr/sbin/policy-rc.d
+		if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+			"${SUDO[@]}" systemctl disable --quiet prometheus.service 2>/dev/null || true
+		fi
+	fi
+	[ "$rc" -eq 0 ] || die "apt-get install prometheus failed (exit $rc); promtool is needed for the alert rule tests"
+	promtool_ready || die "promtool is still missing or broken after installing the prometheus package"
+	step "promtool: $(promtool --version 2>&1 | head -n 1)"
+}
+
 # A port nobody listens on right now, on loopback.
 free_port() {
 	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
