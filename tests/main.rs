@@ -7,7 +7,9 @@ mod harness_smoke;
 mod scenario;
 
 mod adopt;
+mod chaos;
 mod crash;
+mod faults;
 mod fifo;
 mod ops_metrics;
 mod outbox_sql;

@@ -168,3 +168,132 @@ pub async fn relay_command(parts: &[&str]) -> String {
     assert!(status.success(), "outbox-relay {parts:?} failed: {output}");
     output
 }
+
+/// [`insert`] that hands back the error, for writers that must ride out a database outage.
+pub async fn try_insert(
+    client: &tokio_postgres::Client,
+    events: &[Event],
+) -> Result<u64, tokio_postgres::Error> {
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
+    let aggs: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<String> = events.iter().map(|e| e.payload.to_string()).collect();
+    let headers: Vec<String> = events.iter().map(|e| e.headers.to_string()).collect();
+    client
+        .execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+             SELECT e, t, a, k, p::jsonb, h::jsonb
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
+                  WITH ORDINALITY AS u(e, t, a, k, p, h, n)
+             ORDER BY n",
+            &[&ids, &types, &aggs, &kinds, &payloads, &headers],
+        )
+        .await
+}
+
+/// An application writing batches of events, one transaction each, that keeps going through
+/// database outages: a failed batch is retried on a new connection until it is in the table.
+pub struct Producer {
+    committed: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<ProducerReport>,
+}
+
+pub struct ProducerReport {
+    /// Every event written, each committed exactly once.
+    pub events: Vec<Event>,
+    /// Attempts that failed and were retried.
+    pub retries: usize,
+}
+
+impl Producer {
+    /// Writes `batches` batches of `batch_size` events (`{prefix}-{batch}-{i}`) to the outbox
+    /// at `url`, `pause` apart.
+    pub fn start(
+        url: &str,
+        prefix: &str,
+        batches: usize,
+        batch_size: usize,
+        pause: Duration,
+    ) -> Producer {
+        let committed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (url, prefix, done) = (url.to_string(), prefix.to_string(), committed.clone());
+        let task = tokio::spawn(async move {
+            let mut client = None;
+            let mut report = ProducerReport {
+                events: Vec::with_capacity(batches * batch_size),
+                retries: 0,
+            };
+            for b in 0..batches {
+                let mut batch = events(&format!("{prefix}-{b}"), batch_size, 10);
+                // `events` derives payloads from the index alone; with the batch in it, a body
+                // names its row on its own, so a copy carrying the wrong event_id shows.
+                for e in &mut batch {
+                    e.payload["batch"] = b.into();
+                }
+                loop {
+                    let attempt = write_batch(&url, &mut client, &batch);
+                    match tokio::time::timeout(Duration::from_secs(10), attempt).await {
+                        Ok(Ok(())) => break,
+                        Ok(Err(_)) | Err(_) => {
+                            report.retries += 1;
+                            client = None;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+                report.events.extend(batch);
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(pause).await;
+            }
+            report
+        });
+        Producer { committed, task }
+    }
+
+    /// Batches in the table so far.
+    pub fn committed_batches(&self) -> usize {
+        self.committed.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits until every batch is in the table.
+    pub async fn finish(self) -> ProducerReport {
+        self.task.await.expect("producer task")
+    }
+}
+
+/// `Ok` once the batch is in the table: written now, or by an earlier attempt that committed
+/// although its answer was lost (the retry then hits the `event_id` unique key; the batch is
+/// one statement, so it is all there).
+async fn write_batch(
+    url: &str,
+    client: &mut Option<tokio_postgres::Client>,
+    batch: &[Event],
+) -> Result<(), tokio_postgres::Error> {
+    let live = match client.take() {
+        Some(c) if !c.is_closed() => c,
+        _ => {
+            let (c, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            c
+        }
+    };
+    match try_insert(&live, batch).await {
+        Ok(_) => {}
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {}
+        Err(e) => return Err(e),
+    }
+    *client = Some(live);
+    Ok(())
+}
+
+/// Sets `flag` to `value` in a command line, replacing the value already there (clap refuses a
+/// flag given twice), or appending both.
+pub fn set_arg(args: &mut Vec<String>, flag: &str, value: &str) {
+    match args.iter().position(|a| a == flag) {
+        Some(i) => args[i + 1] = value.to_string(),
+        None => args.extend([flag.to_string(), value.to_string()]),
+    }
+}

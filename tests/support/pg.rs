@@ -1,10 +1,11 @@
-//! One throwaway PostgreSQL cluster per test process, one database per test.
+//! One throwaway PostgreSQL cluster per test process, one database per test; and
+//! [`PrivatePg`], a cluster of one test's own for tests that stop or crash PostgreSQL.
 
 use super::{log_tail, make_temp_dir, random_hex, spawn_kept, stop_at_exit, unique};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -49,7 +50,10 @@ pub fn pg() -> &'static Pg {
 
 /// Creates an empty database with a unique name.
 pub async fn fresh_db() -> TestDb {
-    let pg = pg();
+    create_db_on(pg()).await
+}
+
+async fn create_db_on(pg: &Pg) -> TestDb {
     let name = format!("t_{}_{}", unique(), std::process::id());
     let admin = connect(&pg.admin_url()).await;
     admin
@@ -105,6 +109,14 @@ impl Pg {
     }
 
     fn start() -> Pg {
+        let pg = Pg::init();
+        pg.spawn_server(true);
+        pg.wait_ready();
+        pg
+    }
+
+    /// Creates a cluster in a fresh temp dir and picks its port; does not start it.
+    fn init() -> Pg {
         let bin_dir = find_bin_dir();
         let run_as = if unsafe { libc::geteuid() } == 0 {
             Some(postgres_user())
@@ -141,7 +153,7 @@ impl Pg {
             String::from_utf8_lossy(&out.stderr)
         );
 
-        let pg = Pg {
+        Pg {
             bin_dir,
             data_dir,
             socket_dir: root,
@@ -150,13 +162,12 @@ impl Pg {
             password,
             run_as,
             child: Mutex::new(None),
-        };
-        pg.spawn_server();
-        pg.wait_ready();
-        pg
+        }
     }
 
-    fn spawn_server(&self) {
+    /// Starts the postmaster. The shared cluster is also stopped at exit; a private one is
+    /// stopped by its owner, and its pid must not be signalled at exit once it has been reaped.
+    fn spawn_server(&self, stop_at_process_exit: bool) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -180,41 +191,154 @@ impl Pg {
         as_user(&mut cmd, self.run_as, &self.socket_dir);
         // SIGQUIT is PostgreSQL's immediate shutdown: no checkpoint, children told to exit.
         let child = spawn_kept(cmd, libc::SIGQUIT).expect("spawn postgres");
-        stop_at_exit(child.id(), libc::SIGQUIT);
-        *self.child.lock().unwrap() = Some(child);
+        if stop_at_process_exit {
+            stop_at_exit(child.id(), libc::SIGQUIT);
+        }
+        let mut slot = self.child.lock().unwrap();
+        assert!(slot.is_none(), "postgres is already running");
+        *slot = Some(child);
     }
 
     /// Blocks until a real login succeeds, so the first test does not race the startup.
     fn wait_ready(&self) {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .expect("runtime for the readiness check");
+            .expect("runtime for the readiness check")
+            .block_on(self.until_ready());
+    }
+
+    /// Returns once a real login succeeds; panics with the server log if it exits or takes
+    /// over 60 s.
+    async fn until_ready(&self) {
         let url = self.admin_url();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let attempt = rt.block_on(async {
-                tokio::time::timeout(
-                    Duration::from_secs(5),
-                    tokio_postgres::connect(&url, tokio_postgres::NoTls),
-                )
-                .await
-            });
+            let attempt = tokio::time::timeout(
+                Duration::from_secs(5),
+                tokio_postgres::connect(&url, tokio_postgres::NoTls),
+            )
+            .await;
             if matches!(attempt, Ok(Ok(_))) {
                 return;
             }
-            if let Some(child) = self.child.lock().unwrap().as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("postgres exited with {status}:\n{}", self.log());
-                }
+            if let Some(status) = self.exited() {
+                panic!("postgres exited with {status}:\n{}", self.log());
             }
             assert!(
                 Instant::now() < deadline,
                 "postgres did not accept connections in 60 s:\n{}",
                 self.log()
             );
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The postmaster's exit status if it has ended; it is reaped then, and the slot emptied.
+    fn exited(&self) -> Option<ExitStatus> {
+        let mut slot = self.child.lock().unwrap();
+        let status = slot.as_mut()?.try_wait().expect("try_wait postgres")?;
+        *slot = None;
+        Some(status)
+    }
+
+    /// Sends `signal` to the postmaster and waits until it has exited, which it does only
+    /// after every backend has gone, so the port is free again.
+    async fn stop(&self, signal: libc::c_int) {
+        let pid = match self.child.lock().unwrap().as_ref() {
+            Some(child) => child.id(),
+            None => panic!("postgres is not running"),
+        };
+        // SAFETY: kill(2) on our own child, not reaped yet (reaping happens only below).
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.exited().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not exit in 60 s after signal {signal}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// A PostgreSQL cluster of one test's own: for tests that stop, crash or restart the server,
+/// which the shared cluster must never do since every test running in parallel uses it.
+///
+/// Restarts keep the port and the data directory, so URLs handed to relays stay valid and
+/// committed rows survive, as with a production server. Dropping it ends the server and
+/// deletes its files.
+pub struct PrivatePg {
+    pg: Pg,
+}
+
+impl PrivatePg {
+    pub async fn start() -> PrivatePg {
+        let pg = tokio::task::spawn_blocking(Pg::init)
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        pg.spawn_server(false);
+        pg.until_ready().await;
+        PrivatePg { pg }
+    }
+
+    /// libpq URL for database `db` as the superuser.
+    pub fn url(&self, db: &str) -> String {
+        self.pg.url_for(db)
+    }
+
+    /// An empty database with a unique name on this cluster.
+    pub async fn create_db(&self) -> TestDb {
+        create_db_on(&self.pg).await
+    }
+
+    /// Fast shutdown (SIGINT): sessions are ended, a checkpoint is written, the server exits.
+    pub async fn stop_fast(&self) {
+        self.pg.stop(libc::SIGINT).await;
+    }
+
+    /// Immediate shutdown (SIGQUIT), like a crash: no checkpoint, so the next start replays
+    /// the WAL.
+    pub async fn kill_immediate(&self) {
+        self.pg.stop(libc::SIGQUIT).await;
+    }
+
+    /// Starts the stopped server again on the same port and data, and waits until it accepts
+    /// logins.
+    pub async fn start_again(&self) {
+        self.pg.spawn_server(false);
+        self.pg.until_ready().await;
+    }
+
+    pub async fn restart(&self) {
+        self.stop_fast().await;
+        self.start_again().await;
+    }
+
+    /// Everything the server has logged so far, restarts included.
+    pub fn log(&self) -> String {
+        self.pg.log()
+    }
+}
+
+impl Drop for PrivatePg {
+    fn drop(&mut self) {
+        let slot = self.pg.child.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut child) = slot.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                // SAFETY: kill(2) on our own live child; immediate shutdown, as at exit.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGQUIT) };
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        // The data dir's parent; the exit-time sweep would remove it too, only much later.
+        let _ = std::fs::remove_dir_all(&self.pg.socket_dir);
     }
 }
 
