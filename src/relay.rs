@@ -429,10 +429,12 @@ impl Relay {
     async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
         let mut failures = 0u32;
         loop {
+            let connected = std::sync::atomic::AtomicBool::new(false);
             let listening = self.outbox.listen(
                 || self.wake.notify_one(),
                 || {
                     tracing::debug!("listening for outbox notifications");
+                    connected.store(true, std::sync::atomic::Ordering::Relaxed);
                     self.wake.notify_one();
                 },
             );
@@ -441,7 +443,12 @@ impl Relay {
                 _ = stop.cancelled() => return,
             };
             if let Err(e) = result {
-                failures += 1;
+                // A connection that worked and then dropped starts the backoff afresh.
+                failures = if connected.load(std::sync::atomic::Ordering::Relaxed) {
+                    1
+                } else {
+                    failures + 1
+                };
                 let delay = self.backoff(failures);
                 tracing::warn!(error = %e, retry_in = ?delay, "wake-up connection lost; polling until it is back");
                 tokio::select! {

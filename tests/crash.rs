@@ -109,6 +109,20 @@ async fn a_replica_whose_lease_expired_cannot_settle_rows_another_replica_now_ow
     .await;
     // A freezes (a long GC pause, a stopped VM) holding SQS's answer; its lease runs out.
     a.sigstop();
+    // SIGSTOP is not instant: release SQS's answer only once A is really stopped, or A may
+    // settle before its lease runs out.
+    wait_until("A is stopped", Duration::from_secs(10), || async {
+        std::fs::read_to_string(format!("/proc/{}/stat", a.pid()))
+            .map(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('T')
+            })
+            .unwrap_or(false)
+    })
+    .await;
     proxy.set_mode(Mode::Pass);
     wait_until("A's lease expired", Duration::from_secs(10), || async {
         count(&client, "lease_until IS NULL OR lease_until < now()").await == n as i64
