@@ -15,11 +15,15 @@
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
+//! - [`tls`]: TLS to PostgreSQL with libpq's `sslmode` semantics.
+//! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
 
 pub mod batch;
+pub mod check;
 pub mod config;
 pub mod metrics;
 pub mod outbox;
 pub mod relay;
 pub mod retry;
 pub mod sqs;
+pub mod tls;

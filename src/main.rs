@@ -86,6 +86,8 @@ async fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Migrate(args) => migrate(args).await,
         Command::Run(args) => run(*args).await,
+        Command::Status(args) => status(args).await,
+        Command::Check(args) => check(*args).await,
         Command::Quarantine(QuarantineCommand::List(args)) => quarantine_list(args).await,
         Command::Quarantine(QuarantineCommand::Retry(args)) => quarantine_retry(args).await,
     }
@@ -183,6 +185,35 @@ async fn run(args: RunArgs) -> ExitCode {
     relay::run(connected, health, shutdown).await;
     stop_serving.cancel();
     ExitCode::SUCCESS
+}
+
+async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {
+    let outbox = match outbox(&args.database) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let status = match outbox.status().await {
+        Ok(s) => s,
+        Err(e) => return runtime_error(&e),
+    };
+    if args.json {
+        match serde_json::to_string(&status) {
+            Ok(json) => println!("{json}"),
+            Err(e) => return runtime_error(&e),
+        }
+    } else {
+        print!("{status}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// Every check prints its own line; a failed one is not a usage error, hence 1.
+async fn check(args: RunArgs) -> ExitCode {
+    if outbox_relay::check::run(&args).await {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {

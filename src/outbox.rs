@@ -10,9 +10,15 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::Mutex;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+use tokio_postgres::{AsyncMessage, Client, Statement};
 
 use crate::batch::KeyColumn;
+use crate::tls::{PgTls, PgTlsStream};
+
+pub mod inspect;
+mod status;
+
+pub use status::TableStatus;
 
 /// Schema version this build creates and understands. Later versions add steps to
 /// [`MIGRATIONS`]; `migrate` applies the missing ones in order.
@@ -27,6 +33,9 @@ pub enum OutboxError {
     InvalidUrl(String),
     #[error("cannot connect to PostgreSQL at {target}: {reason}")]
     Connect { target: String, reason: String },
+    /// TLS settings that cannot work (verification without a CA, an unreadable CA file).
+    #[error("{0}")]
+    Tls(String),
     #[error("table {0} does not exist: run `outbox-relay migrate` with the same --table, or fix --table")]
     TableMissing(String),
     #[error("the index for {key} is missing on {table}: run `outbox-relay migrate --table {table} {flag} {key}`")]
@@ -426,6 +435,8 @@ struct Sql {
 pub struct Outbox {
     table: TableName,
     pg: tokio_postgres::Config,
+    /// The handshake `sslmode` asks for; tokio-postgres alone cannot verify certificates.
+    tls: PgTls,
     sql: Sql,
     /// Acknowledged rows are deleted rather than marked sent.
     delete_on_ack: bool,
@@ -439,8 +450,14 @@ impl Outbox {
         table: TableName,
         connect_timeout: Duration,
     ) -> Result<Self, OutboxError> {
-        let mut pg = tokio_postgres::Config::from_str(database_url)
-            .map_err(|e| OutboxError::InvalidUrl(e.to_string()))?;
+        let (database_url, tls) =
+            crate::tls::split(database_url).map_err(OutboxError::InvalidUrl)?;
+        // describe() reaches the cause ("unknown option `sslcert`"); its own text is only
+        // "invalid connection string". Neither quotes the password.
+        let mut pg = tokio_postgres::Config::from_str(&database_url)
+            .map_err(|e| OutboxError::InvalidUrl(describe(&e)))?;
+        pg.ssl_mode(tls.effective_mode().map_err(OutboxError::Tls)?.wire());
+        let tls = PgTls::new(&tls).map_err(OutboxError::Tls)?;
         if pg.get_connect_timeout().is_none() {
             pg.connect_timeout(connect_timeout);
         }
@@ -465,6 +482,7 @@ impl Outbox {
         Ok(Outbox {
             table,
             pg,
+            tls,
             sql,
             delete_on_ack: false,
             mode: ClaimMode::default(),
@@ -524,7 +542,7 @@ impl Outbox {
     ) -> Result<
         (
             Client,
-            tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>,
+            tokio_postgres::Connection<tokio_postgres::Socket, PgTlsStream<tokio_postgres::Socket>>,
         ),
         OutboxError,
     > {
@@ -533,7 +551,7 @@ impl Outbox {
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(10));
-        match tokio::time::timeout(limit, self.pg.connect(NoTls)).await {
+        match tokio::time::timeout(limit, self.pg.connect(self.tls.clone())).await {
             Ok(Ok(pair)) => Ok(pair),
             Ok(Err(e)) => Err(OutboxError::Connect {
                 target: self.target(),
@@ -668,12 +686,7 @@ impl Outbox {
             .transaction()
             .await
             .map_err(query_err("starting the migration"))?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate ' || $1))",
-            &[&self.table.quoted()],
-        )
-        .await
-        .map_err(query_err("taking the migration lock"))?;
+        self.lock_migrations(&tx).await?;
         if let Some(schema) = &self.table.schema {
             tx.batch_execute(&format!(
                 "CREATE SCHEMA IF NOT EXISTS {}",
@@ -682,24 +695,7 @@ impl Outbox {
             .await
             .map_err(query_err("creating the schema"))?;
         }
-        let versions = self.table.qualify("outbox_relay_schema");
-        tx.batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {versions} (\
-                table_name text PRIMARY KEY, \
-                version integer NOT NULL, \
-                migrated_at timestamptz NOT NULL DEFAULT now())"
-        ))
-        .await
-        .map_err(query_err("creating the schema version table"))?;
-        let found: i32 = tx
-            .query_opt(
-                &format!("SELECT version FROM {versions} WHERE table_name = $1"),
-                &[&self.table.name],
-            )
-            .await
-            .map_err(query_err("reading the schema version"))?
-            .map(|r| r.get(0))
-            .unwrap_or(0);
+        let found = self.read_version(&tx).await?;
         if found > SCHEMA_VERSION {
             return Err(OutboxError::TooNew {
                 table: self.table.quoted(),
@@ -725,6 +721,54 @@ impl Outbox {
                 .await
                 .map_err(query_err("creating a key index"))?;
         }
+        self.write_version(&tx).await?;
+        tx.commit()
+            .await
+            .map_err(query_err("committing the migration"))?;
+        Ok(MigrateReport {
+            from: found,
+            to: SCHEMA_VERSION,
+        })
+    }
+
+    /// Serialises concurrent `migrate` runs on the same table.
+    async fn lock_migrations(
+        &self,
+        tx: &tokio_postgres::Transaction<'_>,
+    ) -> Result<(), OutboxError> {
+        tx.execute(
+            "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate ' || $1))",
+            &[&self.table.quoted()],
+        )
+        .await
+        .map_err(query_err("taking the migration lock"))?;
+        Ok(())
+    }
+
+    /// The schema version recorded for this table (0: none yet); creates the record table.
+    async fn read_version(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<i32, OutboxError> {
+        let versions = self.table.qualify("outbox_relay_schema");
+        tx.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {versions} (\
+                table_name text PRIMARY KEY, \
+                version integer NOT NULL, \
+                migrated_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .await
+        .map_err(query_err("creating the schema version table"))?;
+        Ok(tx
+            .query_opt(
+                &format!("SELECT version FROM {versions} WHERE table_name = $1"),
+                &[&self.table.name],
+            )
+            .await
+            .map_err(query_err("reading the schema version"))?
+            .map(|r| r.get(0))
+            .unwrap_or(0))
+    }
+
+    async fn write_version(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<(), OutboxError> {
+        let versions = self.table.qualify("outbox_relay_schema");
         tx.execute(
             &format!(
                 "INSERT INTO {versions} (table_name, version) VALUES ($1, $2) \
@@ -734,13 +778,7 @@ impl Outbox {
         )
         .await
         .map_err(query_err("recording the schema version"))?;
-        tx.commit()
-            .await
-            .map_err(query_err("committing the migration"))?;
-        Ok(MigrateReport {
-            from: found,
-            to: SCHEMA_VERSION,
-        })
+        Ok(())
     }
 
     fn fill_migration(&self, template: &str) -> String {
@@ -1010,12 +1048,7 @@ impl Outbox {
             .transaction()
             .await
             .map_err(query_err("starting the adoption"))?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate ' || $1))",
-            &[&self.table.quoted()],
-        )
-        .await
-        .map_err(query_err("taking the migration lock"))?;
+        self.lock_migrations(&tx).await?;
         let types: Vec<(String, String, String)> = tx
             .query(
                 "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typcategory::text
@@ -1146,33 +1179,8 @@ impl Outbox {
             .await
             .map_err(query_err("creating a key index"))?;
         }
-        let versions = self.table.qualify("outbox_relay_schema");
-        tx.batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {versions} (\
-                table_name text PRIMARY KEY, \
-                version integer NOT NULL, \
-                migrated_at timestamptz NOT NULL DEFAULT now())"
-        ))
-        .await
-        .map_err(query_err("creating the schema version table"))?;
-        let found: i32 = tx
-            .query_opt(
-                &format!("SELECT version FROM {versions} WHERE table_name = $1"),
-                &[&self.table.name],
-            )
-            .await
-            .map_err(query_err("reading the schema version"))?
-            .map(|r| r.get(0))
-            .unwrap_or(0);
-        tx.execute(
-            &format!(
-                "INSERT INTO {versions} (table_name, version) VALUES ($1, $2) \
-                 ON CONFLICT (table_name) DO UPDATE SET version = $2, migrated_at = now()"
-            ),
-            &[&self.table.name, &SCHEMA_VERSION],
-        )
-        .await
-        .map_err(query_err("recording the schema version"))?;
+        let found = self.read_version(&tx).await?;
+        self.write_version(&tx).await?;
         tx.commit()
             .await
             .map_err(query_err("committing the adoption"))?;

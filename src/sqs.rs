@@ -5,7 +5,7 @@ use std::time::Duration;
 use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
+use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 
 use crate::batch::BatchRequest;
 use crate::retry::{RequestFailure, Transport};
@@ -113,6 +113,44 @@ impl Sqs {
             })
             .collect();
         Ok(outcomes)
+    }
+}
+
+/// The attributes of a queue that must agree with the relay's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueInfo {
+    /// The largest message the queue accepts, in bytes; `None` if the server did not say.
+    pub maximum_message_size: Option<usize>,
+    pub fifo: bool,
+    pub content_based_deduplication: bool,
+}
+
+impl Sqs {
+    /// Reads the queue's attributes; fails like a send would when the queue is missing or the
+    /// credentials may not use it. `All` rather than a list: SQS refuses FIFO-only attribute
+    /// names on some standard queues.
+    pub async fn queue_attributes(&self, queue_url: &str) -> Result<QueueInfo, RequestFailure> {
+        let output = self
+            .client
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await
+            .map_err(request_failure)?;
+        let attribute = |name: QueueAttributeName| {
+            output
+                .attributes()
+                .and_then(|attrs| attrs.get(&name))
+                .map(String::as_str)
+        };
+        Ok(QueueInfo {
+            maximum_message_size: attribute(QueueAttributeName::MaximumMessageSize)
+                .and_then(|v| v.parse().ok()),
+            fifo: attribute(QueueAttributeName::FifoQueue) == Some("true"),
+            content_based_deduplication: attribute(QueueAttributeName::ContentBasedDeduplication)
+                == Some("true"),
+        })
     }
 }
 

@@ -1,0 +1,597 @@
+//! The relay benchmark: the real `outbox-relay` binary (release build) as a process against a
+//! throwaway PostgreSQL, measured against the database's own ceiling in the same run.
+//!
+//! Run it with `scripts/bench` (installs what is missing, draws the plots); docs/benchmarks.md
+//! says what each scenario measures and what the numbers mean. Knobs, all optional:
+//!
+//! | variable | default | |
+//! |---|---|---|
+//! | `OUTBOX_BENCH_QUICK` | off | `1`: a small run to try the benchmark out |
+//! | `OUTBOX_BENCH_ROWS` | 200000 (quick: 20000) | backlog of each drain and ceiling run |
+//! | `OUTBOX_BENCH_BATCH` | 100 | the relay's `--batch-size`, and the ceiling's batch |
+//! | `OUTBOX_BENCH_WINDOW` | 15 (quick: 5) | seconds a slow run may take before it is cut |
+//! | `OUTBOX_BENCH_STEADY_SECONDS` | 15 (quick: 5) | producer time per steady rate |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady` |
+//! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
+//! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod procstat;
+mod report;
+mod sampler;
+mod sink;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use procstat::Snapshot;
+use report::{CeilingRun, DrainRun, Report, SteadyRun};
+use sampler::Sampler;
+use sink::Sink;
+use support::RelayProcess;
+use workload::Database;
+
+/// What this run does; from the environment, see the table at the top.
+pub struct Settings {
+    pub quick: bool,
+    pub rows: u64,
+    pub batch: usize,
+    /// Runs that cannot finish the backlog in reasonable time stop after this long and
+    /// report the rate they reached.
+    pub window: Duration,
+    pub steady: Duration,
+    pub steady_rates: Vec<u64>,
+    pub sweep: Vec<usize>,
+    pub only: Option<Vec<String>>,
+    pub relay_args: Vec<String>,
+    pub out_dir: PathBuf,
+}
+
+/// The relay's default `--max-in-flight`; the drains run at the defaults unless they sweep.
+const DEFAULT_IN_FLIGHT: usize = 4;
+/// In-region SQS answers SendMessageBatch in about this long.
+const SQS_LATENCY: Duration = Duration::from_millis(15);
+/// Producer connections for the steady runs: one connection commits ~5.5k rows/s at best here.
+const PRODUCER_CONNECTIONS: usize = 8;
+/// A drain that has not finished by then is stuck, not slow.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Settings {
+    fn from_env() -> Settings {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let number = |name: &str, default: u64| -> u64 {
+            var(name).map_or(default, |v| {
+                v.trim()
+                    .replace('_', "")
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{name}={v:?}: expected a whole number"))
+            })
+        };
+        let quick = var("OUTBOX_BENCH_QUICK").is_some_and(|v| v != "0");
+        let (rows, window, steady) = if quick {
+            (20_000, 5, 5)
+        } else {
+            (200_000, 20, 20)
+        };
+        Settings {
+            quick,
+            rows: number("OUTBOX_BENCH_ROWS", rows),
+            batch: number("OUTBOX_BENCH_BATCH", 100) as usize,
+            window: Duration::from_secs(number("OUTBOX_BENCH_WINDOW", window)),
+            steady: Duration::from_secs(number("OUTBOX_BENCH_STEADY_SECONDS", steady)),
+            steady_rates: vec![500, 2_000, 5_000],
+            sweep: if quick {
+                vec![1, 4, 16]
+            } else {
+                vec![1, 2, 4, 8, 16, 32, 64]
+            },
+            only: var("OUTBOX_BENCH_ONLY")
+                .map(|v| v.split(',').map(|s| s.trim().to_string()).collect()),
+            relay_args: var("OUTBOX_BENCH_RELAY_ARGS")
+                .map(|v| v.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default(),
+            out_dir: var("OUTBOX_BENCH_OUT")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| support::repo_root().join("target/bench")),
+        }
+    }
+
+    fn runs(&self, group: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|g| g == group))
+    }
+}
+
+/// Where a drain's relays send.
+#[derive(Clone, Copy, Debug)]
+pub enum Destination {
+    /// The local SQS-compatible server (fauxqs).
+    Fauxqs,
+    /// The minimal sink in this benchmark, answering after this delay.
+    Sink(Duration),
+}
+
+pub struct DrainSpec {
+    pub name: String,
+    pub destination: Destination,
+    pub replicas: usize,
+    pub max_in_flight: usize,
+    /// Queue name ends in `.fifo` (1,000 message groups in every backlog).
+    pub fifo: bool,
+    /// Per-group ordered delivery asked for (`--ordered on`).
+    pub ordered: bool,
+    /// Extra relay flags of this run (e.g. `--ordered`).
+    pub flags: Vec<String>,
+    /// Stop after this long and report the rate reached.
+    pub window: Option<Duration>,
+}
+
+fn main() {
+    let settings = Settings::from_env();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime.block_on(run(settings));
+}
+
+async fn run(settings: Settings) {
+    let started = Instant::now();
+    let relay_help = relay_run_help();
+    let ordered_flag = relay_help.contains("--ordered");
+    let mut report = Report::new(&settings, ordered_flag).await;
+    say(&format!(
+        "outbox-relay benchmark: {} rows per backlog, batch {}, {} mode; relay {}",
+        settings.rows,
+        settings.batch,
+        if settings.quick { "quick" } else { "full" },
+        env!("CARGO_BIN_EXE_outbox-relay"),
+    ));
+
+    if settings.runs("ceiling") {
+        for (ordered, workers) in [(false, 1), (false, 2), (false, 4), (true, 1)] {
+            let database = Database::create().await;
+            report.payload_bytes = database.fill(settings.rows).await;
+            let outbox = if ordered {
+                database.ordered_outbox()
+            } else {
+                std::sync::Arc::clone(&database.outbox)
+            };
+            let before = Snapshot::take();
+            let sampler = Sampler::start(&database.db).await;
+            let c = workload::ceiling(
+                outbox,
+                ordered,
+                settings.batch as i64,
+                workers,
+                settings.rows,
+            )
+            .await;
+            let activity = sampler.finish().await;
+            let cpu = Snapshot::take().since(&before);
+            say(&format!(
+                "ceiling{} batch {} x {} worker(s): {:.0} rows/s (claim {:.2} ms, mark sent {:.2} ms, {:.2} cores busy); connections: {}",
+                if ordered { " (ordered claim)" } else { "" },
+                c.batch,
+                c.workers,
+                c.rows_per_second(),
+                c.claim_ms,
+                c.settle_ms,
+                cpu.busy_cores(c.seconds),
+                activity.summary()
+            ));
+            report.ceilings.push(CeilingRun {
+                cpu,
+                activity,
+                ceiling: c,
+            });
+            database.drop_now().await;
+        }
+    }
+
+    let sink0 = Destination::Sink(Duration::ZERO);
+    let mut drains: Vec<DrainSpec> = Vec::new();
+    if settings.runs("drain") {
+        drains.push(spec("drain, sink 0 ms", sink0, 1, DEFAULT_IN_FLIGHT));
+        // More requests in flight also means more claims in delivery at once (the relay
+        // derives one from the other): does a sink that costs nothing still gain from it?
+        drains.push(spec("drain, sink 0 ms, in-flight 16", sink0, 1, 16));
+        drains.push(spec(
+            "drain, fauxqs",
+            Destination::Fauxqs,
+            1,
+            DEFAULT_IN_FLIGHT,
+        ));
+    }
+    if settings.runs("replicas") {
+        for replicas in [2, 4] {
+            drains.push(spec(
+                &format!("drain, sink 0 ms, {replicas} replicas"),
+                sink0,
+                replicas,
+                DEFAULT_IN_FLIGHT,
+            ));
+        }
+    }
+    if settings.runs("ordered") {
+        // FIFO with per-group ordering, and FIFO without it, to tell the cost of ordering from
+        // the cost of the FIFO fields. Builds before `--ordered` existed only had the latter.
+        let modes: &[bool] = if ordered_flag {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        for &ordered in modes {
+            let mut fifo = spec(
+                match (ordered_flag, ordered) {
+                    (true, true) => "drain, sink 0 ms, FIFO, --ordered on",
+                    (true, false) => "drain, sink 0 ms, FIFO, --ordered off",
+                    (false, _) => "drain, sink 0 ms, FIFO (no --ordered flag)",
+                },
+                sink0,
+                1,
+                DEFAULT_IN_FLIGHT,
+            );
+            fifo.fifo = true;
+            fifo.ordered = ordered;
+            if ordered_flag {
+                fifo.flags = vec![
+                    "--ordered".to_string(),
+                    if ordered { "on" } else { "off" }.to_string(),
+                ];
+            }
+            drains.push(fifo);
+        }
+    }
+    if settings.runs("sweep") {
+        for &in_flight in &settings.sweep {
+            let mut s = spec(
+                &format!("drain, sink 15 ms, in-flight {in_flight}"),
+                Destination::Sink(SQS_LATENCY),
+                1,
+                in_flight,
+            );
+            s.window = Some(settings.window);
+            drains.push(s);
+        }
+    }
+    for spec in drains {
+        let run = drain(&settings, spec).await;
+        say(&format!(
+            "{}: {:.0} events/s ({} in {:.2} s{}), relay {:.2} CPU s/10k events, peak RSS {:.1} MiB, {:.2} cores busy; relay DB connections: {}",
+            run.name,
+            run.events_per_second(),
+            run.sent,
+            run.seconds,
+            if run.cut { ", cut at the window" } else { "" },
+            run.relay_cpu_per_10k(),
+            run.relay_peak_rss_mib,
+            run.busy_cores(),
+            run.activity.summary(),
+        ));
+        report.drains.push(run);
+    }
+
+    if settings.runs("steady") {
+        for &rate in &settings.steady_rates {
+            let run = steady(&settings, rate).await;
+            say(&format!(
+                "steady {} events/s (achieved {:.0}): commit-to-send p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
+                rate, run.achieved_rate, run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms
+            ));
+            report.steady.push(run);
+        }
+    }
+
+    report.seconds = started.elapsed().as_secs_f64();
+    std::fs::create_dir_all(&settings.out_dir).expect("create the output directory");
+    report.write(&settings.out_dir);
+    println!();
+    print!("{}", report.table());
+    say(&format!(
+        "results: {}; whole run {:.0} s",
+        settings.out_dir.join("results.json").display(),
+        report.seconds
+    ));
+}
+
+fn spec(name: &str, destination: Destination, replicas: usize, max_in_flight: usize) -> DrainSpec {
+    DrainSpec {
+        name: name.to_string(),
+        destination,
+        replicas,
+        max_in_flight,
+        fifo: false,
+        ordered: false,
+        flags: Vec::new(),
+        window: None,
+    }
+}
+
+/// Progress goes to stdout with the table; the relays' own log lines go to stderr.
+fn say(line: &str) {
+    println!("{line}");
+}
+
+/// `outbox-relay run --help`, to learn which flags this build has.
+fn relay_run_help() -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args(["run", "--help"])
+        .output()
+        .expect("run outbox-relay run --help");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn relay_args(
+    settings: &Settings,
+    db_url: &str,
+    queue_url: &str,
+    endpoint: &str,
+    relay_id: &str,
+    max_in_flight: usize,
+) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "run",
+        "--database-url",
+        db_url,
+        "--queue-url",
+        queue_url,
+        "--sqs-endpoint-url",
+        endpoint,
+        "--relay-id",
+        relay_id,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--retention",
+        "off",
+        // Long enough that no lease runs out during a run: a takeover would be a different
+        // benchmark.
+        "--lease",
+        "5m",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend([
+        "--batch-size".to_string(),
+        settings.batch.to_string(),
+        "--max-in-flight".to_string(),
+        max_in_flight.to_string(),
+    ]);
+    args.extend(settings.relay_args.iter().cloned());
+    args
+}
+
+/// Sum of `outbox_events_sent_total` over the replicas.
+async fn sent_total(relays: &[RelayProcess]) -> u64 {
+    let mut sum = 0.0;
+    for relay in relays {
+        sum += relay
+            .metric("outbox_events_sent_total")
+            .await
+            .unwrap_or(0.0);
+    }
+    sum as u64
+}
+
+fn check_alive(relays: &[RelayProcess]) {
+    for relay in relays {
+        if let Some(line) = relay
+            .output()
+            .lines()
+            .find(|l| l.contains("ERROR") || l.starts_with("error:"))
+        {
+            panic!(
+                "{} reported an error: {line}\n{}",
+                relay.name(),
+                relay.output()
+            );
+        }
+    }
+}
+
+/// A pre-filled backlog drained by `spec.replicas` relays; timed from the relays' start until
+/// their `outbox_events_sent_total` adds up to the backlog (or the window ends).
+async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
+    let database = Database::create().await;
+    let payload_bytes = database.fill(settings.rows).await;
+    let table_mib_before = database.size_mib().await;
+    let queue = if spec.fifo { "bench.fifo" } else { "bench" };
+    let (sink, queue_url, endpoint) = match spec.destination {
+        Destination::Fauxqs => {
+            let url = support::create_queue(queue, &[]).await;
+            (None, url, support::sqs().endpoint().to_string())
+        }
+        Destination::Sink(delay) => {
+            let sink = Sink::start(delay, false).await;
+            let url = sink.queue_url(queue);
+            let endpoint = sink.endpoint.clone();
+            (Some(sink), url, endpoint)
+        }
+    };
+    let tag = spec.name.replace([' ', ',', '-', '.'], "");
+    let before = Snapshot::take();
+    let started = Instant::now();
+    let relays: Vec<RelayProcess> = (0..spec.replicas)
+        .map(|i| {
+            let id = format!("bench-{tag}-{i}");
+            let mut args = relay_args(
+                settings,
+                &database.db.url,
+                &queue_url,
+                &endpoint,
+                &id,
+                spec.max_in_flight,
+            );
+            args.extend(spec.flags.iter().cloned());
+            RelayProcess::spawn_named(&id, &args, &[])
+        })
+        .collect();
+    let sampler = Sampler::start(&database.db).await;
+    let mut sent;
+    let mut cut = false;
+    let mut half_seconds = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        sent = sent_total(&relays).await;
+        if half_seconds.is_none() && sent * 2 >= settings.rows {
+            half_seconds = Some(started.elapsed().as_secs_f64());
+        }
+        if sent >= settings.rows {
+            break;
+        }
+        let elapsed = started.elapsed();
+        if spec.window.is_some_and(|w| elapsed >= w) {
+            cut = true;
+            break;
+        }
+        check_alive(&relays);
+        if elapsed >= DRAIN_TIMEOUT {
+            let outputs: Vec<String> = relays.iter().map(|r| r.output()).collect();
+            panic!(
+                "{}: only {sent} of {} sent after {DRAIN_TIMEOUT:?}\n{}",
+                spec.name,
+                settings.rows,
+                outputs.join("\n")
+            );
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let relay_cpu: f64 = relays
+        .iter()
+        .filter_map(|r| procstat::cpu_seconds(r.pid()))
+        .sum();
+    let relay_peak_rss_mib = relays
+        .iter()
+        .filter_map(|r| procstat::peak_rss_mib(r.pid()))
+        .fold(0.0, f64::max);
+    let cpu = Snapshot::take().since(&before);
+    let activity = sampler.finish().await;
+    for relay in &relays {
+        relay.sigterm();
+    }
+    for relay in &relays {
+        if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
+            relay.kill9();
+        }
+    }
+    let unsent_after = if cut {
+        None
+    } else {
+        Some(database.unsent().await)
+    };
+    let table_mib_after = database.size_mib().await;
+    let (fifo_behind, fifo_missing_group) = sink.as_ref().map_or((0, 0), Sink::fifo_violations);
+    let received = sink.as_ref().map(Sink::entries);
+    let requests = sink.as_ref().map(Sink::requests);
+    drop(sink);
+    database.drop_now().await;
+    DrainRun {
+        name: spec.name,
+        destination: spec.destination,
+        replicas: spec.replicas,
+        max_in_flight: spec.max_in_flight,
+        fifo: spec.fifo,
+        ordered: spec.ordered,
+        flags: spec.flags,
+        rows: settings.rows,
+        sent,
+        seconds,
+        half_seconds,
+        cut,
+        relay_cpu,
+        relay_peak_rss_mib,
+        cpu,
+        activity,
+        unsent_after,
+        received,
+        requests,
+        fifo_behind,
+        fifo_missing_group,
+        payload_bytes,
+        table_mib_before,
+        table_mib_after,
+    }
+}
+
+/// A producer at `rate` events/s into an empty outbox, one relay on the 0 ms sink; commit-to-
+/// send latency per event, from the producer's clock after COMMIT to the sink's on arrival.
+async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
+    let database = Database::create().await;
+    let sink = Sink::start(Duration::ZERO, true).await;
+    let relay_id = format!("bench-steady-{rate}");
+    let args = relay_args(
+        settings,
+        &database.db.url,
+        &sink.queue_url("bench"),
+        &sink.endpoint,
+        &relay_id,
+        DEFAULT_IN_FLIGHT,
+    );
+    let relay = RelayProcess::spawn_named(&relay_id, &args, &[]);
+    // Ready once it answers /metrics; its LISTEN connection comes up just after that, and
+    // events committed before it would wait for the 1 s poll instead of a wake-up.
+    relay.metric("outbox_events_sent_total").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = Snapshot::take();
+    let relay_cpu_before = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0);
+    let produced =
+        workload::produce(&database.db, rate, settings.steady, PRODUCER_CONNECTIONS).await;
+    let total = produced.commits.len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.arrivals_len() < total && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let relay_cpu = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0) - relay_cpu_before;
+    let relay_peak_rss_mib = procstat::peak_rss_mib(relay.pid()).unwrap_or(0.0);
+    let cpu = Snapshot::take().since(&before);
+    check_alive(std::slice::from_ref(&relay));
+    relay.sigterm();
+    relay.wait_exit(Duration::from_secs(30)).await;
+
+    let mut first_arrival: Vec<Option<Instant>> = vec![None; total];
+    for (n, at) in sink.arrivals() {
+        let slot = (n as usize)
+            .checked_sub(1)
+            .and_then(|i| first_arrival.get_mut(i));
+        if let Some(slot) = slot {
+            if slot.is_none_or(|earlier| at < earlier) {
+                *slot = Some(at);
+            }
+        }
+    }
+    let mut latencies_ms: Vec<f64> = produced
+        .commits
+        .iter()
+        .zip(&first_arrival)
+        .filter_map(|(commit, arrival)| {
+            let (commit, arrival) = ((*commit)?, (*arrival)?);
+            // An event can reach the sink before the producer's COMMIT call returns: the
+            // notification goes out at commit, the reply still has to travel back.
+            Some(if arrival >= commit {
+                (arrival - commit).as_secs_f64() * 1000.0
+            } else {
+                -((commit - arrival).as_secs_f64() * 1000.0)
+            })
+        })
+        .collect();
+    latencies_ms.sort_by(f64::total_cmp);
+    let missing = total - latencies_ms.len();
+    drop(sink);
+    database.drop_now().await;
+    SteadyRun::new(
+        rate,
+        total,
+        produced.seconds,
+        missing,
+        latencies_ms,
+        relay_cpu,
+        relay_peak_rss_mib,
+        cpu,
+    )
+}

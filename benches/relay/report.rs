@@ -1,0 +1,792 @@
+//! Results: the table printed at the end, results.json, and the data files the plots read.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::procstat::Snapshot;
+use crate::sampler::Activity;
+use crate::workload::Ceiling;
+use crate::{support, Destination, Settings, DEFAULT_IN_FLIGHT, SQS_LATENCY};
+
+/// Entries per SendMessageBatch request (SQS's limit, and what the relay packs).
+const ENTRIES_PER_REQUEST: f64 = 10.0;
+
+pub struct CeilingRun {
+    pub ceiling: Ceiling,
+    pub cpu: Snapshot,
+    pub activity: Activity,
+}
+
+pub struct DrainRun {
+    pub name: String,
+    pub destination: Destination,
+    pub replicas: usize,
+    pub max_in_flight: usize,
+    pub fifo: bool,
+    pub ordered: bool,
+    pub flags: Vec<String>,
+    pub rows: u64,
+    pub sent: u64,
+    pub seconds: f64,
+    /// When half the backlog had been sent: a drain whose second half is slower than its
+    /// first pays for what the first half left behind.
+    pub half_seconds: Option<f64>,
+    /// Stopped at the window rather than at the end of the backlog.
+    pub cut: bool,
+    /// utime + stime of all replicas over the run.
+    pub relay_cpu: f64,
+    /// Largest VmHWM among the replicas.
+    pub relay_peak_rss_mib: f64,
+    pub cpu: Snapshot,
+    /// What the relays' database connections were doing, sampled.
+    pub activity: Activity,
+    /// Rows still unsent after a full drain (should be 0).
+    pub unsent_after: Option<i64>,
+    /// Sink only: entries received (duplicates included) and requests.
+    pub received: Option<u64>,
+    pub requests: Option<u64>,
+    pub fifo_behind: u64,
+    pub fifo_missing_group: u64,
+    pub payload_bytes: f64,
+    pub table_mib_before: f64,
+    pub table_mib_after: f64,
+}
+
+impl DrainRun {
+    pub fn events_per_second(&self) -> f64 {
+        self.sent as f64 / self.seconds
+    }
+
+    /// Events/s over the first and the second half of the backlog (full drains only).
+    pub fn halves(&self) -> Option<(f64, f64)> {
+        let half = self.half_seconds.filter(|_| !self.cut)?;
+        let rows = self.rows as f64 / 2.0;
+        Some((rows / half, rows / (self.seconds - half).max(1e-9)))
+    }
+
+    pub fn relay_cpu_per_10k(&self) -> f64 {
+        self.relay_cpu / self.sent.max(1) as f64 * 10_000.0
+    }
+
+    pub fn busy_cores(&self) -> f64 {
+        self.cpu.busy_cores(self.seconds)
+    }
+
+    fn sink_latency(&self) -> Option<Duration> {
+        match self.destination {
+            Destination::Sink(d) => Some(d),
+            Destination::Fauxqs => None,
+        }
+    }
+
+    fn destination_label(&self) -> String {
+        match self.destination {
+            Destination::Fauxqs => "fauxqs".to_string(),
+            Destination::Sink(d) => format!("sink {} ms", d.as_millis()),
+        }
+    }
+
+    /// The reference drain: one relay, defaults, standard queue, sink answering at once.
+    fn is_base(&self) -> bool {
+        self.sink_latency() == Some(Duration::ZERO)
+            && self.replicas == 1
+            && !self.fifo
+            && self.max_in_flight == DEFAULT_IN_FLIGHT
+    }
+
+    fn is_sweep(&self) -> bool {
+        self.sink_latency() == Some(SQS_LATENCY) && self.replicas == 1 && !self.fifo
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "destination": self.destination_label(),
+            "sink_latency_ms": self.sink_latency().map(|d| d.as_millis() as u64),
+            "replicas": self.replicas,
+            "max_in_flight": self.max_in_flight,
+            "fifo": self.fifo,
+            "ordered": self.ordered,
+            "flags": self.flags,
+            "rows": self.rows,
+            "sent": self.sent,
+            "seconds": self.seconds,
+            "cut_at_window": self.cut,
+            "events_per_second": self.events_per_second(),
+            "events_per_second_first_half": self.halves().map(|h| h.0),
+            "events_per_second_second_half": self.halves().map(|h| h.1),
+            "relay_cpu_seconds": self.relay_cpu,
+            "relay_cpu_seconds_per_10k_events": self.relay_cpu_per_10k(),
+            "relay_peak_rss_mib": self.relay_peak_rss_mib,
+            "postgres_cpu_seconds": self.cpu.postgres,
+            "bench_process_cpu_seconds": self.cpu.bench,
+            "fauxqs_cpu_seconds": self.cpu.fauxqs,
+            "other_processes_cpu_seconds": self.cpu.others(self.relay_cpu),
+            "machine_busy_cores": self.busy_cores(),
+            "relay_connections_busy": self.activity.busy(),
+            "relay_connection_samples": self.activity.samples,
+            "relay_connection_waits": self.activity.waits,
+            "unsent_after": self.unsent_after,
+            "sink_entries_received": self.received,
+            "sink_requests": self.requests,
+            "fifo_entries_behind_their_group": self.fifo_behind,
+            "fifo_entries_without_group": self.fifo_missing_group,
+            "payload_bytes_mean": self.payload_bytes,
+            "table_mib_before": self.table_mib_before,
+            "table_mib_after": self.table_mib_after,
+        })
+    }
+}
+
+pub struct SteadyRun {
+    pub rate: u64,
+    pub events: usize,
+    pub achieved_rate: f64,
+    /// Events the sink never saw within the wait.
+    pub missing: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    pub max_ms: f64,
+    /// Sorted commit-to-send latencies, for the CDF.
+    latencies_ms: Vec<f64>,
+    pub relay_cpu: f64,
+    pub relay_peak_rss_mib: f64,
+    pub cpu: Snapshot,
+    pub seconds: f64,
+}
+
+impl SteadyRun {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rate: u64,
+        events: usize,
+        seconds: f64,
+        missing: usize,
+        latencies_ms: Vec<f64>,
+        relay_cpu: f64,
+        relay_peak_rss_mib: f64,
+        cpu: Snapshot,
+    ) -> SteadyRun {
+        let q = |p: f64| quantile(&latencies_ms, p);
+        SteadyRun {
+            rate,
+            events,
+            achieved_rate: events as f64 / seconds,
+            missing,
+            p50_ms: q(0.5),
+            p99_ms: q(0.99),
+            p999_ms: q(0.999),
+            max_ms: latencies_ms.last().copied().unwrap_or(f64::NAN),
+            latencies_ms,
+            relay_cpu,
+            relay_peak_rss_mib,
+            cpu,
+            seconds,
+        }
+    }
+
+    fn relay_cpu_per_10k(&self) -> f64 {
+        self.relay_cpu / self.events.max(1) as f64 * 10_000.0
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "rate": self.rate,
+            "events": self.events,
+            "achieved_rate": self.achieved_rate,
+            "missing": self.missing,
+            "p50_ms": self.p50_ms,
+            "p90_ms": quantile(&self.latencies_ms, 0.9),
+            "p99_ms": self.p99_ms,
+            "p999_ms": self.p999_ms,
+            "max_ms": self.max_ms,
+            "relay_cpu_seconds": self.relay_cpu,
+            "relay_cpu_seconds_per_10k_events": self.relay_cpu_per_10k(),
+            "relay_peak_rss_mib": self.relay_peak_rss_mib,
+            "postgres_cpu_seconds": self.cpu.postgres,
+            "bench_process_cpu_seconds": self.cpu.bench,
+            "other_processes_cpu_seconds": self.cpu.others(self.relay_cpu),
+            "machine_busy_cores": self.cpu.busy_cores(self.seconds),
+        })
+    }
+}
+
+/// Nearest-rank quantile of sorted values.
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub struct Report {
+    meta: Value,
+    pub payload_bytes: f64,
+    pub ceilings: Vec<CeilingRun>,
+    pub drains: Vec<DrainRun>,
+    pub steady: Vec<SteadyRun>,
+    pub seconds: f64,
+    ordered_flag: bool,
+    batch: usize,
+}
+
+struct Target {
+    what: String,
+    goal: String,
+    value: Option<f64>,
+    met: Option<bool>,
+    note: String,
+}
+
+impl Report {
+    pub async fn new(settings: &Settings, ordered_flag: bool) -> Report {
+        let (admin, connection) =
+            tokio_postgres::connect(&support::pg().admin_url(), tokio_postgres::NoTls)
+                .await
+                .expect("connect to the benchmark PostgreSQL");
+        tokio::spawn(connection);
+        let pg_version: String = admin
+            .query_one("SHOW server_version", &[])
+            .await
+            .expect("server version")
+            .get(0);
+        let command = |program: &str, args: &[&str]| {
+            std::process::Command::new(program)
+                .args(args)
+                .current_dir(support::repo_root())
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        let dirty = command("git", &["status", "--porcelain", "--", "src", "sql"])
+            .is_some_and(|s| !s.is_empty());
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cores = cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("processor"))
+            .count();
+        let model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string());
+        Report {
+            meta: json!({
+                "date": command("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
+                "commit": command("git", &["rev-parse", "--short", "HEAD"]),
+                "src_modified_since_commit": dirty,
+                "postgres": pg_version,
+                "cores": cores,
+                "cpu": model,
+                "quick": settings.quick,
+                "rows": settings.rows,
+                "batch_size": settings.batch,
+                "window_seconds": settings.window.as_secs(),
+                "steady_seconds": settings.steady.as_secs(),
+                "extra_relay_args": settings.relay_args,
+                "relay_has_ordered_flag": ordered_flag,
+            }),
+            payload_bytes: 0.0,
+            ceilings: Vec::new(),
+            drains: Vec::new(),
+            steady: Vec::new(),
+            seconds: 0.0,
+            ordered_flag,
+            batch: settings.batch,
+        }
+    }
+
+    fn ceiling(&self, workers: usize) -> Option<f64> {
+        self.ceiling_of(false, workers)
+    }
+
+    fn ceiling_of(&self, ordered: bool, workers: usize) -> Option<f64> {
+        self.ceilings
+            .iter()
+            .find(|c| {
+                c.ceiling.ordered == ordered
+                    && c.ceiling.workers == workers
+                    && c.ceiling.batch == self.batch as i64
+            })
+            .map(|c| c.ceiling.rows_per_second())
+    }
+
+    fn base(&self) -> Option<&DrainRun> {
+        self.drains.iter().find(|d| d.is_base())
+    }
+
+    fn replicas(&self, n: usize) -> Option<&DrainRun> {
+        if n == 1 {
+            return self.base();
+        }
+        self.drains
+            .iter()
+            .find(|d| d.replicas == n && d.sink_latency() == Some(Duration::ZERO) && !d.fifo)
+    }
+
+    /// The FIFO drain with ordering when the relay has it, else the plain FIFO drain.
+    fn ordered(&self) -> Option<&DrainRun> {
+        let fifo = || self.drains.iter().filter(|d| d.fifo);
+        fifo().find(|d| d.ordered).or_else(|| fifo().next())
+    }
+
+    fn fifo_unordered(&self) -> Option<&DrainRun> {
+        self.drains.iter().find(|d| d.fifo && !d.ordered)
+    }
+
+    fn fauxqs(&self) -> Option<&DrainRun> {
+        self.drains
+            .iter()
+            .find(|d| matches!(d.destination, Destination::Fauxqs))
+    }
+
+    fn sweep(&self) -> Vec<&DrainRun> {
+        self.drains.iter().filter(|d| d.is_sweep()).collect()
+    }
+
+    fn sweep_at(&self, in_flight: usize) -> Option<&DrainRun> {
+        self.sweep()
+            .into_iter()
+            .find(|d| d.max_in_flight == in_flight)
+    }
+
+    fn sweep_best(&self) -> Option<&DrainRun> {
+        self.sweep()
+            .into_iter()
+            .max_by(|a, b| a.events_per_second().total_cmp(&b.events_per_second()))
+    }
+
+    fn ratio(a: Option<&DrainRun>, b: Option<f64>) -> Option<f64> {
+        Some(a?.events_per_second() / b?)
+    }
+
+    fn ratios(&self) -> Vec<(String, Option<f64>)> {
+        let c1 = self.ceiling(1);
+        let c4 = self.ceiling(4);
+        let base_rate = self.base().map(DrainRun::events_per_second);
+        let b = self.batch;
+        let mut r = vec![
+            (
+                format!("drain, sink 0 ms ÷ ceiling (batch {b}, 1 worker)"),
+                Self::ratio(self.base(), c1),
+            ),
+            (
+                format!("drain, sink 0 ms ÷ ceiling (batch {b}, 4 workers)"),
+                Self::ratio(self.base(), c4),
+            ),
+            (
+                format!("drain, sink 15 ms, in-flight {DEFAULT_IN_FLIGHT} ÷ ceiling (batch {b}, 1 worker)"),
+                Self::ratio(self.sweep_at(DEFAULT_IN_FLIGHT), c1),
+            ),
+        ];
+        if let Some(best) = self.sweep_best() {
+            r.push((
+                format!(
+                    "drain, sink 15 ms, best (in-flight {}) ÷ ceiling (batch {b}, 1 worker)",
+                    best.max_in_flight
+                ),
+                Self::ratio(Some(best), c1),
+            ));
+        }
+        r.extend([
+            (
+                format!("drain, fauxqs ÷ ceiling (batch {b}, 1 worker)"),
+                Self::ratio(self.fauxqs(), c1),
+            ),
+            (
+                "ordered FIFO ÷ unordered (sink 0 ms)".to_string(),
+                Self::ratio(self.ordered(), base_rate),
+            ),
+            (
+                "FIFO --ordered off ÷ unordered (sink 0 ms)".to_string(),
+                Self::ratio(self.fifo_unordered(), base_rate),
+            ),
+            (
+                format!("ordered FIFO drain ÷ ordered ceiling (batch {b}, 1 worker)"),
+                Self::ratio(self.ordered(), self.ceiling_of(true, 1)),
+            ),
+            (
+                format!("ordered ceiling ÷ ceiling (batch {b}, 1 worker)"),
+                self.ceiling_of(true, 1).zip(c1).map(|(o, u)| o / u),
+            ),
+            (
+                "2 replicas ÷ 1".to_string(),
+                Self::ratio(self.replicas(2), base_rate),
+            ),
+            (
+                "ceiling 2 workers ÷ 1 worker (what the database permits)".to_string(),
+                self.ceiling(2).zip(c1).map(|(two, one)| two / one),
+            ),
+            (
+                "4 replicas ÷ 1".to_string(),
+                Self::ratio(self.replicas(4), base_rate),
+            ),
+            (
+                "4 replicas ÷ ceiling (4 workers)".to_string(),
+                Self::ratio(self.replicas(4), c4),
+            ),
+        ]);
+        r
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        let at_least = |what: &str, goal: f64, value: Option<f64>, note: String| Target {
+            what: what.to_string(),
+            goal: format!("≥ {goal}"),
+            value,
+            met: value.map(|v| v >= goal),
+            note,
+        };
+        let at_most = |what: &str, goal: f64, unit: &str, value: Option<f64>| Target {
+            what: what.to_string(),
+            goal: format!("≤ {goal} {unit}"),
+            value,
+            met: value.map(|v| v <= goal),
+            note: String::new(),
+        };
+        let c1 = self.ceiling(1);
+        let steady_2k = self.steady.iter().find(|s| s.rate == 2_000);
+        let best = self.sweep_best();
+        vec![
+            at_least(
+                "drain ÷ ceiling, sink 0 ms",
+                0.6,
+                Self::ratio(self.base(), c1),
+                "ceiling: same batch, 1 worker (a relay claims and settles on one connection)"
+                    .to_string(),
+            ),
+            at_least(
+                "drain ÷ ceiling, sink 15 ms (default in-flight)",
+                0.5,
+                Self::ratio(self.sweep_at(DEFAULT_IN_FLIGHT), c1),
+                format!(
+                    "bound by in-flight × 10 / 15 ms = {:.0} events/s",
+                    DEFAULT_IN_FLIGHT as f64 * ENTRIES_PER_REQUEST / SQS_LATENCY.as_secs_f64()
+                ),
+            ),
+            at_least(
+                "drain ÷ ceiling, sink 15 ms (best in-flight)",
+                0.5,
+                Self::ratio(best, c1),
+                best.map_or(String::new(), |b| {
+                    format!("--max-in-flight {}", b.max_in_flight)
+                }),
+            ),
+            at_most(
+                "steady 2,000/s: commit-to-send p50",
+                5.0,
+                "ms",
+                steady_2k.map(|s| s.p50_ms),
+            ),
+            at_most(
+                "steady 2,000/s: commit-to-send p99",
+                25.0,
+                "ms",
+                steady_2k.map(|s| s.p99_ms),
+            ),
+            at_least(
+                "ordered FIFO (1,000 groups) ÷ unordered",
+                0.5,
+                Self::ratio(self.ordered(), self.base().map(DrainRun::events_per_second)),
+                if self.ordered_flag {
+                    "--ordered on vs. the standard-queue drain".to_string()
+                } else {
+                    "the relay has no --ordered flag yet: plain FIFO fields only".to_string()
+                },
+            ),
+            at_least(
+                "2 replicas ÷ 1",
+                1.3,
+                Self::ratio(
+                    self.replicas(2),
+                    self.base().map(DrainRun::events_per_second),
+                ),
+                self.ceiling(2).zip(c1).map_or(String::new(), |(two, one)| {
+                    format!("the database itself: 2 connections ÷ 1 = {:.2}", two / one)
+                }),
+            ),
+            at_most(
+                "relay peak RSS during a drain",
+                40.0,
+                "MiB",
+                self.drains
+                    .iter()
+                    .map(|d| d.relay_peak_rss_mib)
+                    .reduce(f64::max),
+            ),
+        ]
+    }
+
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let b = self.batch;
+        let _ = writeln!(
+            t,
+            "### Database ceiling: the relay's claim + mark-sent SQL, no queue ({} rows, ~{:.0}-byte payloads)\n",
+            self.meta["rows"], self.payload_bytes
+        );
+        let _ = writeln!(
+            t,
+            "| claim | batch | workers | rows/s | claim ms | claim ms, first → last tenth | mark sent ms | connections busy | CPU s postgres / bench / others | cores busy |"
+        );
+        let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+        for c in &self.ceilings {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {:.0} | {:.2} | {:.2} → {:.2} | {:.2} | {:.0}% | {:.1} / {:.1} / {:.1} | {:.2} |",
+                if c.ceiling.ordered {
+                    "ordered"
+                } else {
+                    "standard"
+                },
+                c.ceiling.batch,
+                c.ceiling.workers,
+                c.ceiling.rows_per_second(),
+                c.ceiling.claim_ms,
+                c.ceiling.claim_ms_by_tenth.first().copied().unwrap_or(f64::NAN),
+                c.ceiling.claim_ms_by_tenth.last().copied().unwrap_or(f64::NAN),
+                c.ceiling.settle_ms,
+                c.activity.busy() * 100.0,
+                c.cpu.postgres,
+                c.cpu.bench,
+                c.cpu.others(0.0),
+                c.cpu.busy_cores(c.ceiling.seconds)
+            );
+        }
+        let c1 = self.ceiling(1);
+        let _ = writeln!(
+            t,
+            "\n### Drains (relay: --batch-size {b}, standard queue unless FIFO)\n"
+        );
+        let _ = writeln!(
+            t,
+            "| run | in-flight | events/s | ÷ ceiling (1 worker) | 1st → 2nd half events/s | seconds | relay CPU s / 10k | relay peak RSS MiB | relay DB conn busy | CPU s relay / postgres / bench+sink / fauxqs / others | cores busy |"
+        );
+        let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+        for d in &self.drains {
+            let _ = writeln!(
+                t,
+                "| {}{} | {} | {:.0} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0}% | {:.1} / {:.1} / {:.1} / {:.1} / {:.1} | {:.2} |",
+                d.name,
+                if d.cut {
+                    format!(" (cut at {:.0} s: {} sent)", d.seconds, d.sent)
+                } else {
+                    String::new()
+                },
+                d.max_in_flight,
+                d.events_per_second(),
+                fmt_ratio(c1.map(|c| d.events_per_second() / c)),
+                d.halves()
+                    .map_or("—".to_string(), |(a, b)| format!("{a:.0} → {b:.0}")),
+                d.seconds,
+                d.relay_cpu_per_10k(),
+                d.relay_peak_rss_mib,
+                d.activity.busy() * 100.0,
+                d.relay_cpu,
+                d.cpu.postgres,
+                d.cpu.bench,
+                d.cpu.fauxqs,
+                d.cpu.others(d.relay_cpu),
+                d.busy_cores()
+            );
+        }
+        let _ = writeln!(
+            t,
+            "\n### What the relays' database connections did (pg_stat_activity every 20 ms)\n"
+        );
+        let _ = writeln!(t, "| run | samples |");
+        let _ = writeln!(t, "|---|---|");
+        for c in &self.ceilings {
+            let _ = writeln!(
+                t,
+                "| ceiling{}, {} worker(s) | {} |",
+                if c.ceiling.ordered { " (ordered)" } else { "" },
+                c.ceiling.workers,
+                c.activity.summary()
+            );
+        }
+        for d in &self.drains {
+            let _ = writeln!(t, "| {} | {} |", d.name, d.activity.summary());
+        }
+        if !self.steady.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Steady: commit-to-send latency (one relay, sink 0 ms, single-row transactions)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| rate/s | achieved/s | events | p50 ms | p99 ms | p99.9 ms | max ms | missing | relay CPU s / 10k | CPU s others | cores busy |"
+            );
+            let _ = writeln!(
+                t,
+                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            );
+            for s in &self.steady {
+                let _ = writeln!(
+                    t,
+                    "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.1} | {:.2} |",
+                    s.rate,
+                    s.achieved_rate,
+                    s.events,
+                    s.p50_ms,
+                    s.p99_ms,
+                    s.p999_ms,
+                    s.max_ms,
+                    s.missing,
+                    s.relay_cpu_per_10k(),
+                    s.cpu.others(s.relay_cpu),
+                    s.cpu.busy_cores(s.seconds)
+                );
+            }
+        }
+        let _ = writeln!(t, "\n### Ratios (same run)\n");
+        let _ = writeln!(t, "| ratio | value |");
+        let _ = writeln!(t, "|---|---:|");
+        for (what, value) in self.ratios() {
+            let _ = writeln!(t, "| {what} | {} |", fmt_ratio(value));
+        }
+        let _ = writeln!(t, "\n### Targets of issue 5\n");
+        let _ = writeln!(t, "| target | goal | measured | met | note |");
+        let _ = writeln!(t, "|---|---|---:|---|---|");
+        for target in self.targets() {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {} | {} |",
+                target.what,
+                target.goal,
+                target.value.map_or("—".to_string(), |v| format!("{v:.2}")),
+                match target.met {
+                    Some(true) => "yes",
+                    Some(false) => "NO",
+                    None => "not run",
+                },
+                target.note
+            );
+        }
+        t
+    }
+
+    /// results.json, table.md, and the plot data: inflight.tsv, inflight0.tsv, latency_cdf.tsv,
+    /// plot_vars.gp.
+    pub fn write(&self, dir: &Path) {
+        let results = json!({
+            "meta": self.meta,
+            "payload_bytes_mean": self.payload_bytes,
+            "seconds": self.seconds,
+            "ceiling": self.ceilings.iter().map(|c| json!({
+                "ordered": c.ceiling.ordered,
+                "batch": c.ceiling.batch,
+                "workers": c.ceiling.workers,
+                "rows": c.ceiling.rows,
+                "seconds": c.ceiling.seconds,
+                "rows_per_second": c.ceiling.rows_per_second(),
+                "claim_ms": c.ceiling.claim_ms,
+                "mark_sent_ms": c.ceiling.settle_ms,
+                "claim_ms_by_tenth_of_drain": c.ceiling.claim_ms_by_tenth,
+                "postgres_cpu_seconds": c.cpu.postgres,
+                "bench_process_cpu_seconds": c.cpu.bench,
+                "other_processes_cpu_seconds": c.cpu.others(0.0),
+                "machine_busy_cores": c.cpu.busy_cores(c.ceiling.seconds),
+                "connections_busy": c.activity.busy(),
+                "connection_samples": c.activity.samples,
+                "connection_waits": c.activity.waits,
+            })).collect::<Vec<_>>(),
+            "drains": self.drains.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
+            "steady": self.steady.iter().map(SteadyRun::to_json).collect::<Vec<_>>(),
+            "ratios": self.ratios().into_iter().map(|(what, v)| json!({"ratio": what, "value": v})).collect::<Vec<_>>(),
+            "targets": self.targets().into_iter().map(|t| json!({
+                "target": t.what, "goal": t.goal, "value": t.value, "met": t.met, "note": t.note,
+            })).collect::<Vec<_>>(),
+        });
+        write(
+            &dir.join("results.json"),
+            &serde_json::to_string_pretty(&results).expect("results as JSON"),
+        );
+        write(&dir.join("table.md"), &self.table());
+
+        let mut inflight = String::from("# in_flight\tevents_per_s\tlatency_bound_per_s\n");
+        for d in self.sweep() {
+            let bound = d.max_in_flight as f64 * ENTRIES_PER_REQUEST / SQS_LATENCY.as_secs_f64();
+            let _ = writeln!(
+                inflight,
+                "{}\t{:.1}\t{:.1}",
+                d.max_in_flight,
+                d.events_per_second(),
+                bound
+            );
+        }
+        write(&dir.join("inflight.tsv"), &inflight);
+        let mut inflight0 = String::from("# in_flight\tevents_per_s (sink 0 ms, 1 replica)\n");
+        for d in self
+            .drains
+            .iter()
+            .filter(|d| d.sink_latency() == Some(Duration::ZERO) && d.replicas == 1 && !d.fifo)
+        {
+            let _ = writeln!(
+                inflight0,
+                "{}\t{:.1}",
+                d.max_in_flight,
+                d.events_per_second()
+            );
+        }
+        write(&dir.join("inflight0.tsv"), &inflight0);
+
+        // One block per rate (gnuplot `index`), at most ~2,000 points each.
+        let mut cdf = String::new();
+        for s in &self.steady {
+            let _ = writeln!(cdf, "# rate {}\n# latency_ms\tfraction", s.rate);
+            let n = s.latencies_ms.len();
+            let step = (n / 2000).max(1);
+            for i in (0..n)
+                .step_by(step)
+                .chain(std::iter::once(n.saturating_sub(1)))
+            {
+                if n == 0 {
+                    break;
+                }
+                let _ = writeln!(
+                    cdf,
+                    "{:.4}\t{:.6}",
+                    s.latencies_ms[i].max(0.01),
+                    (i + 1) as f64 / n as f64
+                );
+            }
+            cdf.push_str("\n\n");
+        }
+        write(&dir.join("latency_cdf.tsv"), &cdf);
+
+        let mut vars = String::new();
+        let num = |v: Option<f64>| v.filter(|v| v.is_finite()).unwrap_or(0.0);
+        let _ = writeln!(vars, "ceiling1 = {:.1}", num(self.ceiling(1)));
+        let _ = writeln!(vars, "ceiling4 = {:.1}", num(self.ceiling(4)));
+        let _ = writeln!(
+            vars,
+            "drain0 = {:.1}",
+            num(self.base().map(DrainRun::events_per_second))
+        );
+        let _ = writeln!(vars, "batch = {}", self.batch);
+        let _ = writeln!(vars, "steady_blocks = {}", self.steady.len());
+        for (i, s) in self.steady.iter().enumerate() {
+            let _ = writeln!(
+                vars,
+                "steady_title{i} = \"{}/s: p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms\"",
+                s.rate, s.p50_ms, s.p99_ms, s.p999_ms
+            );
+        }
+        write(&dir.join("plot_vars.gp"), &vars);
+    }
+}
+
+fn fmt_ratio(v: Option<f64>) -> String {
+    v.filter(|v| v.is_finite())
+        .map_or("—".to_string(), |v| format!("{v:.2}"))
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}

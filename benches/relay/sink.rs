@@ -1,0 +1,306 @@
+//! A minimal SQS endpoint that only answers SendMessageBatch (JSON protocol), at once or after a
+//! fixed delay. It costs next to nothing, so what a drain against it shows is the relay's and
+//! the database's own limit, and the delay stands in for SQS's in-region round trip.
+//!
+//! Every entry is accepted. The Rust SDK (aws-sdk-sqs 1.119) does not check MD5 digests, and
+//! fills a missing `MD5OfMessageBody` with an empty string, so none is computed here: no digest
+//! crate, no hashing cost charged to the bench process.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// Request heads larger than this are refused; the SDK's are well under 2 KiB.
+const MAX_HEAD: usize = 16 * 1024;
+
+pub struct Sink {
+    pub endpoint: String,
+    state: Arc<State>,
+    accept: JoinHandle<()>,
+}
+
+struct State {
+    delay: Duration,
+    /// Entries received, duplicates included.
+    entries: AtomicU64,
+    requests: AtomicU64,
+    next_message_id: AtomicU64,
+    /// Steady runs only: when each event arrived, keyed by the number in its `event_id`.
+    arrivals: Option<Mutex<Vec<(u64, Instant)>>>,
+    /// FIFO queues only: the highest event number seen per message group, to count entries
+    /// that arrived behind a later event of their group.
+    fifo_order: Mutex<FifoOrder>,
+}
+
+#[derive(Default)]
+struct FifoOrder {
+    last_in_group: HashMap<String, u64>,
+    behind: u64,
+    missing_group_id: u64,
+}
+
+#[derive(Deserialize)]
+struct SendMessageBatch {
+    #[serde(rename = "QueueUrl")]
+    queue_url: String,
+    #[serde(rename = "Entries")]
+    entries: Vec<Entry>,
+}
+
+#[derive(Deserialize)]
+struct Entry {
+    #[serde(rename = "Id")]
+    id: String,
+    #[serde(rename = "MessageGroupId")]
+    group_id: Option<String>,
+    #[serde(rename = "MessageAttributes", default)]
+    attributes: HashMap<String, Attribute>,
+}
+
+#[derive(Deserialize)]
+struct Attribute {
+    #[serde(rename = "StringValue")]
+    string_value: Option<String>,
+}
+
+impl Sink {
+    /// Listens on a loopback port the OS picks. `record_arrivals` keeps a timestamp per event
+    /// (steady runs); drains only count.
+    pub async fn start(delay: Duration, record_arrivals: bool) -> Sink {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind sink");
+        let addr: SocketAddr = listener.local_addr().expect("sink address");
+        let state = Arc::new(State {
+            delay,
+            entries: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+            next_message_id: AtomicU64::new(1),
+            arrivals: record_arrivals.then(|| Mutex::new(Vec::with_capacity(1 << 16))),
+            fifo_order: Mutex::new(FifoOrder::default()),
+        });
+        let accept_state = Arc::clone(&state);
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serve(stream, Arc::clone(&accept_state)));
+            }
+        });
+        Sink {
+            endpoint: format!("http://{addr}"),
+            state,
+            accept,
+        }
+    }
+
+    /// A queue URL on this sink; the name decides standard or FIFO, as on SQS.
+    pub fn queue_url(&self, name: &str) -> String {
+        format!("{}/000000000000/{name}", self.endpoint)
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.state.entries.load(Ordering::Relaxed)
+    }
+
+    pub fn requests(&self) -> u64 {
+        self.state.requests.load(Ordering::Relaxed)
+    }
+
+    /// Entries that reached a FIFO queue behind a later event of the same group, and entries
+    /// without a group ID (SQS would refuse those).
+    pub fn fifo_violations(&self) -> (u64, u64) {
+        let order = self.state.fifo_order.lock().unwrap();
+        (order.behind, order.missing_group_id)
+    }
+
+    /// Arrival times recorded so far (first arrival per event is the one that counts).
+    pub fn arrivals(&self) -> Vec<(u64, Instant)> {
+        match &self.state.arrivals {
+            Some(a) => a.lock().unwrap().clone(),
+            None => Vec::new(),
+        }
+    }
+
+    pub fn arrivals_len(&self) -> usize {
+        self.state
+            .arrivals
+            .as_ref()
+            .map_or(0, |a| a.lock().unwrap().len())
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// One keep-alive connection: read a request, answer it, repeat until the client closes.
+async fn serve(mut stream: TcpStream, state: Arc<State>) {
+    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    loop {
+        let (head_len, content_length, target) = loop {
+            if let Some(end) = find_head_end(&buf) {
+                match parse_head(&buf[..end]) {
+                    Some((len, target)) => break (end, len, target),
+                    None => {
+                        let _ = respond(&mut stream, 400, &error_body("malformed request")).await;
+                        return;
+                    }
+                }
+            }
+            if buf.len() > MAX_HEAD || !read_more(&mut stream, &mut buf).await {
+                return;
+            }
+        };
+        while buf.len() < head_len + content_length {
+            if !read_more(&mut stream, &mut buf).await {
+                return;
+            }
+        }
+        let received = Instant::now();
+        let body = &buf[head_len..head_len + content_length];
+        let (status, answer) = if target == "AmazonSQS.SendMessageBatch" {
+            match serde_json::from_slice::<SendMessageBatch>(body) {
+                Ok(batch) => (200, accept(&state, &batch, received)),
+                Err(e) => (400, error_body(&format!("bad SendMessageBatch body: {e}"))),
+            }
+        } else {
+            (400, error_body(&format!("{target} is not served here")))
+        };
+        buf.drain(..head_len + content_length);
+        if !state.delay.is_zero() {
+            tokio::time::sleep(state.delay).await;
+        }
+        if respond(&mut stream, status, &answer).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn accept(state: &State, batch: &SendMessageBatch, received: Instant) -> String {
+    state.requests.fetch_add(1, Ordering::Relaxed);
+    state
+        .entries
+        .fetch_add(batch.entries.len() as u64, Ordering::Relaxed);
+    let numbers = batch.entries.iter().map(|e| {
+        e.attributes
+            .get("event_id")
+            .and_then(|a| a.string_value.as_deref())
+            .and_then(event_number)
+    });
+    if let Some(arrivals) = &state.arrivals {
+        let mut arrivals = arrivals.lock().unwrap();
+        arrivals.extend(numbers.clone().flatten().map(|n| (n, received)));
+    }
+    if batch.queue_url.ends_with(".fifo") {
+        let mut order = state.fifo_order.lock().unwrap();
+        for (entry, number) in batch.entries.iter().zip(numbers) {
+            let (Some(group), Some(n)) = (&entry.group_id, number) else {
+                order.missing_group_id += 1;
+                continue;
+            };
+            match order.last_in_group.get_mut(group) {
+                Some(last) if *last > n => order.behind += 1,
+                Some(last) => *last = n,
+                None => {
+                    order.last_in_group.insert(group.clone(), n);
+                }
+            }
+        }
+    }
+    let mut out = String::with_capacity(64 + batch.entries.len() * 96);
+    out.push_str("{\"Successful\":[");
+    for (i, entry) in batch.entries.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let id = state.next_message_id.fetch_add(1, Ordering::Relaxed);
+        // Entry IDs are the relay's row ids (digits only), so they need no JSON escaping;
+        // serde_json keeps that true for anything else.
+        out.push_str("{\"Id\":");
+        out.push_str(&serde_json::to_string(&entry.id).expect("string"));
+        out.push_str(&format!(
+            ",\"MessageId\":\"00000000-0000-4000-8000-{id:012x}\"}}"
+        ));
+    }
+    out.push_str("],\"Failed\":[]}");
+    out
+}
+
+/// The number at the end of an event ID such as `bench-1234` or `s2000-17`.
+fn event_number(event_id: &str) -> Option<u64> {
+    event_id.rsplit('-').next()?.parse().ok()
+}
+
+fn error_body(message: &str) -> String {
+    serde_json::json!({"__type": "com.amazonaws.sqs#InvalidParameterValue", "message": message})
+        .to_string()
+}
+
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    let start = buf.len();
+    buf.resize(start + 16 * 1024, 0);
+    match stream.read(&mut buf[start..]).await {
+        Ok(0) | Err(_) => {
+            buf.truncate(start);
+            false
+        }
+        Ok(n) => {
+            buf.truncate(start + n);
+            true
+        }
+    }
+}
+
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
+}
+
+/// Content-Length and X-Amz-Target of a request head. The SDK always sends a sized body.
+fn parse_head(head: &[u8]) -> Option<(usize, String)> {
+    let text = std::str::from_utf8(head).ok()?;
+    let mut lines = text.split("\r\n");
+    let request_line = lines.next()?;
+    if !request_line.starts_with("POST ") {
+        return None;
+    }
+    let mut length = None;
+    let mut target = String::new();
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            length = value.parse().ok();
+        } else if name.eq_ignore_ascii_case("x-amz-target") {
+            target = value.to_string();
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            // Not produced by the SDK for these requests; refusing beats misreading.
+            return None;
+        }
+    }
+    Some((length?, target))
+}
+
+async fn respond(stream: &mut TcpStream, status: u16, body: &str) -> std::io::Result<()> {
+    let reason = if status == 200 { "OK" } else { "Bad Request" };
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\n\
+         Content-Type: application/x-amz-json-1.0\r\n\
+         Content-Length: {}\r\n\
+         x-amzn-RequestId: 00000000-0000-0000-0000-000000000000\r\n\
+         \r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await
+}

@@ -1,0 +1,333 @@
+//! The database side of the benchmark: a fresh outbox per run, the backlog, the ceiling loop
+//! (the relay's own claim and settle SQL with no queue), and the steady producer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_relay::batch::KeyColumn;
+use outbox_relay::outbox::{ClaimMode, Ordered, Outbox, SentRow, Settlement};
+
+use crate::support::{self, TestDb};
+
+/// Message groups (distinct `aggregate_id`s) in every backlog, so the ordered FIFO run and the
+/// unordered runs drain the same rows.
+pub const GROUPS: u64 = 1000;
+
+/// A JSON order event of about 300 bytes, built by PostgreSQL from the event number `{n}`,
+/// so the backlog is written with one INSERT … SELECT and never crosses the wire.
+const PAYLOAD_SQL: &str = "jsonb_build_object(\
+    'order_id', {n}, \
+    'customer_id', 'cus_' || lpad(({n} * 7919 % 1000000)::text, 8, '0'), \
+    'status', 'paid', \
+    'amount', jsonb_build_object('value', {n} * 37 % 100000, 'currency', 'EUR'), \
+    'lines', jsonb_build_array(\
+        jsonb_build_object('sku', 'sku-' || ({n} % 500), 'qty', 1 + {n} % 3, 'unit_price', 1999), \
+        jsonb_build_object('sku', 'sku-' || ({n} % 311), 'qty', 1, 'unit_price', 499)), \
+    'shipping', jsonb_build_object('country', 'DE', 'postcode', lpad(({n} % 99999)::text, 5, '0')), \
+    'paid_at', '2025-01-01T00:00:00Z')";
+
+/// Applications usually propagate a trace context; it becomes one more message attribute.
+const HEADERS_SQL: &str = "jsonb_build_object('traceparent', \
+    '00-' || lpad(to_hex({n}), 32, '0') || '-' || lpad(to_hex({n} * 31), 16, '0') || '-01')";
+
+fn with_n(template: &str, n: &str) -> String {
+    template.replace("{n}", n)
+}
+
+/// A fresh database with a migrated outbox table, dropped when the run ends.
+pub struct Database {
+    pub db: TestDb,
+    pub outbox: Arc<Outbox>,
+}
+
+impl Database {
+    pub async fn create() -> Database {
+        let db = support::fresh_db().await;
+        let outbox = Outbox::new(
+            &db.url,
+            "outbox".parse().expect("table name"),
+            Duration::from_secs(10),
+        )
+        .expect("outbox settings");
+        outbox.migrate(&[]).await.expect("migrate the outbox table");
+        Database {
+            db,
+            outbox: Arc::new(outbox),
+        }
+    }
+
+    /// Writes `rows` unsent events `bench-1` … `bench-{rows}` in one statement, then VACUUM
+    /// ANALYZE so that every run starts from the same state instead of racing autovacuum.
+    /// Returns the mean payload size in bytes.
+    pub async fn fill(&self, rows: u64) -> f64 {
+        let client = self.db.client().await;
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
+                     SELECT 'bench-' || g, 'order', (g % {GROUPS})::text, 'order.paid', {}, {} \
+                     FROM generate_series(1, $1::bigint) AS g",
+                    with_n(PAYLOAD_SQL, "g"),
+                    with_n(HEADERS_SQL, "g"),
+                ),
+                &[&(rows as i64)],
+            )
+            .await
+            .expect("fill the backlog");
+        client
+            .batch_execute("VACUUM ANALYZE outbox")
+            .await
+            .expect("vacuum the backlog");
+        client
+            .query_one(
+                "SELECT coalesce(avg(length(payload::text)), 0)::float8 FROM outbox",
+                &[],
+            )
+            .await
+            .expect("payload size")
+            .get(0)
+    }
+
+    /// The relay's statements in `--ordered on` mode (group key aggregate_id, the default),
+    /// for the ordered ceiling.
+    pub fn ordered_outbox(&self) -> Arc<Outbox> {
+        let outbox = Outbox::new(
+            &self.db.url,
+            "outbox".parse().expect("table name"),
+            Duration::from_secs(10),
+        )
+        .expect("outbox settings")
+        .claim_mode(ClaimMode {
+            ordered: Some(Ordered {
+                key: KeyColumn::AggregateId,
+                skip_poison: false,
+            }),
+            fair: None,
+        });
+        Arc::new(outbox)
+    }
+
+    pub async fn unsent(&self) -> i64 {
+        self.db
+            .client()
+            .await
+            .query_one(
+                "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND quarantined_at IS NULL",
+                &[],
+            )
+            .await
+            .expect("count unsent rows")
+            .get(0)
+    }
+
+    /// Size of the table with its indexes, in MiB.
+    pub async fn size_mib(&self) -> f64 {
+        self.db
+            .client()
+            .await
+            .query_one(
+                "SELECT pg_total_relation_size('outbox')::float8 / 1048576",
+                &[],
+            )
+            .await
+            .expect("table size")
+            .get(0)
+    }
+
+    /// Drops the database so that the next run's disk and cache are not shared with this one.
+    pub async fn drop_now(self) {
+        let admin = tokio_postgres::connect(&support::pg().admin_url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect as admin");
+        let (client, connection) = admin;
+        let driver = tokio::spawn(connection);
+        client
+            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.db.name))
+            .await
+            .expect("drop the benchmark database");
+        drop(client);
+        let _ = driver.await;
+    }
+}
+
+/// One ceiling measurement: claim + mark sent in a tight loop on `workers` connections.
+pub struct Ceiling {
+    /// Claimed with the ordered statement (one row per group, a group's next row only after
+    /// the previous one is sent).
+    pub ordered: bool,
+    pub batch: i64,
+    pub workers: usize,
+    pub rows: u64,
+    pub seconds: f64,
+    /// Mean time of one claim statement, and of one settle (mark sent), in milliseconds.
+    pub claim_ms: f64,
+    pub settle_ms: f64,
+    /// Mean claim time in each tenth of the drain (by rows already claimed): a claim that
+    /// gets slower as the drain goes on is walking what the earlier claims left behind.
+    pub claim_ms_by_tenth: Vec<f64>,
+}
+
+impl Ceiling {
+    pub fn rows_per_second(&self) -> f64 {
+        self.rows as f64 / self.seconds
+    }
+}
+
+/// What one ceiling worker did: rows settled, and for each claim, the rows claimed before it
+/// (by every worker) and how long it took.
+struct WorkerLog {
+    rows: u64,
+    claims: Vec<(u64, Duration)>,
+    settle_time: Duration,
+}
+
+/// Drains the table with the relay's own statements and nothing else: each worker claims
+/// `batch` rows under a lease and marks them all sent, as if SQS had accepted them at once.
+/// `backlog` is the number of rows in the table.
+pub async fn ceiling(
+    outbox: Arc<Outbox>,
+    ordered: bool,
+    batch: i64,
+    workers: usize,
+    backlog: u64,
+) -> Ceiling {
+    let started = Instant::now();
+    let progress = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..workers {
+        let (outbox, progress) = (Arc::clone(&outbox), Arc::clone(&progress));
+        tasks.spawn(async move {
+            let session = outbox.connect().await.expect("connect a ceiling worker");
+            let owner = format!("ceiling-{worker}");
+            let lease = Duration::from_secs(300);
+            let mut log = WorkerLog {
+                rows: 0,
+                claims: Vec::new(),
+                settle_time: Duration::ZERO,
+            };
+            loop {
+                let t = Instant::now();
+                let claimed = session
+                    .claim(&owner, lease, batch)
+                    .await
+                    .expect("ceiling claim");
+                let took = t.elapsed();
+                if claimed.is_empty() {
+                    break;
+                }
+                let before = progress.fetch_add(claimed.len() as u64, Ordering::Relaxed);
+                log.claims.push((before, took));
+                let settlement = Settlement {
+                    sent: claimed
+                        .iter()
+                        .map(|r| SentRow {
+                            id: r.id,
+                            lease_token: r.lease_token,
+                            // As long as an SQS MessageId.
+                            message_id: format!("00000000-0000-4000-8000-{:012x}", r.id),
+                        })
+                        .collect(),
+                    ..Settlement::default()
+                };
+                let t = Instant::now();
+                let settled = session
+                    .settle(&owner, &settlement)
+                    .await
+                    .expect("ceiling settle");
+                log.settle_time += t.elapsed();
+                assert_eq!(
+                    settled.sent,
+                    claimed.len() as u64,
+                    "every claimed row settles"
+                );
+                log.rows += settled.sent;
+            }
+            log
+        });
+    }
+    let (mut rows, mut settle_time) = (0u64, Duration::ZERO);
+    let mut claims: Vec<(u64, Duration)> = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        let log = done.expect("ceiling worker");
+        rows += log.rows;
+        settle_time += log.settle_time;
+        claims.extend(log.claims);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mean_ms = |durations: &[Duration]| {
+        durations.iter().sum::<Duration>().as_secs_f64() * 1000.0 / durations.len().max(1) as f64
+    };
+    let mut tenths: Vec<Vec<Duration>> = vec![Vec::new(); 10];
+    for &(before, took) in &claims {
+        let tenth = (before * 10 / backlog.max(1)).min(9) as usize;
+        tenths[tenth].push(took);
+    }
+    let all: Vec<Duration> = claims.iter().map(|&(_, took)| took).collect();
+    Ceiling {
+        ordered,
+        batch,
+        workers,
+        rows,
+        seconds,
+        claim_ms: mean_ms(&all),
+        settle_ms: settle_time.as_secs_f64() * 1000.0 / claims.len().max(1) as f64,
+        claim_ms_by_tenth: tenths.iter().map(|t| mean_ms(t)).collect(),
+    }
+}
+
+/// What a steady producer did: when each event's transaction had committed.
+pub struct Produced {
+    /// `commits[n - 1]` is when `INSERT … event n` returned (autocommit: after COMMIT).
+    pub commits: Vec<Option<Instant>>,
+    pub seconds: f64,
+}
+
+/// Inserts events `s{rate}-1` … at `rate` per second for `duration`, one row per transaction,
+/// spread over `connections` so that a commit's round trip does not cap the rate. Open loop:
+/// event n is due at start + n / rate whatever happened to the ones before it.
+pub async fn produce(db: &TestDb, rate: u64, duration: Duration, connections: usize) -> Produced {
+    let total = (rate as f64 * duration.as_secs_f64()).round() as u64;
+    let next = Arc::new(AtomicU64::new(1));
+    let start = Instant::now() + Duration::from_millis(20);
+    let insert = format!(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
+         VALUES ($1, 'order', $2, 'order.paid', {}, {})",
+        with_n(PAYLOAD_SQL, "$3::bigint"),
+        with_n(HEADERS_SQL, "$3::bigint"),
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..connections {
+        let client = db.client().await;
+        let (next, insert) = (Arc::clone(&next), insert.clone());
+        tasks.spawn(async move {
+            let statement = client.prepare(&insert).await.expect("prepare insert");
+            let mut done = Vec::new();
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n > total {
+                    return done;
+                }
+                let due = start + Duration::from_secs_f64((n - 1) as f64 / rate as f64);
+                tokio::time::sleep_until(due.into()).await;
+                let event_id = format!("s{rate}-{n}");
+                let group = (n % GROUPS).to_string();
+                client
+                    .execute(&statement, &[&event_id, &group, &(n as i64)])
+                    .await
+                    .expect("steady insert");
+                done.push((n, Instant::now()));
+            }
+        });
+    }
+    let mut commits = vec![None; total as usize];
+    while let Some(done) = tasks.join_next().await {
+        for (n, at) in done.expect("producer") {
+            commits[(n - 1) as usize] = Some(at);
+        }
+    }
+    Produced {
+        commits,
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}

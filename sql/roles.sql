@@ -1,0 +1,97 @@
+-- Least-privilege roles for an outbox table: the relay's and the application's.
+--
+-- The relay reads, leases, settles and (for retention) deletes rows: SELECT, UPDATE, DELETE on
+-- the table and USAGE on its schema, nothing else. It never INSERTs. The application only
+-- INSERTs; the `id` column is GENERATED ALWAYS AS IDENTITY, whose sequence PostgreSQL advances
+-- without checking the inserting role's sequence privileges, so INSERT alone suffices (add
+-- SELECT on the columns it names in a RETURNING clause, if it uses one).
+--
+-- `outbox-relay migrate` creates and upgrades the table and needs its owner's rights: run it
+-- separately (e.g. from the deploy pipeline) as the owner, then this file, as the owner or a
+-- role with CREATEROLE, with psql 15 or later:
+--
+--   OUTBOX_RELAY_PASSWORD=... OUTBOX_APP_PASSWORD=... \
+--   psql "$ADMIN_URL" -v ON_ERROR_STOP=1 -v schema=app -v table=outbox -f sql/roles.sql
+--
+-- Variables (psql -v NAME=VALUE), all optional:
+--   schema          the table's schema                          (default public)
+--   table           the outbox table                            (default outbox)
+--   relay_table     what the relay reads: the table, or for a table adopted with
+--                   `migrate --adopt` the view it created, <table>_relay  (default :table)
+--   relay_role      the relay's login role                      (default outbox_relay)
+--   app_role        the application's role                      (default outbox_app)
+--   relay_password, app_password
+--                   only for roles this file creates; read from OUTBOX_RELAY_PASSWORD and
+--                   OUTBOX_APP_PASSWORD when not given, so no secret is in this file, on a
+--                   command line or in shell history. An existing role keeps its password
+--                   unless one is given.
+-- Every name is quoted as an identifier and every password as a literal by psql (:"x", :'x').
+-- Running it again is harmless.
+
+\set ON_ERROR_STOP on
+
+\if :{?schema}
+\else
+\set schema public
+\endif
+\if :{?table}
+\else
+\set table outbox
+\endif
+\if :{?relay_table}
+\else
+\set relay_table :table
+\endif
+\if :{?relay_role}
+\else
+\set relay_role outbox_relay
+\endif
+\if :{?app_role}
+\else
+\set app_role outbox_app
+\endif
+\if :{?relay_password}
+\else
+\getenv relay_password OUTBOX_RELAY_PASSWORD
+\endif
+\if :{?app_password}
+\else
+\getenv app_password OUTBOX_APP_PASSWORD
+\endif
+
+SELECT current_database() AS database,
+       NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'relay_role') AS create_relay,
+       NOT EXISTS (SELECT FROM pg_roles WHERE rolname = :'app_role') AS create_app
+\gset
+
+BEGIN;
+
+-- The relay.
+\if :create_relay
+\if :{?relay_password}
+CREATE ROLE :"relay_role" LOGIN PASSWORD :'relay_password';
+\else
+DO $$ BEGIN RAISE EXCEPTION 'set OUTBOX_RELAY_PASSWORD (or psql -v relay_password=...) to create the relay role'; END $$;
+\endif
+\elif :{?relay_password}
+ALTER ROLE :"relay_role" LOGIN PASSWORD :'relay_password';
+\endif
+GRANT CONNECT ON DATABASE :"database" TO :"relay_role";
+GRANT USAGE ON SCHEMA :"schema" TO :"relay_role";
+GRANT SELECT, UPDATE, DELETE ON TABLE :"schema".:"relay_table" TO :"relay_role";
+
+-- The application: it writes outbox rows in its own transactions, and nothing more here.
+\if :create_app
+\if :{?app_password}
+CREATE ROLE :"app_role" LOGIN PASSWORD :'app_password';
+\else
+DO $$ BEGIN RAISE EXCEPTION 'set OUTBOX_APP_PASSWORD (or psql -v app_password=...) to create the application role'; END $$;
+\endif
+\elif :{?app_password}
+ALTER ROLE :"app_role" LOGIN PASSWORD :'app_password';
+\endif
+GRANT CONNECT ON DATABASE :"database" TO :"app_role";
+GRANT USAGE ON SCHEMA :"schema" TO :"app_role";
+GRANT INSERT ON TABLE :"schema".:"table" TO :"app_role";
+
+COMMIT;

@@ -1,0 +1,520 @@
+//! `outbox-relay check`: everything `run` would stumble over, tried before it does.
+//!
+//! Takes exactly `run`'s flags, so it checks the configuration that will run. Each check
+//! prints one line as it completes, `ok   <what>` or `FAIL <what>: <how to fix>`. The facts
+//! come from `outbox` (the catalog) and `sqs` (GetQueueAttributes); the verdicts on them are
+//! the pure `judge_*` functions here, unit-tested without a server.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::{Retention, RunArgs, RunConfig};
+use crate::outbox::inspect::{ColumnFacts, TableFacts, RELAY_COLUMNS};
+use crate::outbox::{quote_ident, Outbox, OutboxError};
+use crate::retry::{RequestFailure, Transport};
+use crate::sqs::{QueueInfo, Sqs};
+
+/// One check's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// What was checked, e.g. `table "outbox" exists`.
+    pub what: String,
+    /// `Ok(note)`: passed, with an optional remark; `Err(fix)`: what is wrong and how to fix it.
+    pub result: Result<Option<String>, String>,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // One line each, whatever a server put in its message.
+        let flat = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        match &self.result {
+            Ok(None) => write!(f, "ok   {}", self.what),
+            Ok(Some(note)) => write!(f, "ok   {} ({})", self.what, flat(note)),
+            Err(fix) => write!(f, "FAIL {}: {}", self.what, flat(fix)),
+        }
+    }
+}
+
+/// Prints each verdict as it comes, so a slow check shows where it is.
+#[derive(Default)]
+struct Report {
+    failed: usize,
+}
+
+impl Report {
+    fn add(&mut self, what: impl Into<String>, result: Result<Option<String>, String>) -> bool {
+        let verdict = Verdict {
+            what: what.into(),
+            result,
+        };
+        println!("{verdict}");
+        let ok = verdict.result.is_ok();
+        if !ok {
+            self.failed += 1;
+        }
+        ok
+    }
+}
+
+/// Runs every check; true when all passed.
+pub async fn run(args: &RunArgs) -> bool {
+    let mut report = Report::default();
+    let config = match args.validate() {
+        Ok(config) => {
+            report.add("configuration", Ok(None));
+            config
+        }
+        Err(e) => {
+            // Nothing else can be checked reliably against a configuration that will not run.
+            report.add("configuration", Err(e));
+            return false;
+        }
+    };
+    check_database(&config, &mut report).await;
+    check_queues(&config, &mut report).await;
+    report.failed == 0
+}
+
+async fn check_database(config: &RunConfig, report: &mut Report) {
+    let db = &config.database;
+    let table = db.table.quoted();
+    let outbox = match Outbox::new(&db.url.0, db.table.clone(), db.connect_timeout) {
+        Ok(o) => o
+            .delete_on_ack(config.delete_on_ack)
+            .claim_mode(config.claim_mode.clone()),
+        Err(e) => {
+            report.add("database settings", Err(e.to_string()));
+            return;
+        }
+    };
+    let reachable = format!("database reachable at {}", outbox.target());
+    let facts = match outbox.inspect().await {
+        Err(e @ OutboxError::Connect { .. }) => {
+            report.add(reachable, Err(e.to_string()));
+            return;
+        }
+        Err(e) => {
+            report.add(reachable, Ok(None));
+            report.add(format!("table {table} readable"), Err(e.to_string()));
+            return;
+        }
+        Ok(facts) => {
+            report.add(reachable, Ok(None));
+            facts
+        }
+    };
+    let Some(facts) = facts else {
+        let fix = match &db.adopted {
+            Some(_) => "run `outbox-relay migrate --adopt` with the same --table and --column flags, or fix --table",
+            None => "run `outbox-relay migrate` with the same --table, or fix --table",
+        };
+        report.add(format!("table {table} exists"), Err(fix.to_string()));
+        return;
+    };
+    report.add(format!("table {table} exists"), Ok(None));
+    let shape_ok = report.add(
+        format!("table {table} has the relay's columns and types"),
+        judge_columns(&facts.columns).map(|()| None),
+    );
+    let needs_delete = config.delete_on_ack || config.retention != Retention::Off;
+    report.add(
+        format!(
+            "role {} has the privileges the relay needs on {table}",
+            facts.role
+        ),
+        judge_privileges(&facts, &table, needs_delete),
+    );
+    if shape_ok {
+        // Preparing the relay's own statements finds what the catalog checks cannot: a
+        // missing index for --group-by / --fair-by, or a table the statements do not fit.
+        let prepared = match outbox.connect().await {
+            Ok(_) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        };
+        report.add(
+            format!("the relay's statements prepare on {table}"),
+            prepared,
+        );
+    }
+}
+
+/// Every column of the migration, with a type the relay's statements can use.
+pub fn judge_columns(columns: &[ColumnFacts]) -> Result<(), String> {
+    let mut problems = Vec::new();
+    for (name, kind, _) in RELAY_COLUMNS {
+        match columns.iter().find(|c| c.name == *name) {
+            None => problems.push(format!("{name} ({}) is missing", kind.as_sql())),
+            Some(c) if !kind.accepts(&c.sql_type, &c.category) => problems.push(format!(
+                "{name} is {}, expected {}",
+                c.sql_type,
+                kind.as_sql()
+            )),
+            Some(_) => {}
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{}; run `outbox-relay migrate` (or `migrate --adopt` for an adopted table) to bring it to the current shape",
+        problems.join("; ")
+    ))
+}
+
+/// SELECT on every column, UPDATE on the columns the relay owns, DELETE when sent rows are
+/// deleted (retention or --delete-on-ack), USAGE on the schema; nothing else. What is more than
+/// needed is remarked on, not failed: it works, it is just not least privilege.
+pub fn judge_privileges(
+    facts: &TableFacts,
+    table: &str,
+    needs_delete: bool,
+) -> Result<Option<String>, String> {
+    let relevant = |name: &str| facts.columns.iter().find(|c| c.name == name);
+    let no_select: Vec<&str> = RELAY_COLUMNS
+        .iter()
+        .filter(|(name, _, _)| relevant(name).is_some_and(|c| !c.can_select))
+        .map(|(name, _, _)| *name)
+        .collect();
+    let no_update: Vec<&str> = RELAY_COLUMNS
+        .iter()
+        .filter(|(name, _, updated)| *updated && relevant(name).is_some_and(|c| !c.can_update))
+        .map(|(name, _, _)| *name)
+        .collect();
+    let mut missing = Vec::new();
+    let mut grant = Vec::new();
+    if !no_select.is_empty() {
+        missing.push(format!("SELECT on {}", no_select.join(", ")));
+        grant.push("SELECT");
+    }
+    if !no_update.is_empty() {
+        missing.push(format!("UPDATE on {}", no_update.join(", ")));
+        grant.push("UPDATE");
+    }
+    if needs_delete && !facts.can_delete {
+        missing.push("DELETE (retention deletes sent rows; or set --retention off)".to_string());
+        grant.push("DELETE");
+    }
+    let role = quote_ident(&facts.role);
+    if !facts.schema_usage {
+        missing.push("USAGE on the table's schema".to_string());
+    }
+    if !missing.is_empty() {
+        let mut fix = Vec::new();
+        if !grant.is_empty() {
+            fix.push(format!("GRANT {} ON {table} TO {role};", grant.join(", ")));
+        }
+        if !facts.schema_usage {
+            fix.push(format!(
+                "GRANT USAGE ON SCHEMA <the table's schema> TO {role};"
+            ));
+        }
+        return Err(format!(
+            "missing {}: {} (sql/roles.sql sets up a least-privilege role)",
+            missing.join("; "),
+            fix.join(" ")
+        ));
+    }
+    let note = if facts.superuser {
+        Some("a superuser: it passes every check, so this proves little; run the relay as a role like sql/roles.sql's".to_string())
+    } else if facts.owner {
+        Some(
+            "it owns the table: the relay needs only SELECT, UPDATE and DELETE, see sql/roles.sql"
+                .to_string(),
+        )
+    } else if !facts.extra.is_empty() {
+        Some(format!(
+            "also holds {}, which the relay never uses",
+            facts.extra.join(", ")
+        ))
+    } else {
+        None
+    };
+    Ok(note)
+}
+
+async fn check_queues(config: &RunConfig, report: &mut Report) {
+    let mut queues: Vec<(&str, String)> = vec![(config.queue_url.as_str(), "--queue-url".into())];
+    for (key, url) in &config.plan.routes {
+        if !queues.iter().any(|(u, _)| u == url) {
+            queues.push((url.as_str(), format!("--route {key}=...")));
+        }
+    }
+    // The relay's own send timeout bounds each call, so an unreachable endpoint cannot hang.
+    let sqs = Sqs::new(
+        config.sqs_endpoint.as_deref(),
+        config.send_timeout.max(Duration::from_secs(1)),
+    )
+    .await;
+    for (url, flag) in queues {
+        let info = match sqs.queue_attributes(url).await {
+            Ok(info) => {
+                report.add(format!("queue {url} reachable"), Ok(None));
+                info
+            }
+            Err(failure) => {
+                report.add(
+                    format!("queue {url} reachable"),
+                    Err(explain_queue_failure(&failure, &flag)),
+                );
+                continue;
+            }
+        };
+        report.add(
+            format!("queue {url} accepts messages of --max-request-bytes"),
+            judge_message_size(&info, config.max_request_bytes),
+        );
+        report.add(
+            format!("queue {url} FIFO settings"),
+            judge_fifo(url, &info, &flag),
+        );
+    }
+}
+
+/// How to fix a failed GetQueueAttributes, by what SQS said.
+pub fn explain_queue_failure(failure: &RequestFailure, flag: &str) -> String {
+    let code = failure.code.as_deref().unwrap_or("");
+    let bare = code.rsplit(['.', '#']).next().unwrap_or(code);
+    let fix = match (failure.transport, bare) {
+        (Transport::Construction, _) => {
+            "no usable AWS credentials or region: set AWS_REGION and credentials (environment, profile, web identity or instance role)".to_string()
+        }
+        (Transport::Timeout | Transport::Connection, _) => {
+            "cannot reach SQS: check --sqs-endpoint-url (AWS_ENDPOINT_URL_SQS), the network path and proxies".to_string()
+        }
+        (_, "QueueDoesNotExist" | "NonExistentQueue" | "QueueDeletedRecently") => {
+            format!("the queue does not exist: create it, or fix {flag} (and the region or endpoint)")
+        }
+        (_, "AccessDenied" | "AccessDeniedException" | "KmsAccessDenied") => {
+            "access denied: allow sqs:GetQueueAttributes (for check) and sqs:SendMessage on this queue for the relay's credentials".to_string()
+        }
+        (
+            _,
+            "InvalidClientTokenId" | "UnrecognizedClientException" | "SignatureDoesNotMatch"
+            | "IncompleteSignature" | "MissingAuthenticationToken" | "ExpiredToken"
+            | "ExpiredTokenException" | "RequestExpired",
+        ) => "the AWS credentials were refused: check the access key, secret and session token the credential chain finds".to_string(),
+        _ => "SQS refused GetQueueAttributes".to_string(),
+    };
+    let said = match (&failure.code, failure.status) {
+        (Some(code), _) => format!(" [{code}]"),
+        (None, Some(status)) => format!(" [HTTP {status}]"),
+        (None, None) => String::new(),
+    };
+    format!("{fix}{said}")
+}
+
+/// The queue must take the largest message the relay may send; a message between the two
+/// sizes would be refused as a sender fault and quarantined.
+pub fn judge_message_size(
+    info: &QueueInfo,
+    max_request_bytes: usize,
+) -> Result<Option<String>, String> {
+    match info.maximum_message_size {
+        None => Ok(Some(
+            "the server does not report MaximumMessageSize; not compared".to_string(),
+        )),
+        Some(queue) if queue < max_request_bytes => Err(format!(
+            "the queue's MaximumMessageSize is {queue} bytes, below --max-request-bytes {max_request_bytes}, so messages in between would be quarantined: set --max-request-bytes {queue}, or raise the queue's MaximumMessageSize"
+        )),
+        Some(queue) => Ok(Some(format!(
+            "MaximumMessageSize {queue} >= --max-request-bytes {max_request_bytes}"
+        ))),
+    }
+}
+
+/// A `.fifo` URL turns on the FIFO fields; it must name a FIFO queue, and only then.
+pub fn judge_fifo(url: &str, info: &QueueInfo, flag: &str) -> Result<Option<String>, String> {
+    let by_url = crate::batch::is_fifo(url);
+    match (by_url, info.fifo) {
+        (true, true) => Ok(Some(format!(
+            "FIFO; content-based deduplication {}: the relay sends event_id as the deduplication ID either way",
+            if info.content_based_deduplication { "on" } else { "off" }
+        ))),
+        (false, false) => Ok(Some("standard queue".to_string())),
+        (true, false) => Err(format!(
+            "the URL ends in .fifo but the queue is not FIFO, so the relay would send FIFO fields it refuses: fix {flag}"
+        )),
+        (false, true) => Err(format!(
+            "the queue is FIFO but the URL does not end in .fifo, so the relay would send no MessageGroupId: fix {flag}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(name: &str, sql_type: &str, category: &str) -> ColumnFacts {
+        ColumnFacts {
+            name: name.into(),
+            sql_type: sql_type.into(),
+            category: category.into(),
+            can_select: true,
+            can_update: true,
+        }
+    }
+
+    fn migrated_columns() -> Vec<ColumnFacts> {
+        RELAY_COLUMNS
+            .iter()
+            .map(|(name, kind, _)| match kind.as_sql() {
+                "timestamptz" => column(name, "timestamp with time zone", "D"),
+                "text" => column(name, "text", "S"),
+                "jsonb" => column(name, "jsonb", "U"),
+                other => column(name, other, "N"),
+            })
+            .collect()
+    }
+
+    fn facts() -> TableFacts {
+        TableFacts {
+            role: "relay".into(),
+            superuser: false,
+            owner: false,
+            schema_usage: true,
+            can_delete: true,
+            extra: vec![],
+            columns: migrated_columns(),
+        }
+    }
+
+    #[test]
+    fn the_migrated_shape_passes_and_each_difference_is_named() {
+        assert_eq!(judge_columns(&migrated_columns()), Ok(()));
+        let mut cols = migrated_columns();
+        cols.retain(|c| c.name != "lease_token");
+        cols.iter_mut()
+            .find(|c| c.name == "attempts")
+            .unwrap()
+            .sql_type = "bigint".into();
+        cols.iter_mut()
+            .find(|c| c.name == "event_id")
+            .unwrap()
+            .sql_type = "character varying(128)".into();
+        let err = judge_columns(&cols).unwrap_err();
+        assert!(err.contains("lease_token (bigint) is missing"), "{err}");
+        assert!(
+            err.contains("attempts is bigint, expected integer"),
+            "{err}"
+        );
+        assert!(!err.contains("event_id"), "varchar serves as text: {err}");
+        assert!(err.contains("outbox-relay migrate"), "{err}");
+    }
+
+    #[test]
+    fn missing_privileges_are_named_with_the_grant_that_fixes_them() {
+        assert_eq!(judge_privileges(&facts(), "\"outbox\"", true), Ok(None));
+        let mut select_only = facts();
+        select_only.can_delete = false;
+        for c in &mut select_only.columns {
+            c.can_update = false;
+        }
+        let err = judge_privileges(&select_only, "\"outbox\"", true).unwrap_err();
+        assert!(
+            err.contains("missing UPDATE on available_at, attempts"),
+            "{err}"
+        );
+        assert!(
+            err.contains("GRANT UPDATE, DELETE ON \"outbox\" TO \"relay\";"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("created_at"),
+            "the relay never updates it: {err}"
+        );
+        // Without retention, DELETE is not needed.
+        let err = judge_privileges(&select_only, "\"outbox\"", false).unwrap_err();
+        assert!(!err.contains("DELETE"), "{err}");
+        let mut no_schema = facts();
+        no_schema.schema_usage = false;
+        assert!(judge_privileges(&no_schema, "\"app\".\"outbox\"", true)
+            .unwrap_err()
+            .contains("GRANT USAGE ON SCHEMA"));
+    }
+
+    #[test]
+    fn more_than_needed_passes_with_a_remark() {
+        let mut wide = facts();
+        wide.extra = vec!["INSERT".into(), "TRUNCATE".into()];
+        let note = judge_privileges(&wide, "\"outbox\"", true)
+            .unwrap()
+            .unwrap();
+        assert!(note.contains("INSERT, TRUNCATE"), "{note}");
+        let mut root = facts();
+        root.superuser = true;
+        assert!(judge_privileges(&root, "\"outbox\"", true)
+            .unwrap()
+            .unwrap()
+            .contains("superuser"));
+    }
+
+    #[test]
+    fn the_queue_must_take_our_largest_message() {
+        let info = |size| QueueInfo {
+            maximum_message_size: size,
+            fifo: false,
+            content_based_deduplication: false,
+        };
+        assert!(judge_message_size(&info(Some(1_048_576)), 1_048_576).is_ok());
+        let err = judge_message_size(&info(Some(262_144)), 1_048_576).unwrap_err();
+        assert!(err.contains("set --max-request-bytes 262144"), "{err}");
+        assert!(judge_message_size(&info(None), 1_048_576).is_ok());
+    }
+
+    #[test]
+    fn a_fifo_url_must_name_a_fifo_queue_and_only_then() {
+        let info = |fifo| QueueInfo {
+            maximum_message_size: None,
+            fifo,
+            content_based_deduplication: false,
+        };
+        assert!(judge_fifo("http://q/1/a.fifo", &info(true), "--queue-url").is_ok());
+        assert!(judge_fifo("http://q/1/a", &info(false), "--queue-url").is_ok());
+        assert!(judge_fifo("http://q/1/a.fifo", &info(false), "--queue-url")
+            .unwrap_err()
+            .contains("not FIFO"));
+        assert!(judge_fifo("http://q/1/a", &info(true), "--route order=...")
+            .unwrap_err()
+            .contains("fix --route order=..."));
+    }
+
+    #[test]
+    fn queue_failures_say_what_to_do() {
+        let failure = |transport, code: Option<&str>| RequestFailure {
+            status: Some(400),
+            code: code.map(str::to_string),
+            message: "x".into(),
+            transport,
+        };
+        let missing = explain_queue_failure(
+            &failure(
+                Transport::Response,
+                Some("AWS.SimpleQueueService.NonExistentQueue"),
+            ),
+            "--queue-url",
+        );
+        assert!(missing.starts_with("the queue does not exist: create it, or fix --queue-url"));
+        assert!(
+            explain_queue_failure(&failure(Transport::Response, Some("AccessDenied")), "")
+                .contains("sqs:GetQueueAttributes")
+        );
+        assert!(
+            explain_queue_failure(&failure(Transport::Connection, None), "")
+                .contains("--sqs-endpoint-url")
+        );
+    }
+
+    #[test]
+    fn verdicts_print_on_one_line() {
+        let v = Verdict {
+            what: "queue q reachable".into(),
+            result: Err("line one\nline two".into()),
+        };
+        assert_eq!(v.to_string(), "FAIL queue q reachable: line one line two");
+        let v = Verdict {
+            what: "configuration".into(),
+            result: Ok(None),
+        };
+        assert_eq!(v.to_string(), "ok   configuration");
+    }
+}

@@ -1,0 +1,133 @@
+//! What `outbox-relay check` reads about the table: its columns and the connected role's
+//! privileges. Judging them is `check`'s; this module only asks the catalog.
+
+use super::{query_err, Outbox, OutboxError};
+
+/// How a column must be typed for the relay's statements to work on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnKind {
+    /// `bigint` exactly: read into an i64.
+    Bigint,
+    /// `integer` exactly: read into an i32.
+    Integer,
+    /// Any string type (`text`, `varchar`, ...): read into a String.
+    Text,
+    /// `jsonb` or `json`.
+    Json,
+    /// `timestamp with time zone`: compared with now().
+    Timestamptz,
+}
+
+impl ColumnKind {
+    /// Does a column of this SQL type (as `format_type` writes it, with its `typcategory`)
+    /// serve?
+    pub fn accepts(self, sql_type: &str, category: &str) -> bool {
+        match self {
+            ColumnKind::Bigint => sql_type == "bigint",
+            ColumnKind::Integer => sql_type == "integer",
+            ColumnKind::Text => category == "S",
+            ColumnKind::Json => matches!(sql_type, "jsonb" | "json"),
+            ColumnKind::Timestamptz => sql_type == "timestamp with time zone",
+        }
+    }
+
+    pub fn as_sql(self) -> &'static str {
+        match self {
+            ColumnKind::Bigint => "bigint",
+            ColumnKind::Integer => "integer",
+            ColumnKind::Text => "text",
+            ColumnKind::Json => "jsonb",
+            ColumnKind::Timestamptz => "timestamptz",
+        }
+    }
+}
+
+/// Every column of sql/migrate_v1.sql, whether the relay updates it, and its kind.
+pub const RELAY_COLUMNS: &[(&str, ColumnKind, bool)] = &[
+    ("id", ColumnKind::Bigint, false),
+    ("event_id", ColumnKind::Text, false),
+    ("aggregate_type", ColumnKind::Text, false),
+    ("aggregate_id", ColumnKind::Text, false),
+    ("event_type", ColumnKind::Text, false),
+    ("payload", ColumnKind::Json, false),
+    ("headers", ColumnKind::Json, false),
+    ("queue_url", ColumnKind::Text, false),
+    ("created_at", ColumnKind::Timestamptz, false),
+    ("available_at", ColumnKind::Timestamptz, true),
+    ("attempts", ColumnKind::Integer, true),
+    ("lease_owner", ColumnKind::Text, true),
+    ("lease_until", ColumnKind::Timestamptz, true),
+    ("lease_token", ColumnKind::Bigint, true),
+    ("sent_at", ColumnKind::Timestamptz, true),
+    ("message_id", ColumnKind::Text, true),
+    ("quarantined_at", ColumnKind::Timestamptz, true),
+    ("quarantine_reason", ColumnKind::Text, true),
+    ("last_error", ColumnKind::Text, true),
+];
+
+/// One column as the catalog describes it to the connected role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnFacts {
+    pub name: String,
+    /// As `format_type` writes it, e.g. `timestamp with time zone`.
+    pub sql_type: String,
+    /// `pg_type.typcategory`: `S` for every string type.
+    pub category: String,
+    pub can_select: bool,
+    pub can_update: bool,
+}
+
+/// The table as the connected role sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableFacts {
+    /// `current_user`: the role whose privileges these are.
+    pub role: String,
+    /// A superuser passes every privilege check, which hides what a real deployment lacks.
+    pub superuser: bool,
+    /// The role owns the table (or is a member of its owner), so it holds every privilege.
+    pub owner: bool,
+    pub schema_usage: bool,
+    pub can_delete: bool,
+    /// Table privileges the relay never uses (INSERT, TRUNCATE, ...).
+    pub extra: Vec<String>,
+    pub columns: Vec<ColumnFacts>,
+}
+
+impl Outbox {
+    /// Connects and reads the table's facts; `Ok(None)` when the table does not exist.
+    pub async fn inspect(&self) -> Result<Option<TableFacts>, OutboxError> {
+        let client = self.raw_connect().await?;
+        let name = self.table.quoted();
+        let Some(row) = client
+            .query_opt(include_str!("../../sql/inspect_table.sql"), &[&name])
+            .await
+            .map_err(query_err(
+                "looking up the outbox table and the role's privileges",
+            ))?
+        else {
+            return Ok(None);
+        };
+        let columns = client
+            .query(include_str!("../../sql/inspect_columns.sql"), &[&name])
+            .await
+            .map_err(query_err("reading the outbox table's columns"))?
+            .iter()
+            .map(|r| ColumnFacts {
+                name: r.get(0),
+                sql_type: r.get(1),
+                category: r.get(2),
+                can_select: r.get(3),
+                can_update: r.get(4),
+            })
+            .collect();
+        Ok(Some(TableFacts {
+            role: row.get(0),
+            superuser: row.get(1),
+            owner: row.get(2),
+            schema_usage: row.get(3),
+            can_delete: row.get(4),
+            extra: row.get(5),
+            columns,
+        }))
+    }
+}

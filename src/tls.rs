@@ -1,0 +1,748 @@
+//! TLS to PostgreSQL with libpq's `sslmode` semantics, on rustls.
+//!
+//! tokio-postgres understands `sslmode=disable|prefer|require` only and refuses `verify-ca`,
+//! `verify-full` and `sslrootcert`, so [`split`] takes the TLS settings out of the connection
+//! string before tokio-postgres parses the rest, and [`PgTls`] does what libpq would:
+//!
+//! | sslmode | encrypted | certificate chain checked | host name checked |
+//! |---|---|---|---|
+//! | `disable` | no | | |
+//! | `prefer` (default) | if the server offers TLS | no | no |
+//! | `require` | yes | only when a root certificate is given (then as `verify-ca`) | no |
+//! | `verify-ca` | yes | yes | no |
+//! | `verify-full` | yes | yes | yes |
+//!
+//! The crypto provider is aws-lc-rs, the one the AWS SDK's HTTPS client already links, so the
+//! binary carries one TLS stack.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+
+/// libpq's `sslmode`, minus `allow` (plain first, TLS only if refused), which protects nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(value: &str) -> Result<SslMode, String> {
+        match value {
+            "disable" => Ok(SslMode::Disable),
+            "prefer" => Ok(SslMode::Prefer),
+            "require" => Ok(SslMode::Require),
+            "verify-ca" => Ok(SslMode::VerifyCa),
+            "verify-full" => Ok(SslMode::VerifyFull),
+            "allow" => Err(
+                "sslmode=allow is not supported: use prefer, require, verify-ca or verify-full"
+                    .to_string(),
+            ),
+            // The value is not echoed: a mangled URL could have put anything here.
+            _ => Err(
+                "sslmode must be one of disable, prefer, require, verify-ca, verify-full"
+                    .to_string(),
+            ),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// What tokio-postgres should do on the wire; certificate checks are [`PgTls`]'s.
+    pub fn wire(self) -> tokio_postgres::config::SslMode {
+        match self {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                tokio_postgres::config::SslMode::Require
+            }
+        }
+    }
+}
+
+/// Where the trusted root certificates come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCert {
+    /// A PEM file of one or more CA certificates (`sslrootcert=PATH`, `--db-ca-cert`).
+    File(PathBuf),
+    /// The operating system's trust store (`sslrootcert=system`, as in libpq 16).
+    System,
+}
+
+/// The TLS settings of a connection string.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// `None` when the string does not say; libpq's default is `prefer`.
+    pub mode: Option<SslMode>,
+    pub root_cert: Option<RootCert>,
+}
+
+impl TlsSettings {
+    /// The mode in effect, after libpq's defaults: `prefer`, or `verify-full` with
+    /// `sslrootcert=system`. Refuses combinations libpq refuses, and verification without
+    /// anything to verify against.
+    pub fn effective_mode(&self) -> Result<SslMode, String> {
+        let mode = match (self.mode, &self.root_cert) {
+            (None, Some(RootCert::System)) => SslMode::VerifyFull,
+            (None, _) => SslMode::Prefer,
+            (Some(mode), _) => mode,
+        };
+        match (mode, &self.root_cert) {
+            (SslMode::VerifyCa | SslMode::VerifyFull, None) => Err(format!(
+                "sslmode={} needs the CA certificate that signed the server's: set --db-ca-cert (OUTBOX_DB_CA_CERT) or sslrootcert in --database-url",
+                mode.as_str()
+            )),
+            (m, Some(RootCert::System)) if m != SslMode::VerifyFull => Err(format!(
+                "sslrootcert=system checks the server against public CAs and needs sslmode=verify-full, not {}",
+                m.as_str()
+            )),
+            _ => Ok(mode),
+        }
+    }
+}
+
+/// Takes `sslmode` and `sslrootcert` out of a libpq URL or key=value string (the last of each
+/// wins, as in libpq) and returns the rest, for tokio-postgres, with the settings.
+///
+/// Errors never quote the string: it holds the password.
+pub fn split(conn: &str) -> Result<(String, TlsSettings), String> {
+    let (rest, params) = match url_query(conn) {
+        Some((head, query)) => {
+            let mut kept = Vec::new();
+            let mut params = Vec::new();
+            for pair in query.split('&').filter(|p| !p.is_empty()) {
+                let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+                let key = percent_decode(key)?;
+                if matches!(key.as_str(), "sslmode" | "sslrootcert") {
+                    params.push((key, percent_decode(value)?));
+                } else {
+                    kept.push(pair);
+                }
+            }
+            let rest = if kept.is_empty() {
+                head.to_string()
+            } else {
+                format!("{head}?{}", kept.join("&"))
+            };
+            (rest, params)
+        }
+        None if is_url(conn) => (conn.to_string(), Vec::new()),
+        None => {
+            let mut kept = Vec::new();
+            let mut params = Vec::new();
+            for (key, value, raw) in key_values(conn)? {
+                if matches!(key, "sslmode" | "sslrootcert") {
+                    params.push((key.to_string(), value));
+                } else {
+                    kept.push(raw);
+                }
+            }
+            (kept.join(" "), params)
+        }
+    };
+    let mut settings = TlsSettings::default();
+    for (key, value) in params {
+        if key == "sslmode" {
+            settings.mode = Some(SslMode::parse(&value)?);
+        } else if value == "system" {
+            settings.root_cert = Some(RootCert::System);
+        } else if value.is_empty() {
+            settings.root_cert = None;
+        } else {
+            settings.root_cert = Some(RootCert::File(PathBuf::from(value)));
+        }
+    }
+    Ok((rest, settings))
+}
+
+/// Adds `sslrootcert=PATH` at the end of a connection string, where it overrides any earlier
+/// one (see [`split`]): this is how `--db-ca-cert` reaches the connection.
+pub fn with_root_cert(conn: &str, path: &Path) -> Result<String, String> {
+    let Some(path) = path.to_str() else {
+        return Err("--db-ca-cert must be a UTF-8 path".to_string());
+    };
+    if path.is_empty() {
+        return Err("--db-ca-cert must not be empty".to_string());
+    }
+    if is_url(conn) {
+        let separator = if url_query(conn).is_some() { '&' } else { '?' };
+        return Ok(format!(
+            "{conn}{separator}sslrootcert={}",
+            percent_encode(path)
+        ));
+    }
+    let quoted = path.replace('\\', "\\\\").replace('\'', "\\'");
+    Ok(format!("{} sslrootcert='{quoted}'", conn.trim_end()))
+}
+
+fn is_url(conn: &str) -> bool {
+    conn.starts_with("postgres://") || conn.starts_with("postgresql://")
+}
+
+/// A URL's part before `?` and its query, found the way tokio-postgres finds them: the
+/// credentials end at the first `@`, and the query starts at the first `?` after that.
+fn url_query(conn: &str) -> Option<(&str, &str)> {
+    let prefix = ["postgres://", "postgresql://"]
+        .into_iter()
+        .find(|p| conn.starts_with(p))?;
+    let after_prefix = prefix.len();
+    let after_credentials = conn[after_prefix..]
+        .find('@')
+        .map_or(after_prefix, |at| after_prefix + at + 1);
+    let question = after_credentials + conn[after_credentials..].find('?')?;
+    Some((&conn[..question], &conn[question + 1..]))
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+            if let Ok(b) = u8::from_str_radix(hex, 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8(out)
+        .map_err(|_| "a connection parameter is not valid UTF-8 after percent-decoding".to_string())
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The `key = value` pairs of a libpq key=value string with their raw text, tokenised as
+/// tokio-postgres does (values may be single-quoted; a backslash escapes the next character).
+fn key_values(conn: &str) -> Result<Vec<(&str, String, &str)>, String> {
+    let mut pairs = Vec::new();
+    let mut chars = conn.char_indices().peekable();
+    let skip_ws = |chars: &mut std::iter::Peekable<std::str::CharIndices>| {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+    };
+    loop {
+        skip_ws(&mut chars);
+        let Some(&(start, _)) = chars.peek() else {
+            return Ok(pairs);
+        };
+        while chars
+            .next_if(|(_, c)| !c.is_whitespace() && *c != '=')
+            .is_some()
+        {}
+        let key_end = chars.peek().map_or(conn.len(), |&(i, _)| i);
+        let key = &conn[start..key_end];
+        skip_ws(&mut chars);
+        if chars.next_if(|&(_, c)| c == '=').is_none() {
+            return Err("a keyword without `= value`".to_string());
+        }
+        skip_ws(&mut chars);
+        let mut value = String::new();
+        if chars.next_if(|&(_, c)| c == '\'').is_some() {
+            loop {
+                match chars.next() {
+                    Some((_, '\'')) => break,
+                    Some((_, '\\')) => value.extend(chars.next().map(|(_, c)| c)),
+                    Some((_, c)) => value.push(c),
+                    None => return Err("unterminated quoted value".to_string()),
+                }
+            }
+        } else {
+            while let Some((_, c)) = chars.next_if(|(_, c)| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.extend(chars.next().map(|(_, c)| c));
+                } else {
+                    value.push(c);
+                }
+            }
+            if value.is_empty() {
+                return Err("a keyword without a value".to_string());
+            }
+        }
+        let end = chars.peek().map_or(conn.len(), |&(i, _)| i);
+        pairs.push((key, value, &conn[start..end]));
+    }
+}
+
+/// A tokio-postgres TLS connector honouring libpq's `sslmode` (see the module's table).
+#[derive(Clone)]
+pub struct PgTls {
+    /// `None` with `sslmode=disable`, when tokio-postgres never asks for a handshake.
+    config: Option<Arc<ClientConfig>>,
+    /// Named in errors so the operator knows which file the server's chain failed against.
+    root_cert: Option<RootCert>,
+}
+
+impl fmt::Debug for PgTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgTls")
+            .field("enabled", &self.config.is_some())
+            .field("root_cert", &self.root_cert)
+            .finish()
+    }
+}
+
+impl PgTls {
+    /// Builds the connector, reading the root certificates now so that a missing or unusable
+    /// file stops the start-up rather than the first connection.
+    pub fn new(settings: &TlsSettings) -> Result<PgTls, String> {
+        let mode = settings.effective_mode()?;
+        if mode == SslMode::Disable {
+            return Ok(PgTls {
+                config: None,
+                root_cert: None,
+            });
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let algorithms = provider.signature_verification_algorithms;
+        let roots = match &settings.root_cert {
+            Some(root) => Some(Arc::new(load_roots(root)?)),
+            None => None,
+        };
+        let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("cannot set up TLS: {e}"))?;
+        let config = match (mode, roots) {
+            (SslMode::VerifyFull, Some(roots)) => {
+                builder.with_root_certificates(roots).with_no_client_auth()
+            }
+            // libpq: `require` with a root certificate verifies the chain like `verify-ca`.
+            (SslMode::VerifyCa | SslMode::Require, Some(roots)) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(ChainOnly { roots, algorithms }))
+                .with_no_client_auth(),
+            (SslMode::Prefer, _) | (SslMode::Require, None) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Unverified { algorithms }))
+                .with_no_client_auth(),
+            (SslMode::Disable | SslMode::VerifyCa | SslMode::VerifyFull, _) => {
+                unreachable!(
+                    "effective_mode refuses verification without roots; disable returned early"
+                )
+            }
+        };
+        Ok(PgTls {
+            config: Some(Arc::new(config)),
+            root_cert: settings.root_cert.clone(),
+        })
+    }
+}
+
+fn load_roots(root: &RootCert) -> Result<RootCertStore, String> {
+    let mut store = RootCertStore::empty();
+    match root {
+        RootCert::File(path) => {
+            let shown = path.display();
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("cannot read the database CA certificate {shown}: {e}"))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("cannot read the database CA certificate {shown}: {e}"))?;
+            if certs.is_empty() {
+                return Err(format!(
+                    "the database CA certificate file {shown} holds no PEM certificate"
+                ));
+            }
+            for cert in certs {
+                store.add(cert).map_err(|e| {
+                    format!("the database CA certificate file {shown} holds an unusable certificate: {e}")
+                })?;
+            }
+        }
+        RootCert::System => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = store.add_parsable_certificates(found.certs);
+            if added == 0 {
+                return Err(
+                    "sslrootcert=system: the operating system's trust store has no usable CA certificate"
+                        .to_string(),
+                );
+            }
+        }
+    }
+    Ok(store)
+}
+
+/// `verify-ca`: the chain must lead to a trusted root; the host name is not checked.
+#[derive(Debug)]
+struct ChainOnly {
+    roots: Arc<RootCertStore>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.algorithms.all,
+        )?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// `prefer` and `require` without a root certificate: encryption against passive eavesdropping
+/// only, as in libpq. The handshake's own signatures are still checked, so the session key
+/// belongs to whoever holds the presented certificate's key.
+#[derive(Debug)]
+struct Unverified {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+impl<S> MakeTlsConnect<S> for PgTls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = PgTlsStream<S>;
+    type TlsConnect = PgTlsConnect;
+    type Error = io::Error;
+
+    fn make_tls_connect(&mut self, domain: &str) -> Result<PgTlsConnect, io::Error> {
+        Ok(PgTlsConnect {
+            config: self.config.clone(),
+            // Empty for Unix sockets, where PostgreSQL never offers TLS; the handshake that
+            // would need the name then never happens.
+            server_name: ServerName::try_from(domain.to_string()).ok(),
+            root_cert: self.root_cert.clone(),
+        })
+    }
+}
+
+/// One handshake's worth of [`PgTls`], for one host.
+pub struct PgTlsConnect {
+    config: Option<Arc<ClientConfig>>,
+    server_name: Option<ServerName<'static>>,
+    root_cert: Option<RootCert>,
+}
+
+impl<S> TlsConnect<S> for PgTlsConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = PgTlsStream<S>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<PgTlsStream<S>>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        Box::pin(async move {
+            let config = self
+                .config
+                .ok_or_else(|| io::Error::other("TLS is off (sslmode=disable)"))?;
+            let name = self.server_name.ok_or_else(|| {
+                io::Error::other("no host name to check the server's certificate against")
+            })?;
+            let shown = name.to_str().into_owned();
+            tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+                .map(PgTlsStream)
+                .map_err(|e| explain(e, &shown, self.root_cert.as_ref()))
+        })
+    }
+}
+
+/// Says what a failed certificate check means for the operator, in one line.
+fn explain(e: io::Error, host: &str, root: Option<&RootCert>) -> io::Error {
+    let Some(rustls::Error::InvalidCertificate(cert)) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return e;
+    };
+    let roots = match root {
+        Some(RootCert::File(path)) => format!("the CA certificate in {}", path.display()),
+        Some(RootCert::System) => "the operating system's trusted CAs".to_string(),
+        None => "the root certificate".to_string(),
+    };
+    let text = match cert {
+        CertificateError::UnknownIssuer | CertificateError::BadSignature => format!(
+            "the server's certificate is not signed by {roots}: set --db-ca-cert or sslrootcert to the CA that signed it"
+        ),
+        CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => format!(
+            "the server's certificate is not valid for the host name {host}: connect with a name the certificate lists, or use sslmode=verify-ca to check the chain only"
+        ),
+        CertificateError::Expired | CertificateError::ExpiredContext { .. } => {
+            "the server's certificate has expired: renew it".to_string()
+        }
+        CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. } => {
+            "the server's certificate is not valid yet: check the clocks".to_string()
+        }
+        other => format!("the server's certificate was refused: {other}"),
+    };
+    io::Error::new(io::ErrorKind::InvalidData, text)
+}
+
+/// A TLS session to PostgreSQL.
+pub struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for PgTlsStream<S> {
+    /// No `tls-server-end-point` binding: it needs the hash named by the certificate's
+    /// signature algorithm, and a wrong guess would fail SCRAM authentication outright.
+    /// tokio-postgres then uses plain SCRAM-SHA-256 (`channel_binding=require` is refused).
+    fn channel_binding(&self) -> ChannelBinding {
+        ChannelBinding::none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(conn: &str) -> (String, TlsSettings) {
+        split(conn).unwrap()
+    }
+
+    #[test]
+    fn url_parameters_are_taken_out_and_the_rest_kept() {
+        let (rest, s) = settings(
+            "postgres://u:p%3Fw@db:5432/app?application_name=x&sslmode=verify-full&sslrootcert=%2Fetc%2Fca%20file.pem&connect_timeout=3",
+        );
+        assert_eq!(
+            rest,
+            "postgres://u:p%3Fw@db:5432/app?application_name=x&connect_timeout=3"
+        );
+        assert_eq!(s.mode, Some(SslMode::VerifyFull));
+        assert_eq!(
+            s.root_cert,
+            Some(RootCert::File(PathBuf::from("/etc/ca file.pem")))
+        );
+        let (rest, s) = settings("postgresql://db/app?sslmode=require");
+        assert_eq!(rest, "postgresql://db/app");
+        assert_eq!(s.mode, Some(SslMode::Require));
+        let (rest, s) = settings("postgres://db/app");
+        assert_eq!(rest, "postgres://db/app");
+        assert_eq!(s, TlsSettings::default());
+    }
+
+    #[test]
+    fn a_question_mark_in_the_password_is_not_the_query() {
+        let (rest, s) = settings("postgres://u:pa?ss@db/app");
+        assert_eq!(rest, "postgres://u:pa?ss@db/app");
+        assert_eq!(s.mode, None);
+    }
+
+    #[test]
+    fn key_value_strings_keep_their_other_parameters_verbatim() {
+        let (rest, s) = settings(
+            "host=db password='it\\'s x' sslmode = verify-ca sslrootcert='/tmp/my ca.pem' dbname=app",
+        );
+        // The password is written exactly as it was; tokio-postgres parses it.
+        assert_eq!(rest, "host=db password='it\\'s x' dbname=app");
+        assert_eq!(s.mode, Some(SslMode::VerifyCa));
+        assert_eq!(
+            s.root_cert,
+            Some(RootCert::File(PathBuf::from("/tmp/my ca.pem")))
+        );
+    }
+
+    #[test]
+    fn the_last_setting_wins_so_the_flag_overrides_the_url() {
+        let url = "postgres://u:pw@db/app?sslrootcert=/old.pem&sslmode=verify-full";
+        let merged = with_root_cert(url, Path::new("/new ca.pem")).unwrap();
+        let (rest, s) = settings(&merged);
+        assert_eq!(rest, "postgres://u:pw@db/app");
+        assert_eq!(
+            s.root_cert,
+            Some(RootCert::File(PathBuf::from("/new ca.pem")))
+        );
+        let merged = with_root_cert("postgres://db/app", Path::new("/ca.pem")).unwrap();
+        assert_eq!(merged, "postgres://db/app?sslrootcert=/ca.pem");
+        let merged = with_root_cert("host=db sslrootcert=/old", Path::new("/it's.pem")).unwrap();
+        let (rest, s) = settings(&merged);
+        assert_eq!(rest, "host=db");
+        assert_eq!(
+            s.root_cert,
+            Some(RootCert::File(PathBuf::from("/it's.pem")))
+        );
+    }
+
+    #[test]
+    fn modes_follow_libpq() {
+        let mode = |conn: &str| settings(conn).1.effective_mode();
+        assert_eq!(mode("postgres://db/app"), Ok(SslMode::Prefer));
+        assert_eq!(
+            mode("postgres://db/app?sslrootcert=system"),
+            Ok(SslMode::VerifyFull)
+        );
+        assert_eq!(
+            mode("postgres://db/app?sslmode=require&sslrootcert=/ca"),
+            Ok(SslMode::Require)
+        );
+        let err = mode("postgres://db/app?sslmode=verify-full").unwrap_err();
+        assert!(err.contains("set --db-ca-cert"), "{err}");
+        let err = mode("host=db sslmode=verify-ca").unwrap_err();
+        assert!(err.contains("sslmode=verify-ca needs"), "{err}");
+        assert!(mode("postgres://db/app?sslmode=require&sslrootcert=system").is_err());
+        assert!(split("postgres://db/app?sslmode=allow").is_err());
+    }
+
+    #[test]
+    fn errors_never_quote_the_connection_string() {
+        for bad in [
+            "postgres://u:s3cret@db/app?sslmode=s3cret",
+            "host=db password=s3cret sslmode=s3cret",
+            "host=db password='s3cret",
+            "host=db s3cret",
+        ] {
+            let err = split(bad).unwrap_err();
+            assert!(!err.contains("s3cret"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_missing_ca_file_is_reported_with_its_path() {
+        let s = TlsSettings {
+            mode: Some(SslMode::VerifyFull),
+            root_cert: Some(RootCert::File(PathBuf::from("/nonexistent/ca.pem"))),
+        };
+        let err = PgTls::new(&s).unwrap_err();
+        assert!(
+            err.starts_with("cannot read the database CA certificate /nonexistent/ca.pem"),
+            "{err}"
+        );
+        assert!(PgTls::new(&TlsSettings::default()).is_ok());
+    }
+}

@@ -1,0 +1,415 @@
+//! `outbox-relay check`: one `FAIL` line naming each problem and its fix, exit 0 only when all
+//! pass; and sql/roles.sql gives the relay and the application exactly what they need.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+
+use crate::scenario::{args, events, insert, migrated_db, run_args};
+use crate::support::{
+    create_queue, pg, receive_all, run_to_end, sqs, unique, RelayProcess, TestDb,
+    TEST_SECRET_ACCESS_KEY,
+};
+
+/// The verdict lines of `check`'s output (log lines and anything else left out).
+fn verdicts(output: &str) -> Vec<&str> {
+    output
+        .lines()
+        .filter(|l| l.starts_with("ok   ") || l.starts_with("FAIL "))
+        .collect()
+}
+
+/// `check` with `extra` flags against `db`, reaching the test SQS server.
+async fn check(url: &str, queue_url: &str, extra: &[&str]) -> (Option<i32>, String) {
+    let mut a = args(&[
+        "check",
+        "--database-url",
+        url,
+        "--queue-url",
+        queue_url,
+        "--sqs-endpoint-url",
+        sqs().endpoint(),
+        "--connect-timeout",
+        "5s",
+    ]);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    let (status, output) = run_to_end(&a, &[], Duration::from_secs(60)).await;
+    assert!(
+        !output.contains(pg().password()) && !output.contains(TEST_SECRET_ACCESS_KEY),
+        "a secret leaked:\n{output}"
+    );
+    (status.code(), output)
+}
+
+/// Exit 1 with exactly one FAIL line, which contains every needle; everything else ok.
+fn assert_fails_once(code: Option<i32>, output: &str, needles: &[&str]) {
+    assert_eq!(code, Some(1), "{output}");
+    let lines = verdicts(output);
+    let failed: Vec<&&str> = lines.iter().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(failed.len(), 1, "one FAIL line expected:\n{output}");
+    for needle in needles {
+        assert!(
+            failed[0].contains(needle),
+            "{:?} should say {needle:?}",
+            failed[0]
+        );
+    }
+    assert!(lines.len() > 1, "the other checks still ran:\n{output}");
+}
+
+/// A queue whose MaximumMessageSize equals the `--max-request-bytes` the tests pass.
+const SIZE: &str = "262144";
+
+/// psql from PATH, else from Debian's newest server directory (Debian keeps it there too).
+fn psql() -> PathBuf {
+    let on_path = Command::new("psql").arg("--version").output();
+    if on_path.is_ok_and(|o| o.status.success()) {
+        return PathBuf::from("psql");
+    }
+    let mut debian: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e.file_name().to_str()?.parse().ok()?,
+                e.path().join("bin/psql"),
+            ))
+        })
+        .filter(|(_, psql)| psql.is_file())
+        .collect();
+    debian.sort();
+    debian
+        .pop()
+        .map(|(_, psql)| psql)
+        .expect("psql, the PostgreSQL client, is needed to run sql/roles.sql")
+}
+
+/// Runs sql/roles.sql on `db` as the superuser; passwords come from the environment.
+fn apply_roles(db: &TestDb, vars: &[(&str, &str)], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(psql());
+    cmd.arg(&db.url)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
+        .arg("-f")
+        .arg(crate::support::repo_root().join("sql/roles.sql"));
+    for (k, v) in vars {
+        cmd.arg("-v").arg(format!("{k}={v}"));
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.env_remove("PGPASSWORD")
+        .output()
+        .expect("run psql (the PostgreSQL client)")
+}
+
+/// `db.url` for another role.
+fn url_as(db: &TestDb, role: &str, password: &str) -> String {
+    format!(
+        "postgres://{role}:{password}@127.0.0.1:{}/{}",
+        pg().port(),
+        db.name
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_passes_for_the_roles_sql_relay_role_which_can_relay_what_the_app_role_inserts() {
+    let db = migrated_db().await;
+    let n = unique();
+    let (relay_role, app_role) = (
+        format!("relay_{n}_{}", std::process::id()),
+        format!("app_{n}_{}", std::process::id()),
+    );
+    let (relay_pw, app_pw) = (
+        crate::support::random_hex(12),
+        crate::support::random_hex(12),
+    );
+    let out = apply_roles(
+        &db,
+        &[("relay_role", &relay_role), ("app_role", &app_role)],
+        &[
+            ("OUTBOX_RELAY_PASSWORD", &relay_pw),
+            ("OUTBOX_APP_PASSWORD", &app_pw),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "roles.sql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Idempotent: a second run (passwords kept) changes nothing and does not fail.
+    let out = apply_roles(
+        &db,
+        &[("relay_role", &relay_role), ("app_role", &app_role)],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "roles.sql again: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let queue = create_queue("check-ok", &[("MaximumMessageSize", SIZE)]).await;
+    let fifo = create_queue("check-ok.fifo", &[("MaximumMessageSize", SIZE)]).await;
+    let relay_url = url_as(&db, &relay_role, &relay_pw);
+    let route = format!("invoice={fifo}");
+    let (code, output) = check(
+        &relay_url,
+        &queue,
+        &["--max-request-bytes", SIZE, "--route", &route],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{output}");
+    let lines = verdicts(&output);
+    // configuration, reachable, exists, columns, privileges, statements; 3 per queue.
+    assert_eq!(lines.len(), 6 + 3 * 2, "{output}");
+    assert!(lines.iter().all(|l| l.starts_with("ok   ")), "{output}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(&format!("role {relay_role} has the privileges"))),
+        "{output}"
+    );
+    assert!(
+        !output.contains("never uses"),
+        "roles.sql grants nothing more than needed:\n{output}"
+    );
+    assert!(!output.contains(&relay_pw) && !output.contains(&app_pw));
+
+    // The application's role writes; the relay's role delivers; neither can do the other's job.
+    let app = connect(&url_as(&db, &app_role, &app_pw)).await;
+    insert(&app, &events("roles", 3, 2), Duration::ZERO).await;
+    let err = app
+        .execute("UPDATE outbox SET attempts = 0", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
+    let err = app
+        .query("SELECT event_id FROM outbox", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
+    let relay_client = connect(&relay_url).await;
+    let err = relay_client
+        .execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('x', 'a', '1', 't', '{}')",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(&SqlState::INSUFFICIENT_PRIVILEGE));
+
+    let relay = RelayProcess::spawn(
+        &run_args(
+            &TestDb {
+                name: db.name.clone(),
+                url: relay_url.clone(),
+            },
+            &queue,
+            sqs().endpoint(),
+            &[
+                "--max-request-bytes",
+                SIZE,
+                "--retention",
+                "1s",
+                "--retention-interval",
+                "200ms",
+            ],
+        ),
+        &[],
+    );
+    let received = receive_all(&queue, 3, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 3, "{}", relay.output());
+    // Retention deletes as the relay role too.
+    let admin = db.client().await;
+    crate::support::wait_until(
+        "retention deleted the sent rows",
+        Duration::from_secs(20),
+        || async { crate::scenario::count(&admin, "true").await == 0 },
+    )
+    .await;
+    relay.sigterm();
+    relay
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("relay stops");
+    assert!(!relay.output().contains("ERROR"), "{}", relay.output());
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    tokio::spawn(connection);
+    client
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_on_a_missing_table() {
+    let db = migrated_db().await;
+    let queue = create_queue("check-table", &[("MaximumMessageSize", SIZE)]).await;
+    let (code, output) = check(
+        &db.url,
+        &queue,
+        &["--max-request-bytes", SIZE, "--table", "app.orders_outbox"],
+    )
+    .await;
+    assert_fails_once(
+        code,
+        &output,
+        &[
+            "FAIL table \"app\".\"orders_outbox\" exists:",
+            "run `outbox-relay migrate` with the same --table, or fix --table",
+        ],
+    );
+    // The queue was still checked.
+    assert!(
+        output.contains(&format!("ok   queue {queue} reachable")),
+        "{output}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_on_a_role_without_update() {
+    let db = migrated_db().await;
+    let role = format!("readonly_{}_{}", unique(), std::process::id());
+    let password = crate::support::random_hex(12);
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN PASSWORD '{password}'; GRANT SELECT ON outbox TO {role};"
+        ))
+        .await
+        .unwrap();
+    let queue = create_queue("check-priv", &[("MaximumMessageSize", SIZE)]).await;
+    let (code, output) = check(
+        &url_as(&db, &role, &password),
+        &queue,
+        &["--max-request-bytes", SIZE],
+    )
+    .await;
+    assert_fails_once(
+        code,
+        &output,
+        &[
+            &format!("FAIL role {role} has the privileges the relay needs on \"outbox\":"),
+            "missing UPDATE on available_at, attempts, lease_owner",
+            &format!("GRANT UPDATE, DELETE ON \"outbox\" TO \"{role}\";"),
+        ],
+    );
+    assert!(!output.contains(&password), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_on_a_missing_queue() {
+    let db = migrated_db().await;
+    let missing = format!(
+        "{}/000000000000/never-created-{}",
+        sqs().endpoint(),
+        unique()
+    );
+    let (code, output) = check(&db.url, &missing, &["--max-request-bytes", SIZE]).await;
+    assert_fails_once(
+        code,
+        &output,
+        &[
+            &format!("FAIL queue {missing} reachable:"),
+            "the queue does not exist: create it, or fix --queue-url",
+        ],
+    );
+    // Nothing more is asked of a queue that is not there.
+    assert!(!output.contains("FIFO settings"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_fails_on_a_queue_that_takes_smaller_messages_than_we_send() {
+    let db = migrated_db().await;
+    let small = create_queue("check-small", &[("MaximumMessageSize", "1024")]).await;
+    let (code, output) = check(&db.url, &small, &[]).await;
+    assert_fails_once(
+        code,
+        &output,
+        &[
+            &format!("FAIL queue {small} accepts messages of --max-request-bytes:"),
+            "MaximumMessageSize is 1024 bytes, below --max-request-bytes 1048576",
+            "set --max-request-bytes 1024",
+        ],
+    );
+    // A route is checked the same way as the default queue.
+    let fine = create_queue("check-fine", &[("MaximumMessageSize", SIZE)]).await;
+    let route = format!("invoice={small}");
+    let (code, output) = check(
+        &db.url,
+        &fine,
+        &["--max-request-bytes", SIZE, "--route", &route],
+    )
+    .await;
+    assert_fails_once(code, &output, &[&format!("FAIL queue {small} accepts")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_and_status_read_an_adopted_table_through_its_view() {
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE TABLE outboxevent (
+                 id uuid NOT NULL PRIMARY KEY,
+                 aggregatetype varchar(255) NOT NULL,
+                 aggregateid varchar(255) NOT NULL,
+                 type varchar(255) NOT NULL,
+                 payload jsonb
+             );
+             INSERT INTO outboxevent VALUES (gen_random_uuid(), 'order', '1', 'OrderCreated', '{}')",
+        )
+        .await
+        .unwrap();
+    let columns = [
+        "--table",
+        "outboxevent",
+        "--column",
+        "event_id=id",
+        "--column",
+        "aggregate_type=aggregatetype",
+        "--column",
+        "aggregate_id=aggregateid",
+        "--column",
+        "event_type=type",
+    ];
+    let queue = create_queue("check-adopted", &[("MaximumMessageSize", SIZE)]).await;
+    let mut flags = vec!["--max-request-bytes", SIZE];
+    flags.extend(columns);
+
+    // Not adopted yet: the view is missing, and the fix says how to make it.
+    let (code, output) = check(&db.url, &queue, &flags).await;
+    assert_fails_once(
+        code,
+        &output,
+        &["FAIL table \"outboxevent_relay\" exists: run `outbox-relay migrate --adopt`"],
+    );
+
+    let mut migrate = args(&["migrate", "--adopt", "--database-url", &db.url]);
+    migrate.extend(columns.iter().map(|s| s.to_string()));
+    let (status, output) = run_to_end(&migrate, &[], Duration::from_secs(30)).await;
+    assert!(status.success(), "{output}");
+
+    let (code, output) = check(&db.url, &queue, &flags).await;
+    assert_eq!(code, Some(0), "{output}");
+    assert!(
+        verdicts(&output).iter().all(|l| l.starts_with("ok   ")),
+        "{output}"
+    );
+
+    let mut status_args = args(&["status", "--json", "--database-url", &db.url]);
+    status_args.extend(columns.iter().map(|s| s.to_string()));
+    let (status, output) = run_to_end(&status_args, &[], Duration::from_secs(30)).await;
+    assert!(status.success(), "{output}");
+    assert!(output.contains("\"unsent\":1"), "{output}");
+    assert!(
+        output.contains("\"table\":\"\\\"outboxevent_relay\\\"\""),
+        "{output}"
+    );
+}
