@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig};
-use crate::outbox::{ClaimMode, ColumnMap, Ordered, TableName};
+use crate::outbox::{ClaimMode, ColumnMap, KeyIndex, Ordered, TableName};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -165,8 +165,10 @@ pub struct MigrateArgs {
 
 impl MigrateArgs {
     /// The keys whose (key, id) index `migrate` creates besides the default one.
-    pub fn keys(&self) -> Vec<KeyColumn> {
-        self.group_by.iter().chain(&self.fair_by).cloned().collect()
+    pub fn keys(&self) -> Vec<(KeyColumn, KeyIndex)> {
+        let order = self.group_by.iter().map(|k| (k.clone(), KeyIndex::Order));
+        let fair = self.fair_by.iter().map(|k| (k.clone(), KeyIndex::Fair));
+        order.chain(fair).collect()
     }
 }
 

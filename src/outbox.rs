@@ -407,6 +407,41 @@ fn key_sql(key: &KeyColumn, alias: Option<&str>) -> String {
     }
 }
 
+/// The two (key, id) indexes a claim mode may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyIndex {
+    /// Ordered delivery: over every row, so that "the row just before this one in its group"
+    /// is one step in the index, however many of the group's rows were sent before.
+    Order,
+    /// Fair claiming: over rows not yet sent, so that walking the distinct keys never visits
+    /// keys whose rows are all sent.
+    Fair,
+}
+
+impl KeyIndex {
+    fn prefix(self) -> &'static str {
+        match self {
+            KeyIndex::Order => "order",
+            KeyIndex::Fair => "key",
+        }
+    }
+
+    /// The `migrate` flag that creates it.
+    fn flag(self) -> &'static str {
+        match self {
+            KeyIndex::Order => "--group-by",
+            KeyIndex::Fair => "--fair-by",
+        }
+    }
+
+    fn predicate(self) -> &'static str {
+        match self {
+            KeyIndex::Order => "",
+            KeyIndex::Fair => " WHERE sent_at IS NULL",
+        }
+    }
+}
+
 /// Rows an ordered claim looks at, at most: enough to find a claim's worth of group heads
 /// when groups interleave, and a bound on the probes when a few groups hold a long backlog.
 fn ordered_window(limit: i64) -> i64 {
@@ -637,13 +672,14 @@ impl Outbox {
     async fn check_key_indexes(&self, client: &Client) -> Result<(), OutboxError> {
         let mut needed = Vec::new();
         if let Some(o) = &self.mode.ordered {
-            needed.push((&o.key, "--group-by"));
+            needed.push((&o.key, KeyIndex::Order));
         }
         if let Some(k) = &self.mode.fair {
-            needed.push((k, "--fair-by"));
+            needed.push((k, KeyIndex::Fair));
         }
-        for (key, flag) in needed {
-            let index = self.table.qualify(&self.key_index_name(key));
+        for (key, kind) in needed {
+            let flag = kind.flag();
+            let index = self.table.qualify(&self.key_index_name(key, kind));
             let found = client
                 .query_one("SELECT to_regclass($1) IS NOT NULL", &[&index])
                 .await
@@ -659,8 +695,19 @@ impl Outbox {
         Ok(())
     }
 
-    fn key_index_name(&self, key: &KeyColumn) -> String {
-        self.table.derived(&format!("key_{}_idx", key.slug()))
+    fn key_index_name(&self, key: &KeyColumn, kind: KeyIndex) -> String {
+        self.table
+            .derived(&format!("{}_{}_idx", kind.prefix(), key.slug()))
+    }
+
+    /// The default group key's order index, plus the ones asked for.
+    fn with_default_index(keys: &[(KeyColumn, KeyIndex)]) -> Vec<(KeyColumn, KeyIndex)> {
+        let mut keys = keys.to_vec();
+        let default = (KeyColumn::AggregateId, KeyIndex::Order);
+        if !keys.contains(&default) {
+            keys.insert(0, default);
+        }
+        keys
     }
 
     /// The NOTIFY channel of the table's trigger; fails clearly when the table is missing.
@@ -680,7 +727,10 @@ impl Outbox {
 
     /// Creates or upgrades the table, its indexes and wake-up trigger. Safe to run again and
     /// from several processes at once (an advisory lock serialises them).
-    pub async fn migrate(&self, keys: &[KeyColumn]) -> Result<MigrateReport, OutboxError> {
+    pub async fn migrate(
+        &self,
+        keys: &[(KeyColumn, KeyIndex)],
+    ) -> Result<MigrateReport, OutboxError> {
         let mut client = self.raw_connect().await?;
         let tx = client
             .transaction()
@@ -707,16 +757,12 @@ impl Outbox {
                 .await
                 .map_err(query_err("applying a migration step"))?;
         }
-        // The group key index for the default --group-by always, plus any the caller asks for.
-        let mut keys = keys.to_vec();
-        if !keys.contains(&KeyColumn::AggregateId) {
-            keys.insert(0, KeyColumn::AggregateId);
-        }
-        for key in &keys {
+        for (key, kind) in Self::with_default_index(keys) {
             let ddl = include_str!("../sql/key_index.sql")
                 .replace("{table}", &self.table.quoted())
-                .replace("{index}", &quote_ident(&self.key_index_name(key)))
-                .replace("{key_bare}", &key_sql(key, None));
+                .replace("{index}", &quote_ident(&self.key_index_name(&key, kind)))
+                .replace("{key_bare}", &key_sql(&key, None))
+                .replace("{predicate}", kind.predicate());
             tx.batch_execute(&ddl)
                 .await
                 .map_err(query_err("creating a key index"))?;
@@ -932,18 +978,22 @@ pub struct QuarantineEntry {
 
 /// The claim statement for a mode: the candidates part of the mode, then the shared UPDATE.
 fn claim_sql(table: &str, mode: &ClaimMode) -> String {
-    // "c is the first unsent row of its group", as a correlated scalar subquery: unlike NOT
-    // EXISTS it cannot be turned into a hash anti-join over the whole backlog when statistics
-    // are missing (a freshly filled table), so each candidate costs one probe of the key index.
-    // The range comparison keeps the planner on that index (see claim_candidates_fair.sql).
+    // "The row just before c in its group is done": sent (or, with --on-poison skip, also
+    // quarantined), or there is none. One step back in the group's order index, so the probe
+    // costs the same however many of the group's rows were sent before — a probe for the first
+    // unsent row instead walks every dead index entry the group's sent rows left behind. As a
+    // correlated scalar subquery it cannot become a hash anti-join over the backlog when
+    // statistics are missing; the range comparison keeps the planner on the (key, id) index
+    // (see claim_candidates_fair.sql).
     let ordered_filter = match &mode.ordered {
         Some(o) => {
             let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
             format!(
-                "AND c.id = (SELECT p.id FROM {table} AS p WHERE {p} >= {c} AND {p} <= {c} \
-                 AND p.sent_at IS NULL{} ORDER BY {p}, p.id LIMIT 1)",
+                "AND coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
+                 WHERE {p} >= {c} AND {p} <= {c} AND p.id < c.id \
+                 ORDER BY {p} DESC, p.id DESC LIMIT 1), true)",
                 if o.skip_poison {
-                    " AND p.quarantined_at IS NULL"
+                    " OR p.quarantined_at IS NOT NULL"
                 } else {
                     ""
                 },
@@ -1041,7 +1091,7 @@ impl Outbox {
         &self,
         base: &TableName,
         map: &ColumnMap,
-        keys: &[KeyColumn],
+        keys: &[(KeyColumn, KeyIndex)],
     ) -> Result<MigrateReport, OutboxError> {
         let mut client = self.raw_connect().await?;
         let tx = client
@@ -1157,12 +1207,8 @@ impl Outbox {
         tx.batch_execute(&ddl)
             .await
             .map_err(query_err("adopting the table"))?;
-        let mut keys = keys.to_vec();
-        if !keys.contains(&KeyColumn::AggregateId) {
-            keys.insert(0, KeyColumn::AggregateId);
-        }
-        for key in &keys {
-            let expression = match key {
+        for (key, kind) in Self::with_default_index(keys) {
+            let expression = match &key {
                 KeyColumn::AggregateId => aggregate_id.clone(),
                 KeyColumn::AggregateType => aggregate_type.clone(),
                 KeyColumn::EventType => event_type.clone(),
@@ -1171,10 +1217,11 @@ impl Outbox {
                 }
             };
             tx.batch_execute(&format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {} (({expression}), {}) WHERE sent_at IS NULL",
-                quote_ident(&self.key_index_name(key)),
+                "CREATE INDEX IF NOT EXISTS {} ON {} (({expression}), {}){}",
+                quote_ident(&self.key_index_name(&key, kind)),
                 base.quoted(),
                 quote_ident(&map.id),
+                kind.predicate(),
             ))
             .await
             .map_err(query_err("creating a key index"))?;
