@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `OUTBOX_BENCH_QUICK` | off | `1`: a small run to try the benchmark out |
 //! | `OUTBOX_BENCH_ROWS` | 200000 (quick: 20000) | backlog of each drain and ceiling run |
-//! | `OUTBOX_BENCH_BATCH` | 100 | the relay's `--batch-size`, and the ceiling's batch |
+//! | `OUTBOX_BENCH_BATCH` | the relay's `--batch-size` default | every relay's `--batch-size`, and the ceiling's batch |
 //! | `OUTBOX_BENCH_WINDOW` | 15 (quick: 5) | seconds a slow run may take before it is cut |
 //! | `OUTBOX_BENCH_STEADY_SECONDS` | 15 (quick: 5) | producer time per steady rate |
 //! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady` |
@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use procstat::Snapshot;
-use report::{CeilingRun, DrainRun, Report, SteadyRun};
+use report::{CeilingRun, DrainRun, Report, SteadyInput, SteadyRun};
 use sampler::Sampler;
 use sink::Sink;
 use support::RelayProcess;
@@ -38,7 +38,11 @@ use workload::Database;
 pub struct Settings {
     pub quick: bool,
     pub rows: u64,
+    /// `--batch-size` of every relay and the ceiling's batch: the relay's default unless
+    /// `OUTBOX_BENCH_BATCH` says otherwise.
     pub batch: usize,
+    /// The relay's default `--max-in-flight`; drains run at it unless they sweep.
+    pub in_flight: usize,
     /// Runs that cannot finish the backlog in reasonable time stop after this long and
     /// report the rate they reached.
     pub window: Duration,
@@ -50,8 +54,6 @@ pub struct Settings {
     pub out_dir: PathBuf,
 }
 
-/// The relay's default `--max-in-flight`; the drains run at the defaults unless they sweep.
-const DEFAULT_IN_FLIGHT: usize = 4;
 /// In-region SQS answers SendMessageBatch in about this long.
 const SQS_LATENCY: Duration = Duration::from_millis(15);
 /// Producer connections for the steady runs: one connection commits ~5.5k rows/s at best here.
@@ -60,7 +62,7 @@ const PRODUCER_CONNECTIONS: usize = 8;
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl Settings {
-    fn from_env() -> Settings {
+    fn from_env(relay_help: &str) -> Settings {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let number = |name: &str, default: u64| -> u64 {
             var(name).map_or(default, |v| {
@@ -74,12 +76,16 @@ impl Settings {
         let (rows, window, steady) = if quick {
             (20_000, 5, 5)
         } else {
-            (200_000, 20, 20)
+            (200_000, 15, 15)
         };
         Settings {
             quick,
             rows: number("OUTBOX_BENCH_ROWS", rows),
-            batch: number("OUTBOX_BENCH_BATCH", 100) as usize,
+            batch: number(
+                "OUTBOX_BENCH_BATCH",
+                help_default(relay_help, "--batch-size").unwrap_or(100),
+            ) as usize,
+            in_flight: help_default(relay_help, "--max-in-flight").unwrap_or(4) as usize,
             window: Duration::from_secs(number("OUTBOX_BENCH_WINDOW", window)),
             steady: Duration::from_secs(number("OUTBOX_BENCH_STEADY_SECONDS", steady)),
             steady_rates: vec![500, 2_000, 5_000],
@@ -131,7 +137,7 @@ pub struct DrainSpec {
 }
 
 fn main() {
-    let settings = Settings::from_env();
+    let settings = Settings::from_env(&relay_run_help());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -142,13 +148,13 @@ fn main() {
 
 async fn run(settings: Settings) {
     let started = Instant::now();
-    let relay_help = relay_run_help();
-    let ordered_flag = relay_help.contains("--ordered");
+    let ordered_flag = relay_run_help().contains("--ordered");
     let mut report = Report::new(&settings, ordered_flag).await;
     say(&format!(
-        "outbox-relay benchmark: {} rows per backlog, batch {}, {} mode; relay {}",
+        "outbox-relay benchmark: {} rows per backlog, batch {}, max-in-flight {}, {} mode; relay {}",
         settings.rows,
         settings.batch,
+        settings.in_flight,
         if settings.quick { "quick" } else { "full" },
         env!("CARGO_BIN_EXE_outbox-relay"),
     ));
@@ -197,15 +203,21 @@ async fn run(settings: Settings) {
     let sink0 = Destination::Sink(Duration::ZERO);
     let mut drains: Vec<DrainSpec> = Vec::new();
     if settings.runs("drain") {
-        drains.push(spec("drain, sink 0 ms", sink0, 1, DEFAULT_IN_FLIGHT));
+        drains.push(spec("drain, sink 0 ms", sink0, 1, settings.in_flight));
         // More requests in flight also means more claims in delivery at once (the relay
-        // derives one from the other): does a sink that costs nothing still gain from it?
-        drains.push(spec("drain, sink 0 ms, in-flight 16", sink0, 1, 16));
+        // derives one from the other): does a sink that costs nothing gain from it, or lose?
+        let other = if settings.in_flight >= 16 { 4 } else { 16 };
+        drains.push(spec(
+            &format!("drain, sink 0 ms, in-flight {other}"),
+            sink0,
+            1,
+            other,
+        ));
         drains.push(spec(
             "drain, fauxqs",
             Destination::Fauxqs,
             1,
-            DEFAULT_IN_FLIGHT,
+            settings.in_flight,
         ));
     }
     if settings.runs("replicas") {
@@ -214,7 +226,7 @@ async fn run(settings: Settings) {
                 &format!("drain, sink 0 ms, {replicas} replicas"),
                 sink0,
                 replicas,
-                DEFAULT_IN_FLIGHT,
+                settings.in_flight,
             ));
         }
     }
@@ -235,7 +247,7 @@ async fn run(settings: Settings) {
                 },
                 sink0,
                 1,
-                DEFAULT_IN_FLIGHT,
+                settings.in_flight,
             );
             fifo.fifo = true;
             fifo.ordered = ordered;
@@ -316,6 +328,16 @@ fn spec(name: &str, destination: Destination, replicas: usize, max_in_flight: us
 /// Progress goes to stdout with the table; the relays' own log lines go to stderr.
 fn say(line: &str) {
     println!("{line}");
+}
+
+/// The `[default: N]` clap prints under `flag` in `--help`.
+fn help_default(help: &str, flag: &str) -> Option<u64> {
+    let start = help.find(&format!("{flag} <"))?;
+    let rest = &help[start..];
+    // The flag's own block ends where the next flag starts.
+    let block = &rest[..rest[2..].find("\n      -").map_or(rest.len(), |i| i + 2)];
+    let value = block.split("[default: ").nth(1)?.split(']').next()?;
+    value.trim().parse().ok()
 }
 
 /// `outbox-relay run --help`, to learn which flags this build has.
@@ -531,7 +553,7 @@ async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
         &sink.queue_url("bench"),
         &sink.endpoint,
         &relay_id,
-        DEFAULT_IN_FLIGHT,
+        settings.in_flight,
     );
     let relay = RelayProcess::spawn_named(&relay_id, &args, &[]);
     // Ready once it answers /metrics; its LISTEN connection comes up just after that, and
@@ -539,7 +561,9 @@ async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
     relay.metric("outbox_events_sent_total").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = Snapshot::take();
+    let measuring = Instant::now();
     let relay_cpu_before = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0);
+    let sampler = Sampler::start(&database.db).await;
     let produced =
         workload::produce(&database.db, rate, settings.steady, PRODUCER_CONNECTIONS).await;
     let total = produced.commits.len();
@@ -547,9 +571,11 @@ async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
     while sink.arrivals_len() < total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let activity = sampler.finish().await;
     let relay_cpu = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0) - relay_cpu_before;
     let relay_peak_rss_mib = procstat::peak_rss_mib(relay.pid()).unwrap_or(0.0);
     let cpu = Snapshot::take().since(&before);
+    let measured_seconds = measuring.elapsed().as_secs_f64();
     check_alive(std::slice::from_ref(&relay));
     relay.sigterm();
     relay.wait_exit(Duration::from_secs(30)).await;
@@ -565,11 +591,11 @@ async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
             }
         }
     }
-    let mut latencies_ms: Vec<f64> = produced
+    let latencies_ms: Vec<Option<f64>> = produced
         .commits
         .iter()
         .zip(&first_arrival)
-        .filter_map(|(commit, arrival)| {
+        .map(|(commit, arrival)| {
             let (commit, arrival) = ((*commit)?, (*arrival)?);
             // An event can reach the sink before the producer's COMMIT call returns: the
             // notification goes out at commit, the reply still has to travel back.
@@ -580,18 +606,19 @@ async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
             })
         })
         .collect();
-    latencies_ms.sort_by(f64::total_cmp);
-    let missing = total - latencies_ms.len();
+    let (sink_requests, sink_entries) = (sink.requests(), sink.entries());
     drop(sink);
     database.drop_now().await;
-    SteadyRun::new(
+    SteadyRun::new(SteadyInput {
         rate,
-        total,
-        produced.seconds,
-        missing,
+        seconds: produced.seconds,
+        measured_seconds,
         latencies_ms,
         relay_cpu,
         relay_peak_rss_mib,
         cpu,
-    )
+        activity,
+        sink_requests,
+        sink_entries,
+    })
 }

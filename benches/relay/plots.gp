@@ -6,7 +6,8 @@ load dir.'/plot_vars.gp'
 
 set terminal pngcairo size 900,620 enhanced font 'DejaVu Sans,11'
 set grid lc rgb '#dddddd'
-set key below box
+set key below box spacing 1.2
+set bmargin 9
 
 set output dir.'/throughput-vs-inflight.png'
 set title sprintf('Drain throughput vs. SendMessageBatch requests in flight (sink answers after 15 ms, batch %d)', batch)
@@ -23,6 +24,8 @@ plot dir.'/inflight.tsv' using 1:2 with linespoints lw 2 pt 7 lc rgb '#1f77b4' t
      dir.'/inflight0.tsv' using 1:2 with linespoints lw 2 pt 5 lc rgb '#2ca02c' title 'relay, 1 replica, sink answering at once'
 
 unset logscale x
+set bmargin
+set key default
 set output dir.'/latency-cdf.png'
 set title 'Commit-to-send latency, steady producers (one relay, sink 0 ms)'
 set xlabel 'milliseconds from COMMIT returning to the SendMessageBatch request arriving (log scale)'

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::procstat::Snapshot;
 use crate::sampler::Activity;
 use crate::workload::Ceiling;
-use crate::{support, Destination, Settings, DEFAULT_IN_FLIGHT, SQS_LATENCY};
+use crate::{support, Destination, Settings, SQS_LATENCY};
 
 /// Entries per SendMessageBatch request (SQS's limit, and what the relay packs).
 const ENTRIES_PER_REQUEST: f64 = 10.0;
@@ -90,11 +90,11 @@ impl DrainRun {
     }
 
     /// The reference drain: one relay, defaults, standard queue, sink answering at once.
-    fn is_base(&self) -> bool {
+    fn is_base(&self, default_in_flight: usize) -> bool {
         self.sink_latency() == Some(Duration::ZERO)
             && self.replicas == 1
             && !self.fifo
-            && self.max_in_flight == DEFAULT_IN_FLIGHT
+            && self.max_in_flight == default_in_flight
     }
 
     fn is_sweep(&self) -> bool {
@@ -141,6 +141,25 @@ impl DrainRun {
     }
 }
 
+/// What one steady run measured, before the statistics.
+pub struct SteadyInput {
+    pub rate: u64,
+    /// Producer time, from the first due event to the last commit.
+    pub seconds: f64,
+    /// Time over which `cpu` and `relay_cpu` were taken: production and catching up.
+    pub measured_seconds: f64,
+    /// Commit-to-send latency of each event in event order; `None` if it never arrived.
+    pub latencies_ms: Vec<Option<f64>>,
+    pub relay_cpu: f64,
+    pub relay_peak_rss_mib: f64,
+    pub cpu: Snapshot,
+    pub activity: Activity,
+    /// SendMessageBatch requests the sink answered: entries ÷ requests says how full the
+    /// batches were.
+    pub sink_requests: u64,
+    pub sink_entries: u64,
+}
+
 pub struct SteadyRun {
     pub rate: u64,
     pub events: usize,
@@ -151,41 +170,52 @@ pub struct SteadyRun {
     pub p99_ms: f64,
     pub p999_ms: f64,
     pub max_ms: f64,
+    /// Median latency in each fifth of the run (by event number): growing means the relay
+    /// falls behind, flat means it keeps up.
+    pub p50_ms_by_fifth: Vec<f64>,
     /// Sorted commit-to-send latencies, for the CDF.
     latencies_ms: Vec<f64>,
     pub relay_cpu: f64,
     pub relay_peak_rss_mib: f64,
     pub cpu: Snapshot,
-    pub seconds: f64,
+    pub activity: Activity,
+    pub entries_per_request: f64,
+    pub measured_seconds: f64,
 }
 
 impl SteadyRun {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        rate: u64,
-        events: usize,
-        seconds: f64,
-        missing: usize,
-        latencies_ms: Vec<f64>,
-        relay_cpu: f64,
-        relay_peak_rss_mib: f64,
-        cpu: Snapshot,
-    ) -> SteadyRun {
+    pub fn new(input: SteadyInput) -> SteadyRun {
+        let events = input.latencies_ms.len();
+        let sorted_of = |part: &[Option<f64>]| {
+            let mut v: Vec<f64> = part.iter().flatten().copied().collect();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let latencies_ms = sorted_of(&input.latencies_ms);
+        let fifth = events.div_ceil(5).max(1);
+        let p50_ms_by_fifth = input
+            .latencies_ms
+            .chunks(fifth)
+            .map(|part| quantile(&sorted_of(part), 0.5))
+            .collect();
         let q = |p: f64| quantile(&latencies_ms, p);
         SteadyRun {
-            rate,
+            rate: input.rate,
             events,
-            achieved_rate: events as f64 / seconds,
-            missing,
+            achieved_rate: events as f64 / input.seconds,
+            missing: events - latencies_ms.len(),
             p50_ms: q(0.5),
             p99_ms: q(0.99),
             p999_ms: q(0.999),
             max_ms: latencies_ms.last().copied().unwrap_or(f64::NAN),
+            p50_ms_by_fifth,
             latencies_ms,
-            relay_cpu,
-            relay_peak_rss_mib,
-            cpu,
-            seconds,
+            relay_cpu: input.relay_cpu,
+            relay_peak_rss_mib: input.relay_peak_rss_mib,
+            cpu: input.cpu,
+            activity: input.activity,
+            entries_per_request: input.sink_entries as f64 / input.sink_requests.max(1) as f64,
+            measured_seconds: input.measured_seconds,
         }
     }
 
@@ -204,13 +234,19 @@ impl SteadyRun {
             "p99_ms": self.p99_ms,
             "p999_ms": self.p999_ms,
             "max_ms": self.max_ms,
+            "p50_ms_by_fifth_of_run": self.p50_ms_by_fifth,
+            "negative_latencies": self.latencies_ms.iter().filter(|l| **l < 0.0).count(),
+            "entries_per_request": self.entries_per_request,
+            "relay_connections_busy": self.activity.busy(),
+            "relay_connection_samples": self.activity.samples,
+            "relay_connection_waits": self.activity.waits,
             "relay_cpu_seconds": self.relay_cpu,
             "relay_cpu_seconds_per_10k_events": self.relay_cpu_per_10k(),
             "relay_peak_rss_mib": self.relay_peak_rss_mib,
             "postgres_cpu_seconds": self.cpu.postgres,
             "bench_process_cpu_seconds": self.cpu.bench,
             "other_processes_cpu_seconds": self.cpu.others(self.relay_cpu),
-            "machine_busy_cores": self.cpu.busy_cores(self.seconds),
+            "machine_busy_cores": self.cpu.busy_cores(self.measured_seconds),
         })
     }
 }
@@ -233,6 +269,7 @@ pub struct Report {
     pub seconds: f64,
     ordered_flag: bool,
     batch: usize,
+    in_flight: usize,
 }
 
 struct Target {
@@ -286,6 +323,7 @@ impl Report {
                 "quick": settings.quick,
                 "rows": settings.rows,
                 "batch_size": settings.batch,
+                "max_in_flight_default": settings.in_flight,
                 "window_seconds": settings.window.as_secs(),
                 "steady_seconds": settings.steady.as_secs(),
                 "extra_relay_args": settings.relay_args,
@@ -298,6 +336,7 @@ impl Report {
             seconds: 0.0,
             ordered_flag,
             batch: settings.batch,
+            in_flight: settings.in_flight,
         }
     }
 
@@ -317,7 +356,7 @@ impl Report {
     }
 
     fn base(&self) -> Option<&DrainRun> {
-        self.drains.iter().find(|d| d.is_base())
+        self.drains.iter().find(|d| d.is_base(self.in_flight))
     }
 
     fn replicas(&self, n: usize) -> Option<&DrainRun> {
@@ -380,8 +419,11 @@ impl Report {
                 Self::ratio(self.base(), c4),
             ),
             (
-                format!("drain, sink 15 ms, in-flight {DEFAULT_IN_FLIGHT} ÷ ceiling (batch {b}, 1 worker)"),
-                Self::ratio(self.sweep_at(DEFAULT_IN_FLIGHT), c1),
+                format!(
+                    "drain, sink 15 ms, in-flight {} ÷ ceiling (batch {b}, 1 worker)",
+                    self.in_flight
+                ),
+                Self::ratio(self.sweep_at(self.in_flight), c1),
             ),
         ];
         if let Some(best) = self.sweep_best() {
@@ -463,10 +505,10 @@ impl Report {
             at_least(
                 "drain ÷ ceiling, sink 15 ms (default in-flight)",
                 0.5,
-                Self::ratio(self.sweep_at(DEFAULT_IN_FLIGHT), c1),
+                Self::ratio(self.sweep_at(self.in_flight), c1),
                 format!(
                     "bound by in-flight × 10 / 15 ms = {:.0} events/s",
-                    DEFAULT_IN_FLIGHT as f64 * ENTRIES_PER_REQUEST / SQS_LATENCY.as_secs_f64()
+                    self.in_flight as f64 * ENTRIES_PER_REQUEST / SQS_LATENCY.as_secs_f64()
                 ),
             ),
             at_least(
@@ -525,93 +567,102 @@ impl Report {
     pub fn table(&self) -> String {
         let mut t = String::new();
         let b = self.batch;
-        let _ = writeln!(
-            t,
-            "### Database ceiling: the relay's claim + mark-sent SQL, no queue ({} rows, ~{:.0}-byte payloads)\n",
-            self.meta["rows"], self.payload_bytes
-        );
-        let _ = writeln!(
-            t,
-            "| claim | batch | workers | rows/s | claim ms | claim ms, first → last tenth | mark sent ms | connections busy | CPU s postgres / bench / others | cores busy |"
-        );
-        let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
-        for c in &self.ceilings {
-            let _ = writeln!(
-                t,
-                "| {} | {} | {} | {:.0} | {:.2} | {:.2} → {:.2} | {:.2} | {:.0}% | {:.1} / {:.1} / {:.1} | {:.2} |",
-                if c.ceiling.ordered {
-                    "ordered"
-                } else {
-                    "standard"
-                },
-                c.ceiling.batch,
-                c.ceiling.workers,
-                c.ceiling.rows_per_second(),
-                c.ceiling.claim_ms,
-                c.ceiling.claim_ms_by_tenth.first().copied().unwrap_or(f64::NAN),
-                c.ceiling.claim_ms_by_tenth.last().copied().unwrap_or(f64::NAN),
-                c.ceiling.settle_ms,
-                c.activity.busy() * 100.0,
-                c.cpu.postgres,
-                c.cpu.bench,
-                c.cpu.others(0.0),
-                c.cpu.busy_cores(c.ceiling.seconds)
-            );
-        }
         let c1 = self.ceiling(1);
-        let _ = writeln!(
-            t,
-            "\n### Drains (relay: --batch-size {b}, standard queue unless FIFO)\n"
-        );
-        let _ = writeln!(
-            t,
-            "| run | in-flight | events/s | ÷ ceiling (1 worker) | 1st → 2nd half events/s | seconds | relay CPU s / 10k | relay peak RSS MiB | relay DB conn busy | CPU s relay / postgres / bench+sink / fauxqs / others | cores busy |"
-        );
-        let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
-        for d in &self.drains {
+        if !self.ceilings.is_empty() {
             let _ = writeln!(
                 t,
-                "| {}{} | {} | {:.0} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0}% | {:.1} / {:.1} / {:.1} / {:.1} / {:.1} | {:.2} |",
-                d.name,
-                if d.cut {
-                    format!(" (cut at {:.0} s: {} sent)", d.seconds, d.sent)
-                } else {
-                    String::new()
-                },
-                d.max_in_flight,
-                d.events_per_second(),
-                fmt_ratio(c1.map(|c| d.events_per_second() / c)),
-                d.halves()
-                    .map_or("—".to_string(), |(a, b)| format!("{a:.0} → {b:.0}")),
-                d.seconds,
-                d.relay_cpu_per_10k(),
-                d.relay_peak_rss_mib,
-                d.activity.busy() * 100.0,
-                d.relay_cpu,
-                d.cpu.postgres,
-                d.cpu.bench,
-                d.cpu.fauxqs,
-                d.cpu.others(d.relay_cpu),
-                d.busy_cores()
+                "### Database ceiling: the relay's claim + mark-sent SQL, no queue ({} rows, ~{:.0}-byte payloads)\n",
+                self.meta["rows"], self.payload_bytes
             );
-        }
-        let _ = writeln!(
-            t,
-            "\n### What the relays' database connections did (pg_stat_activity every 20 ms)\n"
-        );
-        let _ = writeln!(t, "| run | samples |");
-        let _ = writeln!(t, "|---|---|");
-        for c in &self.ceilings {
             let _ = writeln!(
                 t,
-                "| ceiling{}, {} worker(s) | {} |",
-                if c.ceiling.ordered { " (ordered)" } else { "" },
-                c.ceiling.workers,
-                c.activity.summary()
+                "| claim | batch | workers | rows/s | claim ms | claim ms, first → last tenth | mark sent ms | connections busy | CPU s postgres / bench / others | cores busy |"
             );
+            let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+            for c in &self.ceilings {
+                let _ = writeln!(
+                    t,
+                    "| {} | {} | {} | {:.0} | {:.2} | {:.2} → {:.2} | {:.2} | {:.0}% | {:.1} / {:.1} / {:.1} | {:.2} |",
+                    if c.ceiling.ordered {
+                        "ordered"
+                    } else {
+                        "standard"
+                    },
+                    c.ceiling.batch,
+                    c.ceiling.workers,
+                    c.ceiling.rows_per_second(),
+                    c.ceiling.claim_ms,
+                    c.ceiling.claim_ms_by_tenth.first().copied().unwrap_or(f64::NAN),
+                    c.ceiling.claim_ms_by_tenth.last().copied().unwrap_or(f64::NAN),
+                    c.ceiling.settle_ms,
+                    c.activity.busy() * 100.0,
+                    c.cpu.postgres,
+                    c.cpu.bench,
+                    c.cpu.others(0.0),
+                    c.cpu.busy_cores(c.ceiling.seconds)
+                );
+            }
         }
-        for d in &self.drains {
-            let _ = writeln!(t, "| {} | {} |", d.name, d.activity.summary());
+        if !self.drains.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Drains (relay: --batch-size {b}, standard queue unless FIFO)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| run | in-flight | events/s | ÷ ceiling (1 worker) | 1st → 2nd half events/s | seconds | relay CPU s / 10k | relay peak RSS MiB | relay DB conn busy | CPU s relay / postgres / bench+sink / fauxqs / others | cores busy |"
+            );
+            let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|");
+            for d in &self.drains {
+                let _ = writeln!(
+                    t,
+                    "| {}{} | {} | {:.0} | {} | {} | {:.1} | {:.2} | {:.1} | {:.0}% | {:.1} / {:.1} / {:.1} / {:.1} / {:.1} | {:.2} |",
+                    d.name,
+                    if d.cut {
+                        format!(" (cut at {:.0} s: {} sent)", d.seconds, d.sent)
+                    } else {
+                        String::new()
+                    },
+                    d.max_in_flight,
+                    d.events_per_second(),
+                    fmt_ratio(c1.map(|c| d.events_per_second() / c)),
+                    d.halves()
+                        .map_or("—".to_string(), |(a, b)| format!("{a:.0} → {b:.0}")),
+                    d.seconds,
+                    d.relay_cpu_per_10k(),
+                    d.relay_peak_rss_mib,
+                    d.activity.busy() * 100.0,
+                    d.relay_cpu,
+                    d.cpu.postgres,
+                    d.cpu.bench,
+                    d.cpu.fauxqs,
+                    d.cpu.others(d.relay_cpu),
+                    d.busy_cores()
+                );
+            }
+        }
+        if !(self.ceilings.is_empty() && self.drains.is_empty() && self.steady.is_empty()) {
+            let _ = writeln!(
+                t,
+                "\n### What the relays' database connections did (pg_stat_activity every 20 ms)\n"
+            );
+            let _ = writeln!(t, "| run | samples |");
+            let _ = writeln!(t, "|---|---|");
+            for c in &self.ceilings {
+                let _ = writeln!(
+                    t,
+                    "| ceiling{}, {} worker(s) | {} |",
+                    if c.ceiling.ordered { " (ordered)" } else { "" },
+                    c.ceiling.workers,
+                    c.activity.summary()
+                );
+            }
+            for d in &self.drains {
+                let _ = writeln!(t, "| {} | {} |", d.name, d.activity.summary());
+            }
+            for r in &self.steady {
+                let _ = writeln!(t, "| steady {}/s | {} |", r.rate, r.activity.summary());
+            }
         }
         if !self.steady.is_empty() {
             let _ = writeln!(
@@ -620,27 +671,41 @@ impl Report {
             );
             let _ = writeln!(
                 t,
-                "| rate/s | achieved/s | events | p50 ms | p99 ms | p99.9 ms | max ms | missing | relay CPU s / 10k | CPU s others | cores busy |"
+                "| rate/s | achieved/s | events | p50 ms | p99 ms | p99.9 ms | max ms | p50 ms by fifth of the run | entries per request | relay DB conn busy | relay CPU s / 10k | CPU s others | cores busy |"
             );
             let _ = writeln!(
                 t,
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                "|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
             );
             for s in &self.steady {
+                let missing = if s.missing > 0 {
+                    format!(" ({} missing)", s.missing)
+                } else {
+                    String::new()
+                };
+                let by_fifth = s
+                    .p50_ms_by_fifth
+                    .iter()
+                    .map(|v| format!("{v:.1}"))
+                    .collect::<Vec<_>>()
+                    .join(" → ");
                 let _ = writeln!(
                     t,
-                    "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.1} | {:.2} |",
+                    "| {} | {:.0} | {}{} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.1} | {:.0}% | {:.2} | {:.1} | {:.2} |",
                     s.rate,
                     s.achieved_rate,
                     s.events,
+                    missing,
                     s.p50_ms,
                     s.p99_ms,
                     s.p999_ms,
                     s.max_ms,
-                    s.missing,
+                    by_fifth,
+                    s.entries_per_request,
+                    s.activity.busy() * 100.0,
                     s.relay_cpu_per_10k(),
                     s.cpu.others(s.relay_cpu),
-                    s.cpu.busy_cores(s.seconds)
+                    s.cpu.busy_cores(s.measured_seconds)
                 );
             }
         }
