@@ -19,6 +19,7 @@ ranked AS (
         SELECT c.id
         FROM {table} AS c
         WHERE {key_c} >= keys.k AND {key_c} <= keys.k
+          AND c.id >= $4
           AND c.sent_at IS NULL
           AND c.quarantined_at IS NULL
           AND c.available_at <= now()

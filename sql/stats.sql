@@ -8,4 +8,9 @@ SELECT
               LIMIT 1), 0),
     (SELECT count(*) FROM {table} WHERE sent_at IS NULL AND quarantined_at IS NULL),
     (SELECT count(*) FROM {table} WHERE quarantined_at IS NOT NULL),
-    (SELECT count(*) FROM {table} WHERE quarantined_at IS NOT NULL AND quarantine_reason = 'blocked')
+    (SELECT count(*) FROM {table} WHERE quarantined_at IS NOT NULL AND quarantine_reason = 'blocked'),
+    -- The claims' floor: no unsent row has a smaller id (0 when none is unsent).
+    coalesce((SELECT id FROM {table}
+              WHERE sent_at IS NULL AND quarantined_at IS NULL
+              ORDER BY id
+              LIMIT 1), 0)

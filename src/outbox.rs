@@ -367,6 +367,8 @@ pub struct Stats {
     pub quarantined: i64,
     /// Quarantined rows parked behind a quarantined row of their group (ordered delivery).
     pub blocked: i64,
+    /// The smallest unsent id (0 when none): no claim needs to look below it.
+    pub claim_floor: i64,
 }
 
 /// How claims choose rows.
@@ -1281,16 +1283,20 @@ impl Session {
         owner: &str,
         lease: Duration,
         limit: i64,
+        floor: i64,
     ) -> Result<Vec<ClaimedRow>, OutboxError> {
         let lease = lease.as_secs_f64();
         let window = ordered_window(limit);
         let rows = if self.ordered {
             self.client
-                .query(&self.statements.claim, &[&limit, &owner, &lease, &window])
+                .query(
+                    &self.statements.claim,
+                    &[&limit, &owner, &lease, &floor, &window],
+                )
                 .await
         } else {
             self.client
-                .query(&self.statements.claim, &[&limit, &owner, &lease])
+                .query(&self.statements.claim, &[&limit, &owner, &lease, &floor])
                 .await
         }
         .map_err(query_err("claiming rows"))?;
@@ -1425,6 +1431,7 @@ impl Session {
             unsent: row.get(1),
             quarantined: row.get(2),
             blocked: row.get(3),
+            claim_floor: row.get(4),
         })
     }
 

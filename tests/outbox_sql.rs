@@ -39,12 +39,12 @@ async fn claims_take_rows_in_id_order_and_skip_leased_and_future_rows() {
     insert(&client, &events("later", 3, 1), Duration::from_secs(3600)).await;
     let s = session(&db, "outbox").await;
 
-    let first = s.claim("a", Duration::from_secs(30), 3).await.unwrap();
+    let first = s.claim("a", Duration::from_secs(30), 3, 0).await.unwrap();
     let ids: Vec<i64> = first.iter().map(|r| r.id).collect();
     assert_eq!(ids, vec![1, 2, 3]);
     assert!(first.iter().all(|r| r.attempts == 1 && r.lease_token == 1));
     assert_eq!(first[0].event_id, "order-0");
-    let second = s.claim("b", Duration::from_secs(30), 10).await.unwrap();
+    let second = s.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
     let ids: Vec<i64> = second.iter().map(|r| r.id).collect();
     assert_eq!(
         ids,
@@ -52,7 +52,7 @@ async fn claims_take_rows_in_id_order_and_skip_leased_and_future_rows() {
         "leased rows and rows waiting for later are skipped"
     );
     assert!(s
-        .claim("c", Duration::from_secs(30), 10)
+        .claim("c", Duration::from_secs(30), 10, 0)
         .await
         .unwrap()
         .is_empty());
@@ -66,13 +66,16 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     let a = session(&db, "outbox").await;
     let b = session(&db, "outbox").await;
 
-    let a_rows = a.claim("a", Duration::from_millis(200), 10).await.unwrap();
+    let a_rows = a
+        .claim("a", Duration::from_millis(200), 10, 0)
+        .await
+        .unwrap();
     assert_eq!(a_rows.len(), 4);
     wait_until("A's lease expires", Duration::from_secs(10), || async {
         count(&client, "lease_until < now()").await == 4
     })
     .await;
-    let b_rows = b.claim("b", Duration::from_secs(30), 10).await.unwrap();
+    let b_rows = b.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
     assert_eq!(b_rows.len(), 4, "expired leases are taken over");
     assert!(b_rows.iter().all(|r| r.lease_token == 2 && r.attempts == 2));
 
@@ -131,7 +134,7 @@ async fn a_release_gives_the_attempt_back_and_a_retry_spends_it() {
     let client = db.client().await;
     insert(&client, &events("refund", 2, 1), Duration::ZERO).await;
     let s = session(&db, "outbox").await;
-    let rows = s.claim("r", Duration::from_secs(30), 10).await.unwrap();
+    let rows = s.claim("r", Duration::from_secs(30), 10, 0).await.unwrap();
     let settled = s
         .settle(
             "r",
@@ -228,7 +231,10 @@ async fn a_schema_qualified_table_with_odd_names_is_claimed_through_quoted_ident
         .await
         .unwrap();
     let s = session(&db, table).await;
-    let rows = s.claim("odd", Duration::from_secs(30), 10).await.unwrap();
+    let rows = s
+        .claim("odd", Duration::from_secs(30), 10, 0)
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].payload, "{\"ok\": true}");
     let done = s.settle("odd", &sent(&rows)).await.unwrap();

@@ -206,10 +206,19 @@ pub async fn ceiling(
                 claims: Vec::new(),
                 settle_time: Duration::ZERO,
             };
+            // The relay refreshes its claim floor with its statistics every few seconds; do
+            // the same here so the ceiling runs the relay's SQL as the relay runs it.
+            let mut floor = 0i64;
+            let mut floor_read = Instant::now() - Duration::from_secs(60);
             loop {
+                if floor_read.elapsed() >= Duration::from_secs(5) {
+                    let stats = session.stats().await.expect("ceiling stats");
+                    floor = floor.max(stats.claim_floor);
+                    floor_read = Instant::now();
+                }
                 let t = Instant::now();
                 let claimed = session
-                    .claim(&owner, lease, batch)
+                    .claim(&owner, lease, batch, floor)
                     .await
                     .expect("ceiling claim");
                 let took = t.elapsed();
