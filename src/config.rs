@@ -223,7 +223,7 @@ pub struct RunArgs {
 
     /// SendMessageBatch requests in flight at once. SQS answers in ~15 ms in-region, so the
     /// throughput ceiling of sending is about this × 10 entries / 15 ms.
-    #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = 16)]
+    #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = 32)]
     pub max_in_flight: usize,
 
     /// Claim at least this often even without a wake-up notification.
