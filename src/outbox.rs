@@ -666,6 +666,7 @@ impl Outbox {
             },
             delete_on_ack: self.delete_on_ack,
             ordered: self.mode.ordered.is_some(),
+            fair: self.mode.fair.is_some(),
         })
     }
 
@@ -1267,8 +1268,9 @@ pub struct Session {
     statements: Statements,
     /// Which statement `mark_sent` is; their parameters differ.
     delete_on_ack: bool,
-    /// The ordered claim takes the window size as a fourth parameter.
+    /// The ordered claim also takes the floor and the window size; the fair one the floor.
     ordered: bool,
+    fair: bool,
 }
 
 impl Session {
@@ -1287,17 +1289,25 @@ impl Session {
     ) -> Result<Vec<ClaimedRow>, OutboxError> {
         let lease = lease.as_secs_f64();
         let window = ordered_window(limit);
-        let rows = if self.ordered {
-            self.client
-                .query(
-                    &self.statements.claim,
-                    &[&limit, &owner, &lease, &floor, &window],
-                )
-                .await
-        } else {
-            self.client
-                .query(&self.statements.claim, &[&limit, &owner, &lease, &floor])
-                .await
+        let rows = match (self.ordered, self.fair) {
+            (true, _) => {
+                self.client
+                    .query(
+                        &self.statements.claim,
+                        &[&limit, &owner, &lease, &floor, &window],
+                    )
+                    .await
+            }
+            (false, true) => {
+                self.client
+                    .query(&self.statements.claim, &[&limit, &owner, &lease, &floor])
+                    .await
+            }
+            (false, false) => {
+                self.client
+                    .query(&self.statements.claim, &[&limit, &owner, &lease])
+                    .await
+            }
         }
         .map_err(query_err("claiming rows"))?;
         let mut claimed: Vec<ClaimedRow> = rows
