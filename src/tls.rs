@@ -346,11 +346,17 @@ impl PgTls {
             // libpq: `require` with a root certificate verifies the chain like `verify-ca`.
             (SslMode::VerifyCa | SslMode::Require, Some(roots)) => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(ChainOnly { roots, algorithms }))
+                .with_custom_certificate_verifier(Arc::new(HostAgnostic {
+                    roots: Some(roots),
+                    algorithms,
+                }))
                 .with_no_client_auth(),
             (SslMode::Prefer, _) | (SslMode::Require, None) => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Unverified { algorithms }))
+                .with_custom_certificate_verifier(Arc::new(HostAgnostic {
+                    roots: None,
+                    algorithms,
+                }))
                 .with_no_client_auth(),
             (SslMode::Disable | SslMode::VerifyCa | SslMode::VerifyFull, _) => {
                 unreachable!(
@@ -399,14 +405,18 @@ fn load_roots(root: &RootCert) -> Result<RootCertStore, String> {
     Ok(store)
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; the host name is not checked.
+/// The verifier for every mode but `verify-full` (which uses rustls's own, host name included).
+/// With roots (`verify-ca`, or `require` given a root certificate) the chain must lead to a
+/// trusted root and the host name is not checked; without (`prefer`, `require`) it is
+/// encryption against passive eavesdropping only, as in libpq. Either way the handshake's own
+/// signatures are checked, so the session key belongs to whoever holds the certificate's key.
 #[derive(Debug)]
-struct ChainOnly {
-    roots: Arc<RootCertStore>,
+struct HostAgnostic {
+    roots: Option<Arc<RootCertStore>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for HostAgnostic {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -415,57 +425,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// `prefer` and `require` without a root certificate: encryption against passive eavesdropping
-/// only, as in libpq. The handshake's own signatures are still checked, so the session key
-/// belongs to whoever holds the presented certificate's key.
-#[derive(Debug)]
-struct Unverified {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Some(roots) = &self.roots {
+            let cert = rustls::server::ParsedCertificate::try_from(end_entity)?;
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 
