@@ -27,6 +27,9 @@ pub struct Pg {
     run_as: Option<(u32, u32)>,
     /// The running postmaster; `None` while stopped.
     child: Mutex<Option<Child>>,
+    /// `name=value` server settings given after the defaults, so they win over them (e.g.
+    /// `fsync=on` for a durable cluster, `wal_level=logical`).
+    settings: Vec<String>,
 }
 
 /// A database of its own for one test.
@@ -162,6 +165,7 @@ impl Pg {
             password,
             run_as,
             child: Mutex::new(None),
+            settings: Vec::new(),
         }
     }
 
@@ -185,6 +189,8 @@ impl Pg {
             // stay synchronous so a restart test never loses an acknowledged row.
             .args(["-c", "fsync=off"])
             .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
+            // PostgreSQL applies -c options in order, so these override the defaults above.
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log fd"))
             .stderr(log);
@@ -275,9 +281,16 @@ pub struct PrivatePg {
 
 impl PrivatePg {
     pub async fn start() -> PrivatePg {
-        let pg = tokio::task::spawn_blocking(Pg::init)
+        PrivatePg::start_with(&[]).await
+    }
+
+    /// A cluster with `name=value` server settings on top of the harness's defaults, e.g.
+    /// `&["fsync=on", "wal_level=logical"]`; they also hold across restarts.
+    pub async fn start_with(settings: &[&str]) -> PrivatePg {
+        let mut pg = tokio::task::spawn_blocking(Pg::init)
             .await
             .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        pg.settings = settings.iter().map(|s| s.to_string()).collect();
         pg.spawn_server(false);
         pg.until_ready().await;
         PrivatePg { pg }
@@ -286,6 +299,15 @@ impl PrivatePg {
     /// libpq URL for database `db` as the superuser.
     pub fn url(&self, db: &str) -> String {
         self.pg.url_for(db)
+    }
+
+    pub fn admin_url(&self) -> String {
+        self.pg.admin_url()
+    }
+
+    /// The postmaster's pid while it runs, e.g. to sum the CPU of its process tree.
+    pub fn pid(&self) -> Option<u32> {
+        self.pg.child.lock().unwrap().as_ref().map(Child::id)
     }
 
     /// An empty database with a unique name on this cluster.
