@@ -11,17 +11,24 @@
 //! | `OUTBOX_BENCH_BATCH` | the relay's `--batch-size` default | every relay's `--batch-size`, and the ceiling's batch |
 //! | `OUTBOX_BENCH_WINDOW` | 15 (quick: 5) | seconds a slow run may take before it is cut |
 //! | `OUTBOX_BENCH_STEADY_SECONDS` | 15 (quick: 5) | producer time per steady rate |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady` |
+//! | `OUTBOX_BENCH_HARM_SECONDS` | 15 (quick: 5) | writer time per harm cell |
+//! | `OUTBOX_BENCH_HARM_ROUNDS` | 3 (quick: 1) | without/with alternations per writer count |
+//! | `OUTBOX_BENCH_IDLE_SECONDS` | 60 (quick: 10) | measured idle window |
+//! | `OUTBOX_BENCH_STORAGE_SECONDS` | 600 (quick: 60) | producer time of the storage run |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady,harm,idle,storage` |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod harm;
 mod procstat;
 mod report;
 mod sampler;
 mod sink;
+mod storage;
+mod timeline;
 mod workload;
 
 use std::path::PathBuf;
@@ -48,6 +55,17 @@ pub struct Settings {
     pub window: Duration,
     pub steady: Duration,
     pub steady_rates: Vec<u64>,
+    /// Writer time of one harm cell, and how many times without and with alternate.
+    pub harm_seconds: Duration,
+    pub harm_rounds: usize,
+    /// Idle relays run this long before the measured window, so that a wait that stretches
+    /// with idleness has stretched.
+    pub idle_settle: Duration,
+    pub idle_window: Duration,
+    pub storage_rate: u64,
+    pub storage_duration: Duration,
+    /// Table size is read this often during the storage run.
+    pub storage_every: Duration,
     pub sweep: Vec<usize>,
     pub only: Option<Vec<String>>,
     pub relay_args: Vec<String>,
@@ -56,8 +74,10 @@ pub struct Settings {
 
 /// In-region SQS answers SendMessageBatch in about this long.
 const SQS_LATENCY: Duration = Duration::from_millis(15);
-/// Producer connections for the steady runs: one connection commits ~5.5k rows/s at best here.
-const PRODUCER_CONNECTIONS: usize = 8;
+/// Producer connections for the steady runs. With durable commits one connection commits
+/// ~300-500 rows/s and group commit needs many waiting at once (~4k/s with 16-64); open loop,
+/// so idle connections cost nothing while the producers keep up.
+const PRODUCER_CONNECTIONS: usize = 32;
 /// A drain that has not finished by then is stuck, not slow.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -89,10 +109,28 @@ impl Settings {
             window: Duration::from_secs(number("OUTBOX_BENCH_WINDOW", window)),
             steady: Duration::from_secs(number("OUTBOX_BENCH_STEADY_SECONDS", steady)),
             steady_rates: vec![500, 2_000, 5_000],
+            harm_seconds: Duration::from_secs(number(
+                "OUTBOX_BENCH_HARM_SECONDS",
+                if quick { 5 } else { 15 },
+            )),
+            harm_rounds: number("OUTBOX_BENCH_HARM_ROUNDS", if quick { 1 } else { 3 }) as usize,
+            idle_settle: Duration::from_secs(if quick { 3 } else { 10 }),
+            idle_window: Duration::from_secs(number(
+                "OUTBOX_BENCH_IDLE_SECONDS",
+                if quick { 10 } else { 60 },
+            )),
+            storage_rate: 1_000,
+            storage_duration: Duration::from_secs(number(
+                "OUTBOX_BENCH_STORAGE_SECONDS",
+                if quick { 60 } else { 600 },
+            )),
+            storage_every: Duration::from_secs(if quick { 10 } else { 30 }),
+            // Below 4 requests in flight a drain only shows the bound in-flight × 10 / 15 ms
+            // (measured before); the full run's time goes to the durable runs instead.
             sweep: if quick {
-                vec![1, 4, 16]
+                vec![4, 16, 32]
             } else {
-                vec![1, 2, 4, 8, 16, 32, 64]
+                vec![4, 8, 16, 32, 64]
             },
             only: var("OUTBOX_BENCH_ONLY")
                 .map(|v| v.split(',').map(|s| s.trim().to_string()).collect()),
@@ -198,6 +236,27 @@ async fn run(settings: Settings) {
             });
             database.drop_now().await;
         }
+        // The least PostgreSQL allows, beside the relay's own SQL: same backlog, batch, one
+        // connection.
+        let database = Database::create().await;
+        database.fill(settings.rows).await;
+        let before = Snapshot::take();
+        let c = workload::minimal_ceiling(&database.db, settings.batch as i64, settings.rows).await;
+        let cpu = Snapshot::take().since(&before);
+        say(&format!(
+            "minimal ceiling batch {} x 1 worker: {:.0} rows/s (claim {:.2} ms, mark sent {:.2} ms, {:.2} cores busy)",
+            c.batch,
+            c.rows_per_second(),
+            c.claim_ms,
+            c.settle_ms,
+            cpu.busy_cores(c.seconds),
+        ));
+        report.ceilings.push(CeilingRun {
+            cpu,
+            activity: sampler::Activity::default(),
+            ceiling: c,
+        });
+        database.drop_now().await;
     }
 
     let sink0 = Destination::Sink(Duration::ZERO);
@@ -289,15 +348,87 @@ async fn run(settings: Settings) {
         report.drains.push(run);
     }
 
+    let help = relay_run_help();
+    let modes = harm::Wakeup::modes(&help);
+    let mut clusters = harm::Clusters::default();
     if settings.runs("steady") {
         for &rate in &settings.steady_rates {
-            let run = steady(&settings, rate).await;
+            let run = steady(&settings, clusters.durable().await, rate).await;
             say(&format!(
-                "steady {} events/s (achieved {:.0}): commit-to-send p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms",
-                rate, run.achieved_rate, run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms
+                "steady {} events/s, durable (achieved {:.0}): commit-to-send p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms; producers late p50 {:.1} ms, p99 {:.1} ms; {}",
+                rate, run.achieved_rate, run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms,
+                run.producer_late_p50_ms, run.producer_late_p99_ms,
+                timeline::summary(&run.timeline)
             ));
             report.steady.push(run);
         }
+        clusters.stop();
+    }
+
+    if settings.runs("harm") {
+        // Every writer count for the default mode; the others at 16 writers, enough to show
+        // what each costs where commits group.
+        for (i, wakeup) in modes.iter().enumerate() {
+            let writers: &[usize] = if i == 0 { &[1, 16, 64] } else { &[16] };
+            let run = harm::harm(&settings, clusters.for_mode(wakeup).await, wakeup, writers).await;
+            for s in run.summaries() {
+                say(&format!(
+                    "harm, {}, {} writer(s): {:.0} commits/s with the relay, {:.0} without: {:.2}; commit-to-sent p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms",
+                    wakeup.label(),
+                    s.writers,
+                    harm::median(&s.with),
+                    harm::median(&s.without),
+                    s.ratio(),
+                    report::quantile(&s.latencies_ms, 0.5),
+                    report::quantile(&s.latencies_ms, 0.99),
+                    report::quantile(&s.latencies_ms, 0.999),
+                ));
+            }
+            report.harm.push(run);
+        }
+        clusters.stop();
+    }
+
+    if settings.runs("idle") {
+        let (runs, cluster_cpu) = harm::idle(&settings, &mut clusters, &modes).await;
+        for r in &runs {
+            say(&format!(
+                "idle, {}, {} relay(s): {:.2} transactions/s, their backends {:.2}% of a core, relays {:.2}%",
+                r.wakeup.label(),
+                r.relays,
+                r.per_second(r.transactions as f64),
+                r.per_second(r.backend_cpu) * 100.0,
+                r.per_second(r.relay_cpu) * 100.0,
+            ));
+        }
+        for c in &cluster_cpu {
+            say(&format!(
+                "idle, whole {} cluster (every set above on it at once): {:.2}% of a core",
+                c.cluster,
+                c.cpu / c.seconds * 100.0
+            ));
+        }
+        report.idle = runs;
+        report.idle_clusters = cluster_cpu;
+        clusters.stop();
+    }
+
+    if settings.runs("storage") {
+        let runs = storage::storage(&settings, clusters.durable().await, &modes[0], &help).await;
+        for r in &runs {
+            say(&format!(
+                "storage, {}: {:.0} events/s for {:.0} s: table {:.1} MiB at the end (max {:.1}), {:.0} bytes/event over the run, {:.2} GiB/day at this rate (second half's slope)",
+                r.name,
+                r.achieved_rate(),
+                r.seconds,
+                r.last().map_or(0.0, |l| l.total as f64 / 1048576.0),
+                r.max_total() as f64 / 1048576.0,
+                r.bytes_per_event(),
+                r.growth_per_day() / 1073741824.0,
+            ));
+        }
+        report.storage = runs;
+        clusters.stop();
     }
 
     report.seconds = started.elapsed().as_secs_f64();
@@ -332,12 +463,17 @@ fn say(line: &str) {
 
 /// The `[default: N]` clap prints under `flag` in `--help`.
 fn help_default(help: &str, flag: &str) -> Option<u64> {
+    help_value(help, flag)?.parse().ok()
+}
+
+/// The `[default: …]` clap prints under `flag` in `--help`, as text.
+fn help_value(help: &str, flag: &str) -> Option<String> {
     let start = help.find(&format!("{flag} <"))?;
     let rest = &help[start..];
     // The flag's own block ends where the next flag starts.
     let block = &rest[..rest[2..].find("\n      -").map_or(rest.len(), |i| i + 2)];
     let value = block.split("[default: ").nth(1)?.split(']').next()?;
-    value.trim().parse().ok()
+    Some(value.trim().to_string())
 }
 
 /// `outbox-relay run --help`, to learn which flags this build has.
@@ -543,9 +679,9 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
 
 /// A producer at `rate` events/s into an empty outbox, one relay on the 0 ms sink; commit-to-
 /// send latency per event, from the producer's clock after COMMIT to the sink's on arrival.
-async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
-    let database = Database::create().await;
-    let sink = Sink::start(Duration::ZERO, true).await;
+async fn steady(settings: &Settings, cluster: &support::pg::PrivatePg, rate: u64) -> SteadyRun {
+    let database = Database::create_in(cluster).await;
+    let sink = std::sync::Arc::new(Sink::start(Duration::ZERO, true).await);
     let relay_id = format!("bench-steady-{rate}");
     let args = relay_args(
         settings,
@@ -564,13 +700,31 @@ async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
     let measuring = Instant::now();
     let relay_cpu_before = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0);
     let sampler = Sampler::start(&database.db).await;
-    let produced =
-        workload::produce(&database.db, rate, settings.steady, PRODUCER_CONNECTIONS).await;
+    let committed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let timeline = timeline::Timeline::start(
+        &database.db,
+        std::sync::Arc::clone(&sink),
+        std::sync::Arc::clone(&committed),
+        relay.pid(),
+    )
+    .await;
+    let writer_waits = harm::WaitSampler::start(&database.db).await;
+    let produced = workload::produce(
+        &database.db,
+        &format!("s{rate}"),
+        rate,
+        settings.steady,
+        PRODUCER_CONNECTIONS,
+        committed,
+    )
+    .await;
+    let writer_waits = writer_waits.finish().await;
     let total = produced.commits.len();
     let deadline = Instant::now() + Duration::from_secs(60);
     while sink.arrivals_len() < total && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let timeline = timeline.finish().await;
     let activity = sampler.finish().await;
     let relay_cpu = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0) - relay_cpu_before;
     let relay_peak_rss_mib = procstat::peak_rss_mib(relay.pid()).unwrap_or(0.0);
@@ -609,7 +763,12 @@ async fn steady(settings: &Settings, rate: u64) -> SteadyRun {
     let (sink_requests, sink_entries) = (sink.requests(), sink.entries());
     drop(sink);
     database.drop_now().await;
+    let late = produced.lateness_ms();
     SteadyRun::new(SteadyInput {
+        producer_late_p50_ms: report::quantile(&late, 0.5),
+        producer_late_p99_ms: report::quantile(&late, 0.99),
+        writer_waits,
+        timeline,
         rate,
         seconds: produced.seconds,
         measured_seconds,

@@ -56,6 +56,12 @@ pub fn peak_rss_mib(pid: u32) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// CPU seconds of a live process and all its descendants (reaped ones included), e.g. one
+/// PostgreSQL cluster's postmaster and its backends.
+pub fn tree_cpu_seconds(pid: u32) -> f64 {
+    tree_seconds(&processes(), pid as i32)
+}
+
 /// Every process on the machine: pid -> (command name, stat).
 fn processes() -> HashMap<i32, (String, Stat)> {
     let mut all = HashMap::new();

@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::harm::{self, HarmRun, IdleClusterCpu, IdleRun};
 use crate::procstat::Snapshot;
 use crate::sampler::Activity;
+use crate::storage::StorageRun;
+use crate::timeline::{self, Second};
 use crate::workload::Ceiling;
 use crate::{support, Destination, Settings, SQS_LATENCY};
 
@@ -158,6 +161,12 @@ pub struct SteadyInput {
     /// batches were.
     pub sink_requests: u64,
     pub sink_entries: u64,
+    /// How late the producers' INSERTs returned after they were due.
+    pub producer_late_p50_ms: f64,
+    pub producer_late_p99_ms: f64,
+    /// What the producers' backends waited on (harm::WaitSampler).
+    pub writer_waits: std::collections::BTreeMap<String, u64>,
+    pub timeline: Vec<Second>,
 }
 
 pub struct SteadyRun {
@@ -181,6 +190,10 @@ pub struct SteadyRun {
     pub activity: Activity,
     pub entries_per_request: f64,
     pub measured_seconds: f64,
+    pub producer_late_p50_ms: f64,
+    pub producer_late_p99_ms: f64,
+    pub writer_waits: std::collections::BTreeMap<String, u64>,
+    pub timeline: Vec<Second>,
 }
 
 impl SteadyRun {
@@ -216,6 +229,10 @@ impl SteadyRun {
             activity: input.activity,
             entries_per_request: input.sink_entries as f64 / input.sink_requests.max(1) as f64,
             measured_seconds: input.measured_seconds,
+            producer_late_p50_ms: input.producer_late_p50_ms,
+            producer_late_p99_ms: input.producer_late_p99_ms,
+            writer_waits: input.writer_waits,
+            timeline: input.timeline,
         }
     }
 
@@ -247,12 +264,18 @@ impl SteadyRun {
             "bench_process_cpu_seconds": self.cpu.bench,
             "other_processes_cpu_seconds": self.cpu.others(self.relay_cpu),
             "machine_busy_cores": self.cpu.busy_cores(self.measured_seconds),
+            "cluster": "durable",
+            "producer_late_p50_ms": self.producer_late_p50_ms,
+            "producer_late_p99_ms": self.producer_late_p99_ms,
+            "producer_backend_samples": self.writer_waits,
+            "timeline_summary": timeline::summary(&self.timeline),
+            "timeline": self.timeline.iter().map(|s| s.to_json()).collect::<Vec<_>>(),
         })
     }
 }
 
 /// Nearest-rank quantile of sorted values.
-fn quantile(sorted: &[f64], p: f64) -> f64 {
+pub fn quantile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -266,6 +289,10 @@ pub struct Report {
     pub ceilings: Vec<CeilingRun>,
     pub drains: Vec<DrainRun>,
     pub steady: Vec<SteadyRun>,
+    pub harm: Vec<HarmRun>,
+    pub idle: Vec<IdleRun>,
+    pub idle_clusters: Vec<IdleClusterCpu>,
+    pub storage: Vec<StorageRun>,
     pub seconds: f64,
     ordered_flag: bool,
     batch: usize,
@@ -333,6 +360,10 @@ impl Report {
             ceilings: Vec::new(),
             drains: Vec::new(),
             steady: Vec::new(),
+            harm: Vec::new(),
+            idle: Vec::new(),
+            idle_clusters: Vec::new(),
+            storage: Vec::new(),
             seconds: 0.0,
             ordered_flag,
             batch: settings.batch,
@@ -348,10 +379,19 @@ impl Report {
         self.ceilings
             .iter()
             .find(|c| {
-                c.ceiling.ordered == ordered
+                !c.ceiling.minimal
+                    && c.ceiling.ordered == ordered
                     && c.ceiling.workers == workers
                     && c.ceiling.batch == self.batch as i64
             })
+            .map(|c| c.ceiling.rows_per_second())
+    }
+
+    /// The minimal claim + mark (1 connection, this run's batch).
+    fn minimal_ceiling(&self) -> Option<f64> {
+        self.ceilings
+            .iter()
+            .find(|c| c.ceiling.minimal)
             .map(|c| c.ceiling.rows_per_second())
     }
 
@@ -413,6 +453,14 @@ impl Report {
             (
                 format!("drain, sink 0 ms ÷ ceiling (batch {b}, 1 worker)"),
                 Self::ratio(self.base(), c1),
+            ),
+            (
+                format!("drain, sink 0 ms ÷ minimal ceiling (batch {b}, 1 connection)"),
+                Self::ratio(self.base(), self.minimal_ceiling()),
+            ),
+            (
+                "relay's ceiling ÷ minimal ceiling (what our SQL costs)".to_string(),
+                c1.zip(self.minimal_ceiling()).map(|(r, m)| r / m),
             ),
             (
                 format!("drain, sink 0 ms ÷ ceiling (batch {b}, 4 workers)"),
@@ -494,7 +542,77 @@ impl Report {
         let c1 = self.ceiling(1);
         let steady_2k = self.steady.iter().find(|s| s.rate == 2_000);
         let best = self.sweep_best();
-        vec![
+        let mut targets = Vec::new();
+        // Issue 9: no harm to the application's database, measured on durable commits, for
+        // the build's default wake-up (the first harm run).
+        if let Some(run) = self.harm.first() {
+            let label = run.wakeup.label();
+            for s in run.summaries() {
+                targets.push(at_least(
+                    &format!("commits with ÷ without the relay, {} writer(s)", s.writers),
+                    0.95,
+                    Some(s.ratio()),
+                    format!(
+                        "{label}; medians {:.0} / {:.0} commits/s",
+                        harm::median(&s.with),
+                        harm::median(&s.without)
+                    ),
+                ));
+                if s.writers == 16 {
+                    targets.push(at_most(
+                        "commit-to-sent p50, 16 writers",
+                        5.0,
+                        "ms",
+                        Some(quantile(&s.latencies_ms, 0.5)),
+                    ));
+                    targets.push(at_most(
+                        "commit-to-sent p99, 16 writers",
+                        25.0,
+                        "ms",
+                        Some(quantile(&s.latencies_ms, 0.99)),
+                    ));
+                }
+            }
+        }
+        let steady_5k = self.steady.iter().find(|s| s.rate == 5_000);
+        targets.push(at_most(
+            "steady 5,000/s (durable): commit-to-send p50",
+            5.0,
+            "ms",
+            steady_5k.map(|s| s.p50_ms),
+        ));
+        targets.push(at_most(
+            "steady 5,000/s (durable): commit-to-send p99",
+            25.0,
+            "ms",
+            steady_5k.map(|s| s.p99_ms),
+        ));
+        if let Some(default) = self
+            .harm
+            .first()
+            .map(|h| h.wakeup.clone())
+            .or_else(|| self.idle.first().map(|i| i.wakeup.clone()))
+        {
+            for (relays, goal) in [(1usize, 1.0), (4, 3.0)] {
+                let run = self
+                    .idle
+                    .iter()
+                    .find(|i| i.wakeup == default && i.relays == relays);
+                targets.push(at_most(
+                    &format!("idle, {relays} relay(s): their PostgreSQL backends, % of a core"),
+                    goal,
+                    "%",
+                    run.map(|r| r.per_second(r.backend_cpu) * 100.0),
+                ));
+            }
+        }
+        targets.push(at_least(
+            "drain ÷ minimal ceiling (sink 0 ms, batch, 1 replica)",
+            0.8,
+            Self::ratio(self.base(), self.minimal_ceiling()),
+            "fsync=off cluster, like the ceilings".to_string(),
+        ));
+        targets.extend([
             at_least(
                 "drain ÷ ceiling, sink 0 ms",
                 0.6,
@@ -561,7 +679,8 @@ impl Report {
                     .map(|d| d.relay_peak_rss_mib)
                     .reduce(f64::max),
             ),
-        ]
+        ]);
+        targets
     }
 
     pub fn table(&self) -> String {
@@ -571,7 +690,7 @@ impl Report {
         if !self.ceilings.is_empty() {
             let _ = writeln!(
                 t,
-                "### Database ceiling: the relay's claim + mark-sent SQL, no queue ({} rows, ~{:.0}-byte payloads)\n",
+                "### Database ceiling: the relay's claim + mark-sent SQL, and the minimal one, no queue ({} rows, ~{:.0}-byte payloads; fsync=off cluster)\n",
                 self.meta["rows"], self.payload_bytes
             );
             let _ = writeln!(
@@ -583,7 +702,9 @@ impl Report {
                 let _ = writeln!(
                     t,
                     "| {} | {} | {} | {:.0} | {:.2} | {:.2} → {:.2} | {:.2} | {:.0}% | {:.1} / {:.1} / {:.1} | {:.2} |",
-                    if c.ceiling.ordered {
+                    if c.ceiling.minimal {
+                        "minimal"
+                    } else if c.ceiling.ordered {
                         "ordered"
                     } else {
                         "standard"
@@ -606,7 +727,7 @@ impl Report {
         if !self.drains.is_empty() {
             let _ = writeln!(
                 t,
-                "\n### Drains (relay: --batch-size {b}, standard queue unless FIFO)\n"
+                "\n### Drains (relay: --batch-size {b}, standard queue unless FIFO; fsync=off cluster)\n"
             );
             let _ = writeln!(
                 t,
@@ -648,7 +769,7 @@ impl Report {
             );
             let _ = writeln!(t, "| run | samples |");
             let _ = writeln!(t, "|---|---|");
-            for c in &self.ceilings {
+            for c in self.ceilings.iter().filter(|c| !c.ceiling.minimal) {
                 let _ = writeln!(
                     t,
                     "| ceiling{}, {} worker(s) | {} |",
@@ -667,7 +788,7 @@ impl Report {
         if !self.steady.is_empty() {
             let _ = writeln!(
                 t,
-                "\n### Steady: commit-to-send latency (one relay, sink 0 ms, single-row transactions)\n"
+                "\n### Steady: commit-to-send latency (one relay, sink 0 ms, single-row transactions; durable cluster)\n"
             );
             let _ = writeln!(
                 t,
@@ -709,13 +830,36 @@ impl Report {
                 );
             }
         }
+        if !self.steady.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Steady: why a rate is or is not kept (durable cluster)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| rate/s | producers late p50 / p99 ms | producers' backends | second by second |"
+            );
+            let _ = writeln!(t, "|---:|---|---|---|");
+            for s in &self.steady {
+                let _ = writeln!(
+                    t,
+                    "| {} | {:.1} / {:.1} | {} | {} |",
+                    s.rate,
+                    s.producer_late_p50_ms,
+                    s.producer_late_p99_ms,
+                    harm::shares(&s.writer_waits),
+                    timeline::summary(&s.timeline)
+                );
+            }
+        }
+        self.harm_tables(&mut t);
         let _ = writeln!(t, "\n### Ratios (same run)\n");
         let _ = writeln!(t, "| ratio | value |");
         let _ = writeln!(t, "|---|---:|");
         for (what, value) in self.ratios() {
             let _ = writeln!(t, "| {what} | {} |", fmt_ratio(value));
         }
-        let _ = writeln!(t, "\n### Targets of issue 5\n");
+        let _ = writeln!(t, "\n### Targets\n");
         let _ = writeln!(t, "| target | goal | measured | met | note |");
         let _ = writeln!(t, "|---|---|---:|---|---|");
         for target in self.targets() {
@@ -745,6 +889,7 @@ impl Report {
             "seconds": self.seconds,
             "ceiling": self.ceilings.iter().map(|c| json!({
                 "ordered": c.ceiling.ordered,
+                "minimal": c.ceiling.minimal,
                 "batch": c.ceiling.batch,
                 "workers": c.ceiling.workers,
                 "rows": c.ceiling.rows,
@@ -763,6 +908,15 @@ impl Report {
             })).collect::<Vec<_>>(),
             "drains": self.drains.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
             "steady": self.steady.iter().map(SteadyRun::to_json).collect::<Vec<_>>(),
+            "harm": self.harm.iter().map(HarmRun::to_json).collect::<Vec<_>>(),
+            "idle": self.idle.iter().map(IdleRun::to_json).collect::<Vec<_>>(),
+            "idle_whole_clusters": self.idle_clusters.iter().map(|c| json!({
+                "cluster": c.cluster,
+                "seconds": c.seconds,
+                "cpu_seconds": c.cpu,
+                "percent_of_a_core": c.cpu / c.seconds * 100.0,
+            })).collect::<Vec<_>>(),
+            "storage": self.storage.iter().map(StorageRun::to_json).collect::<Vec<_>>(),
             "ratios": self.ratios().into_iter().map(|(what, v)| json!({"ratio": what, "value": v})).collect::<Vec<_>>(),
             "targets": self.targets().into_iter().map(|t| json!({
                 "target": t.what, "goal": t.goal, "value": t.value, "met": t.met, "note": t.note,
@@ -844,6 +998,135 @@ impl Report {
             );
         }
         write(&dir.join("plot_vars.gp"), &vars);
+    }
+}
+
+impl Report {
+    /// Harm, idle and storage: the tables of what the relay costs the application.
+    fn harm_tables(&self, t: &mut String) {
+        if !self.harm.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Harm: application commits/s with the relay ÷ without (durable cluster; closed-loop single-row INSERTs; medians of alternating cells)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| wake-up | cluster | writers | without (each cell) | with (each cell) | with ÷ without | commit-to-sent p50 / p99 / p99.9 ms | writers' backends, with the relay |"
+            );
+            let _ = writeln!(t, "|---|---|---:|---|---|---:|---|---|");
+            for run in &self.harm {
+                for s in run.summaries() {
+                    let cells = |v: &[f64]| {
+                        v.iter()
+                            .map(|x| format!("{x:.0}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    let mut waits = std::collections::BTreeMap::new();
+                    for c in run
+                        .cells
+                        .iter()
+                        .filter(|c| c.writers == s.writers && c.with_relay)
+                    {
+                        for (k, n) in &c.writer_waits {
+                            *waits.entry(k.clone()).or_insert(0) += n;
+                        }
+                    }
+                    let _ = writeln!(
+                        t,
+                        "| {} | {} | {} | {:.0} ({}) | {:.0} ({}) | **{:.2}** | {:.1} / {:.1} / {:.1}{} | {} |",
+                        run.wakeup.label(),
+                        run.wakeup.cluster_label(),
+                        s.writers,
+                        harm::median(&s.without),
+                        cells(&s.without),
+                        harm::median(&s.with),
+                        cells(&s.with),
+                        s.ratio(),
+                        quantile(&s.latencies_ms, 0.5),
+                        quantile(&s.latencies_ms, 0.99),
+                        quantile(&s.latencies_ms, 0.999),
+                        if s.missing > 0 {
+                            format!(" ({} never arrived)", s.missing)
+                        } else {
+                            String::new()
+                        },
+                        harm::shares(&waits),
+                    );
+                }
+            }
+        }
+        if !self.idle.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Idle relays: what they cost with nothing to send (durable clusters; every set at once, each in its own database)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| wake-up | cluster | relays | seconds | transactions/s | their PostgreSQL backends, % of a core | relay processes, % of a core |"
+            );
+            let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|");
+            for r in &self.idle {
+                let _ = writeln!(
+                    t,
+                    "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                    r.wakeup.label(),
+                    r.wakeup.cluster_label(),
+                    r.relays,
+                    r.seconds,
+                    r.per_second(r.transactions as f64),
+                    r.per_second(r.backend_cpu) * 100.0,
+                    r.per_second(r.relay_cpu) * 100.0,
+                );
+            }
+            for c in &self.idle_clusters {
+                let _ = writeln!(
+                    t,
+                    "\nWhole {} cluster over the same window (postmaster, background processes and every backend above): {:.2}% of a core.",
+                    c.cluster,
+                    c.cpu / c.seconds * 100.0
+                );
+            }
+        }
+        if !self.storage.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Storage: the outbox table under a steady stream (durable cluster; variants at once, each in its own database)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| relay | events/s | seconds | size every sample, MiB | at the end: heap / indexes / rest MiB | bytes/event (whole run) | growth per day at this rate (2nd half) |"
+            );
+            let _ = writeln!(t, "|---|---:|---:|---|---|---:|---:|");
+            for r in &self.storage {
+                let mib = |b: i64| b as f64 / 1048576.0;
+                let sizes = r
+                    .samples
+                    .iter()
+                    .map(|x| format!("{:.0}", mib(x.total)))
+                    .collect::<Vec<_>>()
+                    .join(" → ");
+                let end = r.last().map_or(String::new(), |l| {
+                    format!(
+                        "{:.1} / {:.1} / {:.1}",
+                        mib(l.heap),
+                        mib(l.indexes),
+                        mib(l.total - l.heap - l.indexes)
+                    )
+                });
+                let _ = writeln!(
+                    t,
+                    "| {} | {:.0} | {:.0} | {} | {} | {:.0} | {:.2} GiB |",
+                    r.name,
+                    r.achieved_rate(),
+                    r.seconds,
+                    sizes,
+                    end,
+                    r.bytes_per_event(),
+                    r.growth_per_day() / 1073741824.0,
+                );
+            }
+        }
     }
 }
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use outbox_relay::batch::KeyColumn;
 use outbox_relay::outbox::{ClaimMode, Ordered, Outbox, SentRow, Settlement};
 
+use crate::support::pg::PrivatePg;
 use crate::support::{self, TestDb};
 
 /// Message groups (distinct `aggregate_id`s) in every backlog, so the ordered FIFO run and the
@@ -39,11 +40,22 @@ fn with_n(template: &str, n: &str) -> String {
 pub struct Database {
     pub db: TestDb,
     pub outbox: Arc<Outbox>,
+    /// Of the cluster holding it, to drop it at the end.
+    admin_url: String,
 }
 
 impl Database {
+    /// On the shared cluster (`fsync=off`): backlogs and ceilings.
     pub async fn create() -> Database {
-        let db = support::fresh_db().await;
+        Database::migrated(support::fresh_db().await, support::pg().admin_url()).await
+    }
+
+    /// On a cluster of the benchmark's own, e.g. the durable one.
+    pub async fn create_in(cluster: &PrivatePg) -> Database {
+        Database::migrated(cluster.create_db().await, cluster.admin_url()).await
+    }
+
+    async fn migrated(db: TestDb, admin_url: String) -> Database {
         let outbox = Outbox::new(
             &db.url,
             "outbox".parse().expect("table name"),
@@ -54,6 +66,7 @@ impl Database {
         Database {
             db,
             outbox: Arc::new(outbox),
+            admin_url,
         }
     }
 
@@ -137,7 +150,7 @@ impl Database {
 
     /// Drops the database so that the next run's disk and cache are not shared with this one.
     pub async fn drop_now(self) {
-        let admin = tokio_postgres::connect(&support::pg().admin_url(), tokio_postgres::NoTls)
+        let admin = tokio_postgres::connect(&self.admin_url, tokio_postgres::NoTls)
             .await
             .expect("connect as admin");
         let (client, connection) = admin;
@@ -156,6 +169,8 @@ pub struct Ceiling {
     /// Claimed with the ordered statement (one row per group, a group's next row only after
     /// the previous one is sent).
     pub ordered: bool,
+    /// The minimal claim + mark of [`minimal_ceiling`], not the relay's SQL.
+    pub minimal: bool,
     pub batch: i64,
     pub workers: usize,
     pub rows: u64,
@@ -275,6 +290,7 @@ pub async fn ceiling(
     let all: Vec<Duration> = claims.iter().map(|&(_, took)| took).collect();
     Ceiling {
         ordered,
+        minimal: false,
         batch,
         workers,
         rows,
@@ -285,46 +301,172 @@ pub async fn ceiling(
     }
 }
 
+/// The least PostgreSQL allows a relay with a lease: lease up to `batch` unsent rows in id
+/// order (`FOR UPDATE SKIP LOCKED`), then mark them sent by id, on one connection, until the
+/// backlog is gone. Same table, indexes and backlog as the relay's own ceiling; no fencing
+/// token, no attempts, no ordering by the claim's RETURNING.
+pub async fn minimal_ceiling(db: &TestDb, batch: i64, backlog: u64) -> Ceiling {
+    let client = db.client().await;
+    // As the relay does, so neither ceiling pays for a generic plan (MEASURED.md trap 1).
+    client
+        .batch_execute("SET plan_cache_mode = force_custom_plan")
+        .await
+        .expect("plan cache mode");
+    let claim = client
+        .prepare(
+            "UPDATE outbox SET lease_owner = $2, lease_until = now() + interval '5 minutes' \
+             WHERE id IN (SELECT id FROM outbox \
+                          WHERE sent_at IS NULL AND quarantined_at IS NULL \
+                            AND (lease_until IS NULL OR lease_until < now()) \
+                          ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             RETURNING id, event_id, aggregate_id, event_type, payload::text, headers",
+        )
+        .await
+        .expect("prepare the minimal claim");
+    let mark = client
+        .prepare("UPDATE outbox SET sent_at = now() WHERE id = ANY($1)")
+        .await
+        .expect("prepare the minimal mark");
+    let started = Instant::now();
+    let (mut rows, mut claims, mut claim_time, mut settle_time) =
+        (0u64, Vec::new(), Duration::ZERO, Duration::ZERO);
+    loop {
+        let t = Instant::now();
+        let claimed = client
+            .query(&claim, &[&batch, &"minimal"])
+            .await
+            .expect("minimal claim");
+        let took = t.elapsed();
+        if claimed.is_empty() {
+            break;
+        }
+        claims.push((rows, took));
+        claim_time += took;
+        let ids: Vec<i64> = claimed.iter().map(|r| r.get(0)).collect();
+        let t = Instant::now();
+        let marked = client.execute(&mark, &[&ids]).await.expect("minimal mark");
+        settle_time += t.elapsed();
+        assert_eq!(marked, ids.len() as u64, "every claimed row is marked");
+        rows += marked;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let n = claims.len().max(1) as f64;
+    let mut tenths: Vec<Vec<Duration>> = vec![Vec::new(); 10];
+    for &(before, took) in &claims {
+        tenths[(before * 10 / backlog.max(1)).min(9) as usize].push(took);
+    }
+    let mean_ms =
+        |d: &[Duration]| d.iter().sum::<Duration>().as_secs_f64() * 1000.0 / d.len().max(1) as f64;
+    Ceiling {
+        ordered: false,
+        minimal: true,
+        batch,
+        workers: 1,
+        rows,
+        seconds,
+        claim_ms: claim_time.as_secs_f64() * 1000.0 / n,
+        settle_ms: settle_time.as_secs_f64() * 1000.0 / n,
+        claim_ms_by_tenth: tenths.iter().map(|t| mean_ms(t)).collect(),
+    }
+}
+
 /// What a steady producer did: when each event's transaction had committed.
 pub struct Produced {
     /// `commits[n - 1]` is when `INSERT … event n` returned (autocommit: after COMMIT).
     pub commits: Vec<Option<Instant>>,
     pub seconds: f64,
+    /// Event n was due at `start + (n - 1) / rate`: a commit long after that says the producers,
+    /// not the relay, could not keep the rate.
+    pub start: Instant,
+    pub rate: u64,
 }
 
-/// Inserts events `s{rate}-1` … at `rate` per second for `duration`, one row per transaction,
-/// spread over `connections` so that a commit's round trip does not cap the rate. Open loop:
-/// event n is due at start + n / rate whatever happened to the ones before it.
-pub async fn produce(db: &TestDb, rate: u64, duration: Duration, connections: usize) -> Produced {
-    let total = (rate as f64 * duration.as_secs_f64()).round() as u64;
-    let next = Arc::new(AtomicU64::new(1));
-    let start = Instant::now() + Duration::from_millis(20);
-    let insert = format!(
+impl Produced {
+    /// How late each committed event's INSERT returned after it was due, in milliseconds,
+    /// sorted.
+    pub fn lateness_ms(&self) -> Vec<f64> {
+        let mut late: Vec<f64> = self
+            .commits
+            .iter()
+            .enumerate()
+            .filter_map(|(i, at)| {
+                let due = self.start + Duration::from_secs_f64(i as f64 / self.rate as f64);
+                Some(at.as_ref()?.saturating_duration_since(due).as_secs_f64() * 1000.0)
+            })
+            .collect();
+        late.sort_by(f64::total_cmp);
+        late
+    }
+}
+
+/// `application_name` of the producers' and writers' connections, so samplers can tell them
+/// from the relay's.
+pub const WRITER_APP: &str = "bench-writer";
+
+/// The application's single-row INSERT: a ~300-byte event built by PostgreSQL from `$3`.
+pub fn insert_sql() -> String {
+    format!(
         "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
          VALUES ($1, 'order', $2, 'order.paid', {}, {})",
         with_n(PAYLOAD_SQL, "$3::bigint"),
         with_n(HEADERS_SQL, "$3::bigint"),
-    );
-    let mut tasks = tokio::task::JoinSet::new();
+    )
+}
+
+/// A connection for a producer or writer, named [`WRITER_APP`].
+pub async fn writer_client(db: &TestDb) -> tokio_postgres::Client {
+    let client = db.client().await;
+    client
+        .batch_execute(&format!("SET application_name = '{WRITER_APP}'"))
+        .await
+        .expect("name the writer connection");
+    client
+}
+
+/// Inserts events `{prefix}-1` … at `rate` per second for `duration`, one row per
+/// transaction, spread over `connections` so that a commit's round trip does not cap the
+/// rate. Open loop: event n is due at start + n / rate whatever happened to the ones before
+/// it. `committed` counts commits as they happen, for samplers.
+pub async fn produce(
+    db: &TestDb,
+    prefix: &str,
+    rate: u64,
+    duration: Duration,
+    connections: usize,
+    committed: Arc<AtomicU64>,
+) -> Produced {
+    let total = (rate as f64 * duration.as_secs_f64()).round() as u64;
+    let next = Arc::new(AtomicU64::new(1));
+    let mut clients = Vec::new();
     for _ in 0..connections {
-        let client = db.client().await;
-        let (next, insert) = (Arc::clone(&next), insert.clone());
+        clients.push(writer_client(db).await);
+    }
+    let start = Instant::now() + Duration::from_millis(20);
+    // Producers that cannot keep the rate (e.g. commits serialized by NOTIFY) stop here
+    // rather than stretching the run; events never started are not counted.
+    let give_up = start + duration + duration / 5 + Duration::from_secs(1);
+    let insert = insert_sql();
+    let mut tasks = tokio::task::JoinSet::new();
+    for client in clients {
+        let (next, insert, committed) = (Arc::clone(&next), insert.clone(), Arc::clone(&committed));
+        let prefix = prefix.to_string();
         tasks.spawn(async move {
             let statement = client.prepare(&insert).await.expect("prepare insert");
             let mut done = Vec::new();
             loop {
                 let n = next.fetch_add(1, Ordering::Relaxed);
-                if n > total {
+                if n > total || Instant::now() > give_up {
                     return done;
                 }
                 let due = start + Duration::from_secs_f64((n - 1) as f64 / rate as f64);
                 tokio::time::sleep_until(due.into()).await;
-                let event_id = format!("s{rate}-{n}");
+                let event_id = format!("{prefix}-{n}");
                 let group = (n % GROUPS).to_string();
                 client
                     .execute(&statement, &[&event_id, &group, &(n as i64)])
                     .await
                     .expect("steady insert");
+                committed.fetch_add(1, Ordering::Relaxed);
                 done.push((n, Instant::now()));
             }
         });
@@ -335,8 +477,73 @@ pub async fn produce(db: &TestDb, rate: u64, duration: Duration, connections: us
             commits[(n - 1) as usize] = Some(at);
         }
     }
+    // Events never started (given up) are not part of the run.
+    while commits.last().is_some_and(Option::is_none) {
+        commits.pop();
+    }
     Produced {
         commits,
         seconds: start.elapsed().as_secs_f64(),
+        start,
+        rate,
+    }
+}
+
+/// What closed-loop writers did.
+pub struct Written {
+    /// (event number, when its INSERT returned) of every commit, also those after the end.
+    pub commits: Vec<(u64, Instant)>,
+    /// Commits that returned within the measured time.
+    pub committed_in_time: u64,
+    pub seconds: f64,
+}
+
+impl Written {
+    pub fn commits_per_second(&self) -> f64 {
+        self.committed_in_time as f64 / self.seconds
+    }
+}
+
+/// `writers` connections each inserting one row per transaction (autocommit) as fast as
+/// their commits return, like pgbench, for `duration`. Events are `{prefix}-1`, `{prefix}-2`,
+/// … in the order they were started.
+pub async fn closed_loop(db: &TestDb, prefix: &str, writers: usize, duration: Duration) -> Written {
+    let mut clients = Vec::new();
+    for _ in 0..writers {
+        let client = writer_client(db).await;
+        let statement = client.prepare(&insert_sql()).await.expect("prepare insert");
+        clients.push((client, statement));
+    }
+    let next = Arc::new(AtomicU64::new(1));
+    let start = Instant::now();
+    let end = start + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (client, statement) in clients {
+        let next = Arc::clone(&next);
+        let prefix = prefix.to_string();
+        tasks.spawn(async move {
+            let mut done = Vec::new();
+            while Instant::now() < end {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let event_id = format!("{prefix}-{n}");
+                let group = (n % GROUPS).to_string();
+                client
+                    .execute(&statement, &[&event_id, &group, &(n as i64)])
+                    .await
+                    .expect("writer insert");
+                done.push((n, Instant::now()));
+            }
+            done
+        });
+    }
+    let mut commits = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        commits.extend(done.expect("writer"));
+    }
+    let committed_in_time = commits.iter().filter(|(_, at)| *at <= end).count() as u64;
+    Written {
+        commits,
+        committed_in_time,
+        seconds: duration.as_secs_f64(),
     }
 }
