@@ -3,7 +3,7 @@
 //! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
 //! claim is delivered by its own task, so the next claim runs while earlier batches are in
-//! flight. Two semaphores bound the work: requests in flight, and claims being delivered (so
+//! flight. Two semaphores bound the work: requests in flight, and rows being delivered (so
 //! rows are not leased long before a request slot is free for them).
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -144,9 +144,13 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
 impl Relay {
     async fn claim_loop(self: &Arc<Self>, shutdown: &CancellationToken) {
         let c = &self.config;
-        // Enough claims in delivery to keep every request slot busy, plus one being prepared.
-        let claims_in_delivery = (c.max_in_flight * batch::MAX_ENTRIES).div_ceil(c.batch_size) + 1;
-        let claim_permits = Arc::new(Semaphore::new(claims_in_delivery));
+        // Rows in delivery, not claims, are bounded: enough to fill every request slot plus one
+        // claim being prepared. Counting claims instead starved the request slots when claims
+        // are small (a steady stream claims a few rows at a time): five claims of four rows
+        // kept five requests in flight of 32.
+        let rows_in_delivery =
+            (c.max_in_flight * batch::MAX_ENTRIES).max(c.batch_size) + c.batch_size;
+        let row_permits = Arc::new(Semaphore::new(rows_in_delivery));
         let mut deliveries = JoinSet::new();
         let mut db_failures = 0u32;
         let mut idle = idle::Schedule::new(Instant::now());
@@ -158,8 +162,9 @@ impl Relay {
                     .await;
                 continue;
             }
-            let permit = tokio::select! {
-                permit = Arc::clone(&claim_permits).acquire_owned() => permit.expect("never closed"),
+            // A whole batch is reserved for the claim; what it does not fill goes back at once.
+            let mut permit = tokio::select! {
+                permit = Arc::clone(&row_permits).acquire_many_owned(c.batch_size as u32) => permit.expect("never closed"),
                 _ = tokio::time::sleep(c.poll_interval) => continue,
                 _ = shutdown.cancelled() => break,
             };
@@ -182,6 +187,7 @@ impl Relay {
                     let full = rows.len() == c.batch_size;
                     let rows_claimed = !rows.is_empty();
                     if rows_claimed {
+                        drop(permit.split(c.batch_size - rows.len()));
                         let lease_deadline = claimed_at + c.lease;
                         let relay = Arc::clone(self);
                         let shutdown = shutdown.clone();
@@ -231,7 +237,7 @@ impl Relay {
         self: Arc<Self>,
         rows: Vec<ClaimedRow>,
         lease_deadline: Instant,
-        _claim_permit: OwnedSemaphorePermit,
+        _row_permits: OwnedSemaphorePermit,
         shutdown: CancellationToken,
     ) {
         let plan = batch::plan(&rows, &self.plan_config);
