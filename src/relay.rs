@@ -3,7 +3,7 @@
 //! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
 //! claim is delivered by its own task, so the next claim runs while earlier batches are in
-//! flight. Two semaphores bound the work: requests in flight, and claims being delivered (so
+//! flight. Two semaphores bound the work: requests in flight, and rows being delivered (so
 //! rows are not leased long before a request slot is free for them).
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -17,10 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchRequest, PlanConfig};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
+use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::outbox::{
     ClaimedRow, Outbox, OutboxError, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow,
-    Session, Settlement, SharedSession,
+    Session, Settlement, SharedSession, Wakeup,
 };
 use crate::retry::{self, FailureClass, RequestFailure, Transport};
 use crate::sqs::{EntryOutcome, Sqs};
@@ -39,7 +40,8 @@ struct Relay {
     session: SharedSession,
     sqs: Sqs,
     health: Arc<Health>,
-    /// Woken by NOTIFY from the table's trigger; a stored permit coalesces bursts.
+    /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
+    /// modes; a stored permit coalesces bursts.
     wake: Notify,
     /// Relay-wide back-off after whole-request failures (throttling, outage, configuration).
     pressure: Pressure,
@@ -58,19 +60,37 @@ pub struct Connected {
     first: Session,
 }
 
-/// Connects and checks the table, so that start-up problems (database unreachable, table
-/// missing) end the process with one clear line before anything else is started.
+/// The outbox as `run` uses it: table (or adopted view), settlement and claim mode.
+pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
+    Ok(Outbox::new(
+        &config.database.url.0,
+        config.database.table.clone(),
+        config.database.connect_timeout,
+    )?
+    .adopted_from(
+        config
+            .database
+            .adopted
+            .as_ref()
+            .map(|(base, _)| base.clone()),
+    )
+    .delete_on_ack(config.retention.deletes_on_ack())
+    .claim_mode(config.claim_mode.clone()))
+}
+
+/// Connects and checks the table and the wake-up mode, so that start-up problems (database
+/// unreachable, table missing, `--wakeup` not set up) end the process with one clear line
+/// before anything else is started.
 pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
-    let outbox = Arc::new(
-        Outbox::new(
-            &config.database.url.0,
-            config.database.table.clone(),
-            config.database.connect_timeout,
-        )?
-        .delete_on_ack(config.delete_on_ack)
-        .claim_mode(config.claim_mode.clone()),
-    );
+    let outbox = Arc::new(outbox_for(&config)?);
     let first = outbox.connect().await?;
+    let installed = outbox.installed_wakeup().await?;
+    match (config.wakeup, installed.judge(config.wakeup)) {
+        (_, Ok(())) => {}
+        // Polling works with the trigger still there; it only costs the application.
+        (Wakeup::Poll, Err(harm)) => tracing::warn!("{harm}"),
+        (_, Err(fix)) => return Err(OutboxError::Wakeup(fix).into()),
+    }
     Ok(Connected {
         config,
         outbox,
@@ -105,6 +125,7 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
         relay_id = %relay.config.relay_id,
         table = %relay.config.database.table,
         queue_url = %relay.config.queue_url,
+        wakeup = %relay.config.wakeup,
         batch_size = relay.config.batch_size,
         max_in_flight = relay.config.max_in_flight,
         lease = %humantime::format_duration(relay.config.lease),
@@ -123,11 +144,16 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
 impl Relay {
     async fn claim_loop(self: &Arc<Self>, shutdown: &CancellationToken) {
         let c = &self.config;
-        // Enough claims in delivery to keep every request slot busy, plus one being prepared.
-        let claims_in_delivery = (c.max_in_flight * batch::MAX_ENTRIES).div_ceil(c.batch_size) + 1;
-        let claim_permits = Arc::new(Semaphore::new(claims_in_delivery));
+        // Rows in delivery, not claims, are bounded: enough to fill every request slot plus one
+        // claim being prepared. Counting claims instead starved the request slots when claims
+        // are small (a steady stream claims a few rows at a time): five claims of four rows
+        // kept five requests in flight of 32.
+        let rows_in_delivery =
+            (c.max_in_flight * batch::MAX_ENTRIES).max(c.batch_size) + c.batch_size;
+        let row_permits = Arc::new(Semaphore::new(rows_in_delivery));
         let mut deliveries = JoinSet::new();
         let mut db_failures = 0u32;
+        let mut idle = idle::Schedule::new(Instant::now());
         while !shutdown.is_cancelled() {
             self.health.tick();
             reap(&mut deliveries);
@@ -136,8 +162,9 @@ impl Relay {
                     .await;
                 continue;
             }
-            let permit = tokio::select! {
-                permit = Arc::clone(&claim_permits).acquire_owned() => permit.expect("never closed"),
+            // A whole batch is reserved for the claim; what it does not fill goes back at once.
+            let mut permit = tokio::select! {
+                permit = Arc::clone(&row_permits).acquire_many_owned(c.batch_size as u32) => permit.expect("never closed"),
                 _ = tokio::time::sleep(c.poll_interval) => continue,
                 _ = shutdown.cancelled() => break,
             };
@@ -158,7 +185,9 @@ impl Relay {
                     db_failures = 0;
                     self.health.set_database_ok(true);
                     let full = rows.len() == c.batch_size;
-                    if !rows.is_empty() {
+                    let rows_claimed = !rows.is_empty();
+                    if rows_claimed {
+                        drop(permit.split(c.batch_size - rows.len()));
                         let lease_deadline = claimed_at + c.lease;
                         let relay = Arc::clone(self);
                         let shutdown = shutdown.clone();
@@ -166,9 +195,15 @@ impl Relay {
                             relay.deliver(rows, lease_deadline, permit, shutdown).await
                         });
                     }
-                    if !full {
-                        self.wait_for_work(shutdown).await;
+                    if full {
+                        continue;
                     }
+                    if rows_claimed && c.wakeup == Wakeup::Poll {
+                        // More may have committed meanwhile: claim again at once.
+                        idle.worked(Instant::now());
+                        continue;
+                    }
+                    self.wait_for_work(&mut idle, shutdown).await;
                 }
                 Err(e) => {
                     db_failures += 1;
@@ -202,7 +237,7 @@ impl Relay {
         self: Arc<Self>,
         rows: Vec<ClaimedRow>,
         lease_deadline: Instant,
-        _claim_permit: OwnedSemaphorePermit,
+        _row_permits: OwnedSemaphorePermit,
         shutdown: CancellationToken,
     ) {
         let plan = batch::plan(&rows, &self.plan_config);
@@ -435,9 +470,12 @@ impl Relay {
         }
     }
 
-    /// Keeps a LISTEN connection open; each (re)connection also wakes the loop once, since
-    /// notifications sent while it was down are gone.
+    /// With `--wakeup notify`, keeps a LISTEN connection open; each (re)connection also wakes
+    /// the loop once, since notifications sent while it was down are gone.
     async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
+        if self.config.wakeup != Wakeup::Notify {
+            return;
+        }
         let mut failures = 0u32;
         loop {
             let connected = std::sync::atomic::AtomicBool::new(false);
@@ -571,11 +609,32 @@ impl Relay {
         }
     }
 
-    async fn wait_for_work(&self, shutdown: &CancellationToken) {
-        tokio::select! {
-            _ = self.wake.notified() => {}
-            _ = tokio::time::sleep(self.config.poll_interval) => {}
-            _ = shutdown.cancelled() => {}
+    /// Returns when a claim is worth trying: woken (settlement, NOTIFY, doorbell), or, when
+    /// polling, once the probe finds a claimable row.
+    async fn wait_for_work(&self, idle: &mut idle::Schedule, shutdown: &CancellationToken) {
+        if self.config.wakeup != Wakeup::Poll {
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+                _ = shutdown.cancelled() => {}
+            }
+            return;
+        }
+        loop {
+            let wait = idle.next(Instant::now(), self.config.poll_interval);
+            tokio::select! {
+                _ = self.wake.notified() => return,
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            self.health.tick();
+            let probe = async { self.session.get().await?.probe().await };
+            match probe.await {
+                Ok(false) => {}
+                // Found work, or the database failed: the claim finds the rows, or meets the
+                // failure and backs off.
+                Ok(true) | Err(_) => return,
+            }
         }
     }
 
