@@ -114,20 +114,23 @@ impl StorageRun {
     }
 }
 
-/// The variants: the build's default retention, rows kept a week, delete on acknowledgement.
+/// The variants: the build's default retention, rows kept a week, delete on acknowledgement
+/// (left out where it is the default: `--retention 0`).
 pub fn variants(relay_help: &str) -> Vec<(String, Vec<String>)> {
     let default = crate::help_value(relay_help, "--retention").unwrap_or_else(|| "?".into());
-    let mut v = vec![(format!("default retention ({default})"), Vec::new())];
+    let mut v = vec![(format!("default (--retention {default})"), Vec::new())];
     if default != "7d" {
         v.push((
             "--retention 7d".to_string(),
             vec!["--retention".into(), "7d".into()],
         ));
     }
-    v.push((
-        "--delete-on-ack".to_string(),
-        vec!["--delete-on-ack".to_string()],
-    ));
+    if default != "0" {
+        v.push((
+            "--delete-on-ack".to_string(),
+            vec!["--delete-on-ack".to_string()],
+        ));
+    }
     v
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_relay::batch::KeyColumn;
-use outbox_relay::outbox::{ClaimMode, Ordered, Outbox, SentRow, Settlement};
+use outbox_relay::outbox::{ClaimMode, Ordered, Outbox, SentRow, Settlement, Wakeup};
 
 use crate::support::pg::PrivatePg;
 use crate::support::{self, TestDb};
@@ -63,6 +63,12 @@ impl Database {
         )
         .expect("outbox settings");
         outbox.migrate(&[]).await.expect("migrate the outbox table");
+        // As `outbox-relay migrate` does: the default wake-up, and nothing another mode needs
+        // (the migration alone still creates the NOTIFY trigger).
+        outbox
+            .set_up_wakeup(Wakeup::default())
+            .await
+            .expect("set up the default wake-up");
         Database {
             db,
             outbox: Arc::new(outbox),
