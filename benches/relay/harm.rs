@@ -139,10 +139,11 @@ pub async fn start_relay(
     id: &str,
     extra: &[String],
 ) -> RelayProcess {
+    let url = settings.relay_url(&db.url);
     let mut args: Vec<String> = [
         "run",
         "--database-url",
-        &db.url,
+        &url,
         "--queue-url",
         &sink.queue_url("bench"),
         "--sqs-endpoint-url",

@@ -17,6 +17,7 @@
 //! | `OUTBOX_BENCH_STORAGE_SECONDS` | 600 (quick: 60) | producer time of the storage run |
 //! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady,harm,idle,storage` |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
+//! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
 
 #[path = "../../tests/support/mod.rs"]
@@ -69,6 +70,9 @@ pub struct Settings {
     pub sweep: Vec<usize>,
     pub only: Option<Vec<String>>,
     pub relay_args: Vec<String>,
+    /// libpq `options` added to every relay's database URL: tries a relay-side session
+    /// setting without rebuilding the relay.
+    pub relay_pg_options: Option<String>,
     pub out_dir: PathBuf,
 }
 
@@ -137,10 +141,29 @@ impl Settings {
             relay_args: var("OUTBOX_BENCH_RELAY_ARGS")
                 .map(|v| v.split_whitespace().map(str::to_string).collect())
                 .unwrap_or_default(),
+            relay_pg_options: var("OUTBOX_BENCH_RELAY_PG_OPTIONS"),
             out_dir: var("OUTBOX_BENCH_OUT")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| support::repo_root().join("target/bench")),
         }
+    }
+
+    /// `url` with [`Settings::relay_pg_options`] added, for a relay's `--database-url`.
+    pub fn relay_url(&self, url: &str) -> String {
+        let Some(options) = &self.relay_pg_options else {
+            return url.to_string();
+        };
+        let encoded: String = options
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                    (b as char).to_string()
+                }
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        let separator = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{separator}options={encoded}")
     }
 
     fn runs(&self, group: &str) -> bool {
@@ -493,10 +516,11 @@ fn relay_args(
     relay_id: &str,
     max_in_flight: usize,
 ) -> Vec<String> {
+    let db_url = settings.relay_url(db_url);
     let mut args: Vec<String> = [
         "run",
         "--database-url",
-        db_url,
+        &db_url,
         "--queue-url",
         queue_url,
         "--sqs-endpoint-url",

@@ -354,6 +354,7 @@ impl Report {
                 "window_seconds": settings.window.as_secs(),
                 "steady_seconds": settings.steady.as_secs(),
                 "extra_relay_args": settings.relay_args,
+                "relay_pg_options": settings.relay_pg_options,
                 "relay_has_ordered_flag": ordered_flag,
             }),
             payload_bytes: 0.0,
