@@ -1096,9 +1096,9 @@ impl Report {
             );
             let _ = writeln!(
                 t,
-                "| relay | events/s | seconds | size every sample, MiB | at the end: heap / indexes / rest MiB | bytes/event (whole run) | growth per day at this rate (2nd half) |"
+                "| relay | events/s | seconds | size every sample (last: producers stopped), MiB | 2nd half min – max MiB | at the end: heap / indexes / rest MiB | bytes/event (whole run) | growth per day at this rate (2nd half) |"
             );
-            let _ = writeln!(t, "|---|---:|---:|---|---|---:|---:|");
+            let _ = writeln!(t, "|---|---:|---:|---|---|---|---:|---:|");
             for r in &self.storage {
                 let mib = |b: i64| b as f64 / 1048576.0;
                 let sizes = r
@@ -1115,13 +1115,16 @@ impl Report {
                         mib(l.total - l.heap - l.indexes)
                     )
                 });
+                let (low, high) = r.second_half_range();
                 let _ = writeln!(
                     t,
-                    "| {} | {:.0} | {:.0} | {} | {} | {:.0} | {:.2} GiB |",
+                    "| {} | {:.0} | {:.0} | {} | {:.0} – {:.0} | {} | {:.0} | {:.2} GiB |",
                     r.name,
                     r.achieved_rate(),
                     r.seconds,
                     sizes,
+                    mib(low),
+                    mib(high),
                     end,
                     r.bytes_per_event(),
                     r.growth_per_day() / 1073741824.0,

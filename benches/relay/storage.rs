@@ -29,6 +29,9 @@ pub struct SizeSample {
     pub dead_rows: i64,
     /// Events committed so far.
     pub events: u64,
+    /// Taken while the producer ran; the last sample is taken after it stopped, when VACUUM
+    /// may already have truncated the table, and is left out of the slopes.
+    pub producing: bool,
 }
 
 pub struct StorageRun {
@@ -46,7 +49,7 @@ impl StorageRun {
         let pts: Vec<(f64, f64)> = self
             .samples
             .iter()
-            .filter(|s| s.seconds >= from)
+            .filter(|s| s.producing && s.seconds >= from)
             .map(|s| (s.seconds, s.total as f64))
             .collect();
         let n = pts.len() as f64;
@@ -82,6 +85,19 @@ impl StorageRun {
         self.samples.last()
     }
 
+    /// Smallest and largest size over the second half of the production: a table that
+    /// stays flat keeps both about where they are.
+    pub fn second_half_range(&self) -> (i64, i64) {
+        let half = self
+            .samples
+            .iter()
+            .filter(|s| s.producing && s.seconds >= self.seconds / 2.0);
+        (
+            half.clone().map(|s| s.total).min().unwrap_or(0),
+            half.map(|s| s.total).max().unwrap_or(0),
+        )
+    }
+
     pub fn max_total(&self) -> i64 {
         self.samples.iter().map(|s| s.total).max().unwrap_or(0)
     }
@@ -100,6 +116,8 @@ impl StorageRun {
             "bytes_per_event_whole_run": self.bytes_per_event(),
             "growth_bytes_per_day_at_this_rate": self.growth_per_day(),
             "max_total_bytes": self.max_total(),
+            "second_half_min_total_bytes": self.second_half_range().0,
+            "second_half_max_total_bytes": self.second_half_range().1,
             "samples": self.samples.iter().map(|s| json!({
                 "seconds": s.seconds,
                 "total_bytes": s.total,
@@ -109,6 +127,7 @@ impl StorageRun {
                 "live_rows": s.live_rows,
                 "dead_rows": s.dead_rows,
                 "events_committed": s.events,
+                "producer_running": s.producing,
             })).collect::<Vec<_>>(),
         })
     }
@@ -176,7 +195,9 @@ pub async fn storage(
             let produced = producing.await;
             stop.store(true, Ordering::Relaxed);
             let mut samples = sampler.await.expect("size sampler");
-            samples.push(size_sample(db, produced.seconds, &committed).await);
+            let mut last = size_sample(db, produced.seconds, &committed).await;
+            last.producing = false;
+            samples.push(last);
             let events = produced.commits.iter().flatten().count() as u64;
             StorageRun {
                 name: name.clone(),
@@ -245,5 +266,6 @@ async fn size_sample(db: &TestDb, seconds: f64, committed: &AtomicU64) -> SizeSa
         live_rows: row.get(3),
         dead_rows: row.get(4),
         events: committed.load(Ordering::Relaxed),
+        producing: true,
     }
 }
