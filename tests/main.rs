@@ -21,3 +21,4 @@ mod outbox_sql;
 mod retention;
 mod sqs_contract;
 mod startup;
+mod wakeup_logical;

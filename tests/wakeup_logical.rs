@@ -1,0 +1,505 @@
+//! The logical-decoding doorbell (`--wakeup logical`) against real PostgreSQL clusters started
+//! with `wal_level=logical`: what rings it, the temporary slot's life, the start-up verdict of
+//! `check_logical`, authentication and TLS on the replication connection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outbox_relay::outbox::{quote_ident, Outbox, OutboxError};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::scenario::{events, insert};
+use crate::support::pg::PrivatePg;
+use crate::support::{fresh_db, wait_until, TestDb};
+
+const LOGICAL: &str = "wal_level=logical";
+
+fn outbox(url: &str) -> Arc<Outbox> {
+    Arc::new(Outbox::new(url, "outbox".parse().unwrap(), Duration::from_secs(10)).unwrap())
+}
+
+/// A database on `cluster` with the outbox table and, if `publish`, the doorbell's
+/// publication as `migrate --wakeup logical` creates it.
+async fn outbox_db(
+    cluster: &PrivatePg,
+    publish: bool,
+) -> (TestDb, Arc<Outbox>, tokio_postgres::Client) {
+    let db = cluster.create_db().await;
+    let outbox = outbox(&db.url);
+    outbox.migrate(&[]).await.expect("migrate");
+    let client = db.client().await;
+    if publish {
+        create_publication(&client, &outbox).await;
+    }
+    (db, outbox, client)
+}
+
+async fn create_publication(client: &tokio_postgres::Client, outbox: &Outbox) {
+    let name = outbox.publication_name().await.expect("publication name");
+    client
+        .batch_execute(&format!(
+            "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')",
+            quote_ident(&name)
+        ))
+        .await
+        .expect("create the publication");
+}
+
+/// A running doorbell and what it rang.
+struct Bell {
+    /// When each wake happened.
+    wakes: mpsc::UnboundedReceiver<Instant>,
+    task: JoinHandle<Result<(), OutboxError>>,
+}
+
+impl Bell {
+    /// Starts the doorbell and returns once it is streaming.
+    async fn start(outbox: Arc<Outbox>) -> Bell {
+        let (wake, wakes) = mpsc::unbounded_channel();
+        let (ready, is_ready) = oneshot::channel();
+        let task = tokio::spawn(async move {
+            outbox
+                .doorbell(
+                    move || {
+                        let _ = wake.send(Instant::now());
+                    },
+                    move || {
+                        let _ = ready.send(());
+                    },
+                )
+                .await
+        });
+        match tokio::time::timeout(Duration::from_secs(30), is_ready).await {
+            Ok(Ok(())) => Bell { wakes, task },
+            Ok(Err(_)) => panic!("the doorbell ended before streaming: {:?}", task.await),
+            Err(_) => panic!("the doorbell was not streaming after 30 s"),
+        }
+    }
+
+    async fn next(&mut self) -> Instant {
+        tokio::time::timeout(Duration::from_secs(30), self.wakes.recv())
+            .await
+            .expect("the doorbell rang within 30 s")
+            .expect("the doorbell is running")
+    }
+
+    /// Wakes received and not yet taken.
+    fn drain(&mut self) -> usize {
+        let mut n = 0;
+        while self.wakes.try_recv().is_ok() {
+            n += 1;
+        }
+        n
+    }
+}
+
+/// The doorbells' slots on the cluster: (name, temporary, active).
+async fn slots(client: &tokio_postgres::Client) -> Vec<(String, bool, bool)> {
+    client
+        .query(
+            "SELECT slot_name::text, temporary, active FROM pg_replication_slots \
+             WHERE slot_name LIKE 'outbox\\_relay\\_%' ORDER BY slot_name",
+            &[],
+        )
+        .await
+        .expect("read pg_replication_slots")
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect()
+}
+
+/// Returns once every doorbell slot has confirmed the WAL written so far: the doorbell then
+/// has read, and rung for, every transaction committed before this call.
+async fn fence(client: &tokio_postgres::Client) {
+    let lsn: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    wait_until(
+        &format!("the doorbell confirmed {lsn}"),
+        Duration::from_secs(60),
+        || async {
+            client
+                .query_one(
+                    "SELECT coalesce(bool_and(confirmed_flush_lsn >= $1::text::pg_lsn), false) \
+                     FROM pg_replication_slots WHERE slot_name LIKE 'outbox\\_relay\\_%'",
+                    &[&lsn],
+                )
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rings_once_per_committed_inserting_transaction_only() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let (_db, outbox, client) = outbox_db(&cluster, true).await;
+    insert(&client, &events("before", 1, 1), Duration::ZERO).await;
+    let mut bell = Bell::start(outbox).await;
+
+    client
+        .batch_execute(
+            "BEGIN; \
+             INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('rolled-back', 'order', '1', 'order.placed', '{}'); \
+             ROLLBACK",
+        )
+        .await
+        .unwrap();
+    client
+        .execute(
+            "UPDATE outbox SET available_at = now() WHERE event_id = 'before-0'",
+            &[],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute("CREATE TABLE unrelated (x int); INSERT INTO unrelated VALUES (1)")
+        .await
+        .unwrap();
+    insert(&client, &events("one", 1, 1), Duration::ZERO).await;
+    insert(&client, &events("three", 3, 2), Duration::ZERO).await;
+    fence(&client).await;
+    assert_eq!(
+        bell.drain(),
+        2,
+        "one wake for each of the two inserting transactions; none for the rollback, the \
+         update, the other table, or the rows inserted before streaming"
+    );
+    assert!(!bell.task.is_finished());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_temporary_slot_lives_exactly_as_long_as_the_connection() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let (_db, outbox, client) = outbox_db(&cluster, true).await;
+    let publication = outbox.publication_name().await.unwrap();
+    assert!(slots(&client).await.is_empty());
+
+    let mut bell = Bell::start(Arc::clone(&outbox)).await;
+    let found = slots(&client).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    let (name, temporary, active) = &found[0];
+    assert!(*temporary && *active, "{found:?}");
+    assert!(
+        name.starts_with(&format!("{publication}_{}_", std::process::id())),
+        "{name}"
+    );
+    // While it runs it confirms what it received, so the slot holds back no WAL.
+    insert(&client, &events("kept-up", 2, 1), Duration::ZERO).await;
+    bell.next().await;
+    fence(&client).await;
+
+    // The server ends the connection: the doorbell returns an error for the caller to
+    // reconnect, and PostgreSQL drops the slot.
+    client
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[name],
+        )
+        .await
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), bell.task)
+        .await
+        .expect("the doorbell returned within 30 s")
+        .unwrap();
+    assert!(ended.is_err(), "{ended:?}");
+    wait_until("the slot is dropped", Duration::from_secs(30), || async {
+        slots(&client).await.is_empty()
+    })
+    .await;
+
+    // The relay drops the doorbell (shutdown, or the task aborted): the slot goes too.
+    let bell = Bell::start(outbox).await;
+    assert_eq!(slots(&client).await.len(), 1);
+    bell.task.abort();
+    wait_until(
+        "the slot is dropped after the doorbell was",
+        Duration::from_secs(30),
+        || async { slots(&client).await.is_empty() },
+    )
+    .await;
+}
+
+/// One line, no line breaks, no password.
+fn assert_one_line(e: &OutboxError, needle: &str, password: &str) {
+    let text = e.to_string();
+    assert!(text.contains(needle), "{text:?} should mention {needle:?}");
+    assert!(!text.contains('\n'), "{text:?}");
+    assert!(!text.contains(password), "{text:?} holds the password");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_logical_refuses_a_server_without_logical_wal() {
+    // The shared cluster runs with the default wal_level=replica.
+    let db = fresh_db().await;
+    let outbox = outbox(&db.url);
+    outbox.migrate(&[]).await.unwrap();
+    let password = crate::support::pg().password();
+    let e = outbox.check_logical().await.unwrap_err();
+    assert!(matches!(e, OutboxError::Logical(_)), "{e:?}");
+    assert_one_line(&e, "wal_level=replica", password);
+    assert_one_line(&e, "ALTER SYSTEM SET wal_level = logical", password);
+    // The doorbell itself fails the same way rather than streaming nothing.
+    let client = db.client().await;
+    create_publication(&client, &outbox).await;
+    let e = outbox.doorbell(|| {}, || {}).await.unwrap_err();
+    assert_one_line(&e, "ALTER SYSTEM SET wal_level = logical", password);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_logical_names_the_missing_publication_and_replication_attribute() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let (db, outbox, client) = outbox_db(&cluster, false).await;
+    let password = cluster.password();
+
+    let e = outbox.check_logical().await.unwrap_err();
+    assert_one_line(&e, "outbox-relay migrate --wakeup logical", password);
+    let e = outbox.doorbell(|| {}, || {}).await.unwrap_err();
+    assert_one_line(&e, "outbox-relay migrate --wakeup logical", password);
+
+    create_publication(&client, &outbox).await;
+    outbox
+        .check_logical()
+        .await
+        .expect("ready for --wakeup logical");
+    wait_until(
+        "check's trial slot is gone",
+        Duration::from_secs(30),
+        || async { slots(&client).await.is_empty() },
+    )
+    .await;
+
+    let role_password = "n0-repl-s3cret";
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE relay_norepl LOGIN PASSWORD '{role_password}'"
+        ))
+        .await
+        .unwrap();
+    let url = format!(
+        "postgres://relay_norepl:{role_password}@127.0.0.1:{}/{}",
+        cluster.port(),
+        db.name
+    );
+    let as_role = self::outbox(&url);
+    let e = as_role.check_logical().await.unwrap_err();
+    assert!(matches!(e, OutboxError::Logical(_)), "{e:?}");
+    assert_one_line(&e, "ALTER ROLE \"relay_norepl\" REPLICATION", role_password);
+    let e = as_role.doorbell(|| {}, || {}).await.unwrap_err();
+    assert_one_line(&e, "ALTER ROLE \"relay_norepl\" REPLICATION", role_password);
+
+    client
+        .batch_execute("ALTER ROLE relay_norepl REPLICATION")
+        .await
+        .unwrap();
+    as_role
+        .check_logical()
+        .await
+        .expect("the role may replicate now");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_logical_names_exhausted_slots_and_wal_senders() {
+    let cluster = PrivatePg::start_with(&[LOGICAL, "max_replication_slots=1"]).await;
+    let (_db, outbox, _client) = outbox_db(&cluster, true).await;
+    let password = cluster.password();
+    let _bell = Bell::start(Arc::clone(&outbox)).await;
+    let e = outbox.check_logical().await.unwrap_err();
+    assert_one_line(&e, "max_replication_slots", password);
+    drop(cluster);
+
+    let cluster = PrivatePg::start_with(&[LOGICAL, "max_wal_senders=0"]).await;
+    let (_db, outbox, _client) = outbox_db(&cluster, true).await;
+    let e = outbox.check_logical().await.unwrap_err();
+    assert_one_line(&e, "max_wal_senders", cluster.password());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticates_with_scram_over_tcp_and_unix_sockets() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let (db, outbox, client) = outbox_db(&cluster, true).await;
+    // initdb --auth=scram-sha-256: every rule, replication and local ones included, asks
+    // for SCRAM, so the doorbells below authenticated with it.
+    let methods: Vec<String> = client
+        .query("SELECT DISTINCT auth_method FROM pg_hba_file_rules", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(methods, vec!["scram-sha-256".to_string()]);
+
+    let mut bell = Bell::start(Arc::clone(&outbox)).await;
+    insert(&client, &events("tcp", 1, 1), Duration::ZERO).await;
+    bell.next().await;
+    bell.task.abort();
+
+    let unix = self::outbox(&format!(
+        "host={} port={} user=postgres password={} dbname={}",
+        cluster.socket_dir().display(),
+        cluster.port(),
+        cluster.password(),
+        db.name
+    ));
+    let mut bell = Bell::start(unix).await;
+    insert(&client, &events("unix", 1, 1), Duration::ZERO).await;
+    bell.next().await;
+    bell.task.abort();
+
+    let wrong = "wr0ng-pa55word";
+    let url = format!(
+        "postgres://postgres:{wrong}@127.0.0.1:{}/{}",
+        cluster.port(),
+        db.name
+    );
+    let e = self::outbox(&url).doorbell(|| {}, || {}).await.unwrap_err();
+    assert_one_line(&e, "password authentication failed", wrong);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_over_tls_with_the_relays_sslmode_rules() {
+    let pg = crate::ops_tls::TlsPg::start_with(&[LOGICAL]).await;
+    let ca = pg.ca.display().to_string();
+    // The test database takes TCP clients over TLS only; a Unix socket sets things up.
+    let admin_url = format!(
+        "host={} port={} user=postgres password={} dbname={}",
+        pg.cluster.socket_dir().display(),
+        pg.cluster.port(),
+        pg.password(),
+        pg.db.name
+    );
+    let (client, connection) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls)
+        .await
+        .expect("connect over the Unix socket");
+    tokio::spawn(connection);
+
+    let verified = outbox(&pg.url(
+        "localhost",
+        &format!("?sslmode=verify-full&sslrootcert={ca}"),
+    ));
+    verified.migrate(&[]).await.expect("migrate over TLS");
+    create_publication(&client, &verified).await;
+    verified.check_logical().await.expect("check over TLS");
+    let mut bell = Bell::start(verified).await;
+    insert(&client, &events("tls", 1, 1), Duration::ZERO).await;
+    bell.next().await;
+    bell.task.abort();
+
+    // Without TLS pg_hba.conf turns the replication connection away, so the one above was
+    // encrypted; with the wrong CA the certificate check refuses the server.
+    let plain = outbox(&pg.url("localhost", "?sslmode=disable"));
+    assert!(plain.check_logical().await.is_err());
+    let other_ca = pg.other_ca.display().to_string();
+    let wrong_ca = outbox(&pg.url(
+        "localhost",
+        &format!("?sslmode=verify-ca&sslrootcert={other_ca}"),
+    ));
+    let e = wrong_ca.check_logical().await.unwrap_err();
+    assert_one_line(&e, "not signed by", pg.password());
+}
+
+/// Commit -> wake latency on a durable cluster (fsync and synchronous_commit on), printed
+/// (`--nocapture`), not asserted: speed belongs to the benchmark. What is asserted is that
+/// each of the single-row commits rings exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_durable_single_row_commit_rings_once_and_the_latency_is_printed() {
+    const COMMITS: usize = 300;
+    let cluster = PrivatePg::start_with(&[LOGICAL, "fsync=on", "synchronous_commit=on"]).await;
+    let (_db, outbox, mut client) = outbox_db(&cluster, true).await;
+    let mut bell = Bell::start(outbox).await;
+    let mut from_sent = Vec::with_capacity(COMMITS);
+    let mut from_acked = Vec::with_capacity(COMMITS);
+    for (i, event) in events("lat", COMMITS, 7).into_iter().enumerate() {
+        let tx = client.transaction().await.unwrap();
+        tx.execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, $2, $3, $4, $5::text::jsonb)",
+            &[
+                &event.event_id,
+                &event.aggregate_type,
+                &event.aggregate_id,
+                &event.event_type,
+                &event.payload.to_string(),
+            ],
+        )
+        .await
+        .unwrap();
+        let sent = Instant::now();
+        tx.commit().await.unwrap();
+        let acked = Instant::now();
+        let rang = bell.next().await;
+        assert_eq!(bell.drain(), 0, "commit {i} rang more than once");
+        from_sent.push(rang.saturating_duration_since(sent));
+        from_acked.push(rang.checked_duration_since(acked));
+    }
+    fence(&client).await;
+    assert_eq!(bell.drain(), 0, "no wake beyond one per commit");
+
+    from_sent.sort();
+    let before_ack = from_acked.iter().filter(|d| d.is_none()).count();
+    let mut after_ack: Vec<Duration> = from_acked.into_iter().flatten().collect();
+    after_ack.sort();
+    let pct = |v: &[Duration], p: f64| {
+        v.get(((v.len() as f64 * p).ceil() as usize).saturating_sub(1))
+            .map(|d| format!("{:.3} ms", d.as_secs_f64() * 1000.0))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!(
+        "doorbell latency, {COMMITS} durable single-row commits: commit sent -> wake p50 {} p99 {}; \
+         commit acknowledged -> wake p50 {} p99 {} ({before_ack} wakes came before the acknowledgement)",
+        pct(&from_sent, 0.50),
+        pct(&from_sent, 0.99),
+        pct(&after_ack, 0.50),
+        pct(&after_ack, 0.99),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_tables_view_is_served_by_the_publication_of_its_base_table() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let (db, _base, client) = outbox_db(&cluster, false).await;
+    // The shape `migrate --adopt` leaves: the relay reads a view over the application's table.
+    client
+        .batch_execute("CREATE VIEW outbox_relay AS SELECT * FROM outbox")
+        .await
+        .unwrap();
+    let view = Arc::new(
+        Outbox::new(
+            &db.url,
+            "outbox_relay".parse().unwrap(),
+            Duration::from_secs(10),
+        )
+        .unwrap(),
+    );
+    let name = quote_ident(&view.publication_name().await.unwrap());
+
+    // A publication of that name that does not cover the base table is refused.
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE unrelated (x int); CREATE PUBLICATION {name} FOR TABLE unrelated"
+        ))
+        .await
+        .unwrap();
+    let e = view.check_logical().await.unwrap_err();
+    assert_one_line(&e, "does not publish inserts", cluster.password());
+
+    client
+        .batch_execute(&format!(
+            "DROP PUBLICATION {name}; \
+             CREATE PUBLICATION {name} FOR TABLE outbox WITH (publish = 'insert')"
+        ))
+        .await
+        .unwrap();
+    view.check_logical()
+        .await
+        .expect("the base table is published");
+    let mut bell = Bell::start(view).await;
+    insert(&client, &events("adopted", 1, 1), Duration::ZERO).await;
+    bell.next().await;
+}
