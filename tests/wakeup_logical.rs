@@ -503,3 +503,71 @@ async fn an_adopted_tables_view_is_served_by_the_publication_of_its_base_table()
     insert(&client, &events("adopted", 1, 1), Duration::ZERO).await;
     bell.next().await;
 }
+
+/// pg_hba.conf rules ahead of the harness's SCRAM ones send two roles through md5 (with an md5
+/// password hash) and cleartext `password` authentication.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authenticates_with_md5_and_cleartext_passwords() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let (db, _outbox, client) = outbox_db(&cluster, true).await;
+    let hba_file: String = client.query_one("SHOW hba_file", &[]).await.unwrap().get(0);
+    let rules = std::fs::read_to_string(&hba_file).unwrap();
+    std::fs::write(
+        &hba_file,
+        format!(
+            "host all relay_md5 127.0.0.1/32 md5\nhost all relay_plain 127.0.0.1/32 password\n{rules}"
+        ),
+    )
+    .unwrap();
+    client
+        .batch_execute(
+            "SET password_encryption = 'md5'; \
+             CREATE ROLE relay_md5 LOGIN REPLICATION PASSWORD 'md5-s3cret'; \
+             CREATE ROLE relay_plain LOGIN REPLICATION PASSWORD 'plain-s3cret'; \
+             SELECT pg_reload_conf()",
+        )
+        .await
+        .unwrap();
+    wait_until(
+        "pg_hba.conf is reloaded",
+        Duration::from_secs(20),
+        || async {
+            client
+            .query_one(
+                "SELECT count(*) FROM pg_hba_file_rules WHERE auth_method IN ('md5', 'password')",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 2
+        },
+    )
+    .await;
+    for (role, password, method) in [
+        ("relay_md5", "md5-s3cret", "md5"),
+        ("relay_plain", "plain-s3cret", "password"),
+    ] {
+        let url = format!(
+            "postgres://{role}:{password}@127.0.0.1:{}/{}",
+            cluster.port(),
+            db.name
+        );
+        let outbox = self::outbox(&url);
+        outbox
+            .check_logical()
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+        let mut bell = Bell::start(outbox).await;
+        insert(&client, &events(role, 1, 1), Duration::ZERO).await;
+        bell.next().await;
+        bell.task.abort();
+        let wrong = self::outbox(&format!(
+            "postgres://{role}:wr0ng@127.0.0.1:{}/{}",
+            cluster.port(),
+            db.name
+        ));
+        let e = wrong.check_logical().await.unwrap_err();
+        assert_one_line(&e, "password authentication failed", "wr0ng");
+    }
+}

@@ -368,6 +368,11 @@ fn logical_prerequisite(e: &wire::ServerError, user: &str) -> Option<String> {
         "55000" if e.message.contains("wal_level") => {
             Some(wal_level_error("replica").to_string())
         }
+        // Slots switched off altogether (max_replication_slots = 0).
+        "55000" if e.message.contains("max_replication_slots") => Some(format!(
+            "--wakeup logical needs a free replication slot ({}): raise max_replication_slots (restart needed)",
+            e.message
+        )),
         "53400" => Some(format!(
             "--wakeup logical needs a free replication slot ({}): raise max_replication_slots (restart needed) or drop unused slots listed in pg_replication_slots",
             e.message
@@ -415,6 +420,13 @@ mod tests {
             ),
             (
                 server("53400", "all replication slots are in use"),
+                "max_replication_slots",
+            ),
+            (
+                server(
+                    "55000",
+                    "replication slots can only be used if max_replication_slots > 0",
+                ),
                 "max_replication_slots",
             ),
             (
