@@ -571,3 +571,33 @@ async fn authenticates_with_md5_and_cleartext_passwords() {
         assert_one_line(&e, "password authentication failed", "wr0ng");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_waiting_for_an_open_transaction_is_bounded_by_the_connect_timeout() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let (db, _outbox, client) = outbox_db(&cluster, true).await;
+    // A transaction holding a transaction id: PostgreSQL creates a logical slot only once the
+    // transactions running at that moment have ended.
+    let mut holder = db.client().await;
+    let open = holder.transaction().await.unwrap();
+    open.execute("SELECT pg_current_xact_id()", &[])
+        .await
+        .unwrap();
+
+    let impatient =
+        Arc::new(Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(2)).unwrap());
+    let e = impatient.doorbell(|| {}, || {}).await.unwrap_err();
+    assert_one_line(&e, "transactions open", cluster.password());
+    assert!(e.is_transient(), "{e:?}");
+    wait_until(
+        "the abandoned slot is dropped",
+        Duration::from_secs(30),
+        || async { slots(&client).await.is_empty() },
+    )
+    .await;
+
+    open.commit().await.unwrap();
+    let mut bell = Bell::start(impatient).await;
+    insert(&client, &events("after-wait", 1, 1), Duration::ZERO).await;
+    bell.next().await;
+}

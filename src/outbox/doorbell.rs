@@ -199,6 +199,11 @@ impl Outbox {
                 Wire::connect(&self.pg, &self.tls),
             )
             .await?;
+        // A walsender waiting to create a slot does not notice its client leave: it waits on
+        // until the transactions open at that moment end, holding a WAL sender and a slot, and
+        // every retry would add one. So a handshake abandoned from here on (timed out, or the
+        // doorbell dropped) cancels the server's work.
+        let mut guard = CancelOnDrop(wire.cancel_token());
         let options = if wire.server_major() >= 15 {
             "(SNAPSHOT 'nothing')"
         } else {
@@ -232,6 +237,7 @@ impl Outbox {
             self.bounded(deadline, limit, Step::Start, wire.start_streaming(&start))
                 .await?;
         }
+        guard.0 = None;
         Ok((wire, consistent_point))
     }
 
@@ -326,6 +332,25 @@ impl Outbox {
         match self.pg.get_user() {
             Some(user) => user.to_string(),
             None => whoami::username().unwrap_or_else(|_| "(the OS user)".to_string()),
+        }
+    }
+}
+
+/// Cancels the server's work on a handshake that did not finish, in the background.
+struct CancelOnDrop(Option<wire::CancelToken>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(token) = self.0.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let sent = tokio::time::timeout(Duration::from_secs(10), token.send()).await;
+                if !matches!(sent, Ok(Ok(()))) {
+                    tracing::debug!("could not cancel an unfinished replication handshake");
+                }
+            });
         }
     }
 }

@@ -93,6 +93,38 @@ pub struct Wire {
     read: BytesMut,
     /// `server_version` as the server reported it at start-up.
     server_version: String,
+    /// Where we connected, and the key the server gave us to cancel what it is doing.
+    cancel: Option<CancelToken>,
+}
+
+/// What it takes to interrupt the server's work on this connection from outside it.
+#[derive(Debug, Clone)]
+pub struct CancelToken {
+    target: Host,
+    port: u16,
+    process_id: i32,
+    secret_key: i32,
+}
+
+impl CancelToken {
+    /// Sends a CancelRequest on a connection of its own, as libpq's PQcancel does: without
+    /// TLS and without authentication (the key is the credential; pg_hba.conf is not asked).
+    pub async fn send(&self) -> Result<(), WireError> {
+        let mut buf = BytesMut::new();
+        frontend::cancel_request(self.process_id, self.secret_key, &mut buf);
+        let mut io: Box<dyn Io> = match &self.target {
+            Host::Tcp(host) => Box::new(TcpStream::connect((host.as_str(), self.port)).await?),
+            Host::Unix(dir) => {
+                Box::new(UnixStream::connect(dir.join(format!(".s.PGSQL.{}", self.port))).await?)
+            }
+        };
+        io.write_all(&buf).await?;
+        io.flush().await?;
+        // The server closes the connection once it has acted on the request.
+        let mut rest = Vec::new();
+        let _ = io.read_to_end(&mut rest).await;
+        Ok(())
+    }
 }
 
 /// CopyBothResponse's tag; absent from postgres-protocol's parser.
@@ -163,6 +195,7 @@ impl Wire {
             io,
             read: BytesMut::with_capacity(8192),
             server_version: String::new(),
+            cancel: None,
         };
         let user = match pg.get_user() {
             Some(user) => user.to_string(),
@@ -170,7 +203,7 @@ impl Wire {
         };
         wire.startup(pg, &user).await?;
         wire.authenticate(pg, &user).await?;
-        wire.until_ready().await?;
+        wire.until_ready(target, port).await?;
         if pg.get_target_session_attrs() != TargetSessionAttrs::Any {
             let rows = wire.simple_query("SHOW transaction_read_only").await?;
             let read_only = rows.first().and_then(|r| r.first()).cloned().flatten();
@@ -185,6 +218,12 @@ impl Wire {
             }
         }
         Ok(wire)
+    }
+
+    /// The means to interrupt a command this connection is running (the server sent none
+    /// only if it is very unusual).
+    pub fn cancel_token(&self) -> Option<CancelToken> {
+        self.cancel.clone()
     }
 
     /// The major version, e.g. 15; 0 when the server did not say.
@@ -284,16 +323,24 @@ impl Wire {
     }
 
     /// Reads the start-up's parameter reports up to ReadyForQuery.
-    async fn until_ready(&mut self) -> Result<(), WireError> {
+    async fn until_ready(&mut self, target: &Host, port: u16) -> Result<(), WireError> {
         loop {
             match self.message().await? {
+                Message::BackendKeyData(key) => {
+                    self.cancel = Some(CancelToken {
+                        target: target.clone(),
+                        port,
+                        process_id: key.process_id(),
+                        secret_key: key.secret_key(),
+                    });
+                }
                 Message::ReadyForQuery(_) => return Ok(()),
                 Message::ParameterStatus(p) => {
                     if p.name()? == "server_version" {
                         self.server_version = p.value()?.to_string();
                     }
                 }
-                Message::BackendKeyData(_) | Message::NoticeResponse(_) => {}
+                Message::NoticeResponse(_) => {}
                 other => return Err(unexpected(&other, "start-up")),
             }
         }
