@@ -78,10 +78,8 @@ pub async fn run(args: &RunArgs) -> bool {
 async fn check_database(config: &RunConfig, report: &mut Report) {
     let db = &config.database;
     let table = db.table.quoted();
-    let outbox = match Outbox::new(&db.url.0, db.table.clone(), db.connect_timeout) {
-        Ok(o) => o
-            .delete_on_ack(config.delete_on_ack)
-            .claim_mode(config.claim_mode.clone()),
+    let outbox = match crate::relay::outbox_for(config) {
+        Ok(o) => o,
         Err(e) => {
             report.add("database settings", Err(e.to_string()));
             return;
@@ -116,7 +114,7 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
         format!("table {table} has the relay's columns and types"),
         judge_columns(&facts.columns).map(|()| None),
     );
-    let needs_delete = config.delete_on_ack || config.retention != Retention::Off;
+    let needs_delete = config.retention != Retention::Off;
     report.add(
         format!(
             "role {} has the privileges the relay needs on {table}",
@@ -136,6 +134,18 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
             prepared,
         );
     }
+    check_wakeup(config, &outbox, report).await;
+}
+
+/// The wake-up mode finds what it needs in the database, and nothing it does not use that
+/// costs the application (a leftover NOTIFY trigger).
+async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) {
+    let what = format!("wake-up mode {} is set up", config.wakeup);
+    let verdict = match outbox.installed_wakeup().await {
+        Ok(installed) => installed.judge(config.wakeup).map(|()| None),
+        Err(e) => Err(e.to_string()),
+    };
+    report.add(what, verdict);
 }
 
 /// Every column of the migration, with a type the relay's statements can use.

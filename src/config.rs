@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig};
-use crate::outbox::{ClaimMode, ColumnMap, KeyIndex, Ordered, TableName};
+use crate::outbox::{ClaimMode, ColumnMap, KeyIndex, Ordered, TableName, Wakeup};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,7 +35,8 @@ pub enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create or upgrade the outbox table, its indexes and wake-up trigger (idempotent).
+    /// Create or upgrade the outbox table and its indexes, and set up the chosen --wakeup
+    /// (idempotent).
     Migrate(MigrateArgs),
     /// Run the relay until SIGTERM/SIGINT.
     Run(Box<RunArgs>),
@@ -157,10 +158,15 @@ pub struct MigrateArgs {
     #[arg(long, env = "OUTBOX_FAIR_BY")]
     pub fair_by: Option<KeyColumn>,
 
-    /// Adopt an existing outbox table (e.g. Debezium's): add only the relay's columns, indexes,
-    /// trigger and a view; the application's columns are named with --column.
+    /// Adopt an existing outbox table (e.g. Debezium's): add only the relay's columns, indexes
+    /// and a view; the application's columns are named with --column.
     #[arg(long)]
     pub adopt: bool,
+
+    /// The wake-up the relays will use: `notify` installs the NOTIFY trigger, `logical` the
+    /// publication; anything the chosen mode does not use is removed.
+    #[arg(long, env = "OUTBOX_WAKEUP", default_value = "poll")]
+    pub wakeup: Wakeup,
 }
 
 impl MigrateArgs {
@@ -226,7 +232,16 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = 32)]
     pub max_in_flight: usize,
 
-    /// Claim at least this often even without a wake-up notification.
+    /// How an idle relay learns of new rows: `poll` (adaptive polling with a cheap probe;
+    /// costs the application's commits nothing), `logical` (a temporary logical replication
+    /// slot; needs wal_level=logical and a REPLICATION role), `notify` (a trigger; serializes
+    /// the application's commits, for low-write databases only). `migrate` with the same
+    /// flag sets it up.
+    #[arg(long, env = "OUTBOX_WAKEUP", default_value = "poll")]
+    pub wakeup: Wakeup,
+
+    /// The longest an idle relay waits before looking for work: polling stretches to it after
+    /// sustained idleness; with `notify` and `logical` it is the fallback.
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub poll_interval: Duration,
 
@@ -266,15 +281,17 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stats_interval: Duration,
 
-    /// Delete sent rows this long after they were sent (`off` keeps them).
-    #[arg(long, env = "OUTBOX_RETENTION", default_value = "7d", value_parser = parse_retention)]
+    /// How long sent rows stay in the table: `0` deletes each row when SQS acknowledged it
+    /// (nothing accumulates in the application's database), a duration keeps them that long
+    /// (an audit trail, deleted in small batches), `off` keeps them forever.
+    #[arg(long, env = "OUTBOX_RETENTION", default_value = "0", value_parser = parse_retention)]
     pub retention: Retention,
 
     /// How often the retention pass runs.
     #[arg(long, env = "OUTBOX_RETENTION_INTERVAL", default_value = "1m", value_parser = humantime::parse_duration)]
     pub retention_interval: Duration,
 
-    /// Delete rows as soon as SQS acknowledged them, instead of marking them sent.
+    /// The same as `--retention 0` (the default): delete rows as soon as SQS acknowledged them.
     #[arg(long, env = "OUTBOX_DELETE_ON_ACK")]
     pub delete_on_ack: bool,
 
@@ -337,17 +354,34 @@ fn parse_route(s: &str) -> Result<(String, String), String> {
 /// How long sent rows are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Retention {
-    Off,
+    /// Deleted by the settlement itself, when SQS acknowledged them.
+    OnAck,
+    /// Marked sent, then deleted by the retention pass this long after sending.
     For(Duration),
+    /// Marked sent and kept.
+    Off,
+}
+
+impl Retention {
+    /// Sent rows are deleted at settlement instead of being marked.
+    pub fn deletes_on_ack(self) -> bool {
+        self == Retention::OnAck
+    }
 }
 
 fn parse_retention(s: &str) -> Result<Retention, String> {
     if s.eq_ignore_ascii_case("off") {
         return Ok(Retention::Off);
     }
-    humantime::parse_duration(s)
-        .map(Retention::For)
-        .map_err(|e| format!("{e}: use a duration such as 7d or 12h, or `off`"))
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Ok(Retention::OnAck),
+        Ok(d) => Ok(Retention::For(d)),
+        // humantime wants a unit even for zero; a bare 0 is what people write.
+        Err(_) if s.trim() == "0" => Ok(Retention::OnAck),
+        Err(e) => Err(format!(
+            "{e}: use 0 (delete when sent), a duration such as 1h or 7d, or `off`"
+        )),
+    }
 }
 
 /// Rows deleted per retention statement: small enough that each DELETE holds its row locks
@@ -386,6 +420,7 @@ pub struct RunConfig {
     pub lease: Duration,
     pub batch_size: usize,
     pub max_in_flight: usize,
+    pub wakeup: Wakeup,
     pub poll_interval: Duration,
     pub max_attempts: u32,
     pub send_timeout: Duration,
@@ -397,7 +432,6 @@ pub struct RunConfig {
     pub stats_interval: Duration,
     pub retention: Retention,
     pub retention_interval: Duration,
-    pub delete_on_ack: bool,
     /// How claims choose rows.
     pub claim_mode: ClaimMode,
     /// How rows become messages, and where they go.
@@ -510,6 +544,12 @@ impl RunArgs {
             ));
         }
         check_lease(self.lease, self.send_timeout, self.settle_margin)?;
+        let retention = match (self.delete_on_ack, self.retention) {
+            (false, retention) | (true, retention @ Retention::OnAck) => retention,
+            (true, _) => {
+                return Err("--delete-on-ack deletes rows when sent; it contradicts --retention: set one of them (--retention 0 is the same as --delete-on-ack)".to_string())
+            }
+        };
         if self.max_request_bytes < 1024 || self.max_request_bytes > SQS_MAX_REQUEST_BYTES {
             return Err(format!(
                 "--max-request-bytes {} is out of range: use 1024 to {SQS_MAX_REQUEST_BYTES} (SQS's limit)",
@@ -567,6 +607,7 @@ impl RunArgs {
             lease: self.lease,
             batch_size: self.batch_size,
             max_in_flight: self.max_in_flight,
+            wakeup: self.wakeup,
             poll_interval: self.poll_interval,
             max_attempts: self.max_attempts,
             send_timeout: self.send_timeout,
@@ -576,9 +617,8 @@ impl RunArgs {
             retry_base: self.retry_base,
             retry_max: self.retry_max,
             stats_interval: self.stats_interval,
-            retention: self.retention,
+            retention,
             retention_interval: self.retention_interval,
-            delete_on_ack: self.delete_on_ack,
             claim_mode,
             plan,
         })
@@ -700,11 +740,20 @@ mod tests {
     }
 
     #[test]
-    fn retention_takes_a_duration_or_off() {
+    fn retention_takes_zero_a_duration_or_off() {
+        assert_eq!(run_args(&[]).unwrap().retention, Retention::OnAck);
+        for zero in ["0", "0s"] {
+            assert_eq!(
+                run_args(&["--retention", zero]).unwrap().retention,
+                Retention::OnAck
+            );
+        }
         assert_eq!(
-            run_args(&[]).unwrap().retention,
-            Retention::For(Duration::from_secs(7 * 86400))
+            run_args(&["--delete-on-ack"]).unwrap().retention,
+            Retention::OnAck
         );
+        let err = run_args(&["--delete-on-ack", "--retention", "1h"]).unwrap_err();
+        assert!(err.contains("contradicts --retention"), "{err}");
         assert_eq!(
             run_args(&["--retention", "off"]).unwrap().retention,
             Retention::Off
@@ -716,6 +765,20 @@ mod tests {
         assert!(run_args(&["--retention", "soon"])
             .unwrap_err()
             .contains("or `off`"));
+    }
+
+    #[test]
+    fn wakeup_defaults_to_polling_and_names_each_mode() {
+        assert_eq!(run_args(&[]).unwrap().wakeup, Wakeup::Poll);
+        for (flag, mode) in [
+            ("poll", Wakeup::Poll),
+            ("logical", Wakeup::Logical),
+            ("notify", Wakeup::Notify),
+        ] {
+            assert_eq!(run_args(&["--wakeup", flag]).unwrap().wakeup, mode);
+        }
+        let err = run_args(&["--wakeup", "listen"]).unwrap_err();
+        assert!(err.contains("poll, logical or notify"), "{err}");
     }
 
     #[test]

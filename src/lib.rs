@@ -14,6 +14,7 @@
 //! - [`sqs`]: the only owner of the AWS SDK: one request in, one outcome per entry out.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
+//! - [`idle`]: pure: when an idle relay looks for work again (`--wakeup poll`).
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: TLS to PostgreSQL with libpq's `sslmode` semantics.
 //! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
@@ -21,6 +22,7 @@
 pub mod batch;
 pub mod check;
 pub mod config;
+pub mod idle;
 pub mod metrics;
 pub mod outbox;
 pub mod relay;

@@ -122,6 +122,28 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         }
         (None, false) => outbox.migrate(&args.keys()).await,
     };
+    // The wake-up follows the table: it needs the table (or view) to exist.
+    let outbox = outbox.adopted_from(db.adopted.map(|(base, _)| base));
+    let result = match result {
+        Ok(report) => outbox.set_up_wakeup(args.wakeup).await.map(|installed| {
+            println!(
+                "wake-up mode {}: NOTIFY trigger {}, publication {}",
+                args.wakeup,
+                if installed.trigger {
+                    "installed"
+                } else {
+                    "absent"
+                },
+                if installed.publication {
+                    "present"
+                } else {
+                    "absent"
+                },
+            );
+            report
+        }),
+        Err(e) => Err(e),
+    };
     match result {
         Ok(report) if report.from == report.to => {
             println!(

@@ -18,8 +18,10 @@ use crate::tls::{PgTls, PgTlsStream};
 mod doorbell;
 pub mod inspect;
 mod status;
+mod wakeup;
 
 pub use status::TableStatus;
+pub use wakeup::{Installed, Wakeup};
 
 /// Schema version this build creates and understands. Later versions add steps to
 /// [`MIGRATIONS`]; `migrate` applies the missing ones in order.
@@ -37,6 +39,9 @@ pub enum OutboxError {
     /// TLS settings that cannot work (verification without a CA, an unreadable CA file).
     #[error("{0}")]
     Tls(String),
+    /// The chosen `--wakeup` cannot work against this database as it is.
+    #[error("{0}")]
+    Wakeup(String),
     #[error("table {0} does not exist: run `outbox-relay migrate` with the same --table, or fix --table")]
     TableMissing(String),
     #[error("the index for {key} is missing on {table}: run `outbox-relay migrate --table {table} {flag} {key}`")]
@@ -61,10 +66,6 @@ pub enum OutboxError {
         #[source]
         source: tokio_postgres::Error,
     },
-    /// `--wakeup logical` cannot work on this server, role or table; one line saying what to
-    /// change.
-    #[error("{0}")]
-    Logical(String),
     /// A failure on the logical-decoding doorbell's replication connection.
     #[error("{context}: {detail}")]
     Replication {
@@ -480,6 +481,7 @@ struct Sql {
     reschedule: String,
     quarantine: String,
     stats: String,
+    probe: String,
     delete_expired: String,
     quarantine_list: String,
     quarantine_retry: String,
@@ -489,6 +491,8 @@ struct Sql {
 #[derive(Debug)]
 pub struct Outbox {
     table: TableName,
+    /// An adopted table behind the relay's view `table`: where triggers and publications go.
+    base: Option<TableName>,
     pg: tokio_postgres::Config,
     /// The handshake `sslmode` asks for; tokio-postgres alone cannot verify certificates.
     tls: PgTls,
@@ -530,12 +534,14 @@ impl Outbox {
             reschedule: fill(include_str!("../sql/reschedule.sql")),
             quarantine: fill(include_str!("../sql/quarantine.sql")),
             stats: fill(include_str!("../sql/stats.sql")),
+            probe: fill(include_str!("../sql/probe.sql")),
             delete_expired: fill(include_str!("../sql/delete_expired.sql")),
             quarantine_list: fill(include_str!("../sql/quarantine_list.sql")),
             quarantine_retry: fill(include_str!("../sql/quarantine_retry.sql")),
         };
         Ok(Outbox {
             table,
+            base: None,
             pg,
             tls,
             sql,
@@ -569,6 +575,12 @@ impl Outbox {
     /// bloat and the cheapest settlement (see docs/benchmarks.md).
     pub fn delete_on_ack(mut self, yes: bool) -> Self {
         self.delete_on_ack = yes;
+        self
+    }
+
+    /// The relay reads `table`, a view over this adopted table (`migrate --adopt`).
+    pub fn adopted_from(mut self, base: Option<TableName>) -> Self {
+        self.base = base;
         self
     }
 
@@ -649,12 +661,13 @@ impl Outbox {
         } else {
             &self.sql.mark_sent
         };
-        let (claim, mark_sent, reschedule, quarantine, stats, delete_expired) = tokio::try_join!(
+        let (claim, mark_sent, reschedule, quarantine, stats, probe, delete_expired) = tokio::try_join!(
             client.prepare(&self.sql.claim),
             client.prepare(settle_sent),
             client.prepare(&self.sql.reschedule),
             client.prepare(&self.sql.quarantine),
             client.prepare(&self.sql.stats),
+            client.prepare(&self.sql.probe),
             client.prepare(&self.sql.delete_expired),
         )
         .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?;
@@ -679,6 +692,7 @@ impl Outbox {
                 reschedule,
                 quarantine,
                 stats,
+                probe,
                 delete_expired,
                 park,
             },
@@ -731,7 +745,8 @@ impl Outbox {
         keys
     }
 
-    /// The NOTIFY channel of the table's trigger; fails clearly when the table is missing.
+    /// The table's wake-up channel (and publication) name; fails clearly when the table is
+    /// missing.
     async fn resolve_channel(&self, client: &Client) -> Result<String, OutboxError> {
         let row = client
             .query_opt(
@@ -746,7 +761,7 @@ impl Outbox {
         }
     }
 
-    /// Creates or upgrades the table, its indexes and wake-up trigger. Safe to run again and
+    /// Creates or upgrades the table and its indexes. Safe to run again and
     /// from several processes at once (an advisory lock serialises them).
     pub async fn migrate(
         &self,
@@ -1274,6 +1289,7 @@ struct Statements {
     reschedule: Statement,
     quarantine: Statement,
     stats: Statement,
+    probe: Statement,
     delete_expired: Statement,
     /// park_blocked and unpark_blocked, with ordered delivery and poison blocking.
     park: Option<(Statement, Statement)>,
@@ -1445,6 +1461,17 @@ impl Session {
             )
             .await
             .map_err(query_err("deleting sent rows past retention"))
+    }
+
+    /// Whether a claim now would find a row: a read-only look that takes no lock, for an
+    /// idle relay to decide whether to claim.
+    pub async fn probe(&self) -> Result<bool, OutboxError> {
+        let row = self
+            .client
+            .query_one(&self.statements.probe, &[])
+            .await
+            .map_err(query_err("looking for claimable rows"))?;
+        Ok(row.get(0))
     }
 
     /// Gauges for `/metrics`, from partial indexes only.

@@ -17,10 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchRequest, PlanConfig};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
+use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::outbox::{
     ClaimedRow, Outbox, OutboxError, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow,
-    Session, Settlement, SharedSession,
+    Session, Settlement, SharedSession, Wakeup,
 };
 use crate::retry::{self, FailureClass, RequestFailure, Transport};
 use crate::sqs::{EntryOutcome, Sqs};
@@ -39,7 +40,8 @@ struct Relay {
     session: SharedSession,
     sqs: Sqs,
     health: Arc<Health>,
-    /// Woken by NOTIFY from the table's trigger; a stored permit coalesces bursts.
+    /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
+    /// modes; a stored permit coalesces bursts.
     wake: Notify,
     /// Relay-wide back-off after whole-request failures (throttling, outage, configuration).
     pressure: Pressure,
@@ -58,19 +60,37 @@ pub struct Connected {
     first: Session,
 }
 
-/// Connects and checks the table, so that start-up problems (database unreachable, table
-/// missing) end the process with one clear line before anything else is started.
+/// The outbox as `run` uses it: table (or adopted view), settlement and claim mode.
+pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
+    Ok(Outbox::new(
+        &config.database.url.0,
+        config.database.table.clone(),
+        config.database.connect_timeout,
+    )?
+    .adopted_from(
+        config
+            .database
+            .adopted
+            .as_ref()
+            .map(|(base, _)| base.clone()),
+    )
+    .delete_on_ack(config.retention.deletes_on_ack())
+    .claim_mode(config.claim_mode.clone()))
+}
+
+/// Connects and checks the table and the wake-up mode, so that start-up problems (database
+/// unreachable, table missing, `--wakeup` not set up) end the process with one clear line
+/// before anything else is started.
 pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
-    let outbox = Arc::new(
-        Outbox::new(
-            &config.database.url.0,
-            config.database.table.clone(),
-            config.database.connect_timeout,
-        )?
-        .delete_on_ack(config.delete_on_ack)
-        .claim_mode(config.claim_mode.clone()),
-    );
+    let outbox = Arc::new(outbox_for(&config)?);
     let first = outbox.connect().await?;
+    let installed = outbox.installed_wakeup().await?;
+    match (config.wakeup, installed.judge(config.wakeup)) {
+        (_, Ok(())) => {}
+        // Polling works with the trigger still there; it only costs the application.
+        (Wakeup::Poll, Err(harm)) => tracing::warn!("{harm}"),
+        (_, Err(fix)) => return Err(OutboxError::Wakeup(fix).into()),
+    }
     Ok(Connected {
         config,
         outbox,
@@ -105,6 +125,7 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
         relay_id = %relay.config.relay_id,
         table = %relay.config.database.table,
         queue_url = %relay.config.queue_url,
+        wakeup = %relay.config.wakeup,
         batch_size = relay.config.batch_size,
         max_in_flight = relay.config.max_in_flight,
         lease = %humantime::format_duration(relay.config.lease),
@@ -128,6 +149,7 @@ impl Relay {
         let claim_permits = Arc::new(Semaphore::new(claims_in_delivery));
         let mut deliveries = JoinSet::new();
         let mut db_failures = 0u32;
+        let mut idle = idle::Schedule::new(Instant::now());
         while !shutdown.is_cancelled() {
             self.health.tick();
             reap(&mut deliveries);
@@ -158,7 +180,8 @@ impl Relay {
                     db_failures = 0;
                     self.health.set_database_ok(true);
                     let full = rows.len() == c.batch_size;
-                    if !rows.is_empty() {
+                    let rows_claimed = !rows.is_empty();
+                    if rows_claimed {
                         let lease_deadline = claimed_at + c.lease;
                         let relay = Arc::clone(self);
                         let shutdown = shutdown.clone();
@@ -166,9 +189,15 @@ impl Relay {
                             relay.deliver(rows, lease_deadline, permit, shutdown).await
                         });
                     }
-                    if !full {
-                        self.wait_for_work(shutdown).await;
+                    if full {
+                        continue;
                     }
+                    if rows_claimed && c.wakeup == Wakeup::Poll {
+                        // More may have committed meanwhile: claim again at once.
+                        idle.worked(Instant::now());
+                        continue;
+                    }
+                    self.wait_for_work(&mut idle, shutdown).await;
                 }
                 Err(e) => {
                     db_failures += 1;
@@ -435,9 +464,12 @@ impl Relay {
         }
     }
 
-    /// Keeps a LISTEN connection open; each (re)connection also wakes the loop once, since
-    /// notifications sent while it was down are gone.
+    /// With `--wakeup notify`, keeps a LISTEN connection open; each (re)connection also wakes
+    /// the loop once, since notifications sent while it was down are gone.
     async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
+        if self.config.wakeup != Wakeup::Notify {
+            return;
+        }
         let mut failures = 0u32;
         loop {
             let connected = std::sync::atomic::AtomicBool::new(false);
@@ -571,11 +603,32 @@ impl Relay {
         }
     }
 
-    async fn wait_for_work(&self, shutdown: &CancellationToken) {
-        tokio::select! {
-            _ = self.wake.notified() => {}
-            _ = tokio::time::sleep(self.config.poll_interval) => {}
-            _ = shutdown.cancelled() => {}
+    /// Returns when a claim is worth trying: woken (settlement, NOTIFY, doorbell), or, when
+    /// polling, once the probe finds a claimable row.
+    async fn wait_for_work(&self, idle: &mut idle::Schedule, shutdown: &CancellationToken) {
+        if self.config.wakeup != Wakeup::Poll {
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+                _ = shutdown.cancelled() => {}
+            }
+            return;
+        }
+        loop {
+            let wait = idle.next(Instant::now(), self.config.poll_interval);
+            tokio::select! {
+                _ = self.wake.notified() => return,
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            self.health.tick();
+            let probe = async { self.session.get().await?.probe().await };
+            match probe.await {
+                Ok(false) => {}
+                // Found work, or the database failed: the claim finds the rows, or meets the
+                // failure and backs off.
+                Ok(true) | Err(_) => return,
+            }
         }
     }
 

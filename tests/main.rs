@@ -21,4 +21,5 @@ mod outbox_sql;
 mod retention;
 mod sqs_contract;
 mod startup;
+mod wakeup;
 mod wakeup_logical;

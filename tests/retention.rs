@@ -91,12 +91,7 @@ async fn delete_on_ack_removes_rows_once_sqs_has_them_and_keeps_quarantined_ones
     written[7].headers = serde_json::json!({"bad": null});
     insert(&client, &written, Duration::ZERO).await;
     let relay = RelayProcess::spawn(
-        &run_args(
-            &db,
-            &queue,
-            sqs().endpoint(),
-            &["--delete-on-ack", "--retention", "off"],
-        ),
+        &run_args(&db, &queue, sqs().endpoint(), &["--delete-on-ack"]),
         &[],
     );
     wait_count(&client, "true", 1, Duration::from_secs(60)).await;

@@ -52,6 +52,14 @@ pub fn run_args(db: &TestDb, queue_url: &str, endpoint: &str, extra: &[&str]) ->
         "--retry-max",
         "1s",
     ]);
+    // Most tests read `sent_at` to see what was delivered, so sent rows stay an hour; the
+    // default (deleted when SQS acknowledged them) runs in tests/retention.rs and tests/wakeup.rs.
+    if !extra
+        .iter()
+        .any(|a| *a == "--retention" || *a == "--delete-on-ack")
+    {
+        a.extend(args(&["--retention", "1h"]));
+    }
     a.extend(extra.iter().map(|s| s.to_string()));
     a
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_relay::outbox::{quote_ident, Outbox, OutboxError};
+use outbox_relay::outbox::{quote_ident, Outbox, OutboxError, Wakeup};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
@@ -30,20 +30,17 @@ async fn outbox_db(
     outbox.migrate(&[]).await.expect("migrate");
     let client = db.client().await;
     if publish {
-        create_publication(&client, &outbox).await;
+        create_publication(&outbox).await;
     }
     (db, outbox, client)
 }
 
-async fn create_publication(client: &tokio_postgres::Client, outbox: &Outbox) {
-    let name = outbox.publication_name().await.expect("publication name");
-    client
-        .batch_execute(&format!(
-            "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')",
-            quote_ident(&name)
-        ))
+/// The publication as `migrate --wakeup logical` creates it.
+async fn create_publication(outbox: &Outbox) {
+    outbox
+        .set_up_wakeup(Wakeup::Logical)
         .await
-        .expect("create the publication");
+        .expect("set up --wakeup logical");
 }
 
 /// A running doorbell and what it rang.
@@ -178,7 +175,7 @@ async fn rings_once_per_committed_inserting_transaction_only() {
 async fn the_temporary_slot_lives_exactly_as_long_as_the_connection() {
     let cluster = PrivatePg::start_with(&[LOGICAL]).await;
     let (_db, outbox, client) = outbox_db(&cluster, true).await;
-    let publication = outbox.publication_name().await.unwrap();
+    let publication = outbox.publication_name(&client).await.unwrap();
     assert!(slots(&client).await.is_empty());
 
     let mut bell = Bell::start(Arc::clone(&outbox)).await;
@@ -242,12 +239,11 @@ async fn check_logical_refuses_a_server_without_logical_wal() {
     outbox.migrate(&[]).await.unwrap();
     let password = crate::support::pg().password();
     let e = outbox.check_logical().await.unwrap_err();
-    assert!(matches!(e, OutboxError::Logical(_)), "{e:?}");
+    assert!(matches!(e, OutboxError::Wakeup(_)), "{e:?}");
     assert_one_line(&e, "wal_level=replica", password);
     assert_one_line(&e, "ALTER SYSTEM SET wal_level = logical", password);
     // The doorbell itself fails the same way rather than streaming nothing.
-    let client = db.client().await;
-    create_publication(&client, &outbox).await;
+    create_publication(&outbox).await;
     let e = outbox.doorbell(|| {}, || {}).await.unwrap_err();
     assert_one_line(&e, "ALTER SYSTEM SET wal_level = logical", password);
 }
@@ -263,7 +259,7 @@ async fn check_logical_names_the_missing_publication_and_replication_attribute()
     let e = outbox.doorbell(|| {}, || {}).await.unwrap_err();
     assert_one_line(&e, "outbox-relay migrate --wakeup logical", password);
 
-    create_publication(&client, &outbox).await;
+    create_publication(&outbox).await;
     outbox
         .check_logical()
         .await
@@ -289,7 +285,7 @@ async fn check_logical_names_the_missing_publication_and_replication_attribute()
     );
     let as_role = self::outbox(&url);
     let e = as_role.check_logical().await.unwrap_err();
-    assert!(matches!(e, OutboxError::Logical(_)), "{e:?}");
+    assert!(matches!(e, OutboxError::Wakeup(_)), "{e:?}");
     assert_one_line(&e, "ALTER ROLE \"relay_norepl\" REPLICATION", role_password);
     let e = as_role.doorbell(|| {}, || {}).await.unwrap_err();
     assert_one_line(&e, "ALTER ROLE \"relay_norepl\" REPLICATION", role_password);
@@ -384,7 +380,7 @@ async fn streams_over_tls_with_the_relays_sslmode_rules() {
         &format!("?sslmode=verify-full&sslrootcert={ca}"),
     ));
     verified.migrate(&[]).await.expect("migrate over TLS");
-    create_publication(&client, &verified).await;
+    create_publication(&verified).await;
     verified.check_logical().await.expect("check over TLS");
     let mut bell = Bell::start(verified).await;
     insert(&client, &events("tls", 1, 1), Duration::ZERO).await;
@@ -475,9 +471,10 @@ async fn an_adopted_tables_view_is_served_by_the_publication_of_its_base_table()
             "outbox_relay".parse().unwrap(),
             Duration::from_secs(10),
         )
-        .unwrap(),
+        .unwrap()
+        .adopted_from(Some("outbox".parse().unwrap())),
     );
-    let name = quote_ident(&view.publication_name().await.unwrap());
+    let name = quote_ident(&view.publication_name(&client).await.unwrap());
 
     // A publication of that name that does not cover the base table is refused.
     client
@@ -490,12 +487,10 @@ async fn an_adopted_tables_view_is_served_by_the_publication_of_its_base_table()
     assert_one_line(&e, "does not publish inserts", cluster.password());
 
     client
-        .batch_execute(&format!(
-            "DROP PUBLICATION {name}; \
-             CREATE PUBLICATION {name} FOR TABLE outbox WITH (publish = 'insert')"
-        ))
+        .batch_execute(&format!("DROP PUBLICATION {name}"))
         .await
         .unwrap();
+    create_publication(&view).await;
     view.check_logical()
         .await
         .expect("the base table is published");

@@ -124,7 +124,7 @@ impl Outbox {
             .map_err(query_err("reading wal_level"))?;
         let (wal_level, version): (String, i32) = (row.get(0), row.get(1));
         if version < 100_000 {
-            return Err(OutboxError::Logical(format!(
+            return Err(OutboxError::Wakeup(format!(
                 "--wakeup logical needs PostgreSQL 10 or newer (temporary slots, pgoutput), and the server is {}.{}: upgrade it, or use --wakeup poll",
                 version / 10_000,
                 version / 100 % 100
@@ -144,33 +144,24 @@ impl Outbox {
         Ok(())
     }
 
-    /// The name of the table's publication (the same as its NOTIFY channel's:
-    /// `outbox_relay_<16 hex>`), for `migrate --wakeup logical`, which creates it with
-    /// `CREATE PUBLICATION <name> FOR TABLE <base table> WITH (publish = 'insert')`.
-    pub async fn publication_name(&self) -> Result<String, OutboxError> {
-        let client = self.raw_connect().await?;
-        self.resolve_channel(&client).await
-    }
-
     /// The publication's name, once it is known to publish the table's inserts.
     async fn ready_publication(&self, client: &Client) -> Result<String, OutboxError> {
-        let name = self.resolve_channel(client).await?;
+        let name = self.publication_name(client).await?;
+        let base = self.base.as_ref().unwrap_or(&self.table);
         let found = client
             .query_opt(
                 include_str!("../../sql/publication.sql"),
-                &[&name, &self.table.quoted()],
+                &[&name, &base.quoted()],
             )
             .await
             .map_err(query_err("looking up the doorbell's publication"))?;
         match found.map(|row| row.get::<_, bool>(0)) {
             Some(true) => Ok(name),
-            Some(false) => Err(OutboxError::Logical(format!(
-                "--wakeup logical: publication {name} does not publish inserts into {}: run `outbox-relay migrate --wakeup logical` with the same --table",
-                self.table
+            Some(false) => Err(OutboxError::Wakeup(format!(
+                "--wakeup logical: publication {name} does not publish inserts into {base}: run `outbox-relay migrate --wakeup logical` with the same --table"
             ))),
-            None => Err(OutboxError::Logical(format!(
-                "--wakeup logical: publication {name} for {} is missing: run `outbox-relay migrate --wakeup logical` with the same --table",
-                self.table
+            None => Err(OutboxError::Wakeup(format!(
+                "--wakeup logical: publication {name} for {base} is missing: run `outbox-relay migrate --wakeup logical` with the same --table"
             ))),
         }
     }
@@ -287,7 +278,7 @@ impl Outbox {
     fn handshake_error(&self, step: Step, e: WireError) -> OutboxError {
         match e {
             WireError::Server(server) => match logical_prerequisite(&server, &self.user_name()) {
-                Some(line) => OutboxError::Logical(line),
+                Some(line) => OutboxError::Wakeup(line),
                 None if step == Step::Connect => OutboxError::Connect {
                     target: self.target(),
                     reason: server.to_string(),
@@ -308,7 +299,7 @@ impl Outbox {
     fn streaming_error(&self, e: WireError) -> OutboxError {
         match e {
             WireError::Server(server) => match logical_prerequisite(&server, &self.user_name()) {
-                Some(line) => OutboxError::Logical(line),
+                Some(line) => OutboxError::Wakeup(line),
                 None => OutboxError::Replication {
                     context: "logical-decoding doorbell",
                     detail: server.to_string(),
@@ -374,7 +365,7 @@ impl Step {
 }
 
 fn wal_level_error(found: &str) -> OutboxError {
-    OutboxError::Logical(format!(
+    OutboxError::Wakeup(format!(
         "--wakeup logical needs wal_level=logical, and the server has wal_level={found}: run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL, or use --wakeup poll"
     ))
 }

@@ -1,0 +1,253 @@
+//! How an idle relay learns of new rows, and what each way installs in the database.
+//!
+//! `poll` installs nothing. `notify` installs a trigger whose NOTIFY serializes the
+//! application's commits (PostgreSQL holds a database-wide lock from pre-commit through the
+//! WAL flush of every transaction that queued a notification), so it is opt-in. `logical`
+//! installs a publication that a temporary replication slot streams (see `doorbell`).
+//! `migrate --wakeup MODE` installs what MODE needs and removes what it does not, so moving
+//! between modes (and upgrading an install that predates them) leaves nothing behind.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use super::{query_err, quote_ident, Outbox, OutboxError, TableName};
+
+/// The wake-up mode (`--wakeup`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Wakeup {
+    /// Adaptive polling with a read-only probe; nothing installed.
+    #[default]
+    Poll,
+    /// A temporary logical replication slot on the table's publication rings the doorbell.
+    Logical,
+    /// The NOTIFY trigger (opt-in: it costs the application's commits).
+    Notify,
+}
+
+impl Wakeup {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wakeup::Poll => "poll",
+            Wakeup::Logical => "logical",
+            Wakeup::Notify => "notify",
+        }
+    }
+}
+
+impl fmt::Display for Wakeup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Wakeup {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "poll" => Ok(Wakeup::Poll),
+            "logical" => Ok(Wakeup::Logical),
+            "notify" => Ok(Wakeup::Notify),
+            other => Err(format!("{other:?}: use poll, logical or notify")),
+        }
+    }
+}
+
+/// What of the modes' objects exists for a table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Installed {
+    /// The NOTIFY trigger on the base table.
+    pub trigger: bool,
+    /// The publication the logical doorbell streams.
+    pub publication: bool,
+}
+
+impl Installed {
+    /// Whether relays running `mode` find what they need, and nothing that costs the
+    /// application for no use. `Err` is one line saying which `migrate` fixes it.
+    pub fn judge(self, mode: Wakeup) -> Result<(), String> {
+        let fix = format!("run `outbox-relay migrate --wakeup {mode}` with the same --table");
+        match mode {
+            Wakeup::Notify if !self.trigger => {
+                Err(format!("--wakeup notify needs the NOTIFY trigger: {fix}"))
+            }
+            Wakeup::Logical if !self.publication => {
+                Err(format!("--wakeup logical needs the table's publication: {fix}"))
+            }
+            Wakeup::Poll | Wakeup::Logical if self.trigger => Err(format!(
+                "the NOTIFY trigger of an earlier install is still on the table and serializes the application's commits: {fix}"
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// DDL on the application's table queues behind its transactions, and its inserts queue
+/// behind the DDL: wait for the lock at most this long per try.
+const LOCK_TIMEOUT: &str = "1s";
+const LOCK_TRIES: u32 = 10;
+
+impl Outbox {
+    /// The table the application writes: the adopted table behind the relay's view, or the
+    /// outbox table itself.
+    fn base_table(&self) -> &TableName {
+        self.base.as_ref().unwrap_or(&self.table)
+    }
+
+    /// The publication's name: the table's wake-up channel name, unique per table in a
+    /// database (publications are not schema-qualified).
+    pub async fn publication_name(&self, client: &Client) -> Result<String, OutboxError> {
+        self.resolve_channel(client).await
+    }
+
+    /// What of the wake-up modes' objects exists now.
+    pub async fn installed_wakeup(&self) -> Result<Installed, OutboxError> {
+        let client = self.raw_connect().await?;
+        self.installed_on(&client).await
+    }
+
+    async fn installed_on(&self, client: &Client) -> Result<Installed, OutboxError> {
+        let publication = self.publication_name(client).await?;
+        let row = client
+            .query_one(
+                include_str!("../../sql/wakeup_installed.sql"),
+                &[&self.base_table().quoted(), &publication],
+            )
+            .await
+            .map_err(query_err("looking up the wake-up trigger and publication"))?;
+        Ok(Installed {
+            trigger: row.get(0),
+            publication: row.get(1),
+        })
+    }
+
+    /// Installs what `mode` needs and removes what it does not; touches the table (and takes
+    /// its lock) only when something changes.
+    pub async fn set_up_wakeup(&self, mode: Wakeup) -> Result<Installed, OutboxError> {
+        let client = self.raw_connect().await?;
+        let found = self.installed_on(&client).await?;
+        let channel = self.resolve_channel(&client).await?;
+        let base = self.base_table().quoted();
+        let function = self.table.qualify(&self.table.derived("notify"));
+        let mut steps: Vec<(String, &'static str)> = Vec::new();
+        match (mode, found.trigger) {
+            (Wakeup::Notify, _) => steps.push((
+                include_str!("../../sql/wakeup_notify.sql")
+                    .replace("{notify_function}", &function)
+                    .replace("{base}", &base)
+                    // Hex digits and underscores: nothing to escape.
+                    .replace("{channel}", &format!("'{channel}'")),
+                "installing the NOTIFY trigger",
+            )),
+            (_, true) => steps.push((
+                format!(
+                    "DROP TRIGGER IF EXISTS outbox_relay_notify ON {base}; \
+                     DROP FUNCTION IF EXISTS {function}()"
+                ),
+                "removing the NOTIFY trigger",
+            )),
+            (_, false) => {}
+        }
+        match (mode, found.publication) {
+            (Wakeup::Logical, false) => steps.push((
+                format!(
+                    "CREATE PUBLICATION {} FOR TABLE {base} WITH (publish = 'insert')",
+                    quote_ident(&channel)
+                ),
+                "creating the publication for --wakeup logical",
+            )),
+            (Wakeup::Poll | Wakeup::Notify, true) => steps.push((
+                format!("DROP PUBLICATION IF EXISTS {}", quote_ident(&channel)),
+                "removing the publication of --wakeup logical",
+            )),
+            _ => {}
+        }
+        for (ddl, what) in steps {
+            run_ddl(&client, &ddl, what).await?;
+        }
+        self.installed_on(&client).await
+    }
+}
+
+/// Runs `ddl` in one transaction that waits at most [`LOCK_TIMEOUT`] for its locks, retrying
+/// with backoff, so the application's inserts never queue behind it for long.
+async fn run_ddl(client: &Client, ddl: &str, what: &'static str) -> Result<(), OutboxError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let result = client
+            .batch_execute(&format!(
+                "BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; \
+                 SET LOCAL statement_timeout = '30s'; {ddl}; COMMIT"
+            ))
+            .await;
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                let lock_timeout =
+                    e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE);
+                if !lock_timeout || tries >= LOCK_TRIES {
+                    return Err(query_err(what)(e));
+                }
+                let delay = crate::retry::backoff(
+                    tries,
+                    Duration::from_millis(200),
+                    Duration::from_secs(5),
+                    fastrand::f64(),
+                );
+                tracing::warn!(what, retry_in = ?delay, "the table is busy; trying again");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_mode_needs_its_object_and_no_trigger_it_does_not_use() {
+        let none = Installed {
+            trigger: false,
+            publication: false,
+        };
+        let trigger = Installed {
+            trigger: true,
+            publication: false,
+        };
+        let publication = Installed {
+            trigger: false,
+            publication: true,
+        };
+        assert!(none.judge(Wakeup::Poll).is_ok());
+        assert!(publication.judge(Wakeup::Poll).is_ok());
+        assert!(trigger.judge(Wakeup::Notify).is_ok());
+        assert!(publication.judge(Wakeup::Logical).is_ok());
+        let err = none.judge(Wakeup::Notify).unwrap_err();
+        assert!(err.contains("migrate --wakeup notify"), "{err}");
+        let err = trigger.judge(Wakeup::Logical).unwrap_err();
+        assert!(err.contains("migrate --wakeup logical"), "{err}");
+        let err = trigger.judge(Wakeup::Poll).unwrap_err();
+        assert!(
+            err.contains("serializes the application's commits"),
+            "{err}"
+        );
+        assert!(err.contains("migrate --wakeup poll"), "{err}");
+    }
+
+    #[test]
+    fn modes_parse_and_print_alike() {
+        for mode in [Wakeup::Poll, Wakeup::Logical, Wakeup::Notify] {
+            assert_eq!(mode.as_str().parse::<Wakeup>(), Ok(mode));
+        }
+        assert!("Listen"
+            .parse::<Wakeup>()
+            .unwrap_err()
+            .contains("poll, logical or notify"));
+    }
+}
