@@ -1,6 +1,7 @@
 //! The logical-decoding doorbell (`--wakeup logical`) against real PostgreSQL clusters started
 //! with `wal_level=logical`: what rings it, the temporary slot's life, the start-up verdict of
-//! `check_logical`, authentication and TLS on the replication connection.
+//! `check_logical`, authentication and TLS on the replication connection; then real relay
+//! processes with `--wakeup logical`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -9,9 +10,11 @@ use outbox_relay::outbox::{quote_ident, Outbox, OutboxError, Wakeup};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::scenario::{events, insert};
+use crate::scenario::{copies, events, insert, migrated_db, relay_command, run_args, set_arg};
 use crate::support::pg::PrivatePg;
-use crate::support::{fresh_db, wait_until, TestDb};
+use crate::support::{
+    create_queue, fresh_db, receive_all, run_to_end, sqs, wait_until, RelayProcess, TestDb,
+};
 
 const LOGICAL: &str = "wal_level=logical";
 
@@ -595,4 +598,77 @@ async fn a_slot_waiting_for_an_open_transaction_is_bounded_by_the_connect_timeou
     let mut bell = Bell::start(impatient).await;
     insert(&client, &events("after-wait", 1, 1), Duration::ZERO).await;
     bell.next().await;
+}
+
+/// The relay's own lines starting with `error:`.
+fn error_lines(output: &str) -> Vec<&str> {
+    output.lines().filter(|l| l.starts_with("error:")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logical_relay_delivers_a_row_inserted_while_idle_and_leaves_no_slot_when_killed() {
+    let cluster = PrivatePg::start_with(&[LOGICAL]).await;
+    let db = cluster.create_db().await;
+    relay_command(&["migrate", "--database-url", &db.url, "--wakeup", "logical"]).await;
+    let client = db.client().await;
+    let queue = create_queue("logical-idle", &[]).await;
+    let mut run = run_args(&db, &queue, sqs().endpoint(), &["--wakeup", "logical"]);
+    // Only the doorbell can deliver within the test's time: polling waits an hour.
+    set_arg(&mut run, "--poll-interval", "1h");
+    let relay = RelayProcess::spawn(&run, &[]);
+    wait_until(
+        "the relay streams from its slot",
+        Duration::from_secs(30),
+        || async {
+            slots(&client)
+                .await
+                .iter()
+                .any(|(_, temporary, active)| *temporary && *active)
+        },
+    )
+    .await;
+    // Idle now: whatever it polled at start-up found nothing.
+    let written = events("idle-logical", 1, 1);
+    insert(&client, &written, Duration::ZERO).await;
+    let received = receive_all(&queue, 1, Duration::from_secs(30)).await;
+    assert_eq!(
+        copies(&received).get("idle-logical-0"),
+        Some(&1),
+        "{}",
+        relay.output()
+    );
+
+    relay.kill9();
+    relay
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("killed");
+    wait_until(
+        "PostgreSQL dropped the killed relay's slot",
+        Duration::from_secs(60),
+        || async { slots(&client).await.is_empty() },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_logical_wakeup_on_a_server_without_logical_wal_exits_with_one_line() {
+    // The shared cluster runs with wal_level=replica; the publication can exist all the same.
+    let db = migrated_db().await;
+    relay_command(&["migrate", "--database-url", &db.url, "--wakeup", "logical"]).await;
+    let queue = create_queue("logical-refused", &[]).await;
+    let (status, output) = run_to_end(
+        &run_args(&db, &queue, sqs().endpoint(), &["--wakeup", "logical"]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(!status.success(), "{output}");
+    let errors = error_lines(&output);
+    assert_eq!(errors.len(), 1, "one error line expected:\n{output}");
+    assert!(errors[0].contains("wal_level"), "{output}");
+    assert!(
+        !output.contains(crate::support::pg().password()),
+        "{output}"
+    );
 }
