@@ -15,6 +15,7 @@ use tokio_postgres::{AsyncMessage, Client, Statement};
 use crate::batch::KeyColumn;
 use crate::tls::{PgTls, PgTlsStream};
 
+mod doorbell;
 pub mod inspect;
 mod status;
 mod wakeup;
@@ -65,6 +66,15 @@ pub enum OutboxError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A failure on the logical-decoding doorbell's replication connection.
+    #[error("{context}: {detail}")]
+    Replication {
+        context: &'static str,
+        /// The server's message and SQLSTATE, or what happened to the connection.
+        detail: String,
+        /// The server's SQLSTATE; `None` when the connection itself failed.
+        code: Option<String>,
+    },
 }
 
 impl OutboxError {
@@ -77,6 +87,10 @@ impl OutboxError {
             OutboxError::Query { source, .. } => match source.code() {
                 Some(code) => sqlstate_is_transient(code.code()),
                 // No SQLSTATE: the failure is on the connection, not in the statement.
+                None => true,
+            },
+            OutboxError::Replication { code, .. } => match code {
+                Some(code) => sqlstate_is_transient(code),
                 None => true,
             },
             _ => false,

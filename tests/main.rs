@@ -22,3 +22,4 @@ mod retention;
 mod sqs_contract;
 mod startup;
 mod wakeup;
+mod wakeup_logical;

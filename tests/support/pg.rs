@@ -25,6 +25,9 @@ pub struct Pg {
     password: String,
     /// `(uid, gid)` of the `postgres` OS user when we are root: initdb and postgres refuse root.
     run_as: Option<(u32, u32)>,
+    /// Extra `-c name=value` server settings, after (so overriding) the defaults; kept for
+    /// restarts.
+    settings: Vec<String>,
     /// The running postmaster; `None` while stopped.
     child: Mutex<Option<Child>>,
 }
@@ -161,6 +164,7 @@ impl Pg {
             port: free_port(),
             password,
             run_as,
+            settings: Vec::new(),
             child: Mutex::new(None),
         }
     }
@@ -184,8 +188,11 @@ impl Pg {
             // fsync=off is safe against a killed server (writes reach the page cache); commits
             // stay synchronous so a restart test never loses an acknowledged row.
             .args(["-c", "fsync=off"])
-            .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
-            .stdin(Stdio::null())
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"]);
+        for setting in &self.settings {
+            cmd.arg("-c").arg(setting);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log fd"))
             .stderr(log);
         as_user(&mut cmd, self.run_as, &self.socket_dir);
@@ -275,9 +282,16 @@ pub struct PrivatePg {
 
 impl PrivatePg {
     pub async fn start() -> PrivatePg {
-        let pg = tokio::task::spawn_blocking(Pg::init)
+        PrivatePg::start_with(&[]).await
+    }
+
+    /// A cluster with extra server settings (`"wal_level=logical"`, `"fsync=on"`), which
+    /// override the harness's defaults and stay in force across restarts.
+    pub async fn start_with(settings: &[&str]) -> PrivatePg {
+        let mut pg = tokio::task::spawn_blocking(Pg::init)
             .await
             .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+        pg.settings = settings.iter().map(|s| s.to_string()).collect();
         pg.spawn_server(false);
         pg.until_ready().await;
         PrivatePg { pg }
@@ -286,6 +300,20 @@ impl PrivatePg {
     /// libpq URL for database `db` as the superuser.
     pub fn url(&self, db: &str) -> String {
         self.pg.url_for(db)
+    }
+
+    /// The directory of the server's Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.pg.socket_dir
+    }
+
+    pub fn port(&self) -> u16 {
+        self.pg.port
+    }
+
+    /// The superuser's password.
+    pub fn password(&self) -> &str {
+        &self.pg.password
     }
 
     /// An empty database with a unique name on this cluster.
