@@ -395,28 +395,40 @@ impl Outbox {
         }
     }
 
-    /// Runs `sql` in one transaction, again after a pause when a lock was not granted within
-    /// the lock timeout (or a deadlock chose us), up to the policy's number of tries.
+    /// Runs `sql` in one transaction under the lock policy.
     async fn with_lock_retries(
         &self,
         client: &Client,
         what: &str,
         sql: &str,
     ) -> Result<(), OutboxError> {
+        let script = format!("BEGIN;\n{sql}\nCOMMIT;");
+        self.retry_on_lock(what, || async {
+            let result = client.batch_execute(&script).await;
+            if result.is_err() {
+                // The transaction is aborted (or was never opened); end it first.
+                let _ = client.batch_execute("ROLLBACK").await;
+            }
+            result
+        })
+        .await
+    }
+
+    /// Runs `op` again after a pause when a lock was not granted within the lock timeout (or
+    /// a deadlock chose it), up to the policy's number of tries; then one clear error.
+    async fn retry_on_lock<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, OutboxError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let result = client
-                .batch_execute(&format!("BEGIN;\n{sql}\nCOMMIT;"))
-                .await;
-            let error = match result {
-                Ok(()) => return Ok(()),
+            let error = match op().await {
+                Ok(done) => return Ok(done),
                 Err(e) => e,
             };
-            // The transaction is aborted (or was never opened); end it before anything else.
-            let _ = client.batch_execute("ROLLBACK").await;
-            let code = error.code().map(|c| c.code());
-            if !matches!(code, Some("55P03" | "40P01")) {
+            if !matches!(error.code().map(|c| c.code()), Some("55P03" | "40P01")) {
                 return Err(OutboxError::Query {
                     context: "applying a migration step",
                     detail: format!("{what}: {}", super::describe(&error)),
@@ -435,8 +447,8 @@ impl Outbox {
             tracing::info!(
                 step = what,
                 attempt,
-                ?pause,
-                "lock not granted in time; trying again"
+                pause_ms = pause.as_millis() as u64,
+                "lock not granted within the lock timeout; trying again"
             );
             tokio::time::sleep(pause).await;
         }
@@ -496,7 +508,7 @@ impl Outbox {
         for pass in 1..=5 {
             let pages: i64 = client
                 .query_one(
-                    "SELECT pg_relation_size($1::regclass) / current_setting('block_size')::bigint",
+                    "SELECT pg_relation_size($1::text::regclass) / current_setting('block_size')::bigint",
                     &[&base],
                 )
                 .await
@@ -506,10 +518,11 @@ impl Outbox {
             let mut first = 0;
             while first < pages {
                 let end = first + BACKFILL_PAGES;
-                numbered += client
-                    .execute(template, &[&first, &end])
-                    .await
-                    .map_err(query_err("numbering existing rows"))?;
+                numbered += self
+                    .retry_on_lock("numbering existing rows", || async move {
+                        client.execute(template, &[&first, &end]).await
+                    })
+                    .await?;
                 first = end;
             }
             tracing::info!(pass, pages, numbered, "backfill pass done");
