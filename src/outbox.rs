@@ -49,6 +49,8 @@ pub enum OutboxError {
         relay: String,
         column: String,
     },
+    #[error("column {column:?} of {table} has a default of its own but allows NULLs: make it NOT NULL, or let migrate --adopt add a column of its own (--column id=NEW_NAME)")]
+    AdoptSequence { table: String, column: String },
     #[error("table {table} is at schema version {found}, newer than this relay understands ({SCHEMA_VERSION}); upgrade the relay")]
     TooNew { table: String, found: i32 },
     /// A migration step kept finding its table locked by other transactions.

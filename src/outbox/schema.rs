@@ -69,11 +69,7 @@ pub enum Step {
     },
     /// Numbers an adopted table's existing rows, page range by page range, until a pass over
     /// the whole table finds none left.
-    Backfill {
-        base: String,
-        seq: String,
-        sql: String,
-    },
+    Backfill { base: String, sql: String },
     /// A long statement under a lock that lets writes through (VALIDATE CONSTRAINT): neither
     /// timeout applies.
     Unbounded { what: String, sql: String },
@@ -388,7 +384,7 @@ impl Outbox {
         match step {
             Step::Transaction { what, sql } => self.with_lock_retries(client, what, sql).await,
             Step::Index { what, index, sql } => self.build_index(client, what, index, sql).await,
-            Step::Backfill { base, seq, sql } => self.backfill(client, base, seq, sql).await,
+            Step::Backfill { base, sql } => self.backfill(client, base, sql).await,
             Step::Unbounded { sql, .. } => unbounded(client, sql)
                 .await
                 .map_err(query_err("validating the constraint")),
@@ -497,12 +493,12 @@ impl Outbox {
 
     /// Numbers the rows still without a sequence value, a page range per statement, until a
     /// pass over the whole table finds none (a row the application updated during a pass may
-    /// have moved to a page the pass had done).
+    /// have moved to a page the pass had done). Every statement is bounded, unlike one
+    /// `EXISTS (… IS NULL)` over the whole table.
     async fn backfill(
         &self,
         client: &Client,
         base: &str,
-        seq: &str,
         template: &str,
     ) -> Result<(), OutboxError> {
         for pass in 1..=5 {
@@ -529,17 +525,9 @@ impl Outbox {
             if numbered == 0 {
                 return Ok(());
             }
-            let left = client
-                .query_one(
-                    &format!("SELECT EXISTS (SELECT FROM {base} WHERE {seq} IS NULL)"),
-                    &[],
-                )
-                .await
-                .map_err(query_err("looking for rows left to number"))?;
-            if !left.get::<_, bool>(0) {
-                return Ok(());
-            }
         }
+        // Rows still unnumbered make the validation below fail with PostgreSQL's message;
+        // running migrate again resumes here.
         Ok(())
     }
 }
@@ -630,7 +618,6 @@ impl Outbox {
             let backfill = render(include_str!("../../sql/adopt_backfill.sql"));
             steps.push(Step::Backfill {
                 base: base_q.clone(),
-                seq: seq.clone(),
                 sql: backfill.join("\n"),
             });
             let mut not_null = render(include_str!("../../sql/adopt_not_null.sql")).into_iter();
@@ -745,6 +732,27 @@ impl Outbox {
     ) -> Result<AdoptState, OutboxError> {
         let find = |name: &str| columns.iter().find(|c| c.name == name);
         let seq = find(&map.id);
+        if let Some(c) = seq {
+            // A column with a default of its own (an application's serial, say) that allows
+            // NULLs: its NULL rows could only be numbered from a sequence of ours, whose values
+            // may collide with its own.
+            if c.has_default && !c.identity && !c.not_null {
+                let ours: bool = client
+                    .query_one(
+                        "SELECT to_regclass($1) IS NOT NULL",
+                        &[&base.qualify(&self.table.derived("backfill_seq"))],
+                    )
+                    .await
+                    .map_err(query_err("looking up the backfill sequence"))?
+                    .get(0);
+                if !ours {
+                    return Err(OutboxError::AdoptSequence {
+                        table: base.quoted(),
+                        column: map.id.clone(),
+                    });
+                }
+            }
+        }
         let has_check: bool = client
             .query_one(
                 "SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)",
