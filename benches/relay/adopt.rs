@@ -102,7 +102,7 @@ async fn measure(url: &str, binary: &Path, rows: i64) -> AdoptRun {
                 "INSERT INTO outboxevent
                  SELECT gen_random_uuid(), 'order', (g % 5000)::text, 'OrderCreated',
                         jsonb_build_object('order', g, 'customer', md5(g::text),
-                                           'note', repeat('x', 120))
+                                           'note', repeat('x', 140))
                  FROM generate_series($1::bigint, $2::bigint) g",
                 &[&done, &(done + n - 1)],
             )
@@ -135,7 +135,7 @@ async fn measure(url: &str, binary: &Path, rows: i64) -> AdoptRun {
             let insert = c
                 .prepare(
                     "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
-                     VALUES (gen_random_uuid(), 'order', $1, 'OrderCreated',
+                     VALUES (gen_random_uuid(), 'order', $1::text, 'OrderCreated',
                              jsonb_build_object('writer', $1::text, 'note', repeat('x', 120)))",
                 )
                 .await
