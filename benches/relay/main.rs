@@ -11,13 +11,14 @@
 //! | `OUTBOX_BENCH_BATCH` | the relay's `--batch-size` default | every relay's `--batch-size`, and the ceiling's batch |
 //! | `OUTBOX_BENCH_WINDOW` | 15 (quick: 5) | seconds a slow run may take before it is cut |
 //! | `OUTBOX_BENCH_STEADY_SECONDS` | 15 (quick: 5) | producer time per steady rate |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady` |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady,adopt` (adopt: see adopt.rs) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod adopt;
 mod procstat;
 mod report;
 mod sampler;
@@ -298,6 +299,10 @@ async fn run(settings: Settings) {
             ));
             report.steady.push(run);
         }
+    }
+
+    if settings.runs("adopt") {
+        adopt::run(&settings).await;
     }
 
     report.seconds = started.elapsed().as_secs_f64();
