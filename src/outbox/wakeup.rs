@@ -141,7 +141,7 @@ impl Outbox {
             (_, true) => steps.push((
                 format!(
                     "DROP TRIGGER IF EXISTS outbox_relay_notify ON {base}; \
-                     DROP FUNCTION IF EXISTS {function}()"
+                     DROP FUNCTION IF EXISTS {function}();"
                 ),
                 "removing the NOTIFY trigger",
             )),
@@ -150,13 +150,13 @@ impl Outbox {
         match (mode, found.publication) {
             (Wakeup::Logical, false) => steps.push((
                 format!(
-                    "CREATE PUBLICATION {} FOR TABLE {base} WITH (publish = 'insert')",
+                    "CREATE PUBLICATION {} FOR TABLE {base} WITH (publish = 'insert');",
                     quote_ident(&channel)
                 ),
                 "creating the publication for --wakeup logical",
             )),
             (Wakeup::Poll | Wakeup::Notify, true) => steps.push((
-                format!("DROP PUBLICATION IF EXISTS {}", quote_ident(&channel)),
+                format!("DROP PUBLICATION IF EXISTS {};", quote_ident(&channel)),
                 "removing the publication of --wakeup logical",
             )),
             _ => {}
