@@ -1,5 +1,7 @@
 -- Version 1 of the outbox table. Placeholders in braces are quoted identifiers filled in by
--- outbox.rs; nothing user-supplied is spliced in any other way.
+-- outbox/schema.rs; nothing user-supplied is spliced in any other way. Statements end at a
+-- line ending in `;`: the table in one short transaction, then each index built CONCURRENTLY
+-- on its own (outside any transaction), so that a table already in use keeps taking writes.
 CREATE TABLE IF NOT EXISTS {table} (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id          text NOT NULL UNIQUE CHECK (char_length(event_id) BETWEEN 1 AND 128),
@@ -30,26 +32,12 @@ WITH (
     autovacuum_analyze_scale_factor = 0.01
 );
 
-CREATE INDEX IF NOT EXISTS {unsent_index} ON {table} (id)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {unsent_index} ON {table} (id)
     WHERE sent_at IS NULL AND quarantined_at IS NULL;
 
-CREATE INDEX IF NOT EXISTS {quarantined_index} ON {table} (id)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {quarantined_index} ON {table} (id)
     WHERE quarantined_at IS NOT NULL;
 
 -- Retention deletes sent rows oldest first; this index bounds each pass to the rows it removes.
-CREATE INDEX IF NOT EXISTS {sent_index} ON {table} (sent_at)
+CREATE INDEX CONCURRENTLY IF NOT EXISTS {sent_index} ON {table} (sent_at)
     WHERE sent_at IS NOT NULL;
-
--- One NOTIFY per inserting statement (not per row); PostgreSQL also folds identical
--- notifications within a transaction. The channel is derived from the table's own name so
--- that several outbox tables in one database wake only their relays.
-CREATE OR REPLACE FUNCTION {notify_function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    PERFORM pg_notify('outbox_relay_' || left(md5(TG_TABLE_SCHEMA || '.' || TG_TABLE_NAME), 16), '');
-    RETURN NULL;
-END
-$fn$;
-
-CREATE OR REPLACE TRIGGER outbox_relay_notify
-    AFTER INSERT ON {table}
-    FOR EACH STATEMENT EXECUTE FUNCTION {notify_function}();

@@ -1,7 +1,9 @@
 -- Least-privilege roles for an outbox table: the relay's and the application's.
 --
--- The relay reads, leases, settles and (for retention) deletes rows: SELECT, UPDATE, DELETE on
--- the table and USAGE on its schema, nothing else. It never INSERTs. The application only
+-- The relay reads, leases, settles and deletes rows (once sent, or after --retention): SELECT,
+-- UPDATE, DELETE on the table and USAGE on its schema, nothing else. With `--wakeup logical`
+-- its role also needs REPLICATION (ALTER ROLE outbox_relay REPLICATION), which this file does
+-- not grant: the default wake-up, `poll`, needs no more than the above. It never INSERTs. The application only
 -- INSERTs; the `id` column is GENERATED ALWAYS AS IDENTITY, whose sequence PostgreSQL advances
 -- without checking the inserting role's sequence privileges, so INSERT alone suffices (add
 -- SELECT on the columns it names in a RETURNING clause, if it uses one).

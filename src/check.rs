@@ -145,6 +145,14 @@ async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) 
         Ok(installed) => installed.judge(config.wakeup).map(|()| None),
         Err(e) => Err(e.to_string()),
     };
+    let verdict = match verdict {
+        Ok(_) if config.wakeup == crate::outbox::Wakeup::Logical => outbox
+            .check_logical()
+            .await
+            .map(|()| None)
+            .map_err(|e| e.to_string()),
+        other => other,
+    };
     report.add(what, verdict);
 }
 

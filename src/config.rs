@@ -167,9 +167,34 @@ pub struct MigrateArgs {
     /// publication; anything the chosen mode does not use is removed.
     #[arg(long, env = "OUTBOX_WAKEUP", default_value = "poll")]
     pub wakeup: Wakeup,
+
+    /// Print the statements a run would execute and change nothing (no database needed, except
+    /// that --adopt reads the table's columns when --database-url is given).
+    #[arg(long)]
+    pub print_sql: bool,
+
+    /// How long a step may wait for a lock that blocks the application's writes (the
+    /// application's inserts queue behind it meanwhile) before it tries again later.
+    #[arg(long, env = "OUTBOX_LOCK_TIMEOUT", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub lock_timeout: Duration,
+
+    /// Tries per step before migrate gives up with an error (capped backoff with jitter between).
+    #[arg(long, env = "OUTBOX_LOCK_ATTEMPTS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    pub lock_attempts: u32,
 }
 
 impl MigrateArgs {
+    /// How migrate takes the locks that block writes.
+    pub fn lock_policy(&self) -> Result<crate::outbox::LockPolicy, String> {
+        if self.lock_timeout.is_zero() {
+            return Err("--lock-timeout must be above zero: without it a waiting step blocks the application's writes for as long as it waits".into());
+        }
+        Ok(crate::outbox::LockPolicy {
+            timeout: self.lock_timeout,
+            attempts: self.lock_attempts,
+        })
+    }
+
     /// The keys whose (key, id) index `migrate` creates besides the default one.
     pub fn keys(&self) -> Vec<(KeyColumn, KeyIndex)> {
         let order = self.group_by.iter().map(|k| (k.clone(), KeyIndex::Order));

@@ -12,7 +12,7 @@ use outbox_relay::config::{
     QuarantineRetryArgs, RunArgs,
 };
 use outbox_relay::metrics::{self, Health};
-use outbox_relay::outbox::{Outbox, RetrySelection};
+use outbox_relay::outbox::{ColumnMap, Outbox, RetrySelection, TableName};
 use outbox_relay::relay;
 
 fn main() -> ExitCode {
@@ -100,14 +100,34 @@ fn outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {
+    let locks = match args.lock_policy() {
+        Ok(l) => l,
+        Err(e) => return config_error(&e),
+    };
+    if args.print_sql && args.database.database_url.is_none() {
+        return print_sql_offline(&args, locks);
+    }
     let db = match args.database.validate() {
         Ok(db) => db,
         Err(e) => return config_error(&e),
     };
     let outbox = match outbox(&args.database) {
-        Ok(o) => o,
+        Ok(o) => o.migration_locks(locks),
         Err(code) => return code,
     };
+    if args.print_sql {
+        let sql = match &db.adopted {
+            Some((base, map)) if args.adopt => outbox.adopt_sql(base, map, &args.keys()).await,
+            _ => Ok(outbox.migrate_sql(&args.keys())),
+        };
+        return match sql {
+            Ok(sql) => {
+                print!("{sql}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => runtime_error(&e),
+        };
+    }
     let result = match (&db.adopted, args.adopt) {
         (Some((base, map)), true) => outbox.adopt(base, map, &args.keys()).await,
         (None, true) => {
@@ -164,6 +184,42 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         }
         Err(e) => runtime_error(&e),
     }
+}
+
+/// `migrate --print-sql` without a database: the table and columns come from the flags alone.
+fn print_sql_offline(args: &MigrateArgs, locks: outbox_relay::outbox::LockPolicy) -> ExitCode {
+    let table = match args.database.table.parse::<TableName>() {
+        Ok(t) => t,
+        Err(e) => return config_error(&e),
+    };
+    let adopted = if args.database.columns.is_empty() {
+        None
+    } else {
+        match ColumnMap::from_pairs(&args.database.columns) {
+            Ok(map) => Some((table.clone(), map)),
+            Err(e) => return config_error(&e),
+        }
+    };
+    let view = match &adopted {
+        Some(_) => table.relay_view(),
+        None => table,
+    };
+    // Parsing only: no connection is made.
+    let outbox = match Outbox::new("postgres://localhost", view, args.database.connect_timeout) {
+        Ok(o) => o.migration_locks(locks),
+        Err(e) => return config_error(&e.to_string()),
+    };
+    let sql = match (&adopted, args.adopt) {
+        (Some((base, map)), true) => match outbox.adopt_sql_assumed(base, map, &args.keys()) {
+            Ok(sql) => sql,
+            Err(e) => return runtime_error(&e),
+        },
+        (None, false) => outbox.migrate_sql(&args.keys()),
+        (None, true) => return config_error("--adopt needs --column NAME=COLUMN for the application's columns (e.g. --column event_id=id)"),
+        (Some(_), false) => return config_error("--column describes an existing table: add --adopt to adopt it, or drop --column to create a new outbox table"),
+    };
+    print!("{sql}");
+    ExitCode::SUCCESS
 }
 
 async fn run(args: RunArgs) -> ExitCode {

@@ -15,19 +15,19 @@ use tokio_postgres::{AsyncMessage, Client, Statement};
 use crate::batch::KeyColumn;
 use crate::tls::{PgTls, PgTlsStream};
 
+mod doorbell;
 pub mod inspect;
+pub mod schema;
 mod status;
 mod wakeup;
 
+pub use schema::LockPolicy;
 pub use status::TableStatus;
 pub use wakeup::{Installed, Wakeup};
 
-/// Schema version this build creates and understands. Later versions add steps to
-/// [`MIGRATIONS`]; `migrate` applies the missing ones in order.
+/// Schema version this build creates and understands, recorded in `outbox_relay_schema` by
+/// `migrate` once every step of it is done (see [`schema`]).
 pub const SCHEMA_VERSION: i32 = 1;
-
-/// Migration steps, index + 1 = the version they bring the table to.
-const MIGRATIONS: &[&str] = &[include_str!("../sql/migrate_v1.sql")];
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
@@ -55,8 +55,18 @@ pub enum OutboxError {
         relay: String,
         column: String,
     },
+    #[error("column {column:?} of {table} has a default of its own but allows NULLs: make it NOT NULL, or let migrate --adopt add a column of its own (--column id=NEW_NAME)")]
+    AdoptSequence { table: String, column: String },
     #[error("table {table} is at schema version {found}, newer than this relay understands ({SCHEMA_VERSION}); upgrade the relay")]
     TooNew { table: String, found: i32 },
+    /// A migration step kept finding its table locked by other transactions.
+    #[error("migrate gave up {what} on {table}: the lock was not granted within {timeout} in {attempts} tries (a long transaction holds it; see pg_stat_activity); run migrate again later (it resumes where it stopped) or raise --lock-timeout")]
+    MigrationLock {
+        table: String,
+        what: String,
+        timeout: String,
+        attempts: u32,
+    },
     #[error("{context}: {detail}")]
     Query {
         context: &'static str,
@@ -64,6 +74,15 @@ pub enum OutboxError {
         detail: String,
         #[source]
         source: tokio_postgres::Error,
+    },
+    /// A failure on the logical-decoding doorbell's replication connection.
+    #[error("{context}: {detail}")]
+    Replication {
+        context: &'static str,
+        /// The server's message and SQLSTATE, or what happened to the connection.
+        detail: String,
+        /// The server's SQLSTATE; `None` when the connection itself failed.
+        code: Option<String>,
     },
 }
 
@@ -77,6 +96,10 @@ impl OutboxError {
             OutboxError::Query { source, .. } => match source.code() {
                 Some(code) => sqlstate_is_transient(code.code()),
                 // No SQLSTATE: the failure is on the connection, not in the statement.
+                None => true,
+            },
+            OutboxError::Replication { code, .. } => match code {
+                Some(code) => sqlstate_is_transient(code),
                 None => true,
             },
             _ => false,
@@ -486,6 +509,8 @@ pub struct Outbox {
     /// Acknowledged rows are deleted rather than marked sent.
     delete_on_ack: bool,
     mode: ClaimMode,
+    /// How `migrate` takes the locks that block the application's writes.
+    locks: LockPolicy,
 }
 
 impl Outbox {
@@ -533,6 +558,7 @@ impl Outbox {
             sql,
             delete_on_ack: false,
             mode: ClaimMode::default(),
+            locks: LockPolicy::default(),
         })
     }
 
@@ -567,6 +593,12 @@ impl Outbox {
     /// The relay reads `table`, a view over this adopted table (`migrate --adopt`).
     pub fn adopted_from(mut self, base: Option<TableName>) -> Self {
         self.base = base;
+        self
+    }
+
+    /// How `migrate` waits for locks that block writes (lock timeout, tries).
+    pub fn migration_locks(mut self, locks: LockPolicy) -> Self {
+        self.locks = locks;
         self
     }
 
@@ -721,16 +753,6 @@ impl Outbox {
             .derived(&format!("{}_{}_idx", kind.prefix(), key.slug()))
     }
 
-    /// The default group key's order index, plus the ones asked for.
-    fn with_default_index(keys: &[(KeyColumn, KeyIndex)]) -> Vec<(KeyColumn, KeyIndex)> {
-        let mut keys = keys.to_vec();
-        let default = (KeyColumn::AggregateId, KeyIndex::Order);
-        if !keys.contains(&default) {
-            keys.insert(0, default);
-        }
-        keys
-    }
-
     /// The table's wake-up channel (and publication) name; fails clearly when the table is
     /// missing.
     async fn resolve_channel(&self, client: &Client) -> Result<String, OutboxError> {
@@ -745,129 +767,6 @@ impl Outbox {
             Some(row) => Ok(row.get(0)),
             None => Err(OutboxError::TableMissing(self.table.quoted())),
         }
-    }
-
-    /// Creates or upgrades the table and its indexes. Safe to run again and
-    /// from several processes at once (an advisory lock serialises them).
-    pub async fn migrate(
-        &self,
-        keys: &[(KeyColumn, KeyIndex)],
-    ) -> Result<MigrateReport, OutboxError> {
-        let mut client = self.raw_connect().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(query_err("starting the migration"))?;
-        self.lock_migrations(&tx).await?;
-        if let Some(schema) = &self.table.schema {
-            tx.batch_execute(&format!(
-                "CREATE SCHEMA IF NOT EXISTS {}",
-                quote_ident(schema)
-            ))
-            .await
-            .map_err(query_err("creating the schema"))?;
-        }
-        let found = self.read_version(&tx).await?;
-        if found > SCHEMA_VERSION {
-            return Err(OutboxError::TooNew {
-                table: self.table.quoted(),
-                found,
-            });
-        }
-        for step in MIGRATIONS.iter().skip(found as usize) {
-            tx.batch_execute(&self.fill_migration(step))
-                .await
-                .map_err(query_err("applying a migration step"))?;
-        }
-        for (key, kind) in Self::with_default_index(keys) {
-            let ddl = include_str!("../sql/key_index.sql")
-                .replace("{table}", &self.table.quoted())
-                .replace("{index}", &quote_ident(&self.key_index_name(&key, kind)))
-                .replace("{key_bare}", &key_sql(&key, None))
-                .replace("{predicate}", kind.predicate());
-            tx.batch_execute(&ddl)
-                .await
-                .map_err(query_err("creating a key index"))?;
-        }
-        self.write_version(&tx).await?;
-        tx.commit()
-            .await
-            .map_err(query_err("committing the migration"))?;
-        Ok(MigrateReport {
-            from: found,
-            to: SCHEMA_VERSION,
-        })
-    }
-
-    /// Serialises concurrent `migrate` runs on the same table.
-    async fn lock_migrations(
-        &self,
-        tx: &tokio_postgres::Transaction<'_>,
-    ) -> Result<(), OutboxError> {
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext('outbox-relay migrate ' || $1))",
-            &[&self.table.quoted()],
-        )
-        .await
-        .map_err(query_err("taking the migration lock"))?;
-        Ok(())
-    }
-
-    /// The schema version recorded for this table (0: none yet); creates the record table.
-    async fn read_version(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<i32, OutboxError> {
-        let versions = self.table.qualify("outbox_relay_schema");
-        tx.batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {versions} (\
-                table_name text PRIMARY KEY, \
-                version integer NOT NULL, \
-                migrated_at timestamptz NOT NULL DEFAULT now())"
-        ))
-        .await
-        .map_err(query_err("creating the schema version table"))?;
-        Ok(tx
-            .query_opt(
-                &format!("SELECT version FROM {versions} WHERE table_name = $1"),
-                &[&self.table.name],
-            )
-            .await
-            .map_err(query_err("reading the schema version"))?
-            .map(|r| r.get(0))
-            .unwrap_or(0))
-    }
-
-    async fn write_version(&self, tx: &tokio_postgres::Transaction<'_>) -> Result<(), OutboxError> {
-        let versions = self.table.qualify("outbox_relay_schema");
-        tx.execute(
-            &format!(
-                "INSERT INTO {versions} (table_name, version) VALUES ($1, $2) \
-                 ON CONFLICT (table_name) DO UPDATE SET version = $2, migrated_at = now()"
-            ),
-            &[&self.table.name, &SCHEMA_VERSION],
-        )
-        .await
-        .map_err(query_err("recording the schema version"))?;
-        Ok(())
-    }
-
-    fn fill_migration(&self, template: &str) -> String {
-        template
-            .replace("{table}", &self.table.quoted())
-            .replace(
-                "{unsent_index}",
-                &quote_ident(&self.table.derived("unsent_idx")),
-            )
-            .replace(
-                "{quarantined_index}",
-                &quote_ident(&self.table.derived("quarantined_idx")),
-            )
-            .replace(
-                "{sent_index}",
-                &quote_ident(&self.table.derived("sent_idx")),
-            )
-            .replace(
-                "{notify_function}",
-                &self.table.qualify(&self.table.derived("notify")),
-            )
     }
 
     /// A connection that LISTENs on the table's channel and calls `wake` on each notification.
@@ -1102,161 +1001,6 @@ impl ColumnMap {
             }
         }
         Ok(map)
-    }
-}
-
-impl Outbox {
-    /// `migrate --adopt`: makes an existing outbox table relayable without changing the
-    /// application's columns or writes. `self` is built on the view the relay will read
-    /// (`TableName::relay_view` of `base`).
-    pub async fn adopt(
-        &self,
-        base: &TableName,
-        map: &ColumnMap,
-        keys: &[(KeyColumn, KeyIndex)],
-    ) -> Result<MigrateReport, OutboxError> {
-        let mut client = self.raw_connect().await?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(query_err("starting the adoption"))?;
-        self.lock_migrations(&tx).await?;
-        let types: Vec<(String, String, String)> = tx
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typcategory::text
-                 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
-                &[&base.quoted()],
-            )
-            .await
-            .map_err(query_err("reading the table's columns"))?
-            .iter()
-            .map(|r| (r.get(0), r.get(1), r.get(2)))
-            .collect();
-        if types.is_empty() {
-            return Err(OutboxError::TableMissing(base.quoted()));
-        }
-        // Text-like columns are exposed as they are, so indexes on them serve the relay's
-        // queries; anything else (a uuid event id, say) is exposed as its text.
-        let as_text = |relay: &str, column: &str| -> Result<String, OutboxError> {
-            let found = types.iter().find(|(name, _, _)| name == column);
-            match found {
-                Some((_, _, category)) if category == "S" => Ok(quote_ident(column)),
-                Some(_) => Ok(format!("{}::text", quote_ident(column))),
-                None => Err(OutboxError::AdoptColumn {
-                    table: base.quoted(),
-                    relay: relay.to_string(),
-                    column: column.to_string(),
-                }),
-            }
-        };
-        let json = |relay: &str, column: &Option<String>| -> Result<String, OutboxError> {
-            match column {
-                None => Ok("'{}'::jsonb".to_string()),
-                Some(column) => match types.iter().find(|(name, _, _)| name == column) {
-                    Some((_, ty, _)) if ty == "jsonb" => Ok(quote_ident(column)),
-                    Some(_) => Ok(format!("{}::jsonb", quote_ident(column))),
-                    None => Err(OutboxError::AdoptColumn {
-                        table: base.quoted(),
-                        relay: relay.to_string(),
-                        column: column.clone(),
-                    }),
-                },
-            }
-        };
-        let event_id = as_text("event_id", &map.event_id)?;
-        let aggregate_type = as_text("aggregate_type", &map.aggregate_type)?;
-        let aggregate_id = as_text("aggregate_id", &map.aggregate_id)?;
-        let event_type = as_text("event_type", &map.event_type)?;
-        if !types.iter().any(|(name, _, _)| *name == map.payload) {
-            return Err(OutboxError::AdoptColumn {
-                table: base.quoted(),
-                relay: "payload".into(),
-                column: map.payload.clone(),
-            });
-        }
-        // The optional columns under their standard names count as absent when the table
-        // does not have them (Debezium's has neither); a name given with --column must exist.
-        let present = |column: &Option<String>, standard: &str| {
-            column
-                .clone()
-                .filter(|c| c != standard || types.iter().any(|(name, _, _)| name == c))
-        };
-        let headers = json("headers", &present(&map.headers, "headers"))?;
-        let queue_url = match present(&map.queue_url, "queue_url") {
-            Some(column) => as_text("queue_url", &column)?,
-            None => "NULL::text".to_string(),
-        };
-        let view_columns = format!(
-            "{} AS id, {event_id} AS event_id, {aggregate_type} AS aggregate_type, \
-             {aggregate_id} AS aggregate_id, {event_type} AS event_type, {} AS payload, \
-             {headers} AS headers, {queue_url} AS queue_url",
-            quote_ident(&map.id),
-            quote_ident(&map.payload),
-        );
-        let schema: String = match &self.table.schema {
-            Some(schema) => schema.clone(),
-            None => tx
-                .query_one("SELECT current_schema()::text", &[])
-                .await
-                .map_err(query_err("reading the current schema"))?
-                .get(0),
-        };
-        let channel: String = tx
-            .query_one(
-                "SELECT 'outbox_relay_' || left(md5($1 || '.' || $2), 16)",
-                &[&schema, &self.table.name],
-            )
-            .await
-            .map_err(query_err("naming the wake-up channel"))?
-            .get(0);
-        let index = |suffix: &str| quote_ident(&self.table.derived(suffix));
-        let ddl = include_str!("../sql/adopt.sql")
-            .replace("{base}", &base.quoted())
-            .replace("{seq}", &quote_ident(&map.id))
-            .replace("{seq_index}", &index("seq_idx"))
-            .replace("{unsent_index}", &index("unsent_idx"))
-            .replace("{quarantined_index}", &index("quarantined_idx"))
-            .replace("{sent_index}", &index("sent_idx"))
-            .replace("{view}", &self.table.quoted())
-            .replace("{view_columns}", &view_columns)
-            .replace(
-                "{notify_function}",
-                &self.table.qualify(&self.table.derived("notify")),
-            )
-            // Hex digits and an underscore: nothing to escape.
-            .replace("{channel}", &format!("'{channel}'"));
-        tx.batch_execute(&ddl)
-            .await
-            .map_err(query_err("adopting the table"))?;
-        for (key, kind) in Self::with_default_index(keys) {
-            let expression = match &key {
-                KeyColumn::AggregateId => aggregate_id.clone(),
-                KeyColumn::AggregateType => aggregate_type.clone(),
-                KeyColumn::EventType => event_type.clone(),
-                KeyColumn::Header(name) => {
-                    format!("coalesce({headers} ->> '{}', '')", name.replace('\'', "''"))
-                }
-            };
-            tx.batch_execute(&format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {} (({expression}), {}){}",
-                quote_ident(&self.key_index_name(&key, kind)),
-                base.quoted(),
-                quote_ident(&map.id),
-                kind.predicate(),
-            ))
-            .await
-            .map_err(query_err("creating a key index"))?;
-        }
-        let found = self.read_version(&tx).await?;
-        self.write_version(&tx).await?;
-        tx.commit()
-            .await
-            .map_err(query_err("committing the adoption"))?;
-        Ok(MigrateReport {
-            from: found,
-            to: SCHEMA_VERSION,
-        })
     }
 }
 
@@ -1606,19 +1350,21 @@ mod tests {
         assert!(outbox.sql.claim.contains("FROM \"app\".\"out\"\"box\""));
         assert!(outbox.sql.claim.contains("LIMIT $1"));
         assert!(!outbox.sql.claim.contains("{table}"));
-        let migration = outbox.fill_migration(MIGRATIONS[0]);
+        let migration = outbox.migrate_sql(&[]);
         for placeholder in [
             "{table}",
             "{unsent_index}",
             "{quarantined_index}",
-            "{notify_function}",
+            "{sent_index}",
         ] {
             assert!(
                 !migration.contains(placeholder),
                 "{placeholder} left in the migration"
             );
         }
-        assert!(migration.contains("CREATE INDEX IF NOT EXISTS \"out\"\"box_unsent_idx\""));
+        assert!(
+            migration.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"out\"\"box_unsent_idx\"")
+        );
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
         (Wakeup::Poll, Err(harm)) => tracing::warn!("{harm}"),
         (_, Err(fix)) => return Err(OutboxError::Wakeup(fix).into()),
     }
+    if config.wakeup == Wakeup::Logical {
+        outbox.check_logical().await?;
+    }
     Ok(Connected {
         config,
         outbox,
@@ -470,23 +473,28 @@ impl Relay {
         }
     }
 
-    /// With `--wakeup notify`, keeps a LISTEN connection open; each (re)connection also wakes
-    /// the loop once, since notifications sent while it was down are gone.
+    /// With `--wakeup notify` keeps a LISTEN connection open, with `logical` the doorbell's
+    /// replication connection; each (re)connection also wakes the loop once, since what
+    /// committed while it was down rang no bell.
     async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
-        if self.config.wakeup != Wakeup::Notify {
+        if self.config.wakeup == Wakeup::Poll {
             return;
         }
         let mut failures = 0u32;
         loop {
             let connected = std::sync::atomic::AtomicBool::new(false);
-            let listening = self.outbox.listen(
-                || self.wake.notify_one(),
-                || {
-                    tracing::debug!("listening for outbox notifications");
-                    connected.store(true, std::sync::atomic::Ordering::Relaxed);
-                    self.wake.notify_one();
-                },
-            );
+            let wake = || self.wake.notify_one();
+            let ready = || {
+                tracing::debug!(wakeup = %self.config.wakeup, "wake-ups connected");
+                connected.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.wake.notify_one();
+            };
+            let listening = async {
+                match self.config.wakeup {
+                    Wakeup::Logical => self.outbox.doorbell(wake, ready).await,
+                    _ => self.outbox.listen(wake, ready).await,
+                }
+            };
             let result = tokio::select! {
                 result = listening => result,
                 _ = stop.cancelled() => return,

@@ -15,19 +15,24 @@ use crate::support::{make_temp_dir, run_to_end, wait_until, TestDb, TEST_SECRET_
 /// A private PostgreSQL cluster switched to `ssl=on`, whose pg_hba.conf lets TCP clients into
 /// the test's database over TLS only. Plain TCP stays open for the `postgres` database alone,
 /// which the harness's readiness probe uses.
-struct TlsPg {
+pub struct TlsPg {
     /// Held for the server's lifetime: dropping it stops the server.
-    _cluster: PrivatePg,
-    db: TestDb,
+    pub cluster: PrivatePg,
+    pub db: TestDb,
     /// The CA that signed the server's certificate (for `localhost` only).
-    ca: PathBuf,
+    pub ca: PathBuf,
     /// A CA that signed nothing the server presents.
-    other_ca: PathBuf,
+    pub other_ca: PathBuf,
 }
 
 impl TlsPg {
     async fn start() -> TlsPg {
-        let cluster = PrivatePg::start().await;
+        TlsPg::start_with(&[]).await
+    }
+
+    /// With extra server settings (see [`PrivatePg::start_with`]).
+    pub async fn start_with(settings: &[&str]) -> TlsPg {
+        let cluster = PrivatePg::start_with(settings).await;
         let db = cluster.create_db().await;
         let (admin, connection) =
             tokio_postgres::connect(&cluster.url("postgres"), tokio_postgres::NoTls)
@@ -115,7 +120,7 @@ impl TlsPg {
         )
         .await;
         TlsPg {
-            _cluster: cluster,
+            cluster,
             db,
             ca: certs.join("ca.crt"),
             other_ca: certs.join("other-ca.crt"),
@@ -123,14 +128,14 @@ impl TlsPg {
     }
 
     /// The test database's URL with `host` for 127.0.0.1 and `params` appended.
-    fn url(&self, host: &str, params: &str) -> String {
+    pub fn url(&self, host: &str, params: &str) -> String {
         format!(
             "{}{params}",
             self.db.url.replacen("@127.0.0.1:", &format!("@{host}:"), 1)
         )
     }
 
-    fn password(&self) -> &str {
+    pub fn password(&self) -> &str {
         let after_user = self.db.url.split_once("://postgres:").unwrap().1;
         after_user.split_once('@').unwrap().0
     }

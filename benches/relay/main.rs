@@ -15,7 +15,7 @@
 //! | `OUTBOX_BENCH_HARM_ROUNDS` | 3 (quick: 1) | without/with alternations per writer count |
 //! | `OUTBOX_BENCH_IDLE_SECONDS` | 60 (quick: 10) | measured idle window |
 //! | `OUTBOX_BENCH_STORAGE_SECONDS` | 600 (quick: 60) | producer time of the storage run |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady,harm,idle,storage` |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady,harm,idle,storage,adopt` (adopt: see adopt.rs) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -23,6 +23,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod adopt;
 mod harm;
 mod procstat;
 mod report;
@@ -452,6 +453,10 @@ async fn run(settings: Settings) {
         }
         report.storage = runs;
         clusters.stop();
+    }
+
+    if settings.runs("adopt") {
+        adopt::run(&settings).await;
     }
 
     report.seconds = started.elapsed().as_secs_f64();

@@ -2,6 +2,7 @@
 # machine (as root, or with sudo) or on a developer's. Source it from the repository root.
 
 readonly MOTO_REQUIREMENT='moto[server]==5.2.5'
+readonly SQUAWK_REQUIREMENT='squawk-cli==2.70.0'
 readonly MIN_NODE_MAJOR=20 # fauxqs 1.9.x and its AWS SDK dependencies need Node.js 20
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -95,6 +96,19 @@ ensure_moto() {
 	fi
 	.tools/venv/bin/pip install --disable-pip-version-check -q "$MOTO_REQUIREMENT"
 	moto_ready || die "moto is still not importable from .tools/venv"
+}
+
+squawk_ready() {
+	.tools/venv/bin/squawk --version 2>/dev/null | grep -qx 'squawk 2.70.0'
+}
+
+# squawk lints the migration SQL (scripts/test); the PyPI package ships its binary. It goes into
+# the venv ensure_moto made, so call that first.
+ensure_squawk() {
+	squawk_ready && return 0
+	step "pip install $SQUAWK_REQUIREMENT into .tools/venv"
+	.tools/venv/bin/pip install --disable-pip-version-check -q "$SQUAWK_REQUIREMENT"
+	squawk_ready || die "squawk is still not runnable from .tools/venv"
 }
 
 promtool_ready() {

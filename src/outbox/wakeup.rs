@@ -9,7 +9,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::time::Duration;
 
 use tokio_postgres::Client;
 
@@ -85,11 +84,6 @@ impl Installed {
     }
 }
 
-/// DDL on the application's table queues behind its transactions, and its inserts queue
-/// behind the DDL: wait for the lock at most this long per try.
-const LOCK_TIMEOUT: &str = "1s";
-const LOCK_TRIES: u32 = 10;
-
 impl Outbox {
     /// The table the application writes: the adopted table behind the relay's view, or the
     /// outbox table itself.
@@ -127,7 +121,9 @@ impl Outbox {
     /// Installs what `mode` needs and removes what it does not; touches the table (and takes
     /// its lock) only when something changes.
     pub async fn set_up_wakeup(&self, mode: Wakeup) -> Result<Installed, OutboxError> {
-        let client = self.raw_connect().await?;
+        // The migration's session: serialised with other `migrate` runs, and its DDL waits
+        // for the table's lock only as long as the migration's lock policy allows.
+        let client = self.migration_session().await?;
         let found = self.installed_on(&client).await?;
         let channel = self.resolve_channel(&client).await?;
         let base = self.base_table().quoted();
@@ -145,7 +141,7 @@ impl Outbox {
             (_, true) => steps.push((
                 format!(
                     "DROP TRIGGER IF EXISTS outbox_relay_notify ON {base}; \
-                     DROP FUNCTION IF EXISTS {function}()"
+                     DROP FUNCTION IF EXISTS {function}();"
                 ),
                 "removing the NOTIFY trigger",
             )),
@@ -154,55 +150,21 @@ impl Outbox {
         match (mode, found.publication) {
             (Wakeup::Logical, false) => steps.push((
                 format!(
-                    "CREATE PUBLICATION {} FOR TABLE {base} WITH (publish = 'insert')",
+                    "CREATE PUBLICATION {} FOR TABLE {base} WITH (publish = 'insert');",
                     quote_ident(&channel)
                 ),
                 "creating the publication for --wakeup logical",
             )),
             (Wakeup::Poll | Wakeup::Notify, true) => steps.push((
-                format!("DROP PUBLICATION IF EXISTS {}", quote_ident(&channel)),
+                format!("DROP PUBLICATION IF EXISTS {};", quote_ident(&channel)),
                 "removing the publication of --wakeup logical",
             )),
             _ => {}
         }
         for (ddl, what) in steps {
-            run_ddl(&client, &ddl, what).await?;
+            self.with_lock_retries(&client, what, &ddl).await?;
         }
         self.installed_on(&client).await
-    }
-}
-
-/// Runs `ddl` in one transaction that waits at most [`LOCK_TIMEOUT`] for its locks, retrying
-/// with backoff, so the application's inserts never queue behind it for long.
-async fn run_ddl(client: &Client, ddl: &str, what: &'static str) -> Result<(), OutboxError> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let result = client
-            .batch_execute(&format!(
-                "BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; \
-                 SET LOCAL statement_timeout = '30s'; {ddl}; COMMIT"
-            ))
-            .await;
-        match result {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                let _ = client.batch_execute("ROLLBACK").await;
-                let lock_timeout =
-                    e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE);
-                if !lock_timeout || tries >= LOCK_TRIES {
-                    return Err(query_err(what)(e));
-                }
-                let delay = crate::retry::backoff(
-                    tries,
-                    Duration::from_millis(200),
-                    Duration::from_secs(5),
-                    fastrand::f64(),
-                );
-                tracing::warn!(what, retry_in = ?delay, "the table is busy; trying again");
-                tokio::time::sleep(delay).await;
-            }
-        }
     }
 }
 

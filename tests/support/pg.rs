@@ -25,11 +25,11 @@ pub struct Pg {
     password: String,
     /// `(uid, gid)` of the `postgres` OS user when we are root: initdb and postgres refuse root.
     run_as: Option<(u32, u32)>,
+    /// Extra `-c name=value` server settings, after (so overriding) the defaults; kept for
+    /// restarts.
+    settings: Vec<String>,
     /// The running postmaster; `None` while stopped.
     child: Mutex<Option<Child>>,
-    /// `name=value` server settings given after the defaults, so they win over them (e.g.
-    /// `fsync=on` for a durable cluster, `wal_level=logical`).
-    settings: Vec<String>,
 }
 
 /// A database of its own for one test.
@@ -164,8 +164,8 @@ impl Pg {
             port: free_port(),
             password,
             run_as,
-            child: Mutex::new(None),
             settings: Vec::new(),
+            child: Mutex::new(None),
         }
     }
 
@@ -188,10 +188,11 @@ impl Pg {
             // fsync=off is safe against a killed server (writes reach the page cache); commits
             // stay synchronous so a restart test never loses an acknowledged row.
             .args(["-c", "fsync=off"])
-            .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
-            // PostgreSQL applies -c options in order, so these override the defaults above.
-            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
-            .stdin(Stdio::null())
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"]);
+        for setting in &self.settings {
+            cmd.arg("-c").arg(setting);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log fd"))
             .stderr(log);
         as_user(&mut cmd, self.run_as, &self.socket_dir);
@@ -284,8 +285,8 @@ impl PrivatePg {
         PrivatePg::start_with(&[]).await
     }
 
-    /// A cluster with `name=value` server settings on top of the harness's defaults, e.g.
-    /// `&["fsync=on", "wal_level=logical"]`; they also hold across restarts.
+    /// A cluster with extra server settings (`"wal_level=logical"`, `"fsync=on"`), which
+    /// override the harness's defaults and stay in force across restarts.
     pub async fn start_with(settings: &[&str]) -> PrivatePg {
         let mut pg = tokio::task::spawn_blocking(Pg::init)
             .await
@@ -308,6 +309,20 @@ impl PrivatePg {
     /// The postmaster's pid while it runs, e.g. to sum the CPU of its process tree.
     pub fn pid(&self) -> Option<u32> {
         self.pg.child.lock().unwrap().as_ref().map(Child::id)
+    }
+
+    /// The directory of the server's Unix socket.
+    pub fn socket_dir(&self) -> &Path {
+        &self.pg.socket_dir
+    }
+
+    pub fn port(&self) -> u16 {
+        self.pg.port
+    }
+
+    /// The superuser's password.
+    pub fn password(&self) -> &str {
+        &self.pg.password
     }
 
     /// An empty database with a unique name on this cluster.

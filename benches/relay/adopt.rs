@@ -1,0 +1,368 @@
+//! Group `adopt`: what `migrate --adopt` costs the application. A Debezium-shaped table of
+//! `OUTBOX_BENCH_ADOPT_ROWS` rows (2,000,000 by default, ~700 MB; quick: 200,000) on a durable
+//! cluster (`fsync=on`, `synchronous_commit=on`), four writers inserting one row per
+//! transaction throughout, and the insert latency while the adoption runs against the same
+//! writers' latency just before it.
+//!
+//! `OUTBOX_BENCH_ADOPT_BEFORE=PATH` also runs another build's binary first (e.g. main's, for a
+//! before/after), each on a table of its own. Results go to stdout and `adopt.json`.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::make_temp_dir;
+use crate::{say, Settings};
+
+/// Writers inserting while the adoption runs, as in the report that asked for this figure.
+const WRITERS: usize = 4;
+/// Writers' latency measured before the adoption starts, as the baseline.
+const BASELINE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, serde::Serialize)]
+pub struct AdoptRun {
+    pub binary: String,
+    pub rows: i64,
+    pub table_mb: f64,
+    pub adopt_seconds: f64,
+    pub exit_ok: bool,
+    /// Inserts started while the adoption ran.
+    pub inserts: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Same writers, the seconds before the adoption.
+    pub baseline_p99_ms: f64,
+    pub baseline_max_ms: f64,
+}
+
+pub async fn run(settings: &Settings) -> Vec<AdoptRun> {
+    let rows: i64 = std::env::var("OUTBOX_BENCH_ADOPT_ROWS")
+        .ok()
+        .and_then(|v| v.replace('_', "").parse().ok())
+        .unwrap_or(if settings.quick { 200_000 } else { 2_000_000 });
+    let mut binaries: Vec<PathBuf> = Vec::new();
+    if let Some(before) = std::env::var_os("OUTBOX_BENCH_ADOPT_BEFORE") {
+        binaries.push(PathBuf::from(before));
+    }
+    binaries.push(PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay")));
+    let pg = DurablePg::start();
+    let mut runs = Vec::new();
+    for (i, binary) in binaries.iter().enumerate() {
+        let url = pg.create_db(&format!("adopt_{i}")).await;
+        let run = measure(&url, binary, rows).await;
+        say(&format!(
+            "adopt {} rows ({:.0} MB), {WRITERS} writers, durable: adopt {:.1} s ({}), insert latency during it p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms over {} inserts (before it: p99 {:.2} ms, max {:.1} ms); binary {}",
+            run.rows,
+            run.table_mb,
+            run.adopt_seconds,
+            if run.exit_ok { "ok" } else { "FAILED" },
+            run.p50_ms,
+            run.p99_ms,
+            run.max_ms,
+            run.inserts,
+            run.baseline_p99_ms,
+            run.baseline_max_ms,
+            run.binary,
+        ));
+        runs.push(run);
+    }
+    std::fs::create_dir_all(&settings.out_dir).expect("create the output directory");
+    std::fs::write(
+        settings.out_dir.join("adopt.json"),
+        serde_json::to_string_pretty(&runs).expect("serialise"),
+    )
+    .expect("write adopt.json");
+    runs
+}
+
+async fn measure(url: &str, binary: &Path, rows: i64) -> AdoptRun {
+    let client = connect(url).await;
+    client
+        .batch_execute(
+            "CREATE TABLE outboxevent (
+                 id uuid NOT NULL PRIMARY KEY,
+                 aggregatetype varchar(255) NOT NULL,
+                 aggregateid varchar(255) NOT NULL,
+                 type varchar(255) NOT NULL,
+                 payload jsonb
+             )",
+        )
+        .await
+        .unwrap();
+    let chunk = 100_000;
+    let mut done = 0;
+    while done < rows {
+        let n = chunk.min(rows - done);
+        client
+            .execute(
+                "INSERT INTO outboxevent
+                 SELECT gen_random_uuid(), 'order', (g % 5000)::text, 'OrderCreated',
+                        jsonb_build_object('order', g, 'customer', md5(g::text),
+                                           'note', repeat('x', 140))
+                 FROM generate_series($1::bigint, $2::bigint) g",
+                &[&done, &(done + n - 1)],
+            )
+            .await
+            .unwrap();
+        done += n;
+    }
+    client
+        .batch_execute("VACUUM ANALYZE outboxevent")
+        .await
+        .unwrap();
+    let table_mb: f64 = client
+        .query_one(
+            "SELECT pg_total_relation_size('outboxevent')::float8 / 1048576",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let origin = Instant::now();
+    // (start offset, latency) of every insert.
+    let samples: Arc<Mutex<Vec<(Duration, Duration)>>> = Arc::default();
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (stop, samples, url) = (stop.clone(), samples.clone(), url.to_string());
+        writers.push(tokio::spawn(async move {
+            let c = connect(&url).await;
+            let insert = c
+                .prepare(
+                    "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
+                     VALUES (gen_random_uuid(), 'order', $1::text, 'OrderCreated',
+                             jsonb_build_object('writer', $1::text, 'note', repeat('x', 120)))",
+                )
+                .await
+                .unwrap();
+            let key = w.to_string();
+            while !stop.load(Ordering::Relaxed) {
+                let started = Instant::now();
+                c.execute(&insert, &[&key]).await.unwrap();
+                let latency = started.elapsed();
+                samples.lock().unwrap().push((started - origin, latency));
+            }
+        }));
+    }
+    tokio::time::sleep(BASELINE).await;
+    let adopt_start = origin.elapsed();
+    let mut cmd = Command::new(binary);
+    cmd.args([
+        "migrate",
+        "--adopt",
+        "--database-url",
+        url,
+        "--table",
+        "outboxevent",
+        "--column",
+        "event_id=id",
+        "--column",
+        "aggregate_type=aggregatetype",
+        "--column",
+        "aggregate_id=aggregateid",
+        "--column",
+        "event_type=type",
+    ])
+    .env("RUST_LOG", "warn")
+    .stdin(Stdio::null());
+    let status = tokio::task::spawn_blocking(move || cmd.status())
+        .await
+        .unwrap()
+        .expect("run migrate --adopt");
+    let adopt_end = origin.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+
+    let samples = samples.lock().unwrap();
+    let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+    let mut during: Vec<f64> = samples
+        .iter()
+        .filter(|(at, _)| *at >= adopt_start && *at <= adopt_end)
+        .map(|(_, l)| ms(l))
+        .collect();
+    let mut before: Vec<f64> = samples
+        .iter()
+        .filter(|(at, _)| *at < adopt_start)
+        .map(|(_, l)| ms(l))
+        .collect();
+    during.sort_by(f64::total_cmp);
+    before.sort_by(f64::total_cmp);
+    AdoptRun {
+        binary: binary.display().to_string(),
+        rows,
+        table_mb,
+        adopt_seconds: (adopt_end - adopt_start).as_secs_f64(),
+        exit_ok: status.success(),
+        inserts: during.len(),
+        p50_ms: quantile(&during, 0.50),
+        p99_ms: quantile(&during, 0.99),
+        max_ms: during.last().copied().unwrap_or(0.0),
+        baseline_p99_ms: quantile(&before, 0.99),
+        baseline_max_ms: before.last().copied().unwrap_or(0.0),
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind 127.0.0.1:0")
+        .port()
+}
+
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the benchmark's PostgreSQL: {e}"));
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}
+
+/// A throwaway cluster that commits durably, as production does: the test harness's clusters
+/// run with `fsync=off`, which hides what a lock or a flush costs a commit.
+struct DurablePg {
+    root: PathBuf,
+    port: u16,
+    child: std::process::Child,
+}
+
+impl DurablePg {
+    fn start() -> DurablePg {
+        let bin = bin_dir();
+        let run_as = run_as();
+        let root = make_temp_dir("adopt-pg");
+        let data = root.join("data");
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(&root, Some(uid), Some(gid)).expect("chown");
+        }
+        let as_user = |cmd: &mut Command| {
+            cmd.current_dir(&root);
+            if let Some((uid, gid)) = run_as {
+                cmd.uid(uid).gid(gid).env("HOME", &root);
+            }
+        };
+        let mut initdb = Command::new(bin.join("initdb"));
+        initdb.arg("-D").arg(&data).args([
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--encoding=UTF8",
+            "--locale=C",
+        ]);
+        as_user(&mut initdb);
+        let out = initdb.output().expect("run initdb");
+        assert!(out.status.success(), "initdb: {out:?}");
+        let port = free_port();
+        let log = std::fs::File::create(root.join("postgres.log")).expect("log file");
+        let mut postgres = Command::new(bin.join("postgres"));
+        postgres
+            .arg("-D")
+            .arg(&data)
+            .args(["-p", &port.to_string(), "-k"])
+            .arg(&root)
+            .args(["-c", "listen_addresses=127.0.0.1"])
+            .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
+            .args(["-c", "shared_buffers=128MB", "-c", "max_connections=50"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup"))
+            .stderr(log);
+        as_user(&mut postgres);
+        let child = postgres.spawn().expect("start postgres");
+        let pg = DurablePg { root, port, child };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "postgres did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        pg
+    }
+
+    fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    async fn create_db(&self, name: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let admin = loop {
+            match tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(connection);
+                    break client;
+                }
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("postgres does not accept logins: {e}"),
+            }
+        };
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+        self.url(name)
+    }
+}
+
+impl Drop for DurablePg {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own live child: fast shutdown.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// The harness's rule: `OUTBOX_TEST_PG_BINDIR`, else `pg_config --bindir`, else Debian's
+/// newest `/usr/lib/postgresql/N/bin`.
+fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("OUTBOX_TEST_PG_BINDIR") {
+        return PathBuf::from(dir);
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && dir.join("postgres").is_file() {
+            return dir;
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
+        .filter(|(_, dir)| dir.join("postgres").is_file())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .map(|(_, dir)| dir)
+        .expect("no PostgreSQL server binaries found")
+}
+
+/// PostgreSQL refuses to run as root: run it as the `postgres` user then.
+fn run_as() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions; getpwnam's result is read at once.
+    unsafe {
+        if libc::geteuid() != 0 {
+            return None;
+        }
+        let pw = libc::getpwnam(c"postgres".as_ptr());
+        assert!(!pw.is_null(), "running as root without a `postgres` user");
+        Some(((*pw).pw_uid, (*pw).pw_gid))
+    }
+}

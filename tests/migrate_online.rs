@@ -1,0 +1,390 @@
+//! `migrate` and `migrate --adopt` online: interrupted runs are completed by the next one, a
+//! step waiting for a lock lets the application's inserts through, and runs are idempotent.
+
+use std::time::Duration;
+
+use crate::scenario::{args, migrated_db};
+use crate::support::{run_to_end, RelayProcess, TestDb};
+
+const COLUMNS: [&str; 8] = [
+    "--column",
+    "event_id=id",
+    "--column",
+    "aggregate_type=aggregatetype",
+    "--column",
+    "aggregate_id=aggregateid",
+    "--column",
+    "event_type=type",
+];
+
+/// Debezium's outbox-router table with `rows` rows of ~1.5 kB, about five to a page, so that
+/// the backfill takes several page ranges.
+async fn debezium_table(client: &tokio_postgres::Client, rows: i32) {
+    client
+        .batch_execute(
+            "CREATE TABLE outboxevent (
+                 id uuid NOT NULL PRIMARY KEY,
+                 aggregatetype varchar(255) NOT NULL,
+                 aggregateid varchar(255) NOT NULL,
+                 type varchar(255) NOT NULL,
+                 payload jsonb
+             )",
+        )
+        .await
+        .unwrap();
+    app_insert(client, rows).await;
+}
+
+/// The application's write, which never names the relay's columns.
+async fn app_insert(client: &tokio_postgres::Client, rows: i32) -> u64 {
+    app_insert_as(client, "order", rows).await
+}
+
+async fn app_insert_as(client: &tokio_postgres::Client, aggregate_type: &str, rows: i32) -> u64 {
+    client
+        .execute(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
+             SELECT gen_random_uuid(), $2, (g % 7)::text, 'OrderCreated',
+                    jsonb_build_object('order', g, 'pad', repeat('x', 1500))
+             FROM generate_series(1, $1::int) g",
+            &[&rows, &aggregate_type],
+        )
+        .await
+        .unwrap()
+}
+
+fn adopt_args(db: &TestDb, extra: &[&str]) -> Vec<String> {
+    let mut a = args(&[
+        "migrate",
+        "--adopt",
+        "--database-url",
+        &db.url,
+        "--table",
+        "outboxevent",
+    ]);
+    a.extend(COLUMNS.iter().map(|s| s.to_string()));
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a
+}
+
+async fn scalar_i64(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+async fn scalar_bool(client: &tokio_postgres::Client, sql: &str) -> bool {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// The adoption is complete: every row numbered once, the column NOT NULL, its unique index
+/// valid, and the relay's view shows every row.
+async fn assert_adopted(client: &tokio_postgres::Client) {
+    let total = scalar_i64(client, "SELECT count(*) FROM outboxevent").await;
+    assert_eq!(
+        scalar_i64(client, "SELECT count(DISTINCT outbox_seq) FROM outboxevent").await,
+        total,
+        "every row has a sequence value of its own"
+    );
+    assert!(
+        scalar_bool(
+            client,
+            "SELECT attnotnull FROM pg_attribute
+             WHERE attrelid = 'outboxevent'::regclass AND attname = 'outbox_seq'"
+        )
+        .await
+    );
+    assert!(
+        scalar_bool(
+            client,
+            "SELECT bool_and(indisvalid) AND count(*) = 5 FROM pg_index
+             WHERE indrelid = 'outboxevent'::regclass
+               AND indexrelid::regclass::text LIKE 'outboxevent_relay_%'"
+        )
+        .await,
+        "the relay's four indexes and the group index are valid"
+    );
+    assert_eq!(
+        scalar_i64(client, "SELECT count(*) FROM outboxevent_relay").await,
+        total
+    );
+    assert!(
+        !scalar_bool(
+            client,
+            "SELECT EXISTS (SELECT FROM pg_constraint
+                            WHERE conname = 'outboxevent_relay_seq_not_null')"
+        )
+        .await,
+        "the temporary check is gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adoption_killed_in_the_backfill_is_completed_by_the_next_run() {
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    debezium_table(&client, 3000).await;
+    // A test device standing in for "the process died here": numbering the table's last row
+    // waits for an advisory lock this test holds, so the first page ranges are committed and
+    // the last one cannot be.
+    let last: String = client
+        .query_one(
+            "SELECT id::text FROM outboxevent ORDER BY ctid DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    client
+        .batch_execute(&format!(
+            "CREATE FUNCTION hold_last() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF OLD.id = '{last}' THEN PERFORM pg_advisory_xact_lock(4242); END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER hold_last BEFORE UPDATE ON outboxevent
+                 FOR EACH ROW EXECUTE FUNCTION hold_last();"
+        ))
+        .await
+        .unwrap();
+    let holder = db.client().await;
+    holder
+        .batch_execute("SELECT pg_advisory_lock(4242)")
+        .await
+        .unwrap();
+
+    let migrate = RelayProcess::spawn(&adopt_args(&db, &["--lock-attempts", "1000"]), &[]);
+    migrate
+        .wait_for_line("trying again", Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| panic!("the backfill never waited:\n{}", migrate.output()));
+    let numbered = scalar_i64(
+        &client,
+        "SELECT count(*) FROM outboxevent WHERE outbox_seq IS NOT NULL",
+    )
+    .await;
+    assert!(
+        numbered > 0 && numbered < 3000,
+        "stopped half-way: {numbered} of 3000 numbered"
+    );
+    migrate.kill9();
+    migrate.wait_exit(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        scalar_bool(&client, "SELECT to_regclass('outboxevent_relay') IS NULL").await,
+        "no view before the adoption is complete: the relay cannot see unnumbered rows"
+    );
+
+    // The application keeps writing; its rows are numbered by the default, after every
+    // existing row.
+    assert_eq!(app_insert_as(&client, "late", 20).await, 20);
+    holder
+        .batch_execute("SELECT pg_advisory_unlock(4242)")
+        .await
+        .unwrap();
+    client
+        .batch_execute("DROP TRIGGER hold_last ON outboxevent")
+        .await
+        .unwrap();
+
+    let (status, output) = run_to_end(&adopt_args(&db, &[]), &[], Duration::from_secs(120)).await;
+    assert!(status.success(), "the second run completes: {output}");
+    assert_adopted(&client).await;
+    assert!(
+        scalar_bool(
+            &client,
+            "SELECT max(outbox_seq) FILTER (WHERE aggregatetype = 'order')
+                  < min(outbox_seq) FILTER (WHERE aggregatetype = 'late')
+             FROM outboxevent"
+        )
+        .await,
+        "rows that were there before the adoption come before the ones written during it"
+    );
+    let (status, output) = run_to_end(&adopt_args(&db, &[]), &[], Duration::from_secs(60)).await;
+    assert!(status.success(), "adopt is idempotent: {output}");
+    assert!(output.contains("up to date"), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_migrate_waits_for_a_lock_the_applications_inserts_go_through() {
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    debezium_table(&client, 50).await;
+    // A long reader: it blocks the ALTER TABLE (ACCESS EXCLUSIVE), not the inserts.
+    let blocker = db.client().await;
+    blocker
+        .batch_execute("BEGIN; SELECT count(*) FROM outboxevent")
+        .await
+        .unwrap();
+
+    // Out of tries: one clear line, nothing changed.
+    let (status, output) = run_to_end(
+        &adopt_args(&db, &["--lock-timeout", "50ms", "--lock-attempts", "2"]),
+        &[],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let error = output
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {output}"));
+    assert!(
+        error.contains("lock was not granted within 50ms in 2 tries"),
+        "{error}"
+    );
+    assert!(
+        scalar_bool(
+            &client,
+            "SELECT NOT EXISTS (SELECT FROM pg_attribute
+                                WHERE attrelid = 'outboxevent'::regclass AND attname = 'outbox_seq')"
+        )
+        .await
+    );
+
+    let migrate = RelayProcess::spawn(
+        &adopt_args(&db, &["--lock-timeout", "200ms", "--lock-attempts", "1000"]),
+        &[],
+    );
+    migrate
+        .wait_for_line("trying again", Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|| panic!("migrate never waited:\n{}", migrate.output()));
+    // Issued while migrate keeps trying: it may queue behind one try, never behind the
+    // blocker.
+    let insert = tokio::time::timeout(Duration::from_secs(20), app_insert(&client, 5)).await;
+    assert_eq!(
+        insert.expect("the application's insert completed while the blocker was open"),
+        5
+    );
+    assert!(
+        scalar_bool(
+            &client,
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE state = 'idle in transaction' AND query LIKE 'BEGIN; SELECT count(*)%')"
+        )
+        .await,
+        "the blocker was still open"
+    );
+    assert!(
+        migrate.wait_exit(Duration::ZERO).await.is_none(),
+        "migrate keeps trying"
+    );
+
+    blocker.batch_execute("COMMIT").await.unwrap();
+    let status = migrate
+        .wait_exit(Duration::from_secs(120))
+        .await
+        .expect("migrate finishes once the blocker is gone");
+    assert!(status.success(), "{}", migrate.output());
+    assert_adopted(&client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_index_left_by_an_interrupted_build_is_rebuilt() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    // An interrupted CREATE INDEX CONCURRENTLY leaves an INVALID index under its name; a
+    // failed unique build does the same, deterministically.
+    client
+        .batch_execute(
+            "DROP INDEX outbox_unsent_idx;
+             INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('a', 't', 'same', 'e', '{}'), ('b', 't', 'same', 'e', '{}');",
+        )
+        .await
+        .unwrap();
+    let failed = client
+        .batch_execute(
+            "CREATE UNIQUE INDEX CONCURRENTLY outbox_unsent_idx ON outbox (aggregate_id)",
+        )
+        .await;
+    assert!(failed.is_err());
+    assert!(
+        !scalar_bool(
+            &client,
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = 'outbox_unsent_idx'::regclass"
+        )
+        .await
+    );
+
+    for _ in 0..2 {
+        let (status, output) = run_to_end(
+            &args(&["migrate", "--database-url", &db.url]),
+            &[],
+            Duration::from_secs(60),
+        )
+        .await;
+        assert!(status.success(), "{output}");
+        assert!(output.contains("up to date"), "{output}");
+    }
+    let definition: String = client
+        .query_one(
+            "SELECT i.indisvalid::text || ' ' || pg_get_indexdef(i.indexrelid)
+             FROM pg_index i WHERE i.indexrelid = 'outbox_unsent_idx'::regclass",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        definition,
+        "true CREATE INDEX outbox_unsent_idx ON public.outbox USING btree (id) \
+         WHERE ((sent_at IS NULL) AND (quarantined_at IS NULL))"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn print_sql_changes_nothing_and_a_table_adopted_the_old_way_is_upgraded_in_place() {
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    debezium_table(&client, 30).await;
+    // The previous adoption: an identity column (a table rewrite) and a view without filter.
+    client
+        .batch_execute(
+            "ALTER TABLE outboxevent
+                 ADD COLUMN outbox_seq bigint GENERATED ALWAYS AS IDENTITY,
+                 ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(),
+                 ADD COLUMN available_at timestamptz NOT NULL DEFAULT now(),
+                 ADD COLUMN attempts integer NOT NULL DEFAULT 0,
+                 ADD COLUMN lease_owner text, ADD COLUMN lease_until timestamptz,
+                 ADD COLUMN lease_token bigint NOT NULL DEFAULT 0,
+                 ADD COLUMN sent_at timestamptz, ADD COLUMN message_id text,
+                 ADD COLUMN quarantined_at timestamptz, ADD COLUMN quarantine_reason text,
+                 ADD COLUMN last_error text;
+             CREATE UNIQUE INDEX outboxevent_relay_seq_idx ON outboxevent (outbox_seq);
+             CREATE TABLE outbox_relay_schema (table_name text PRIMARY KEY, version integer NOT NULL,
+                                               migrated_at timestamptz NOT NULL DEFAULT now());
+             INSERT INTO outbox_relay_schema VALUES ('outboxevent_relay', 1);",
+        )
+        .await
+        .unwrap();
+    let before = scalar_i64(&client, "SELECT sum(outbox_seq)::bigint FROM outboxevent").await;
+
+    let (status, sql) = run_to_end(
+        &adopt_args(&db, &["--print-sql"]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(status.success(), "{sql}");
+    assert!(!sql.contains("ADD COLUMN"), "only what is missing: {sql}");
+    assert!(!sql.contains("UPDATE \"outboxevent\""), "{sql}");
+    assert!(
+        sql.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"outboxevent_relay_unsent_idx\"")
+    );
+    assert!(
+        scalar_bool(
+            &client,
+            "SELECT to_regclass('outboxevent_relay_unsent_idx') IS NULL"
+        )
+        .await,
+        "--print-sql created nothing"
+    );
+
+    let (status, output) = run_to_end(&adopt_args(&db, &[]), &[], Duration::from_secs(60)).await;
+    assert!(status.success(), "{output}");
+    assert_eq!(
+        scalar_i64(&client, "SELECT sum(outbox_seq)::bigint FROM outboxevent").await,
+        before,
+        "the identity values stay"
+    );
+    assert_adopted(&client).await;
+}
