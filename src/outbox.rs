@@ -668,8 +668,16 @@ impl Outbox {
         // A claim prepared while the table is small gets a generic plan that later scans and
         // sorts the whole table (measured: 880 ms per claim at 100k rows). Custom plans cost a
         // planning step per call and stay on the index.
+        //
+        // The relay's own commits (claims, settlements, retention) do not wait for their WAL
+        // flush: waiting made each of them queue with the application's commits for the same
+        // flushes, and made the relay's connection, not the database, its limit on durable
+        // clusters (docs/benchmarks.md). Nothing the relay writes needs to survive a database
+        // crash: a lost claim or settlement only means the row is sent again, with the same
+        // event_id, which at-least-once delivery allows. The application's commits are
+        // untouched.
         client
-            .batch_execute("SET plan_cache_mode = force_custom_plan")
+            .batch_execute("SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off")
             .await
             .map_err(query_err("setting up the relay's session"))?;
         self.resolve_channel(&client).await?;
