@@ -267,7 +267,7 @@ pub struct RunArgs {
 
     /// The longest an idle relay waits before looking for work: polling stretches to it after
     /// sustained idleness; with `notify` and `logical` it is the fallback.
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub poll_interval: Duration,
 
     /// Quarantine a row after this many failed attempts.

@@ -622,17 +622,16 @@ impl Relay {
 
     /// Returns when a claim is worth trying: woken (settlement, NOTIFY, doorbell), or, when
     /// polling, once the probe finds a claimable row.
+    ///
+    /// With `notify` and `logical` the bell rings for new rows; the probe every
+    /// `--poll-interval` finds what it cannot announce (retries falling due, leases expiring,
+    /// rows committed while its connection was down).
     async fn wait_for_work(&self, idle: &mut idle::Schedule, shutdown: &CancellationToken) {
-        if self.config.wakeup != Wakeup::Poll {
-            tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(self.config.poll_interval) => {}
-                _ = shutdown.cancelled() => {}
-            }
-            return;
-        }
         loop {
-            let wait = idle.next(Instant::now(), self.config.poll_interval);
+            let wait = match self.config.wakeup {
+                Wakeup::Poll => idle.next(Instant::now(), self.config.poll_interval),
+                Wakeup::Notify | Wakeup::Logical => self.config.poll_interval,
+            };
             tokio::select! {
                 _ = self.wake.notified() => return,
                 _ = tokio::time::sleep(wait) => {}
