@@ -2,6 +2,12 @@
 //!
 //! Every statement that names the table is built once from a file in `sql/`, with the table
 //! name quoted as an identifier; every value is a bind parameter.
+//!
+//! - this file: connections, claims, settlements, statistics, quarantine commands.
+//! - [`schema`]: `migrate` and `migrate --adopt`, online (lock timeouts, concurrent indexes).
+//! - `wakeup`: the `--wakeup` modes and what each installs (trigger, publication).
+//! - `doorbell`: the `logical` mode's replication-protocol client.
+//! - [`inspect`], `status`: the catalog facts `check` judges, and `status`.
 
 use std::fmt;
 use std::str::FromStr;
