@@ -227,6 +227,8 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(watch_signals(shutdown.clone()));
     let connected = match relay::connect(config.clone()).await {
         Ok(c) => c,
         Err(e) => return runtime_error(&e),
@@ -238,7 +240,6 @@ async fn run(args: RunArgs) -> ExitCode {
     // Several poll intervals without a loop iteration means the loop is stuck.
     let stuck_after = (config.poll_interval * 5).max(std::time::Duration::from_secs(10));
     let health = Health::new(stuck_after);
-    let shutdown = CancellationToken::new();
     // Separate from `shutdown`: metrics and probes keep answering while in-flight sends
     // drain after SIGTERM.
     let stop_serving = CancellationToken::new();
@@ -259,7 +260,6 @@ async fn run(args: RunArgs) -> ExitCode {
         }
     };
     tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
-    tokio::spawn(signal_shutdown(shutdown.clone()));
     relay::run(connected, health, shutdown).await;
     stop_serving.cancel();
     ExitCode::SUCCESS
@@ -355,21 +355,26 @@ async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
 
 /// SIGTERM or SIGINT starts a clean shutdown; a second signal is left to the default action
 /// only after the first has been handled.
-async fn signal_shutdown(shutdown: CancellationToken) {
+/// Installs the SIGTERM/SIGINT handlers now (a SIGTERM during start-up must drain the relay,
+/// not kill it) and returns the task that cancels `shutdown` when one arrives.
+fn watch_signals(shutdown: CancellationToken) -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (mut term, mut int) = match (
+    let handlers = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) {
-        (Ok(t), Ok(i)) => (t, i),
-        _ => {
-            tracing::error!("cannot install signal handlers; stop the relay with SIGKILL");
-            return;
+    );
+    async move {
+        let (mut term, mut int) = match handlers {
+            (Ok(t), Ok(i)) => (t, i),
+            _ => {
+                tracing::error!("cannot install signal handlers; stop the relay with SIGKILL");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
+        shutdown.cancel();
     }
-    shutdown.cancel();
 }
