@@ -207,3 +207,50 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
         .get(0);
     assert_eq!(version, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigterm_during_start_up_is_handled_not_fatal() {
+    // The relay is still connecting (to a server that never answers) when SIGTERM arrives: the
+    // signal must reach the relay's handler, so it ends on its own terms (here: the connect
+    // timeout, exit 1) instead of being killed by the signal's default action.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    silent.set_nonblocking(true).unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let url = format!(
+        "postgres://postgres:{}@127.0.0.1:{port}/app",
+        pg().password()
+    );
+    let relay = crate::support::RelayProcess::spawn(
+        &args(&[
+            "run",
+            "--database-url",
+            &url,
+            "--queue-url",
+            "http://127.0.0.1:1/000000000000/q",
+            "--connect-timeout",
+            "3s",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]),
+        &[],
+    );
+    let mut held = Vec::new();
+    crate::support::wait_until(
+        "the relay connecting to the database",
+        Duration::from_secs(20),
+        || {
+            if let Ok((stream, _)) = silent.accept() {
+                held.push(stream);
+            }
+            let connecting = !held.is_empty();
+            async move { connecting }
+        },
+    )
+    .await;
+    relay.sigterm();
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("the relay ends after its connect timeout");
+    assert_eq!(status.code(), Some(1), "{status}: {}", relay.output());
+}
