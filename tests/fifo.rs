@@ -344,3 +344,44 @@ async fn routes_send_rows_to_three_queues_and_cloudevents_envelopes_carry_every_
     }
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_defaults_two_relays_keep_group_order_and_delete_every_sent_row() {
+    // The defaults together: polling wake-up, rows deleted on acknowledgement, ordered
+    // delivery turned on by the FIFO queue; rows arrive while the relays already run.
+    let (groups, per_group) = (20, 20);
+    let total = groups * per_group;
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("defaults.fifo", &[]).await;
+    let defaults = |id: &str| {
+        let mut a = relay_args_for(&db, &queue, sqs().endpoint(), id);
+        let at = a.iter().position(|x| x == "--retention").unwrap();
+        a.drain(at..at + 2);
+        a
+    };
+    let relays: Vec<RelayProcess> = (0..2)
+        .map(|i| RelayProcess::spawn(&defaults(&format!("defaults-{i}")), &[]))
+        .collect();
+    let written = events("dflt", total, groups);
+    // Rows are deleted once sent, so their order is read from how they were written: one
+    // connection, one row after the other, so write order is id order.
+    let ids: HashMap<String, i64> = written
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.event_id.clone(), i as i64))
+        .collect();
+    for chunk in written.chunks(40) {
+        insert(&client, chunk, Duration::ZERO).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let received = receive_all(&queue, total, Duration::from_secs(120)).await;
+    let (violations, by_group) = order_violations(&received, &ids);
+    assert_eq!(copies(&received).len(), total, "every event arrives");
+    assert_eq!(by_group.len(), groups);
+    assert_eq!(violations, 0, "order within a group is kept");
+    wait_count(&client, "true", 0, Duration::from_secs(30)).await;
+    for relay in &relays {
+        assert!(relay.output().contains("wakeup=poll"), "{}", relay.output());
+    }
+}
