@@ -42,15 +42,7 @@ async fn a_debezium_outbox_table_is_adopted_and_relayed_without_touching_the_app
     let db = crate::support::fresh_db().await;
     let client = db.client().await;
     client
-        .batch_execute(
-            "CREATE TABLE outboxevent (
-                 id uuid NOT NULL PRIMARY KEY,
-                 aggregatetype varchar(255) NOT NULL,
-                 aggregateid varchar(255) NOT NULL,
-                 type varchar(255) NOT NULL,
-                 payload jsonb
-             )",
-        )
+        .batch_execute(crate::support::DEBEZIUM_OUTBOX_DDL)
         .await
         .unwrap();
     client.execute(APP_INSERT, &[&1i32, &40i32]).await.unwrap();

@@ -21,15 +21,7 @@ const COLUMNS: [&str; 8] = [
 /// the backfill takes several page ranges.
 async fn debezium_table(client: &tokio_postgres::Client, rows: i32) {
     client
-        .batch_execute(
-            "CREATE TABLE outboxevent (
-                 id uuid NOT NULL PRIMARY KEY,
-                 aggregatetype varchar(255) NOT NULL,
-                 aggregateid varchar(255) NOT NULL,
-                 type varchar(255) NOT NULL,
-                 payload jsonb
-             )",
-        )
+        .batch_execute(crate::support::DEBEZIUM_OUTBOX_DDL)
         .await
         .unwrap();
     app_insert(client, rows).await;

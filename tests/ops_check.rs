@@ -356,14 +356,11 @@ async fn check_and_status_read_an_adopted_table_through_its_view() {
     let client = db.client().await;
     client
         .batch_execute(
-            "CREATE TABLE outboxevent (
-                 id uuid NOT NULL PRIMARY KEY,
-                 aggregatetype varchar(255) NOT NULL,
-                 aggregateid varchar(255) NOT NULL,
-                 type varchar(255) NOT NULL,
-                 payload jsonb
-             );
-             INSERT INTO outboxevent VALUES (gen_random_uuid(), 'order', '1', 'OrderCreated', '{}')",
+            &format!(
+                "{};
+                 INSERT INTO outboxevent VALUES (gen_random_uuid(), 'order', '1', 'OrderCreated', '{{}}')",
+                crate::support::DEBEZIUM_OUTBOX_DDL
+            ),
         )
         .await
         .unwrap();

@@ -82,15 +82,7 @@ pub async fn run(settings: &Settings) -> Vec<AdoptRun> {
 async fn measure(url: &str, binary: &Path, rows: i64) -> AdoptRun {
     let client = connect(url).await;
     client
-        .batch_execute(
-            "CREATE TABLE outboxevent (
-                 id uuid NOT NULL PRIMARY KEY,
-                 aggregatetype varchar(255) NOT NULL,
-                 aggregateid varchar(255) NOT NULL,
-                 type varchar(255) NOT NULL,
-                 payload jsonb
-             )",
-        )
+        .batch_execute(crate::support::DEBEZIUM_OUTBOX_DDL)
         .await
         .unwrap();
     let chunk = 100_000;

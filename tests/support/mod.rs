@@ -230,3 +230,13 @@ pub fn log_tail(path: &Path, max: usize) -> String {
     let start = text.len().saturating_sub(max);
     String::from_utf8_lossy(&text[start..]).into_owned()
 }
+
+/// Debezium's outbox-router table, as applications create it (`migrate --adopt` tests and the
+/// adoption benchmark).
+pub const DEBEZIUM_OUTBOX_DDL: &str = "CREATE TABLE outboxevent (
+    id uuid NOT NULL PRIMARY KEY,
+    aggregatetype varchar(255) NOT NULL,
+    aggregateid varchar(255) NOT NULL,
+    type varchar(255) NOT NULL,
+    payload jsonb
+)";
