@@ -4,8 +4,8 @@
 //! rejected here with its reason, before anything is sent, so it is quarantined instead of
 //! retried.
 
-use crate::outbox::{ClaimedRow, QuarantineReason};
-use sha2::{Digest, Sha256};
+pub use crate::row::{fifo_id, KeyColumn};
+use crate::row::{ClaimedRow, QuarantineReason};
 
 /// SQS accepts at most this many entries in one SendMessageBatch call.
 pub const MAX_ENTRIES: usize = 10;
@@ -13,83 +13,6 @@ pub const MAX_ENTRIES: usize = 10;
 const MAX_ATTRIBUTES: usize = 10;
 /// Each message attribute is sent as a `String` attribute; its type name counts toward size.
 const STRING_TYPE: &str = "String";
-/// Longest MessageGroupId / MessageDeduplicationId SQS accepts.
-const MAX_FIFO_ID_LEN: usize = 128;
-
-/// A per-row key: the FIFO message group, the routing key, the fairness key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum KeyColumn {
-    AggregateId,
-    AggregateType,
-    EventType,
-    /// A string entry of the row's `headers`.
-    Header(String),
-}
-
-impl KeyColumn {
-    /// The row's value for this key; `None` when a header is absent.
-    pub fn value<'a>(&self, row: &'a ClaimedRow) -> Option<std::borrow::Cow<'a, str>> {
-        use std::borrow::Cow;
-        match self {
-            KeyColumn::AggregateId => Some(Cow::Borrowed(&row.aggregate_id)),
-            KeyColumn::AggregateType => Some(Cow::Borrowed(&row.aggregate_type)),
-            KeyColumn::EventType => Some(Cow::Borrowed(&row.event_type)),
-            KeyColumn::Header(name) => match row.headers.get(name)? {
-                serde_json::Value::String(s) => Some(Cow::Borrowed(s)),
-                serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string())),
-                serde_json::Value::Bool(b) => Some(Cow::Owned(b.to_string())),
-                _ => None,
-            },
-        }
-    }
-
-    /// A short name usable inside identifiers (index names).
-    pub fn slug(&self) -> String {
-        match self {
-            KeyColumn::AggregateId => "aggregate_id".into(),
-            KeyColumn::AggregateType => "aggregate_type".into(),
-            KeyColumn::EventType => "event_type".into(),
-            KeyColumn::Header(name) => format!("h_{}", name.replace(['.', '-'], "_")),
-        }
-    }
-}
-
-impl std::str::FromStr for KeyColumn {
-    type Err = String;
-
-    /// `aggregate_id`, `aggregate_type`, `event_type` or `header:NAME`. Header names follow
-    /// SQS's attribute-name characters, which also keeps them safe inside index definitions.
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "aggregate_id" => Ok(KeyColumn::AggregateId),
-            "aggregate_type" => Ok(KeyColumn::AggregateType),
-            "event_type" => Ok(KeyColumn::EventType),
-            _ => match s.strip_prefix("header:") {
-                Some(name)
-                    if !name.is_empty()
-                        && name.len() <= 128
-                        && name
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) =>
-                {
-                    Ok(KeyColumn::Header(name.to_string()))
-                }
-                _ => Err(format!(
-                    "{s:?} is not a key: use aggregate_id, aggregate_type, event_type or header:NAME (NAME of letters, digits, _ - .)"
-                )),
-            },
-        }
-    }
-}
-
-impl std::fmt::Display for KeyColumn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            KeyColumn::Header(name) => write!(f, "header:{name}"),
-            other => f.write_str(&other.slug()),
-        }
-    }
-}
 
 /// How the payload becomes the message body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -422,21 +345,6 @@ fn check_attribute_value(name: &str, value: &str) -> Result<(), String> {
 /// cannot hold surrogates, so only controls and the two non-characters remain to exclude.
 fn sqs_allows(c: char) -> bool {
     matches!(c, '\t' | '\n' | '\r') || (c >= ' ' && c != '\u{FFFE}' && c != '\u{FFFF}')
-}
-
-/// A FIFO group or deduplication ID: the value itself where SQS accepts it (1–128 printable
-/// ASCII characters), otherwise its SHA-256 hex, which is stable, so the same aggregate always
-/// maps to the same group and the same event to the same deduplication ID.
-pub fn fifo_id(value: &str) -> String {
-    let valid = !value.is_empty()
-        && value.len() <= MAX_FIFO_ID_LEN
-        && value.bytes().all(|b| (0x21..=0x7e).contains(&b));
-    if valid {
-        value.to_string()
-    } else {
-        let digest = Sha256::digest(value.as_bytes());
-        digest.iter().map(|b| format!("{b:02x}")).collect()
-    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //!
 //! - [`config`]: command line and environment -> validated configuration (pure rules).
 //! - [`outbox`]: the only owner of SQL: migrate, claim, settle (fenced by lease token), stats.
+//! - [`row`]: the rows and their outcomes, shared by `outbox` and `batch` (a leaf).
 //! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
 //! - [`sqs`]: the only owner of the AWS SDK: one request in, one outcome per entry out.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
@@ -27,5 +28,6 @@ pub mod metrics;
 pub mod outbox;
 pub mod relay;
 pub mod retry;
+pub mod row;
 pub mod sqs;
 pub mod tls;

@@ -19,11 +19,11 @@ use crate::batch::{self, BatchRequest, PlanConfig};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::idle;
 use crate::metrics::{self as names, Health};
-use crate::outbox::{
-    ClaimedRow, Outbox, OutboxError, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow,
-    Session, Settlement, SharedSession, Wakeup,
-};
+use crate::outbox::{Outbox, OutboxError, Session, SharedSession, Wakeup};
 use crate::retry::{self, FailureClass, RequestFailure, Transport};
+use crate::row::{
+    ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
+};
 use crate::sqs::{EntryOutcome, Sqs};
 
 #[derive(Debug, thiserror::Error)]

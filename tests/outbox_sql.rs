@@ -2,9 +2,8 @@
 
 use std::time::Duration;
 
-use outbox_relay::outbox::{
-    Outbox, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Session, Settlement,
-};
+use outbox_relay::outbox::{Outbox, Session};
+use outbox_relay::row::{QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement};
 
 use crate::scenario::{count, events, insert, migrated_db};
 use crate::support::{wait_until, TestDb};
@@ -17,7 +16,7 @@ async fn session(db: &TestDb, table: &str) -> Session {
         .unwrap()
 }
 
-fn sent(rows: &[outbox_relay::outbox::ClaimedRow]) -> Settlement {
+fn sent(rows: &[outbox_relay::row::ClaimedRow]) -> Settlement {
     Settlement {
         sent: rows
             .iter()

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_relay::batch::KeyColumn;
-use outbox_relay::outbox::{ClaimMode, Ordered, Outbox, SentRow, Settlement, Wakeup};
+use outbox_relay::outbox::{ClaimMode, Ordered, Outbox, Wakeup};
+use outbox_relay::row::{SentRow, Settlement};
 
 use crate::support::pg::PrivatePg;
 use crate::support::{self, TestDb};

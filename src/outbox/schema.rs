@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use super::template::{render, Value};
 use super::{
-    key_sql, query_err, quote_ident, ColumnMap, KeyIndex, MigrateReport, Outbox, OutboxError,
-    TableName, SCHEMA_VERSION,
+    ident::key_sql, query_err, quote_ident, ColumnMap, KeyIndex, MigrateReport, Outbox,
+    OutboxError, TableName, SCHEMA_VERSION,
 };
 use crate::batch::KeyColumn;
 
@@ -100,25 +101,11 @@ fn paragraphs(template: &str) -> Vec<String> {
 /// Fills `{name}` placeholders; a placeholder left over is a bug in the caller, caught here
 /// rather than as a syntax error on a production database.
 fn fill(template: &str, values: &[(&str, &str)]) -> String {
-    let mut sql = template.to_string();
-    for (name, value) in values {
-        sql = sql.replace(&format!("{{{name}}}"), value);
+    let values: Vec<_> = values.iter().map(|(n, v)| (*n, Value::Sql(v))).collect();
+    match render(template, &values) {
+        Ok(sql) => sql,
+        Err(e) => panic!("{e}"),
     }
-    if let Some(left) = leftover_placeholder(&sql) {
-        panic!("placeholder {{{left}}} left unfilled in:\n{sql}");
-    }
-    sql
-}
-
-/// A `{name}` (lower-case letters and underscores) still in `sql`.
-fn leftover_placeholder(sql: &str) -> Option<&str> {
-    sql.match_indices('{').find_map(|(i, _)| {
-        let rest = &sql[i + 1..];
-        let end = rest.find('}')?;
-        let name = &rest[..end];
-        (!name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
-            .then_some(name)
-    })
 }
 
 /// A string literal (for regclass arguments): quotes doubled.
@@ -984,13 +971,6 @@ mod tests {
             ("event_type".into(), "type".into()),
         ])
         .unwrap()
-    }
-
-    #[test]
-    fn leftover_placeholders_are_found_and_json_braces_are_not() {
-        assert_eq!(leftover_placeholder("a {table} b"), Some("table"));
-        assert_eq!(leftover_placeholder("DEFAULT '{}' x"), None);
-        assert_eq!(leftover_placeholder("'{\"a\": 1}'"), None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::template::{render, Value};
 use super::{query_err, Outbox, OutboxError};
 
 /// A snapshot of the outbox table. The JSON field names are part of the interface: scripts
@@ -31,7 +32,11 @@ impl Outbox {
     pub async fn status(&self) -> Result<TableStatus, OutboxError> {
         let client = self.raw_connect().await?;
         self.resolve_channel(&client).await?;
-        let sql = include_str!("../../sql/status.sql").replace("{table}", &self.table.quoted());
+        let sql = render(
+            include_str!("../../sql/status.sql"),
+            &[("table", Value::Table(&self.table))],
+        )
+        .map_err(OutboxError::Template)?;
         let row = client
             .query_one(&sql, &[])
             .await

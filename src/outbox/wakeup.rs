@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 use tokio_postgres::Client;
 
+use super::template::{render, Value};
 use super::{query_err, quote_ident, Outbox, OutboxError, TableName};
 
 /// The wake-up mode (`--wakeup`).
@@ -131,11 +132,15 @@ impl Outbox {
         let mut steps: Vec<(String, &'static str)> = Vec::new();
         match (mode, found.trigger) {
             (Wakeup::Notify, _) => steps.push((
-                include_str!("../../sql/wakeup_notify.sql")
-                    .replace("{notify_function}", &function)
-                    .replace("{base}", &base)
-                    // Hex digits and underscores: nothing to escape.
-                    .replace("{channel}", &format!("'{channel}'")),
+                render(
+                    include_str!("../../sql/wakeup_notify.sql"),
+                    &[
+                        ("notify_function", Value::Sql(&function)),
+                        ("base", Value::Sql(&base)),
+                        ("channel", Value::Literal(&channel)),
+                    ],
+                )
+                .map_err(OutboxError::Template)?,
                 "installing the NOTIFY trigger",
             )),
             (_, true) => steps.push((

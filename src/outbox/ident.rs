@@ -1,0 +1,257 @@
+//! Identifiers: the configured table name, always quoted; names derived from it; key columns
+//! as SQL expressions. No configuration value reaches SQL except through these functions.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::row::KeyColumn;
+
+/// A possibly schema-qualified table name from configuration.
+///
+/// Parts are separated by dots outside double quotes; a part in double quotes may contain dots
+/// and doubled quotes. Parts are used exactly as written (case-sensitive) and always quoted
+/// when they reach SQL, so no configuration value is ever spliced into SQL raw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName {
+    pub schema: Option<String>,
+    pub name: String,
+}
+
+/// PostgreSQL truncates identifiers beyond this many bytes, which could silently merge names.
+pub(crate) const MAX_IDENTIFIER_BYTES: usize = 63;
+
+impl FromStr for TableName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut parts = Vec::new();
+        let mut chars = s.chars().peekable();
+        loop {
+            let mut part = String::new();
+            if chars.peek() == Some(&'"') {
+                chars.next();
+                loop {
+                    match chars.next() {
+                        Some('"') if chars.peek() == Some(&'"') => {
+                            chars.next();
+                            part.push('"');
+                        }
+                        Some('"') => break,
+                        Some(c) => part.push(c),
+                        None => return Err(format!("--table {s:?}: unterminated double quote")),
+                    }
+                }
+                if !matches!(chars.peek(), None | Some('.')) {
+                    return Err(format!("--table {s:?}: expected a dot after a quoted name"));
+                }
+            } else {
+                while let Some(&c) = chars.peek() {
+                    if c == '.' {
+                        break;
+                    }
+                    part.push(c);
+                    chars.next();
+                }
+            }
+            if part.is_empty() {
+                return Err(format!("--table {s:?}: empty name part"));
+            }
+            if part.len() > MAX_IDENTIFIER_BYTES {
+                return Err(format!(
+                    "--table {s:?}: a name part is longer than PostgreSQL's {MAX_IDENTIFIER_BYTES} bytes"
+                ));
+            }
+            if part.contains('\0') {
+                return Err(format!("--table {s:?}: names cannot contain NUL"));
+            }
+            parts.push(part);
+            match chars.next() {
+                None => break,
+                Some('.') => continue,
+                Some(_) => unreachable!("parts end at a dot or the end"),
+            }
+        }
+        match parts.len() {
+            1 => Ok(TableName {
+                schema: None,
+                name: parts.remove(0),
+            }),
+            2 => {
+                let name = parts.remove(1);
+                Ok(TableName {
+                    schema: Some(parts.remove(0)),
+                    name,
+                })
+            }
+            _ => Err(format!(
+                "--table {s:?}: use `table` or `schema.table` (quote a name that contains a dot)"
+            )),
+        }
+    }
+}
+
+/// Quotes one identifier the way PostgreSQL's quote_ident does, always.
+pub fn quote_ident(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+impl TableName {
+    /// The table as SQL: `"schema"."name"` or `"name"`.
+    pub fn quoted(&self) -> String {
+        self.qualify(&self.name)
+    }
+
+    /// The view through which the relay reads an adopted table: `<name>_relay`, same schema.
+    pub fn relay_view(&self) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: self.derived("relay"),
+        }
+    }
+
+    /// Another object in the table's schema (function, version table), quoted.
+    pub(crate) fn qualify(&self, object: &str) -> String {
+        match &self.schema {
+            Some(schema) => format!("{}.{}", quote_ident(schema), quote_ident(object)),
+            None => quote_ident(object),
+        }
+    }
+
+    /// A name derived from the table's, kept within PostgreSQL's identifier length by
+    /// shortening the table part and adding a hash of it, so two long names never collide.
+    pub(crate) fn derived(&self, suffix: &str) -> String {
+        let full = format!("{}_{suffix}", self.name);
+        if full.len() <= MAX_IDENTIFIER_BYTES {
+            return full;
+        }
+        let hash = crate::batch::fifo_id(&format!("{}\u{1}{}", self.name, suffix));
+        let mut head: String = String::new();
+        for c in self.name.chars() {
+            if head.len() + c.len_utf8() + 1 + 8 + 1 + suffix.len() > MAX_IDENTIFIER_BYTES {
+                break;
+            }
+            head.push(c);
+        }
+        format!("{head}_{}_{suffix}", &hash[..8])
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.quoted())
+    }
+}
+
+/// The SQL for a key's value on a row (`alias` = None inside index definitions, where the
+/// expression must match the queries' exactly). Header names are restricted to letters,
+/// digits, `_ - .` by `KeyColumn::from_str`, so the literal below cannot break out of its
+/// quotes; it is escaped all the same.
+pub(crate) fn key_sql(key: &KeyColumn, alias: Option<&str>) -> String {
+    let column = |name: &str| match alias {
+        Some(a) => format!("{a}.{name}"),
+        None => name.to_string(),
+    };
+    match key {
+        KeyColumn::AggregateId => column("aggregate_id"),
+        KeyColumn::AggregateType => column("aggregate_type"),
+        KeyColumn::EventType => column("event_type"),
+        KeyColumn::Header(name) => format!(
+            "coalesce({} ->> '{}', '')",
+            column("headers"),
+            name.replace('\'', "''")
+        ),
+    }
+}
+
+/// The two (key, id) indexes a claim mode may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyIndex {
+    /// Ordered delivery: over every row, so that "the row just before this one in its group"
+    /// is one step in the index, however many of the group's rows were sent before.
+    Order,
+    /// Fair claiming: over rows not yet sent, so that walking the distinct keys never visits
+    /// keys whose rows are all sent.
+    Fair,
+}
+
+impl KeyIndex {
+    pub(crate) fn prefix(self) -> &'static str {
+        match self {
+            KeyIndex::Order => "order",
+            KeyIndex::Fair => "key",
+        }
+    }
+
+    /// The `migrate` flag that creates it.
+    pub(crate) fn flag(self) -> &'static str {
+        match self {
+            KeyIndex::Order => "--group-by",
+            KeyIndex::Fair => "--fair-by",
+        }
+    }
+
+    pub(crate) fn predicate(self) -> &'static str {
+        match self {
+            KeyIndex::Order => "",
+            KeyIndex::Fair => " WHERE sent_at IS NULL",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_and_schema_qualified_names() {
+        let t: TableName = "outbox".parse().unwrap();
+        assert_eq!(t.quoted(), "\"outbox\"");
+        let t: TableName = "app.outbox".parse().unwrap();
+        assert_eq!(t.schema.as_deref(), Some("app"));
+        assert_eq!(t.quoted(), "\"app\".\"outbox\"");
+    }
+
+    #[test]
+    fn quotes_and_dots_inside_names_stay_inside_one_quoted_identifier() {
+        let t: TableName = "we\"ird".parse().unwrap();
+        assert_eq!(t.name, "we\"ird");
+        assert_eq!(t.quoted(), "\"we\"\"ird\"");
+        let t: TableName = "\"my.outbox\"".parse().unwrap();
+        assert_eq!(t.schema, None);
+        assert_eq!(t.name, "my.outbox");
+        assert_eq!(t.quoted(), "\"my.outbox\"");
+        let t: TableName = "\"s.1\".\"a\"\"b\"".parse().unwrap();
+        assert_eq!(t.schema.as_deref(), Some("s.1"));
+        assert_eq!(t.name, "a\"b");
+        assert_eq!(t.quoted(), "\"s.1\".\"a\"\"b\"");
+        let injection: TableName = "outbox; DROP TABLE users; --".parse().unwrap();
+        assert_eq!(injection.quoted(), "\"outbox; DROP TABLE users; --\"");
+    }
+
+    #[test]
+    fn malformed_names_are_refused_with_the_reason() {
+        for (bad, why) in [
+            ("", "empty"),
+            ("a..b", "empty"),
+            ("a.b.c", "schema.table"),
+            ("\"open", "unterminated"),
+            ("\"a\"b", "expected a dot"),
+            (&"x".repeat(64), "63 bytes"),
+        ] {
+            let err = bad.parse::<TableName>().unwrap_err();
+            assert!(err.contains(why), "{bad:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn derived_names_stay_within_the_identifier_limit_and_apart() {
+        let short: TableName = "outbox".parse().unwrap();
+        assert_eq!(short.derived("unsent_idx"), "outbox_unsent_idx");
+        let a: TableName = "a".repeat(60).parse().unwrap();
+        let b: TableName = format!("{}b", "a".repeat(59)).parse().unwrap();
+        let (da, db) = (a.derived("unsent_idx"), b.derived("unsent_idx"));
+        assert!(da.len() <= 63 && db.len() <= 63);
+        assert_ne!(da, db);
+        assert!(da.ends_with("_unsent_idx"));
+    }
+}

@@ -1,0 +1,55 @@
+//! `--wakeup notify`: a connection that LISTENs on the table's channel.
+
+use futures_util::StreamExt;
+use tokio_postgres::AsyncMessage;
+
+use super::template::{render, Value};
+use super::{query_err, Outbox, OutboxError};
+
+impl Outbox {
+    /// A connection that LISTENs on the table's channel and calls `wake` on each notification.
+    /// Returns when the connection ends, so the caller can reconnect; `on_listening` runs once
+    /// LISTEN is in place (anything inserted before then was missed and must be polled for).
+    pub async fn listen(
+        &self,
+        wake: impl Fn(),
+        on_listening: impl FnOnce(),
+    ) -> Result<(), OutboxError> {
+        let (client, mut connection) = self.open().await?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let driver = tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(message) = messages.next().await {
+                match message {
+                    Ok(AsyncMessage::Notification(_)) => {
+                        if tx.send(()).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::debug!(error = %e, "listen connection ended");
+                        break;
+                    }
+                }
+            }
+        });
+        let channel = self.resolve_channel(&client).await?;
+        client
+            .batch_execute(
+                &render("LISTEN {channel}", &[("channel", Value::Ident(&channel))])
+                    .map_err(OutboxError::Template)?,
+            )
+            .await
+            .map_err(query_err("subscribing to wake-ups"))?;
+        on_listening();
+        while rx.recv().await.is_some() {
+            wake();
+        }
+        driver.abort();
+        Err(OutboxError::Connect {
+            target: self.target(),
+            reason: "the wake-up connection was closed".to_string(),
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! The rows the relay works on and what becomes of them: the types shared by the outbox (which
+//! reads and settles rows) and the planner (which turns rows into requests). A leaf: it depends
+//! on neither.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+/// Longest MessageGroupId / MessageDeduplicationId SQS accepts.
+const MAX_FIFO_ID_LEN: usize = 128;
+
+/// Why a row was quarantined; a bounded set, used as a metric label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuarantineReason {
+    /// The message can never fit SQS's size limit.
+    TooLarge,
+    /// The row cannot be expressed as an SQS message (bad header, bad characters).
+    Invalid,
+    /// SQS refused the entry as bad input (`SenderFault`).
+    SenderFault,
+    /// SQS refused a request holding only this entry, as bad input.
+    Rejected,
+    /// Retryable failures went on past `--max-attempts`.
+    MaxAttempts,
+}
+
+impl QuarantineReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuarantineReason::TooLarge => "too_large",
+            QuarantineReason::Invalid => "invalid",
+            QuarantineReason::SenderFault => "sender_fault",
+            QuarantineReason::Rejected => "rejected",
+            QuarantineReason::MaxAttempts => "max_attempts",
+        }
+    }
+}
+
+/// A row this relay holds a lease on.
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
+    pub id: i64,
+    pub event_id: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    /// The payload as JSON text, which becomes the message body.
+    pub payload: String,
+    pub headers: serde_json::Value,
+    pub queue_url: Option<String>,
+    /// Fencing generation: settlements only apply while the row still carries it.
+    pub lease_token: i64,
+    /// Attempts including this claim.
+    pub attempts: i32,
+    /// `created_at` as Unix seconds, for the delivery-lag histogram.
+    pub created_at_epoch: f64,
+    /// `created_at` in RFC 3339 (UTC), for envelopes such as CloudEvents' `time`.
+    pub created_at: String,
+}
+
+/// Outcomes of one claim, one statement per class.
+#[derive(Debug, Default)]
+pub struct Settlement {
+    pub sent: Vec<SentRow>,
+    pub reschedule: Vec<RescheduledRow>,
+    pub quarantine: Vec<QuarantinedRow>,
+}
+
+#[derive(Debug)]
+pub struct SentRow {
+    pub id: i64,
+    pub lease_token: i64,
+    pub message_id: String,
+}
+
+#[derive(Debug)]
+pub struct RescheduledRow {
+    pub id: i64,
+    pub lease_token: i64,
+    pub delay: Duration,
+    /// Kept in `last_error`; `None` keeps the previous error (a plain release).
+    pub error: Option<String>,
+    /// Give the claim's attempt back: the failure was not the row's.
+    pub refund: bool,
+}
+
+#[derive(Debug)]
+pub struct QuarantinedRow {
+    pub id: i64,
+    pub lease_token: i64,
+    pub reason: QuarantineReason,
+    pub error: String,
+}
+
+impl Settlement {
+    pub fn is_empty(&self) -> bool {
+        self.sent.is_empty() && self.reschedule.is_empty() && self.quarantine.is_empty()
+    }
+}
+
+/// How many rows each statement actually changed; the rest had been taken over.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub sent: u64,
+    pub rescheduled: u64,
+    /// The reasons of the rows actually quarantined (for the per-reason counter).
+    pub quarantined_reasons: Vec<QuarantineReason>,
+    pub lost: u64,
+}
+
+/// A per-row key: the FIFO message group, the routing key, the fairness key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KeyColumn {
+    AggregateId,
+    AggregateType,
+    EventType,
+    /// A string entry of the row's `headers`.
+    Header(String),
+}
+
+impl KeyColumn {
+    /// The row's value for this key; `None` when a header is absent.
+    pub fn value<'a>(&self, row: &'a ClaimedRow) -> Option<std::borrow::Cow<'a, str>> {
+        use std::borrow::Cow;
+        match self {
+            KeyColumn::AggregateId => Some(Cow::Borrowed(&row.aggregate_id)),
+            KeyColumn::AggregateType => Some(Cow::Borrowed(&row.aggregate_type)),
+            KeyColumn::EventType => Some(Cow::Borrowed(&row.event_type)),
+            KeyColumn::Header(name) => match row.headers.get(name)? {
+                serde_json::Value::String(s) => Some(Cow::Borrowed(s)),
+                serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string())),
+                serde_json::Value::Bool(b) => Some(Cow::Owned(b.to_string())),
+                _ => None,
+            },
+        }
+    }
+
+    /// A short name usable inside identifiers (index names).
+    pub fn slug(&self) -> String {
+        match self {
+            KeyColumn::AggregateId => "aggregate_id".into(),
+            KeyColumn::AggregateType => "aggregate_type".into(),
+            KeyColumn::EventType => "event_type".into(),
+            KeyColumn::Header(name) => format!("h_{}", name.replace(['.', '-'], "_")),
+        }
+    }
+}
+
+impl std::str::FromStr for KeyColumn {
+    type Err = String;
+
+    /// `aggregate_id`, `aggregate_type`, `event_type` or `header:NAME`. Header names follow
+    /// SQS's attribute-name characters, which also keeps them safe inside index definitions.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "aggregate_id" => Ok(KeyColumn::AggregateId),
+            "aggregate_type" => Ok(KeyColumn::AggregateType),
+            "event_type" => Ok(KeyColumn::EventType),
+            _ => match s.strip_prefix("header:") {
+                Some(name)
+                    if !name.is_empty()
+                        && name.len() <= 128
+                        && name
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) =>
+                {
+                    Ok(KeyColumn::Header(name.to_string()))
+                }
+                _ => Err(format!(
+                    "{s:?} is not a key: use aggregate_id, aggregate_type, event_type or header:NAME (NAME of letters, digits, _ - .)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for KeyColumn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyColumn::Header(name) => write!(f, "header:{name}"),
+            other => f.write_str(&other.slug()),
+        }
+    }
+}
+
+/// A FIFO group or deduplication ID: the value itself where SQS accepts it (1–128 printable
+/// ASCII characters), otherwise its SHA-256 hex, which is stable, so the same aggregate always
+/// maps to the same group and the same event to the same deduplication ID.
+pub fn fifo_id(value: &str) -> String {
+    let valid = !value.is_empty()
+        && value.len() <= MAX_FIFO_ID_LEN
+        && value.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if valid {
+        value.to_string()
+    } else {
+        let digest = Sha256::digest(value.as_bytes());
+        digest.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
