@@ -1,4 +1,4 @@
--- Fair claiming: up to $1 rows taken round-robin across the values of {key} (the first
+-- Fair claiming: up to $1 rows (as many as fit the byte budget $4) taken round-robin across the values of the key (the first
 -- unclaimed row of every key, then the second, ...), so a burst under one key cannot starve
 -- the others. `keys` walks the distinct values with one index probe each. The per-key scan
 -- compares with `>= k AND <= k` rather than `= k` on purpose: with `=` the planner treats the
@@ -19,18 +19,19 @@ ranked AS (
         SELECT c.id
         FROM {table} AS c
         WHERE {key_c} >= keys.k AND {key_c} <= keys.k
-          AND c.id >= $4
+          AND c.id >= $5
           AND c.sent_at IS NULL
           AND c.quarantined_at IS NULL
           AND c.available_at <= now()
           AND (c.lease_until IS NULL OR c.lease_until < now())
+          {ordered_filter}
         ORDER BY {key_c}, c.id
         LIMIT $1
     ) AS picked
     WHERE keys.k IS NOT NULL
 ),
-candidates AS (
-    SELECT c.id
+locked AS (
+    SELECT c.id, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key whatever the
     -- statistics say, never by a join over the table.
@@ -39,7 +40,11 @@ candidates AS (
       AND c.quarantined_at IS NULL
       AND c.available_at <= now()
       AND (c.lease_until IS NULL OR c.lease_until < now())
-      {ordered_filter}
     ORDER BY c.id
     FOR UPDATE OF c SKIP LOCKED
+),
+candidates AS (
+    SELECT id
+    FROM (SELECT id, sum(bytes) OVER (ORDER BY id) - bytes AS before FROM locked) AS b
+    WHERE b.before < $4
 )

@@ -1,5 +1,5 @@
 -- Ordered delivery with --on-poison block: unsent rows waiting behind a quarantined row of
--- their group ({key}) are parked as quarantined with reason `blocked`, so they show up in
+-- their group (by the group key) are parked as quarantined with reason `blocked`, so they show up in
 -- `quarantine list` and stop being walked by every claim. Rows under a lease are left alone.
 UPDATE {table} AS o
 SET quarantined_at = now(),

@@ -4,6 +4,8 @@
 //! rejected here with its reason, before anything is sent, so it is quarantined instead of
 //! retried.
 
+use std::collections::{HashMap, HashSet};
+
 pub use crate::row::{fifo_id, KeyColumn};
 use crate::row::{ClaimedRow, QuarantineReason};
 
@@ -40,6 +42,17 @@ pub struct PlanConfig {
     /// SQS's limit on one message and on the sum of a batch's messages (1 MiB today); a setting
     /// so a deployment can follow a future change, or match a queue's smaller limit.
     pub max_request_bytes: usize,
+    /// Ordered delivery, when on: a group's rows of one claim travel in one request, in order.
+    pub ordering: Option<PlanOrdering>,
+}
+
+/// What the planner must keep for ordered delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanOrdering {
+    /// Every destination is ordered (`--ordered on`, a FIFO default queue), not only FIFO ones.
+    pub every_destination: bool,
+    /// `--on-poison skip`: a rejected row does not hold the rest of its group back.
+    pub skip_poison: bool,
 }
 
 impl PlanConfig {
@@ -113,6 +126,10 @@ pub struct Rejected {
 pub struct Plan {
     pub requests: Vec<BatchRequest>,
     pub rejected: Vec<Rejected>,
+    /// Rows of an ordered group that must not go now (behind a rejected row of their group, or
+    /// beyond what the group's one request can hold): given back without counting an attempt,
+    /// they come back as the group's next head.
+    pub released: Vec<usize>,
 }
 
 /// Is this a FIFO queue? SQS requires FIFO queue names to end in `.fifo`.
@@ -122,46 +139,83 @@ pub fn is_fifo(queue_url: &str) -> bool {
 
 /// Groups rows into requests of at most [`MAX_ENTRIES`] entries and `max_request_bytes`,
 /// keeping claim order within each queue.
+///
+/// Under ordered delivery a group's rows of one claim (its head and the rows claimed behind it)
+/// go in one request, in id order: SQS keeps the order of one group's entries within a FIFO
+/// `SendMessageBatch`, and a group never has two requests in flight. A row that does not fit its
+/// group's request, or follows a rejected row of its group, is released instead.
 pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
     let mut plan = Plan::default();
-    // Open request per destination; a claim usually has one destination, rarely a few.
-    let mut open: Vec<BatchRequest> = Vec::new();
+    // The request each destination is filling; a claim usually has one destination.
+    let mut filling: Vec<(String, usize)> = Vec::new();
+    // The request holding each ordered group's rows, by (queue, group value).
+    let mut groups: HashMap<(String, String), usize> = HashMap::new();
+    let mut held: HashSet<(String, String)> = HashSet::new();
     for (index, row) in rows.iter().enumerate() {
         let queue_url = config.queue_for(row);
-        let entry = match entry_for(index, row, is_fifo(queue_url), config) {
+        let fifo = is_fifo(queue_url);
+        let group = config
+            .ordering
+            .filter(|o| o.every_destination || fifo)
+            .map(|_| {
+                let value = config.group_by.value(row).unwrap_or_default();
+                (queue_url.to_string(), value.into_owned())
+            });
+        if let Some(g) = &group {
+            if held.contains(g) {
+                plan.released.push(index);
+                continue;
+            }
+        }
+        let entry = match entry_for(index, row, fifo, config) {
             Ok(entry) => entry,
             Err(rejected) => {
                 plan.rejected.push(rejected);
+                if let (Some(g), Some(o)) = (group, config.ordering) {
+                    if !o.skip_poison {
+                        held.insert(g);
+                    }
+                }
                 continue;
             }
         };
-        let slot = match open.iter().position(|r| r.queue_url == queue_url) {
-            Some(i) => i,
+        let fits = |r: &BatchRequest| {
+            r.entries.len() < MAX_ENTRIES && r.size() + entry.size <= config.max_request_bytes
+        };
+        if let Some(slot) = group.as_ref().and_then(|g| groups.get(g)).copied() {
+            if fits(&plan.requests[slot]) {
+                plan.requests[slot].entries.push(entry);
+            } else {
+                plan.released.push(index);
+                held.insert(group.expect("grouped"));
+            }
+            continue;
+        }
+        let current = filling
+            .iter()
+            .position(|(q, _)| q == queue_url)
+            .map(|i| filling[i].1)
+            .filter(|&slot| fits(&plan.requests[slot]));
+        let slot = match current {
+            Some(slot) => slot,
             None => {
-                open.push(BatchRequest {
+                plan.requests.push(BatchRequest {
                     queue_url: queue_url.to_string(),
                     entries: Vec::with_capacity(MAX_ENTRIES),
                 });
-                open.len() - 1
+                let slot = plan.requests.len() - 1;
+                match filling.iter_mut().find(|(q, _)| q == queue_url) {
+                    Some(f) => f.1 = slot,
+                    None => filling.push((queue_url.to_string(), slot)),
+                }
+                slot
             }
         };
-        let request = &mut open[slot];
-        if request.entries.len() == MAX_ENTRIES
-            || request.size() + entry.size > config.max_request_bytes
-        {
-            let full = std::mem::replace(
-                request,
-                BatchRequest {
-                    queue_url: queue_url.to_string(),
-                    entries: Vec::with_capacity(MAX_ENTRIES),
-                },
-            );
-            plan.requests.push(full);
+        plan.requests[slot].entries.push(entry);
+        if let Some(g) = group {
+            groups.insert(g, slot);
         }
-        open[slot].entries.push(entry);
     }
-    plan.requests
-        .extend(open.into_iter().filter(|r| !r.entries.is_empty()));
     plan
 }
 
@@ -378,6 +432,7 @@ mod tests {
             fair_group: None,
             format: MessageFormat::Raw,
             max_request_bytes: 1024 * 1024,
+            ordering: None,
         }
     }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig};
-use crate::outbox::{ClaimMode, ColumnMap, KeyIndex, Ordered, TableName, Wakeup};
+use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig, PlanOrdering};
+use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -197,7 +197,11 @@ impl MigrateArgs {
 
     /// The keys whose (key, id) index `migrate` creates besides the default one.
     pub fn keys(&self) -> Vec<(KeyColumn, KeyIndex)> {
-        let order = self.group_by.iter().map(|k| (k.clone(), KeyIndex::Order));
+        // Ordered claims need both of the group key's indexes (see KeyIndex).
+        let order = self
+            .group_by
+            .iter()
+            .flat_map(|k| [(k.clone(), KeyIndex::Order), (k.clone(), KeyIndex::Fair)]);
         let fair = self.fair_by.iter().map(|k| (k.clone(), KeyIndex::Fair));
         order.chain(fair).collect()
     }
@@ -294,6 +298,13 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_MAX_REQUEST_BYTES", default_value_t = 1024 * 1024)]
     pub max_request_bytes: usize,
 
+    /// Payload bytes being delivered at once, at most (claims stop at it): what bounds the
+    /// relay's memory with large events. Each byte is held about three times while in flight;
+    /// the default keeps a relay under 256 MiB with events of any size (docs/benchmarks.md).
+    /// Bytes, or with a KiB/MiB/GiB suffix.
+    #[arg(long, env = "OUTBOX_MAX_BYTES_IN_FLIGHT", default_value = "32MiB", value_parser = parse_bytes)]
+    pub max_bytes_in_flight: usize,
+
     /// First retry delay; doubles per attempt, with full jitter.
     #[arg(long, env = "OUTBOX_RETRY_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
     pub retry_base: Duration,
@@ -363,6 +374,29 @@ pub struct RunArgs {
         default_value = "/outbox-relay"
     )]
     pub cloudevents_source: String,
+}
+
+/// A byte size: digits, optionally followed by KiB, MiB or GiB (or K, M, G: the same, binary).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let unit_bytes: usize = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "{other:?} is not a unit: use bytes, KiB, MiB or GiB (e.g. 32MiB)"
+            ))
+        }
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_bytes))
+        .ok_or_else(|| format!("{s:?} is not a size: use bytes, KiB, MiB or GiB (e.g. 32MiB)"))
 }
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
@@ -452,13 +486,14 @@ pub struct RunConfig {
     pub settle_margin: Duration,
     pub drain_timeout: Duration,
     pub max_request_bytes: usize,
+    pub max_bytes_in_flight: usize,
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub stats_interval: Duration,
     pub retention: Retention,
     pub retention_interval: Duration,
     /// How claims choose rows.
-    pub claim_mode: ClaimMode,
+    pub claim: ClaimStrategy,
     /// How rows become messages, and where they go.
     pub plan: PlanConfig,
 }
@@ -581,11 +616,27 @@ impl RunArgs {
                 self.max_request_bytes
             ));
         }
-        let any_fifo = is_fifo(&queue_url) || self.routes.iter().any(|(_, url)| is_fifo(url));
-        let ordered = match self.ordered {
-            Switch::Auto => any_fifo,
-            Switch::On => true,
-            Switch::Off => false,
+        if self.max_bytes_in_flight < self.max_request_bytes {
+            return Err(format!(
+                "--max-bytes-in-flight {} is below --max-request-bytes {}: it must hold at least one request",
+                self.max_bytes_in_flight, self.max_request_bytes
+            ));
+        }
+        // Ordering is decided per destination queue: with `auto` and a standard default queue,
+        // the rows whose own queue_url or route is a FIFO queue are ordered, the others not.
+        let scope = match self.ordered {
+            Switch::On => Some(OrderScope::Every),
+            Switch::Off => None,
+            Switch::Auto if is_fifo(&queue_url) => Some(OrderScope::Every),
+            Switch::Auto => Some(OrderScope::FifoDestinations {
+                route_by: self.route_by.clone(),
+                fifo_routes: self
+                    .routes
+                    .iter()
+                    .filter(|(_, url)| is_fifo(url))
+                    .map(|(key, _)| key.clone())
+                    .collect(),
+            }),
         };
         if self.fair_group_id && self.fair_by.is_none() {
             return Err(
@@ -602,13 +653,16 @@ impl RunArgs {
                 source: self.cloudevents_source.clone(),
             },
         };
-        let claim_mode = ClaimMode {
-            ordered: ordered.then(|| Ordered {
-                key: self.group_by.clone(),
-                skip_poison: self.on_poison == OnPoison::Skip,
-            }),
-            fair: self.fair_by.clone(),
-        };
+        let ordered = scope.map(|scope| Ordered {
+            key: self.group_by.clone(),
+            skip_poison: self.on_poison == OnPoison::Skip,
+            scope,
+        });
+        let plan_ordering = ordered.as_ref().map(|o| PlanOrdering {
+            every_destination: o.scope == OrderScope::Every,
+            skip_poison: o.skip_poison,
+        });
+        let claim = ClaimStrategy::new(ordered, self.fair_by.clone());
         let plan = PlanConfig {
             default_queue_url: queue_url.clone(),
             routes: self.routes.clone(),
@@ -617,6 +671,7 @@ impl RunArgs {
             fair_group: self.fair_by.clone().filter(|_| self.fair_group_id),
             format,
             max_request_bytes: self.max_request_bytes,
+            ordering: plan_ordering,
         };
         let relay_id = match self.relay_id.as_deref().map(str::trim) {
             Some("") => return Err("--relay-id must not be empty".to_string()),
@@ -639,12 +694,13 @@ impl RunArgs {
             settle_margin: self.settle_margin,
             drain_timeout: self.drain_timeout,
             max_request_bytes: self.max_request_bytes,
+            max_bytes_in_flight: self.max_bytes_in_flight,
             retry_base: self.retry_base,
             retry_max: self.retry_max,
             stats_interval: self.stats_interval,
             retention,
             retention_interval: self.retention_interval,
-            claim_mode,
+            claim,
             plan,
         })
     }
@@ -830,13 +886,27 @@ mod tests {
     }
 
     #[test]
-    fn ordering_is_on_by_default_for_fifo_queues_only() {
+    fn ordering_is_decided_per_destination_queue() {
         let fifo = "http://127.0.0.1:4566/000000000000/orders.fifo";
         let c = run_args_to(fifo, &[]).unwrap();
-        let ordered = c.claim_mode.ordered.expect("ordered on a FIFO queue");
+        let ordered = c.claim.ordered().expect("ordered on a FIFO queue").clone();
         assert_eq!(ordered.key, KeyColumn::AggregateId);
         assert!(!ordered.skip_poison);
-        assert!(run_args(&[]).unwrap().claim_mode.ordered.is_none());
+        assert_eq!(ordered.scope, OrderScope::Every);
+        // A standard default queue: only rows bound for a FIFO queue (their own queue_url, a
+        // FIFO route) are ordered.
+        let c = run_args(&[]).unwrap();
+        assert!(matches!(
+            c.claim.ordered().unwrap().scope,
+            OrderScope::FifoDestinations { ref fifo_routes, .. } if fifo_routes.is_empty()
+        ));
+        assert_eq!(
+            c.plan.ordering,
+            Some(PlanOrdering {
+                every_destination: false,
+                skip_poison: false
+            })
+        );
         let c = run_args(&[
             "--ordered",
             "on",
@@ -846,19 +916,26 @@ mod tests {
             "skip",
         ])
         .unwrap();
-        let ordered = c.claim_mode.ordered.unwrap();
+        let ordered = c.claim.ordered().unwrap();
         assert_eq!(ordered.key, KeyColumn::Header("tenant".into()));
         assert!(ordered.skip_poison);
-        assert!(run_args_to(fifo, &["--ordered", "off"])
-            .unwrap()
-            .claim_mode
-            .ordered
-            .is_none());
-        let routed = run_args(&["--route", "order=http://q/1/orders.fifo"]).unwrap();
-        assert!(
-            routed.claim_mode.ordered.is_some(),
-            "a FIFO route turns ordering on"
-        );
+        assert_eq!(ordered.scope, OrderScope::Every);
+        let off = run_args_to(fifo, &["--ordered", "off"]).unwrap();
+        assert_eq!(off.claim, ClaimStrategy::Plain);
+        assert_eq!(off.plan.ordering, None);
+        let routed = run_args(&[
+            "--route",
+            "order=http://q/1/orders.fifo",
+            "--route",
+            "invoice=http://q/1/invoices",
+        ])
+        .unwrap();
+        assert!(matches!(
+            &routed.claim.ordered().unwrap().scope,
+            OrderScope::FifoDestinations { fifo_routes, .. } if fifo_routes == &["order".to_string()]
+        ));
+        let fair = run_args_to(fifo, &["--fair-by", "aggregate_type"]).unwrap();
+        assert!(matches!(fair.claim, ClaimStrategy::OrderedFair { .. }));
     }
 
     #[test]
@@ -881,7 +958,7 @@ mod tests {
             .unwrap_err()
             .contains("set --fair-by"));
         let c = run_args(&["--fair-by", "aggregate_type", "--fair-group-id"]).unwrap();
-        assert_eq!(c.claim_mode.fair, Some(KeyColumn::AggregateType));
+        assert_eq!(c.claim.fair(), Some(&KeyColumn::AggregateType));
         assert_eq!(c.plan.fair_group, Some(KeyColumn::AggregateType));
         assert!(run_args(&["--group-by", "payload"])
             .unwrap_err()

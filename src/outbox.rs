@@ -40,12 +40,11 @@ mod status;
 mod template;
 mod wakeup;
 
-use claim::claim_sql;
 use ident::key_sql;
 use template::{render, Value};
 
 pub use admin::{QuarantineEntry, RetrySelection};
-pub use claim::{ClaimMode, Ordered};
+pub use claim::{ClaimRequest, ClaimStrategy, OrderScope, Ordered, RUN_FOLLOWERS};
 pub use columns::ColumnMap;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
@@ -89,7 +88,7 @@ pub struct Outbox {
     sql: Sql,
     /// Acknowledged rows are deleted rather than marked sent.
     delete_on_ack: bool,
-    mode: ClaimMode,
+    strategy: ClaimStrategy,
     /// How `migrate` takes the locks that block the application's writes.
     locks: LockPolicy,
 }
@@ -119,7 +118,9 @@ impl Outbox {
             render(template, &[("table", Value::Table(&table))]).map_err(OutboxError::Template)
         };
         let sql = Sql {
-            claim: claim_sql(&table.quoted(), &ClaimMode::default()),
+            claim: ClaimStrategy::Plain
+                .sql(&table)
+                .map_err(OutboxError::Template)?,
             park_blocked: None,
             unpark_blocked: None,
             mark_sent: fill(include_str!("../sql/mark_sent.sql"))?,
@@ -139,30 +140,40 @@ impl Outbox {
             tls,
             sql,
             delete_on_ack: false,
-            mode: ClaimMode::default(),
+            strategy: ClaimStrategy::Plain,
             locks: LockPolicy::default(),
         })
     }
 
     /// Chooses how claims pick rows (ordered per group, fair across keys).
-    pub fn claim_mode(mut self, mode: ClaimMode) -> Self {
-        let quoted = self.table.quoted();
-        self.sql.claim = claim_sql(&quoted, &mode);
-        let blocking = mode.ordered.as_ref().filter(|o| !o.skip_poison);
-        self.sql.park_blocked = blocking.map(|o| {
-            include_str!("../sql/park_blocked.sql")
-                .replace("{table}", &quoted)
-                .replace("{key_q}", &key_sql(&o.key, Some("q")))
-                .replace("{key_o}", &key_sql(&o.key, Some("o")))
-        });
-        self.sql.unpark_blocked = blocking.map(|o| {
-            include_str!("../sql/unpark_blocked.sql")
-                .replace("{table}", &quoted)
-                .replace("{key_p}", &key_sql(&o.key, Some("p")))
-                .replace("{key_o}", &key_sql(&o.key, Some("o")))
-        });
-        self.mode = mode;
-        self
+    pub fn claim_strategy(mut self, strategy: ClaimStrategy) -> Result<Self, OutboxError> {
+        let table = &self.table;
+        self.sql.claim = strategy.sql(table).map_err(OutboxError::Template)?;
+        let blocking = strategy.ordered().filter(|o| !o.skip_poison);
+        let park = |template: &str, aliases: [&str; 2]| {
+            let (a, b) = (aliases[0], aliases[1]);
+            let key = &blocking.expect("blocking").key;
+            render(
+                template,
+                &[
+                    ("table", Value::Table(table)),
+                    (&format!("key_{a}"), Value::Sql(&key_sql(key, Some(a)))),
+                    (&format!("key_{b}"), Value::Sql(&key_sql(key, Some(b)))),
+                ],
+            )
+            .map_err(OutboxError::Template)
+        };
+        if blocking.is_some() {
+            self.sql.park_blocked =
+                Some(park(include_str!("../sql/park_blocked.sql"), ["q", "o"])?);
+            self.sql.unpark_blocked =
+                Some(park(include_str!("../sql/unpark_blocked.sql"), ["p", "o"])?);
+        } else {
+            self.sql.park_blocked = None;
+            self.sql.unpark_blocked = None;
+        }
+        self.strategy = strategy;
+        Ok(self)
     }
 
     /// Delete rows once SQS acknowledged them instead of marking them sent: no history, but no
@@ -248,14 +259,17 @@ impl Outbox {
     /// backlog, so their absence stops the start-up with the command that creates them.
     async fn check_key_indexes(&self, client: &Client) -> Result<(), OutboxError> {
         let mut needed = Vec::new();
-        if let Some(o) = &self.mode.ordered {
-            needed.push((&o.key, KeyIndex::Order));
+        if let Some(o) = self.strategy.ordered() {
+            needed.push((&o.key, KeyIndex::Order, "--group-by"));
+            // The ordered claim's `others` walks the groups with unsent rows in this index.
+            if o.scope == OrderScope::Every {
+                needed.push((&o.key, KeyIndex::Fair, "--group-by"));
+            }
         }
-        if let Some(k) = &self.mode.fair {
-            needed.push((k, KeyIndex::Fair));
+        if let Some(k) = self.strategy.fair() {
+            needed.push((k, KeyIndex::Fair, "--fair-by"));
         }
-        for (key, kind) in needed {
-            let flag = kind.flag();
+        for (key, kind, flag) in needed {
             let index = self.table.qualify(&self.key_index_name(key, kind));
             let found = client
                 .query_one("SELECT to_regclass($1) IS NOT NULL", &[&index])
@@ -328,6 +342,36 @@ mod tests {
         assert!(
             migration.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"out\"\"box_unsent_idx\"")
         );
+    }
+
+    #[test]
+    fn every_claim_strategy_renders_with_its_parking_statements() {
+        for skip_poison in [false, true] {
+            let strategy = ClaimStrategy::OrderedFair {
+                ordered: Ordered {
+                    key: "header:tenant".parse().unwrap(),
+                    skip_poison,
+                    scope: OrderScope::Every,
+                },
+                fair: KeyColumn::EventType,
+            };
+            let outbox = Outbox::new(
+                "postgres://u:p@127.0.0.1:5/db",
+                "app.outbox".parse().unwrap(),
+                Duration::from_secs(1),
+            )
+            .unwrap()
+            .claim_strategy(strategy)
+            .unwrap();
+            assert_eq!(outbox.sql.park_blocked.is_some(), !skip_poison);
+            for sql in [&outbox.sql.claim]
+                .into_iter()
+                .chain(outbox.sql.park_blocked.iter())
+                .chain(outbox.sql.unpark_blocked.iter())
+            {
+                assert!(sql.contains("\"app\".\"outbox\""), "{sql}");
+            }
+        }
     }
 
     #[test]

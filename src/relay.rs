@@ -19,7 +19,7 @@ use crate::batch::{self, BatchRequest, PlanConfig};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::idle;
 use crate::metrics::{self as names, Health};
-use crate::outbox::{Outbox, OutboxError, Session, SharedSession, Wakeup};
+use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
 use crate::retry::{self, FailureClass, RequestFailure, Transport};
 use crate::row::{
     ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
@@ -62,7 +62,7 @@ pub struct Connected {
 
 /// The outbox as `run` uses it: table (or adopted view), settlement and claim mode.
 pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
-    Ok(Outbox::new(
+    Outbox::new(
         &config.database.url.0,
         config.database.table.clone(),
         config.database.connect_timeout,
@@ -75,7 +75,7 @@ pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
             .map(|(base, _)| base.clone()),
     )
     .delete_on_ack(config.retention.deletes_on_ack())
-    .claim_mode(config.claim_mode.clone()))
+    .claim_strategy(config.claim.clone())
 }
 
 /// Connects and checks the table and the wake-up mode, so that start-up problems (database
@@ -154,6 +154,14 @@ impl Relay {
         let rows_in_delivery =
             (c.max_in_flight * batch::MAX_ENTRIES).max(c.batch_size) + c.batch_size;
         let row_permits = Arc::new(Semaphore::new(rows_in_delivery));
+        // Payload bytes in delivery are bounded too, so memory is: rows of 1 MiB would
+        // otherwise fill the row bound with hundreds of MiB (each byte is held about three
+        // times: the row, the message body, the request). A claim asks for at most what is
+        // free; it waits until a large message's worth is free, or the whole budget if smaller.
+        let byte_budget = c.max_bytes_in_flight.min(u32::MAX as usize) as u32;
+        let byte_permits = Arc::new(Semaphore::new(byte_budget as usize));
+        let claim_threshold = byte_budget.min(c.max_request_bytes as u32);
+        let mut cursor: Option<String> = None;
         let mut deliveries = JoinSet::new();
         let mut db_failures = 0u32;
         let mut idle = idle::Schedule::new(Instant::now());
@@ -171,31 +179,50 @@ impl Relay {
                 _ = tokio::time::sleep(c.poll_interval) => continue,
                 _ = shutdown.cancelled() => break,
             };
-            let claimed_at = Instant::now();
-            let claim = async {
-                let session = self.session.get().await?;
-                session
-                    .claim(
-                        &c.relay_id,
-                        c.lease,
-                        c.batch_size as i64,
-                        self.claim_floor.load(Ordering::Relaxed),
-                    )
-                    .await
+            // The same for bytes: take what is free (at least a large message's worth), and
+            // give back what the claim did not use.
+            let mut bytes = tokio::select! {
+                bytes = Arc::clone(&byte_permits).acquire_many_owned(claim_threshold) => bytes.expect("never closed"),
+                _ = tokio::time::sleep(c.poll_interval) => continue,
+                _ = shutdown.cancelled() => break,
             };
+            if let Ok(more) = Arc::clone(&byte_permits)
+                .try_acquire_many_owned(byte_permits.available_permits() as u32)
+            {
+                bytes.merge(more);
+            }
+            let claimed_at = Instant::now();
+            let request = ClaimRequest {
+                limit: c.batch_size as i64,
+                owner: c.relay_id.clone(),
+                lease: c.lease,
+                budget_bytes: i64::from(bytes.num_permits() as u32),
+                floor: self.claim_floor.load(Ordering::Relaxed),
+                cursor: cursor.clone(),
+            };
+            let claim = async { self.session.get().await?.claim(&request).await };
             match claim.await {
-                Ok(rows) => {
+                Ok(claimed) => {
                     db_failures = 0;
                     self.health.set_database_ok(true);
+                    cursor = claimed.cursor;
+                    let rows = claimed.rows;
                     let full = rows.len() == c.batch_size;
                     let rows_claimed = !rows.is_empty();
                     if rows_claimed {
                         drop(permit.split(c.batch_size - rows.len()));
+                        // The first row is claimed whatever its size; it may hold more than was
+                        // free, never more than the whole budget (which would wait for ever).
+                        let held: usize = rows.iter().map(|r| r.payload.len()).sum();
+                        let held = held.min(bytes.num_permits());
+                        drop(bytes.split(bytes.num_permits() - held));
                         let lease_deadline = claimed_at + c.lease;
                         let relay = Arc::clone(self);
                         let shutdown = shutdown.clone();
                         deliveries.spawn(async move {
-                            relay.deliver(rows, lease_deadline, permit, shutdown).await
+                            relay
+                                .deliver(rows, lease_deadline, (permit, bytes), shutdown)
+                                .await
                         });
                     }
                     if full {
@@ -243,7 +270,7 @@ impl Relay {
         self: Arc<Self>,
         rows: Vec<ClaimedRow>,
         lease_deadline: Instant,
-        _row_permits: OwnedSemaphorePermit,
+        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
         shutdown: CancellationToken,
     ) {
         let plan = batch::plan(&rows, &self.plan_config);
@@ -251,6 +278,9 @@ impl Relay {
         for rejected in plan.rejected {
             let row = &rows[rejected.row];
             quarantine(&mut settlement, row, rejected.reason, rejected.error);
+        }
+        for index in plan.released {
+            release(&mut settlement, &rows[index], Duration::ZERO, None);
         }
         let mut sends: FuturesUnordered<_> = plan
             .requests

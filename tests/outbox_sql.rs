@@ -2,11 +2,23 @@
 
 use std::time::Duration;
 
-use outbox_relay::outbox::{Outbox, Session};
+use outbox_relay::outbox::{ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox, Session};
+use outbox_relay::row::KeyColumn;
 use outbox_relay::row::{QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement};
 
 use crate::scenario::{count, events, insert, migrated_db};
 use crate::support::{wait_until, TestDb};
+
+fn request(owner: &str, lease: Duration, limit: i64) -> ClaimRequest {
+    ClaimRequest {
+        limit,
+        owner: owner.into(),
+        lease,
+        budget_bytes: i64::MAX,
+        floor: 0,
+        cursor: None,
+    }
+}
 
 async fn session(db: &TestDb, table: &str) -> Session {
     Outbox::new(&db.url, table.parse().unwrap(), Duration::from_secs(5))
@@ -38,12 +50,20 @@ async fn claims_take_rows_in_id_order_and_skip_leased_and_future_rows() {
     insert(&client, &events("later", 3, 1), Duration::from_secs(3600)).await;
     let s = session(&db, "outbox").await;
 
-    let first = s.claim("a", Duration::from_secs(30), 3, 0).await.unwrap();
+    let first = s
+        .claim(&request("a", Duration::from_secs(30), 3))
+        .await
+        .unwrap()
+        .rows;
     let ids: Vec<i64> = first.iter().map(|r| r.id).collect();
     assert_eq!(ids, vec![1, 2, 3]);
     assert!(first.iter().all(|r| r.attempts == 1 && r.lease_token == 1));
     assert_eq!(first[0].event_id, "order-0");
-    let second = s.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
+    let second = s
+        .claim(&request("b", Duration::from_secs(30), 10))
+        .await
+        .unwrap()
+        .rows;
     let ids: Vec<i64> = second.iter().map(|r| r.id).collect();
     assert_eq!(
         ids,
@@ -51,9 +71,10 @@ async fn claims_take_rows_in_id_order_and_skip_leased_and_future_rows() {
         "leased rows and rows waiting for later are skipped"
     );
     assert!(s
-        .claim("c", Duration::from_secs(30), 10, 0)
+        .claim(&request("c", Duration::from_secs(30), 10))
         .await
         .unwrap()
+        .rows
         .is_empty());
 }
 
@@ -66,15 +87,20 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     let b = session(&db, "outbox").await;
 
     let a_rows = a
-        .claim("a", Duration::from_millis(200), 10, 0)
+        .claim(&request("a", Duration::from_millis(200), 10))
         .await
-        .unwrap();
+        .unwrap()
+        .rows;
     assert_eq!(a_rows.len(), 4);
     wait_until("A's lease expires", Duration::from_secs(10), || async {
         count(&client, "lease_until < now()").await == 4
     })
     .await;
-    let b_rows = b.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
+    let b_rows = b
+        .claim(&request("b", Duration::from_secs(30), 10))
+        .await
+        .unwrap()
+        .rows;
     assert_eq!(b_rows.len(), 4, "expired leases are taken over");
     assert!(b_rows.iter().all(|r| r.lease_token == 2 && r.attempts == 2));
 
@@ -133,7 +159,11 @@ async fn a_release_gives_the_attempt_back_and_a_retry_spends_it() {
     let client = db.client().await;
     insert(&client, &events("refund", 2, 1), Duration::ZERO).await;
     let s = session(&db, "outbox").await;
-    let rows = s.claim("r", Duration::from_secs(30), 10, 0).await.unwrap();
+    let rows = s
+        .claim(&request("r", Duration::from_secs(30), 10))
+        .await
+        .unwrap()
+        .rows;
     let settled = s
         .settle(
             "r",
@@ -231,11 +261,80 @@ async fn a_schema_qualified_table_with_odd_names_is_claimed_through_quoted_ident
         .unwrap();
     let s = session(&db, table).await;
     let rows = s
-        .claim("odd", Duration::from_secs(30), 10, 0)
+        .claim(&request("odd", Duration::from_secs(30), 10))
         .await
-        .unwrap();
+        .unwrap()
+        .rows;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].payload, "{\"ok\": true}");
     let done = s.settle("odd", &sent(&rows)).await.unwrap();
     assert_eq!(done.sent, 1);
+}
+
+async fn ordered_session(db: &TestDb, skip_poison: bool) -> Session {
+    Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+        .unwrap()
+        .claim_strategy(ClaimStrategy::Ordered(Ordered {
+            key: KeyColumn::AggregateId,
+            skip_poison,
+            scope: OrderScope::Every,
+        }))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordered_claim_takes_a_run_per_group_and_reaches_a_group_behind_a_long_backlog() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    // 3,000 rows of one group, then one row of another: beyond the window of the oldest rows.
+    insert(&client, &events("long", 3000, 1), Duration::ZERO).await;
+    let mut late = events("late", 1, 1);
+    late[0].aggregate_id = "other".into();
+    insert(&client, &late, Duration::ZERO).await;
+    let s = ordered_session(&db, false).await;
+    let mut cursor = None;
+    let mut claimed = Vec::new();
+    for _ in 0..5 {
+        let mut r = request("o", Duration::from_secs(30), 100);
+        r.cursor = cursor.take();
+        let c = s.claim(&r).await.unwrap();
+        cursor = c.cursor;
+        claimed.extend(c.rows);
+        if claimed.iter().any(|r| r.aggregate_id == "other") {
+            break;
+        }
+    }
+    let long: Vec<i64> = claimed
+        .iter()
+        .filter(|r| r.aggregate_id != "other")
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        long,
+        (1..=10).collect::<Vec<_>>(),
+        "the long group's head and the nine rows after it, once"
+    );
+    assert!(
+        claimed.iter().any(|r| r.aggregate_id == "other"),
+        "the group behind the backlog is reached"
+    );
+    // Nothing more of the long group while its run is leased.
+    let again = s
+        .claim(&request("o", Duration::from_secs(30), 100))
+        .await
+        .unwrap();
+    assert!(again.rows.is_empty(), "{:?}", again.rows);
+    // Settled, the next run follows.
+    let settled = s.settle("o", &sent(&claimed)).await.unwrap();
+    assert_eq!(settled.sent, claimed.len() as u64);
+    let next = s
+        .claim(&request("o", Duration::from_secs(30), 100))
+        .await
+        .unwrap()
+        .rows;
+    let ids: Vec<i64> = next.iter().map(|r| r.id).collect();
+    assert_eq!(ids, (11..=20).collect::<Vec<_>>());
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_relay::batch::KeyColumn;
-use outbox_relay::outbox::{ClaimMode, Ordered, Outbox, Wakeup};
+use outbox_relay::outbox::{ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox, Wakeup};
 use outbox_relay::row::{SentRow, Settlement};
 
 use crate::support::pg::PrivatePg;
@@ -118,13 +118,12 @@ impl Database {
             Duration::from_secs(10),
         )
         .expect("outbox settings")
-        .claim_mode(ClaimMode {
-            ordered: Some(Ordered {
-                key: KeyColumn::AggregateId,
-                skip_poison: false,
-            }),
-            fair: None,
-        });
+        .claim_strategy(ClaimStrategy::Ordered(Ordered {
+            key: KeyColumn::AggregateId,
+            skip_poison: false,
+            scope: OrderScope::Every,
+        }))
+        .expect("claim statement");
         Arc::new(outbox)
     }
 
@@ -231,6 +230,7 @@ pub async fn ceiling(
             // The relay refreshes its claim floor with its statistics every few seconds; do
             // the same here so the ceiling runs the relay's SQL as the relay runs it.
             let mut floor = 0i64;
+            let mut cursor: Option<String> = None;
             let mut floor_read = Instant::now() - Duration::from_secs(60);
             loop {
                 if floor_read.elapsed() >= Duration::from_secs(5) {
@@ -239,10 +239,17 @@ pub async fn ceiling(
                     floor_read = Instant::now();
                 }
                 let t = Instant::now();
-                let claimed = session
-                    .claim(&owner, lease, batch, floor)
-                    .await
-                    .expect("ceiling claim");
+                let request = ClaimRequest {
+                    limit: batch,
+                    owner: owner.clone(),
+                    lease,
+                    budget_bytes: i64::MAX,
+                    floor,
+                    cursor: cursor.take(),
+                };
+                let claimed = session.claim(&request).await.expect("ceiling claim");
+                cursor = claimed.cursor;
+                let claimed = claimed.rows;
                 let took = t.elapsed();
                 if claimed.is_empty() {
                     break;

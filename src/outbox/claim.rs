@@ -1,70 +1,432 @@
-//! Claim strategies: how a claim chooses rows, with the SQL and the parameters of each.
+//! Claim strategies: how a claim chooses rows. Each strategy owns its SQL and the parameters
+//! that SQL takes, so the two cannot disagree: [`ClaimStrategy::sql`] renders the statement,
+//! [`ClaimStrategy::bind`] lists its parameters in order, a unit test checks every strategy's
+//! statement against its parameter count, and `Outbox::connect` (so `run` and `check`) compares
+//! the prepared statement's parameters with the strategy's before anything is claimed.
 
-use super::ident::key_sql;
+use std::time::Duration;
+
+use tokio_postgres::types::ToSql;
+
+use super::ident::{key_sql, TableName};
+use super::template::{render, Value};
 use crate::row::KeyColumn;
 
-/// How claims choose rows.
+/// Rows after a group's head that one claim may take with it: a FIFO request holds 10 entries.
+pub const RUN_FOLLOWERS: usize = 9;
+
+/// How claims choose rows; built once at start-up from the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClaimMode {
-    /// Per-group order: never claim a row while an earlier row of its group is unsent.
-    pub ordered: Option<Ordered>,
-    /// Round-robin across the values of this key instead of strict id order.
-    pub fair: Option<KeyColumn>,
+pub enum ClaimStrategy {
+    /// The oldest claimable rows, in id order.
+    #[default]
+    Plain,
+    /// Round-robin across the values of a key, so a burst under one value cannot starve the others.
+    Fair { key: KeyColumn },
+    /// Per-group order (see sql/claim_ordered.sql).
+    Ordered(Ordered),
+    /// Per-group order, with the groups' heads taken round-robin across the values of `fair`.
+    OrderedFair { ordered: Ordered, fair: KeyColumn },
 }
 
+/// Per-group ordered delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ordered {
     /// The group: the same key as the FIFO MessageGroupId.
     pub key: KeyColumn,
-    /// `--on-poison skip`: a quarantined row no longer holds its group back.
+    /// `--on-poison skip`: a row quarantined as poison no longer holds its group back.
     pub skip_poison: bool,
+    /// Which rows are ordered.
+    pub scope: OrderScope,
 }
 
-/// Rows an ordered claim looks at, at most: enough to find a claim's worth of group heads
-/// when groups interleave, and a bound on the probes when a few groups hold a long backlog.
-pub(crate) fn ordered_window(limit: i64) -> i64 {
+/// Which rows ordered delivery applies to: ordering is decided per destination queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OrderScope {
+    /// Every row (`--ordered on`, or a FIFO default queue).
+    Every,
+    /// Rows whose destination is a FIFO queue: their own `queue_url`, else the `--route` of
+    /// their `route_by` value when that route's queue is FIFO (`fifo_routes` lists those
+    /// values). The default queue is standard.
+    FifoDestinations {
+        route_by: KeyColumn,
+        fifo_routes: Vec<String>,
+    },
+}
+
+/// What one claim asks for; the strategy picks the parameters its statement takes.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Rows at most.
+    pub limit: i64,
+    pub owner: String,
+    pub lease: Duration,
+    /// Payload bytes at most (the first row is always claimed, whatever its size).
+    pub budget_bytes: i64,
+    /// No unsent row has a smaller id (from the statistics).
+    pub floor: i64,
+    /// Ordered claims: the group key after which `others` continues (see claim_ordered.sql).
+    pub cursor: Option<String>,
+}
+
+/// The parameters, owned, in the types the statements declare.
+#[derive(Debug)]
+pub struct Bound {
+    limit: i64,
+    owner: String,
+    lease_seconds: f64,
+    budget_bytes: i64,
+    floor: i64,
+    window: i64,
+    cursor: Option<String>,
+    keys_per_claim: i64,
+    fifo_routes: Vec<String>,
+}
+
+impl Bound {
+    pub fn new(request: &ClaimRequest, strategy: &ClaimStrategy) -> Bound {
+        let fifo_routes = match strategy.ordered().map(|o| &o.scope) {
+            Some(OrderScope::FifoDestinations { fifo_routes, .. }) => fifo_routes.clone(),
+            _ => Vec::new(),
+        };
+        Bound {
+            limit: request.limit,
+            owner: request.owner.clone(),
+            lease_seconds: request.lease.as_secs_f64(),
+            budget_bytes: request.budget_bytes.max(1),
+            floor: request.floor,
+            window: ordered_window(request.limit),
+            cursor: request.cursor.clone(),
+            keys_per_claim: request.limit.clamp(1, 100),
+            fifo_routes,
+        }
+    }
+}
+
+/// Rows the ordered claim's `oldest` looks at, at most: enough to find a claim's worth of group
+/// heads when groups interleave, and a bound on its probes when a few groups hold a long
+/// backlog (`others` reaches the groups behind them).
+fn ordered_window(limit: i64) -> i64 {
     (limit * 10).max(1000)
 }
 
-/// The claim statement for a mode: the candidates part of the mode, then the shared UPDATE.
-pub(crate) fn claim_sql(table: &str, mode: &ClaimMode) -> String {
-    // "The row just before c in its group is done": sent (or, with --on-poison skip, also
-    // quarantined), or there is none. One step back in the group's order index, so the probe
-    // costs the same however many of the group's rows were sent before — a probe for the first
-    // unsent row instead walks every dead index entry the group's sent rows left behind. As a
-    // correlated scalar subquery it cannot become a hash anti-join over the backlog when
-    // statistics are missing; the range comparison keeps the planner on the (key, id) index
-    // (see claim_candidates_fair.sql).
-    let ordered_filter = match &mode.ordered {
-        Some(o) => {
+impl ClaimStrategy {
+    /// The strategy for a configuration's ordering and fairness.
+    pub fn new(ordered: Option<Ordered>, fair: Option<KeyColumn>) -> ClaimStrategy {
+        match (ordered, fair) {
+            (None, None) => ClaimStrategy::Plain,
+            (None, Some(key)) => ClaimStrategy::Fair { key },
+            (Some(ordered), None) => ClaimStrategy::Ordered(ordered),
+            (Some(ordered), Some(fair)) => ClaimStrategy::OrderedFair { ordered, fair },
+        }
+    }
+
+    pub fn ordered(&self) -> Option<&Ordered> {
+        match self {
+            ClaimStrategy::Ordered(o) | ClaimStrategy::OrderedFair { ordered: o, .. } => Some(o),
+            _ => None,
+        }
+    }
+
+    pub fn fair(&self) -> Option<&KeyColumn> {
+        match self {
+            ClaimStrategy::Fair { key } | ClaimStrategy::OrderedFair { fair: key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The full ordered claim (claim_ordered.sql: runs, the groups' cursor) applies when every
+    /// row is ordered; with a standard default queue the plain or fair claim holds back the
+    /// FIFO-bound rows that are not their group's head.
+    fn full_ordered(&self) -> bool {
+        self.ordered().is_some_and(|o| o.scope == OrderScope::Every)
+    }
+
+    /// Whether a claim returns the next cursor as its last column, and may return one row
+    /// with no claimed row in it.
+    pub fn returns_cursor(&self) -> bool {
+        self.full_ordered()
+    }
+
+    /// How many parameters [`ClaimStrategy::bind`] gives the statement.
+    pub fn param_count(&self) -> usize {
+        if self.full_ordered() {
+            return 8;
+        }
+        4 + usize::from(self.fair().is_some()) + usize::from(self.ordered().is_some())
+    }
+
+    /// The parameters of the statement, in order: limit, owner, lease, budget; then the floor
+    /// (fair and full ordered claims); then the window, the cursor and the groups per claim
+    /// (full ordered), or the keys of the FIFO routes (rows bound for FIFO queues ordered).
+    pub fn bind<'a>(&self, b: &'a Bound) -> Vec<&'a (dyn ToSql + Sync)> {
+        let mut params: Vec<&'a (dyn ToSql + Sync)> =
+            vec![&b.limit, &b.owner, &b.lease_seconds, &b.budget_bytes];
+        if self.full_ordered() {
+            params.extend([
+                &b.floor as &(dyn ToSql + Sync),
+                &b.window,
+                &b.cursor,
+                &b.keys_per_claim,
+            ]);
+        } else {
+            if self.fair().is_some() {
+                params.push(&b.floor);
+            }
+            if self.ordered().is_some() {
+                params.push(&b.fifo_routes);
+            }
+        }
+        debug_assert_eq!(params.len(), self.param_count());
+        params
+    }
+
+    /// The claim statement for `table`.
+    pub fn sql(&self, table: &TableName) -> Result<String, String> {
+        let t = Value::Table(table);
+        let update = render(include_str!("../../sql/claim.sql"), &[("table", t)])?;
+        let ordered = self.ordered();
+        // "The row just before c in its group is done": one step back in the group's order
+        // index, so the probe costs the same however many of the group's rows were sent before
+        // (a probe for the first unsent row instead walks every dead index entry the group's
+        // sent rows left behind). As a correlated scalar subquery it cannot become a hash
+        // anti-join over the backlog when statistics are missing; the range comparison keeps
+        // the planner on the (key, id) index (see claim_candidates_fair.sql).
+        let head_c = ordered.map(|o| {
             let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
             format!(
-                "AND coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
+                "coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
                  WHERE {p} >= {c} AND {p} <= {c} AND p.id < c.id \
                  ORDER BY {p} DESC, p.id DESC LIMIT 1), true)",
                 if o.skip_poison {
-                    " OR p.quarantined_at IS NOT NULL"
+                    format!(" OR {}", poison("p"))
                 } else {
-                    ""
+                    String::new()
                 },
+                table = table.quoted(),
             )
+        });
+        if !self.full_ordered() {
+            // Rows bound for a FIFO queue ($5, or $6 after the fair claim's floor: the FIFO
+            // routes' keys) wait until they are their group's head; the others are not held.
+            let ordered_filter = match (ordered, &head_c) {
+                (Some(o), Some(head)) => {
+                    let routes = if self.fair().is_some() { "$6" } else { "$5" };
+                    format!(
+                        "AND (NOT {} OR {head})",
+                        fifo_bound(&o.scope, "c", routes)
+                    )
+                }
+                _ => String::new(),
+            };
+            let payload = payload_bytes(Some("c"));
+            return match self.fair() {
+                None => Ok(format!(
+                    "WITH {}\n{update}",
+                    render(
+                        include_str!("../../sql/claim_candidates.sql"),
+                        &[
+                            ("table", t),
+                            ("payload_bytes", Value::Sql(&payload)),
+                            ("ordered_filter", Value::Sql(&ordered_filter)),
+                        ],
+                    )?
+                )),
+                Some(key) => Ok(format!(
+                    "WITH RECURSIVE {}\n{update}",
+                    render(
+                        include_str!("../../sql/claim_candidates_fair.sql"),
+                        &[
+                            ("table", t),
+                            ("key_bare", Value::Sql(&key_sql(key, None))),
+                            ("key_c", Value::Sql(&key_sql(key, Some("c")))),
+                            ("payload_bytes", Value::Sql(&payload)),
+                            ("ordered_filter", Value::Sql(&ordered_filter)),
+                        ],
+                    )?
+                )),
+            };
         }
-        None => String::new(),
-    };
-    let candidates = match (&mode.fair, &mode.ordered) {
-        (Some(key), _) => format!(
-            "RECURSIVE {}",
-            include_str!("../../sql/claim_candidates_fair.sql")
-                .replace("{key_bare}", &key_sql(key, None))
-                .replace("{key_c}", &key_sql(key, Some("c")))
+        let ordered = ordered.expect("full ordered");
+        let key = &ordered.key;
+        let (fair_h, fair_turn) = match self.fair() {
+            Some(f) => (
+                key_sql(f, Some("h")),
+                "dense_rank() OVER (PARTITION BY runs.fair ORDER BY runs.head)".to_string(),
+            ),
+            None => ("NULL::text".to_string(), "0".to_string()),
+        };
+        let not_poison_c = if ordered.skip_poison {
+            format!("AND NOT {}", poison("c"))
+        } else {
+            String::new()
+        };
+        let keys_anchor = render(
+            "SELECT (SELECT {key_bare} FROM {table} \
+             WHERE sent_at IS NULL AND quarantined_at IS NULL \
+             AND ($7::text IS NULL OR {key_bare} > $7::text) ORDER BY 1 LIMIT 1), 1::bigint \
+             WHERE (SELECT count(*) FROM oldest) < $1",
+            &[("table", t), ("key_bare", Value::Sql(&key_sql(key, None)))],
+        )?;
+        render(
+            include_str!("../../sql/claim_ordered.sql"),
+            &[
+                ("table", t),
+                ("key_bare", Value::Sql(&key_sql(key, None))),
+                ("key_c", Value::Sql(&key_sql(key, Some("c")))),
+                ("key_h", Value::Sql(&key_sql(key, Some("h")))),
+                ("head_c", Value::Sql(head_c.as_deref().expect("ordered"))),
+                ("not_poison_c", Value::Sql(&not_poison_c)),
+                ("keys_anchor", Value::Sql(&keys_anchor)),
+                ("fair_h", Value::Sql(&fair_h)),
+                ("fair_turn", Value::Sql(&fair_turn)),
+                ("payload_bytes", Value::Sql(&payload_bytes(Some("c")))),
+                ("claim_update", Value::Sql(&update)),
+            ],
+        )
+    }
+}
+
+/// A row quarantined as poison is "done" for its group under --on-poison skip; rows the relay
+/// parked itself (behind a poisoned head, or for their destination) never are.
+fn poison(alias: &str) -> String {
+    format!(
+        "({alias}.quarantined_at IS NOT NULL \
+         AND {alias}.quarantine_reason NOT IN ('blocked', 'destination'))"
+    )
+}
+
+/// Whether the row `alias` is bound for a FIFO queue: its own queue_url, else its route when
+/// that route's queue is FIFO (`routes`: the parameter holding those routes' keys).
+fn fifo_bound(scope: &OrderScope, alias: &str, routes: &str) -> String {
+    match scope {
+        OrderScope::Every => "true".to_string(),
+        OrderScope::FifoDestinations { route_by, .. } => format!(
+            "(CASE WHEN coalesce({alias}.queue_url, '') <> '' \
+             THEN rtrim({alias}.queue_url, '/') LIKE '%.fifo' \
+             ELSE {} = ANY ({routes}::text[]) END)",
+            key_sql(route_by, Some(alias))
         ),
-        (None, Some(_)) => include_str!("../../sql/claim_candidates_ordered.sql").to_string(),
-        (None, None) => include_str!("../../sql/claim_candidates.sql").to_string(),
+    }
+}
+
+/// The payload's size in bytes as the relay will hold it. A small value's stored size is its
+/// size; a large one may be stored compressed, so its text is measured instead (rendering only
+/// the rows that can matter for the budget).
+fn payload_bytes(alias: Option<&str>) -> String {
+    let payload = match alias {
+        Some(a) => format!("{a}.payload"),
+        None => "payload".to_string(),
     };
     format!(
-        "WITH {}\n{}",
-        candidates.replace("{ordered_filter}", &ordered_filter),
-        include_str!("../../sql/claim.sql")
+        "CASE WHEN pg_column_size({payload}) < 2000 THEN pg_column_size({payload}) \
+         ELSE octet_length({payload}::text) END"
     )
-    .replace("{table}", table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strategies() -> Vec<ClaimStrategy> {
+        let ordered = |scope: OrderScope, skip_poison: bool| Ordered {
+            key: KeyColumn::AggregateId,
+            skip_poison,
+            scope,
+        };
+        let fifo_rows = OrderScope::FifoDestinations {
+            route_by: KeyColumn::AggregateType,
+            fifo_routes: vec!["order".into()],
+        };
+        vec![
+            ClaimStrategy::Plain,
+            ClaimStrategy::Fair {
+                key: "header:tenant".parse().unwrap(),
+            },
+            ClaimStrategy::Ordered(ordered(OrderScope::Every, false)),
+            ClaimStrategy::Ordered(ordered(OrderScope::Every, true)),
+            ClaimStrategy::Ordered(ordered(fifo_rows.clone(), false)),
+            ClaimStrategy::OrderedFair {
+                ordered: ordered(OrderScope::Every, false),
+                fair: KeyColumn::AggregateType,
+            },
+            ClaimStrategy::OrderedFair {
+                ordered: ordered(fifo_rows, true),
+                fair: KeyColumn::EventType,
+            },
+        ]
+    }
+
+    /// The `$n` numbers a statement uses.
+    fn placeholders(sql: &str) -> std::collections::BTreeSet<usize> {
+        let bytes = sql.as_bytes();
+        let mut found = std::collections::BTreeSet::new();
+        for (i, _) in sql.match_indices('$') {
+            let digits: String = bytes[i + 1..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .map(|&b| b as char)
+                .collect();
+            if let Ok(n) = digits.parse() {
+                found.insert(n);
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_strategy_binds_exactly_the_parameters_its_statement_uses() {
+        let table: TableName = "app.outbox".parse().unwrap();
+        let request = ClaimRequest {
+            limit: 100,
+            owner: "r".into(),
+            lease: Duration::from_secs(30),
+            budget_bytes: 1 << 20,
+            floor: 0,
+            cursor: None,
+        };
+        for strategy in strategies() {
+            let sql = strategy.sql(&table).unwrap();
+            let used = placeholders(&sql);
+            let expected: std::collections::BTreeSet<usize> =
+                (1..=strategy.param_count()).collect();
+            assert_eq!(used, expected, "{strategy:?}");
+            let bound = Bound::new(&request, &strategy);
+            assert_eq!(strategy.bind(&bound).len(), strategy.param_count());
+            assert!(sql.contains("FROM \"app\".\"outbox\""), "{strategy:?}");
+        }
+    }
+
+    #[test]
+    fn strategies_follow_from_ordering_and_fairness() {
+        let o = Ordered {
+            key: KeyColumn::AggregateId,
+            skip_poison: false,
+            scope: OrderScope::Every,
+        };
+        assert_eq!(ClaimStrategy::new(None, None), ClaimStrategy::Plain);
+        assert!(matches!(
+            ClaimStrategy::new(None, Some(KeyColumn::EventType)),
+            ClaimStrategy::Fair { .. }
+        ));
+        assert!(matches!(
+            ClaimStrategy::new(Some(o.clone()), None),
+            ClaimStrategy::Ordered(_)
+        ));
+        let both = ClaimStrategy::new(Some(o), Some(KeyColumn::EventType));
+        assert!(both.ordered().is_some() && both.fair().is_some());
+        assert!(both.returns_cursor());
+    }
+
+    #[test]
+    fn skipping_poison_never_skips_rows_the_relay_parked() {
+        let sql = ClaimStrategy::Ordered(Ordered {
+            key: KeyColumn::AggregateId,
+            skip_poison: true,
+            scope: OrderScope::Every,
+        })
+        .sql(&"outbox".parse().unwrap())
+        .unwrap();
+        assert!(sql.contains("NOT IN ('blocked', 'destination')"));
+    }
 }

@@ -169,8 +169,8 @@ pub enum KeyIndex {
     /// Ordered delivery: over every row, so that "the row just before this one in its group"
     /// is one step in the index, however many of the group's rows were sent before.
     Order,
-    /// Fair claiming: over rows not yet sent, so that walking the distinct keys never visits
-    /// keys whose rows are all sent.
+    /// Over rows not yet sent, so that walking the distinct keys never visits keys whose rows
+    /// are all sent: fair claiming walks its key's values, ordered claims their groups.
     Fair,
 }
 
@@ -179,14 +179,6 @@ impl KeyIndex {
         match self {
             KeyIndex::Order => "order",
             KeyIndex::Fair => "key",
-        }
-    }
-
-    /// The `migrate` flag that creates it.
-    pub(crate) fn flag(self) -> &'static str {
-        match self {
-            KeyIndex::Order => "--group-by",
-            KeyIndex::Fair => "--fair-by",
         }
     }
 

@@ -173,12 +173,14 @@ struct Column {
 }
 
 impl Outbox {
-    /// The default group key's order index, plus the ones asked for.
+    /// The default group key's two indexes (ordered claims need both), plus the ones asked for.
     fn with_default_index(keys: &[(KeyColumn, KeyIndex)]) -> Vec<(KeyColumn, KeyIndex)> {
         let mut keys = keys.to_vec();
-        let default = (KeyColumn::AggregateId, KeyIndex::Order);
-        if !keys.contains(&default) {
-            keys.insert(0, default);
+        for (i, kind) in [KeyIndex::Order, KeyIndex::Fair].into_iter().enumerate() {
+            let default = (KeyColumn::AggregateId, kind);
+            if !keys.contains(&default) {
+                keys.insert(i, default);
+            }
         }
         keys
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, Statement};
 
-use super::claim::ordered_window;
+use super::claim::{Bound, ClaimRequest, ClaimStrategy};
 use super::{query_err, Outbox, OutboxError};
 use crate::row::{ClaimedRow, Settled, Settlement};
 
@@ -58,6 +58,15 @@ impl Outbox {
             client.prepare(&self.sql.delete_expired),
         )
         .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?;
+        // The strategy and its statement are built from one description; this catches the day
+        // they drift apart, at start-up (and in `check`) instead of at every claim.
+        if claim.params().len() != self.strategy.param_count() {
+            return Err(OutboxError::Template(format!(
+                "the claim statement takes {} parameters, its strategy binds {}",
+                claim.params().len(),
+                self.strategy.param_count()
+            )));
+        }
         let park = match (&self.sql.park_blocked, &self.sql.unpark_blocked) {
             (Some(park), Some(unpark)) => Some((
                 client
@@ -84,8 +93,7 @@ impl Outbox {
                 park,
             },
             delete_on_ack: self.delete_on_ack,
-            ordered: self.mode.ordered.is_some(),
-            fair: self.mode.fair.is_some(),
+            strategy: self.strategy.clone(),
         })
     }
 }
@@ -111,9 +119,17 @@ pub struct Session {
     statements: Statements,
     /// Which statement `mark_sent` is; their parameters differ.
     delete_on_ack: bool,
-    /// The ordered claim also takes the floor and the window size; the fair one the floor.
-    ordered: bool,
-    fair: bool,
+    /// How `claim` binds its statement's parameters.
+    strategy: ClaimStrategy,
+}
+
+/// What one claim returned.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// The rows now leased to us, in id order.
+    pub rows: Vec<ClaimedRow>,
+    /// Where the next ordered claim continues looking for groups (see claim_ordered.sql).
+    pub cursor: Option<String>,
 }
 
 impl Session {
@@ -121,41 +137,28 @@ impl Session {
         self.client.is_closed()
     }
 
-    /// Claims up to `limit` rows for `owner` for `lease`, in `id` order. Commits before
-    /// returning: nothing is sent while a row lock is held.
-    pub async fn claim(
-        &self,
-        owner: &str,
-        lease: Duration,
-        limit: i64,
-        floor: i64,
-    ) -> Result<Vec<ClaimedRow>, OutboxError> {
-        let lease = lease.as_secs_f64();
-        let window = ordered_window(limit);
-        let rows = match (self.ordered, self.fair) {
-            (true, _) => {
-                self.client
-                    .query(
-                        &self.statements.claim,
-                        &[&limit, &owner, &lease, &floor, &window],
-                    )
-                    .await
+    /// Claims rows as the strategy chooses them. Commits before returning: nothing is sent
+    /// while a row lock is held.
+    pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
+        let bound = Bound::new(request, &self.strategy);
+        let rows = self
+            .client
+            .query(&self.statements.claim, &self.strategy.bind(&bound))
+            .await
+            .map_err(query_err("claiming rows"))?;
+        let mut claimed = Claimed {
+            rows: Vec::with_capacity(rows.len()),
+            cursor: request.cursor.clone(),
+        };
+        for r in &rows {
+            if self.strategy.returns_cursor() {
+                claimed.cursor = r.get(12);
+                // The one row of a claim that took nothing carries only the cursor.
+                if r.get::<_, Option<i64>>(0).is_none() {
+                    continue;
+                }
             }
-            (false, true) => {
-                self.client
-                    .query(&self.statements.claim, &[&limit, &owner, &lease, &floor])
-                    .await
-            }
-            (false, false) => {
-                self.client
-                    .query(&self.statements.claim, &[&limit, &owner, &lease])
-                    .await
-            }
-        }
-        .map_err(query_err("claiming rows"))?;
-        let mut claimed: Vec<ClaimedRow> = rows
-            .iter()
-            .map(|r| ClaimedRow {
+            claimed.rows.push(ClaimedRow {
                 id: r.get(0),
                 event_id: r.get(1),
                 aggregate_type: r.get(2),
@@ -168,10 +171,10 @@ impl Session {
                 attempts: r.get(9),
                 created_at_epoch: r.get(10),
                 created_at: r.get(11),
-            })
-            .collect();
+            });
+        }
         // UPDATE ... RETURNING does not keep the CTE's order.
-        claimed.sort_unstable_by_key(|r| r.id);
+        claimed.rows.sort_unstable_by_key(|r| r.id);
         Ok(claimed)
     }
 

@@ -1,0 +1,149 @@
+-- Ordered delivery: a group's events are claimed in id order, one claim at a time per group.
+--
+-- A row is a group's head when no earlier row of its group is unsent (the row just
+-- before it in the group's order index is sent, or, with --on-poison skip, quarantined as
+-- poison; rows parked as `blocked` or `destination` are not poison and hold the group). A claim
+-- takes heads and, behind each head, up to 9 more rows of its group that are claimable one
+-- after the other, so a long group travels 10 events per FIFO request; the group's next rows
+-- become heads only once these are settled.
+--
+-- Heads come from two places, so that none can starve:
+-- - `oldest`: the first $6 unsent rows from the floor $5 on (found with one bounded walk of
+--   the unsent index): where most heads are;
+-- - `others`: when `oldest` does not fill the claim, up to $8 further groups in key order
+--   after the cursor $7, each with its first unsent row (one probe each in the group's
+--   unsent-key index); the relay moves the cursor on with every claim, so every group with a
+--   head is reached within a few claims whatever the backlog of other groups.
+--
+-- Every row is ordered here (--ordered on, or a FIFO default queue); with a standard default
+-- queue only the rows bound for FIFO queues are, and the plain or fair claim holds back those
+-- that are not their group's head instead (see claim.rs).
+--
+-- The chosen rows are locked (SKIP LOCKED, so replicas never wait on each other) and a run
+-- is claimed only as a prefix: a row only together with every earlier row of its run, so a
+-- group never has rows in two claims at once. The rows that fit the byte budget $4 (in claim
+-- order, the first always) are leased to $2 for $3 seconds, at most $1 of them.
+--
+-- The statement returns one row even when it claims nothing: its last column is where the
+-- next claim's `others` starts (NULL: from the first key again).
+WITH RECURSIVE
+window_end AS (
+    SELECT max(w.id) AS id
+    FROM (SELECT id
+          FROM {table}
+          WHERE sent_at IS NULL AND quarantined_at IS NULL AND id >= $5::bigint
+          ORDER BY id
+          LIMIT $6) AS w
+),
+oldest AS (
+    SELECT c.id
+    FROM {table} AS c
+    WHERE c.sent_at IS NULL
+      AND c.quarantined_at IS NULL
+      AND c.available_at <= now()
+      AND (c.lease_until IS NULL OR c.lease_until < now())
+      AND c.id >= $5
+      AND c.id <= (SELECT id FROM window_end)
+      AND {head_c}
+    ORDER BY c.id
+    LIMIT $1
+),
+keys(k, n) AS (
+    {keys_anchor}
+    UNION ALL
+    SELECT (SELECT {key_bare}
+            FROM {table}
+            WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key_bare} > keys.k
+            ORDER BY 1
+            LIMIT 1),
+           keys.n + 1
+    FROM keys
+    WHERE keys.k IS NOT NULL AND keys.n < $8::bigint
+),
+others AS (
+    SELECT f.id
+    FROM keys
+    CROSS JOIN LATERAL (
+        SELECT c.id
+        FROM {table} AS c
+        WHERE {key_c} >= keys.k AND {key_c} <= keys.k
+          AND c.sent_at IS NULL
+          {not_poison_c}
+        ORDER BY {key_c}, c.id
+        LIMIT 1
+    ) AS f
+    WHERE keys.k IS NOT NULL
+),
+heads AS (
+    SELECT id FROM oldest
+    UNION
+    SELECT id FROM others
+),
+runs AS (
+    SELECT h.id AS head, h.id, 0::bigint AS pos, {fair_h} AS fair
+    FROM heads
+    JOIN {table} AS h ON h.id = heads.id
+    UNION ALL
+    SELECT h.id, r.id, r.pos, {fair_h}
+    FROM heads
+    JOIN {table} AS h ON h.id = heads.id
+    CROSS JOIN LATERAL (
+        SELECT s.id, s.pos
+        FROM (SELECT g.id,
+                     row_number() OVER (ORDER BY g.id) AS pos,
+                     bool_and(g.quarantined_at IS NULL
+                              AND g.available_at <= now()
+                              AND (g.lease_until IS NULL OR g.lease_until < now()))
+                         OVER (ORDER BY g.id) AS open
+              FROM (SELECT c.id, c.quarantined_at, c.available_at, c.lease_until
+                    FROM {table} AS c
+                    WHERE {key_c} >= {key_h} AND {key_c} <= {key_h}
+                      AND c.id > h.id
+                      AND c.sent_at IS NULL
+                      {not_poison_c}
+                    ORDER BY {key_c}, c.id
+                    LIMIT 9) AS g) AS s
+        WHERE s.open
+    ) AS r
+),
+picked AS (
+    SELECT t.head, t.id, t.pos,
+           row_number() OVER (ORDER BY t.fair_turn, t.head, t.pos) AS turn
+    FROM (SELECT runs.*, {fair_turn} AS fair_turn FROM runs) AS t
+    ORDER BY t.fair_turn, t.head, t.pos
+    LIMIT $1
+),
+locked AS (
+    SELECT c.id, {payload_bytes} AS bytes
+    FROM {table} AS c
+    -- An array, not IN (subquery): the chosen ids are looked up by primary key.
+    WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
+      AND c.sent_at IS NULL
+      AND c.quarantined_at IS NULL
+      AND c.available_at <= now()
+      AND (c.lease_until IS NULL OR c.lease_until < now())
+    FOR UPDATE OF c SKIP LOCKED
+),
+candidates AS (
+    SELECT b.id
+    FROM (SELECT p.id, sum(l.bytes) OVER (ORDER BY p.turn) - l.bytes AS before
+          FROM picked AS p
+          JOIN locked AS l ON l.id = p.id
+          WHERE NOT EXISTS (
+              SELECT 1
+              FROM picked AS q
+              WHERE q.head = p.head
+                AND q.pos < p.pos
+                AND NOT EXISTS (SELECT 1 FROM locked AS m WHERE m.id = q.id))) AS b
+    WHERE b.before < $4
+),
+claimed AS (
+    {claim_update}
+)
+SELECT claimed.*,
+       (SELECT CASE WHEN count(*) = 0 THEN $7::text
+                    WHEN count(k) >= $8::bigint THEN max(k)
+               END
+        FROM keys) AS next_cursor
+FROM (SELECT 1) AS one
+LEFT JOIN claimed ON true
