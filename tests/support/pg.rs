@@ -94,6 +94,11 @@ impl Pg {
         &self.password
     }
 
+    /// The directory whose `initdb` and `postgres` made and run this cluster.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
     pub fn admin_url(&self) -> String {
         self.url_for("postgres")
     }
