@@ -1,20 +1,41 @@
 -- `outbox-relay status`. Each part walks one of the partial indexes the migration creates
 -- (unsent, quarantined, sent), never the whole table, so it answers quickly on millions of
 -- rows. Leased rows are a subset of the unsent ones: the lease check reads only those.
+-- Rows parked in quarantine (`blocked`, `destination`) are waiting, not refused: they count
+-- as unsent (as in sql/stats.sql, the gauges) and under their reason in quarantine.
+WITH unsent AS (
+    SELECT
+        (SELECT count(*) FROM {table}
+         WHERE sent_at IS NULL AND quarantined_at IS NULL) AS n,
+        (SELECT count(*) FROM {table}
+         WHERE sent_at IS NULL AND quarantined_at IS NULL AND lease_until > now()) AS leased,
+        (SELECT created_at FROM {table}
+         WHERE sent_at IS NULL AND quarantined_at IS NULL
+         ORDER BY id
+         LIMIT 1) AS oldest
+), quarantined AS (
+    SELECT
+        count(*) FILTER (WHERE sent_at IS NULL
+                           AND quarantine_reason IN ('blocked', 'destination')) AS parked,
+        min(created_at) FILTER (WHERE sent_at IS NULL
+                                  AND quarantine_reason IN ('blocked', 'destination'))
+            AS oldest_parked,
+        min(quarantined_at) AS oldest
+    FROM {table}
+    WHERE quarantined_at IS NOT NULL
+)
 SELECT
-    (SELECT count(*) FROM {table}
-     WHERE sent_at IS NULL AND quarantined_at IS NULL),
-    (SELECT count(*) FROM {table}
-     WHERE sent_at IS NULL AND quarantined_at IS NULL AND lease_until > now()),
-    coalesce((SELECT greatest(extract(epoch FROM now() - created_at), 0)::float8
-              FROM {table}
-              WHERE sent_at IS NULL AND quarantined_at IS NULL
-              ORDER BY id
-              LIMIT 1), 0),
+    u.n + q.parked,
+    u.leased,
+    -- least() skips a NULL side: the older of the two, whichever exists.
+    coalesce(greatest(extract(epoch FROM now() - least(u.oldest, q.oldest_parked)), 0)::float8, 0),
     (SELECT count(*) FROM {table}
      WHERE sent_at IS NOT NULL AND sent_at > now() - interval '1 minute'),
     (SELECT coalesce(jsonb_object_agg(reason, n), '{}'::jsonb)
      FROM (SELECT coalesce(quarantine_reason, 'unknown') AS reason, count(*) AS n
            FROM {table}
            WHERE quarantined_at IS NOT NULL
-           GROUP BY 1) AS by_reason)
+           GROUP BY 1) AS by_reason),
+    q.parked,
+    coalesce(greatest(extract(epoch FROM now() - q.oldest), 0)::float8, 0)
+FROM unsent AS u, quarantined AS q

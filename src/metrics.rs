@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 pub const OLDEST_UNSENT_AGE: &str = "outbox_oldest_unsent_age_seconds";
 pub const UNSENT_ROWS: &str = "outbox_unsent_rows";
 pub const QUARANTINED_ROWS: &str = "outbox_quarantined_rows";
+pub const OLDEST_QUARANTINED_AGE: &str = "outbox_oldest_quarantined_age_seconds";
 pub const BLOCKED_ROWS: &str = "outbox_blocked_rows";
 pub const EVENTS_SENT: &str = "outbox_events_sent_total";
 pub const SEND_FAILURES: &str = "outbox_send_failures_total";
@@ -45,10 +46,18 @@ fn describe() {
     describe_gauge!(
         OLDEST_UNSENT_AGE,
         Unit::Seconds,
-        "now - created_at of the oldest unsent row; 0 when none"
+        "now - created_at of the oldest unsent row (rows parked in quarantine included); 0 when none"
     );
-    describe_gauge!(UNSENT_ROWS, "unsent rows, leased ones included");
+    describe_gauge!(
+        UNSENT_ROWS,
+        "unsent rows, leased ones and rows parked in quarantine (blocked, destination) included"
+    );
     describe_gauge!(QUARANTINED_ROWS, "rows in quarantine");
+    describe_gauge!(
+        OLDEST_QUARANTINED_AGE,
+        Unit::Seconds,
+        "now - quarantined_at of the row longest in quarantine, any reason; 0 when none"
+    );
     describe_gauge!(
         BLOCKED_ROWS,
         "quarantined rows parked behind a quarantined event of their group (ordered delivery)"

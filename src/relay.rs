@@ -567,6 +567,8 @@ impl Relay {
                     metrics::gauge!(names::UNSENT_ROWS).set(s.unsent as f64);
                     metrics::gauge!(names::QUARANTINED_ROWS).set(s.quarantined as f64);
                     metrics::gauge!(names::BLOCKED_ROWS).set(s.blocked as f64);
+                    metrics::gauge!(names::OLDEST_QUARANTINED_AGE)
+                        .set(s.oldest_quarantined_age_seconds);
                     // With nothing unsent the floor stays: a row committing late below the
                     // last unsent id must still be found.
                     if s.claim_floor > 0 {

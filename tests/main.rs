@@ -14,6 +14,7 @@ mod fifo;
 mod migrate_online;
 mod ops_check;
 mod ops_config_doc;
+mod ops_gauges;
 mod ops_metrics;
 mod ops_secrets;
 mod ops_status;

@@ -27,8 +27,9 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
         .await
         .unwrap();
     let filled = Instant::now();
-    // Mostly sent (a day ago), 5% unsent, some of those leased, 0.5% quarantined under three
-    // reasons; created_at grows with id, as it does when rows are written over time.
+    // Mostly sent (a day ago), 5% unsent, some of those leased, 0.5% quarantined under five
+    // reasons (two of them parked: still unsent); created_at grows with id, as it does when
+    // rows are written over time.
     client
         .execute(
             "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload,
@@ -40,7 +41,8 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
                     CASE WHEN i % 200 <> 0 AND i % 20 <> 1 THEN now() - interval '1 day' END,
                     CASE WHEN i % 200 = 0 THEN now() END,
                     CASE WHEN i % 200 = 0
-                         THEN (ARRAY['invalid', 'max_attempts', 'sender_fault'])[1 + (i / 200) % 3] END,
+                         THEN (ARRAY['invalid', 'max_attempts', 'sender_fault', 'blocked',
+                                     'destination'])[1 + (i / 200) % 5] END,
                     CASE WHEN i % 400 = 1 THEN 'bulk-relay' END,
                     CASE WHEN i % 400 = 1 THEN now() + interval '1 hour' END
              FROM generate_series(1, $1::bigint) AS i",
@@ -92,7 +94,8 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
         .unwrap();
     let direct = client
         .query_one(
-            "SELECT count(*) FILTER (WHERE sent_at IS NULL AND quarantined_at IS NULL),
+            "SELECT count(*) FILTER (WHERE sent_at IS NULL AND (quarantined_at IS NULL
+                                     OR quarantine_reason IN ('blocked', 'destination'))),
                     count(*) FILTER (WHERE sent_at IS NULL AND quarantined_at IS NULL
                                      AND lease_until > now()),
                     count(*) FILTER (WHERE quarantined_at IS NOT NULL),
@@ -101,7 +104,10 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
                     count(*) FILTER (WHERE quarantined_at IS NOT NULL AND quarantine_reason = 'sender_fault'),
                     count(*) FILTER (WHERE sent_at > now() - interval '1 minute'),
                     extract(epoch FROM now() - min(created_at)
-                            FILTER (WHERE sent_at IS NULL AND quarantined_at IS NULL))::float8
+                            FILTER (WHERE sent_at IS NULL AND (quarantined_at IS NULL
+                                    OR quarantine_reason IN ('blocked', 'destination'))))::float8,
+                    count(*) FILTER (WHERE quarantined_at IS NOT NULL
+                                     AND quarantine_reason IN ('blocked', 'destination'))
              FROM outbox",
             &[],
         )
@@ -115,16 +121,25 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
     };
     assert_eq!(field("unsent"), n(0));
     assert_eq!(field("leased"), n(1));
+    assert_eq!(field("parked"), n(8));
     assert_eq!(field("quarantined"), n(2));
     let by_reason = &json["quarantined_by_reason"];
     assert_eq!(by_reason["invalid"].as_i64(), Some(n(3)));
     assert_eq!(by_reason["max_attempts"].as_i64(), Some(n(4)));
     assert_eq!(by_reason["sender_fault"].as_i64(), Some(n(5)));
+    let parked_by_reason = ["blocked", "destination"].map(|r| by_reason[r].as_i64().unwrap_or(0));
+    assert_eq!(parked_by_reason.iter().sum::<i64>(), n(8), "{json}");
     assert_eq!(field("sent_last_minute"), n(6));
     // The numbers the mix was built to have, so the comparison is not of two zeros.
     assert_eq!(
-        (n(0), n(1), n(2), n(6)),
-        (ROWS / 20, ROWS / 400, ROWS / 200, ROWS / 1000)
+        (n(0), n(1), n(2), n(6), n(8)),
+        (
+            ROWS / 20 + ROWS / 200 * 2 / 5,
+            ROWS / 400,
+            ROWS / 200,
+            ROWS / 1000,
+            ROWS / 200 * 2 / 5
+        )
     );
     let age = json["oldest_unsent_age_seconds"].as_f64().unwrap();
     let direct_age: f64 = direct.get(7);
@@ -138,29 +153,31 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
     );
     assert_eq!(json["table"], "\"outbox\"");
 
-    // No part of the statement reads the whole table.
+    // No part of status, nor of the gauges' statement, reads the whole table.
     client
         .batch_execute(
             "RESET enable_indexscan; RESET enable_indexonlyscan; RESET enable_bitmapscan",
         )
         .await
         .unwrap();
-    let sql = std::fs::read_to_string(crate::support::repo_root().join("sql/status.sql"))
-        .unwrap()
-        .replace("{table}", "\"outbox\"");
-    let plan: Vec<String> = client
-        .query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let plan = plan.join("\n");
-    println!("{plan}");
-    assert!(
-        !plan.contains("Seq Scan"),
-        "status scans the table:\n{plan}"
-    );
+    for file in ["sql/status.sql", "sql/stats.sql"] {
+        let sql = std::fs::read_to_string(crate::support::repo_root().join(file))
+            .unwrap()
+            .replace("{table}", "\"outbox\"");
+        let plan: Vec<String> = client
+            .query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let plan = plan.join("\n");
+        println!("{file}:\n{plan}");
+        assert!(
+            !plan.contains("Seq Scan"),
+            "{file} scans the table:\n{plan}"
+        );
+    }
 
     // The text form carries the same numbers, aligned.
     let (status, output) = run_to_end(

@@ -245,6 +245,77 @@ async fn stats_report_age_and_counts_from_the_partial_indexes() {
     );
 }
 
+/// Rows parked in quarantine (`destination`: their queue refused them; `blocked`: behind a
+/// quarantined row of their group) are waiting, not refused: the unsent gauges count them and
+/// age with them. Rows quarantined as bad input are not unsent; every quarantined row ages the
+/// quarantine gauge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_count_rows_parked_in_quarantine_as_unsent_and_age_the_quarantine() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let s = session(&db, "outbox").await;
+    insert(&client, &events("parked", 6, 2), Duration::ZERO).await;
+    // Ids 1-2 parked for their destination (the oldest rows, an hour old), 3 parked behind a
+    // quarantined head, 4 bad input quarantined 10 minutes ago, 5-6 claimable and a minute old.
+    client
+        .batch_execute(
+            "UPDATE outbox SET created_at = now() - interval '1 hour',
+                               quarantined_at = now() - interval '2 minutes',
+                               quarantine_reason = 'destination'
+             WHERE id IN (1, 2);
+             UPDATE outbox SET created_at = now() - interval '2 minutes',
+                               quarantined_at = now(), quarantine_reason = 'blocked'
+             WHERE id = 3;
+             UPDATE outbox SET created_at = now() - interval '1 day',
+                               quarantined_at = now() - interval '10 minutes',
+                               quarantine_reason = 'invalid'
+             WHERE id = 4;
+             UPDATE outbox SET created_at = now() - interval '1 minute' WHERE id IN (5, 6)",
+        )
+        .await
+        .unwrap();
+    let st = s.stats().await.unwrap();
+    assert_eq!((st.unsent, st.quarantined, st.blocked), (5, 4, 1));
+    assert!(
+        (3600.0..3700.0).contains(&st.oldest_unsent_age_seconds),
+        "the parked rows are the oldest unsent ones: {}",
+        st.oldest_unsent_age_seconds
+    );
+    assert!(
+        (600.0..700.0).contains(&st.oldest_quarantined_age_seconds),
+        "id 4 has been in quarantine longest: {}",
+        st.oldest_quarantined_age_seconds
+    );
+    assert_eq!(st.claim_floor, 5, "parked rows are not claimable");
+
+    // With nothing claimable left, the parked rows still hold the age up.
+    client
+        .batch_execute("UPDATE outbox SET sent_at = now() WHERE id IN (5, 6)")
+        .await
+        .unwrap();
+    let st = s.stats().await.unwrap();
+    assert_eq!((st.unsent, st.claim_floor), (3, 0));
+    assert!(st.oldest_unsent_age_seconds >= 3600.0);
+
+    // Re-driven and sent: every gauge back to 0.
+    client
+        .batch_execute(
+            "UPDATE outbox SET quarantined_at = NULL, quarantine_reason = NULL, sent_at = now()",
+        )
+        .await
+        .unwrap();
+    let st = s.stats().await.unwrap();
+    assert_eq!(
+        (
+            st.unsent,
+            st.quarantined,
+            st.oldest_unsent_age_seconds,
+            st.oldest_quarantined_age_seconds
+        ),
+        (0, 0, 0.0, 0.0)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_schema_qualified_table_with_odd_names_is_claimed_through_quoted_identifiers() {
     let db = crate::support::fresh_db().await;

@@ -13,13 +13,18 @@ use crate::row::{ClaimedRow, Settled, Settlement};
 /// Gauges read from the table.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Stats {
+    /// now − created_at of the oldest undelivered row, rows parked in quarantine included.
     pub oldest_unsent_age_seconds: f64,
+    /// Undelivered rows: claimable or leased, and those parked in quarantine (`blocked`,
+    /// `destination`), which are waiting rather than refused.
     pub unsent: i64,
     pub quarantined: i64,
     /// Quarantined rows parked behind a quarantined row of their group (ordered delivery).
     pub blocked: i64,
     /// The smallest unsent id (0 when none): no claim needs to look below it.
     pub claim_floor: i64,
+    /// now − quarantined_at of the row longest in quarantine, any reason; 0 when none.
+    pub oldest_quarantined_age_seconds: f64,
 }
 
 impl Outbox {
@@ -299,6 +304,7 @@ impl Session {
             quarantined: row.get(2),
             blocked: row.get(3),
             claim_floor: row.get(4),
+            oldest_quarantined_age_seconds: row.get(5),
         })
     }
 

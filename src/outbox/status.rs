@@ -12,17 +12,26 @@ use super::{query_err, Outbox, OutboxError};
 pub struct TableStatus {
     /// The table (or adopted table's view) read, quoted as in SQL.
     pub table: String,
-    /// Rows neither sent nor quarantined, leased ones included (the `outbox_unsent_rows` gauge).
+    /// Rows not sent yet: claimable, leased, and parked in quarantine (the
+    /// `outbox_unsent_rows` gauge).
     pub unsent: i64,
     /// Unsent rows a relay holds a live lease on right now: being sent.
     pub leased: i64,
+    /// Unsent rows the relay parked in quarantine (`blocked` behind a quarantined row of their
+    /// group, `destination` while their queue refuses them): counted in `unsent` and in
+    /// `quarantined` both, since they wait rather than being refused.
+    pub parked: i64,
     /// Rows in quarantine, all reasons (the `outbox_quarantined_rows` gauge).
     pub quarantined: i64,
     /// Quarantined rows per reason (`too_large`, `invalid`, `sender_fault`, `rejected`,
-    /// `max_attempts`, and `blocked` behind a quarantined row of an ordered group).
+    /// `max_attempts`, and the parked ones: `blocked`, `destination`).
     pub quarantined_by_reason: BTreeMap<String, i64>,
-    /// now − created_at of the oldest unsent row; 0 when none (the alerting gauge).
+    /// now − created_at of the oldest unsent row, parked ones included; 0 when none (the
+    /// alerting gauge).
     pub oldest_unsent_age_seconds: f64,
+    /// now − quarantined_at of the row longest in quarantine; 0 when none
+    /// (`outbox_oldest_quarantined_age_seconds`).
+    pub oldest_quarantined_age_seconds: f64,
     /// Rows marked sent within the last minute: is anything moving?
     pub sent_last_minute: i64,
 }
@@ -52,9 +61,11 @@ impl Outbox {
             table: self.table.quoted(),
             unsent: row.get(0),
             leased: row.get(1),
+            parked: row.get(5),
             quarantined: quarantined_by_reason.values().sum(),
             quarantined_by_reason,
             oldest_unsent_age_seconds: row.get(2),
+            oldest_quarantined_age_seconds: row.get(6),
             sent_last_minute: row.get(3),
         })
     }
@@ -67,6 +78,7 @@ impl fmt::Display for TableStatus {
             ("table".into(), self.table.clone()),
             ("unsent".into(), self.unsent.to_string()),
             ("  leased".into(), self.leased.to_string()),
+            ("  parked in quarantine".into(), self.parked.to_string()),
             (
                 "oldest unsent age".into(),
                 format!("{:.1}s", self.oldest_unsent_age_seconds),
@@ -80,6 +92,10 @@ impl fmt::Display for TableStatus {
         for (reason, n) in &self.quarantined_by_reason {
             lines.push((format!("  {reason}"), n.to_string()));
         }
+        lines.push((
+            "oldest quarantined age".into(),
+            format!("{:.1}s", self.oldest_quarantined_age_seconds),
+        ));
         let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let value_width = lines
             .iter()
@@ -108,28 +124,39 @@ mod tests {
             table: "\"outbox\"".into(),
             unsent: 1200,
             leased: 10,
-            quarantined: 3,
-            quarantined_by_reason: [("invalid".to_string(), 1), ("max_attempts".to_string(), 2)]
-                .into_iter()
-                .collect(),
+            parked: 2,
+            quarantined: 5,
+            quarantined_by_reason: [
+                ("blocked".to_string(), 2),
+                ("invalid".to_string(), 1),
+                ("max_attempts".to_string(), 2),
+            ]
+            .into_iter()
+            .collect(),
             oldest_unsent_age_seconds: 12.34,
+            oldest_quarantined_age_seconds: 3600.0,
             sent_last_minute: 56,
         };
         let text = status.to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], "table                    \"outbox\"");
-        assert_eq!(lines[1], "unsent                    1200");
-        assert_eq!(lines[2], "  leased                    10");
-        assert_eq!(lines[3], "oldest unsent age        12.3s");
-        assert_eq!(lines[7], "  max_attempts               2");
+        assert_eq!(lines[1], "unsent                      1200");
+        assert_eq!(lines[2], "  leased                      10");
+        assert_eq!(lines[3], "  parked in quarantine         2");
+        assert_eq!(lines[4], "oldest unsent age          12.3s");
+        assert_eq!(lines[7], "  blocked                      2");
+        assert_eq!(lines[9], "  max_attempts                 2");
+        assert_eq!(lines[10], "oldest quarantined age   3600.0s");
         let json = serde_json::to_value(&status).unwrap();
         for field in [
             "table",
             "unsent",
             "leased",
+            "parked",
             "quarantined",
             "quarantined_by_reason",
             "oldest_unsent_age_seconds",
+            "oldest_quarantined_age_seconds",
             "sent_last_minute",
         ] {
             assert!(json.get(field).is_some(), "{field}");
