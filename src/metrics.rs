@@ -119,6 +119,11 @@ impl Health {
         self.last_tick_ms.store(ms, Ordering::Relaxed);
     }
 
+    /// How often a loop that waits on purpose ticks: well inside `stuck_after`.
+    pub fn tick_every(&self) -> Duration {
+        self.stuck_after / 4
+    }
+
     pub fn set_database_ok(&self, ok: bool) {
         self.database_ok.store(ok, Ordering::Relaxed);
     }

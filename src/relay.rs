@@ -646,10 +646,22 @@ impl Relay {
         }
     }
 
+    /// Waits `delay` or until shutdown, ticking health meanwhile: a loop that waits on purpose
+    /// (a back-off up to `--retry-max` through a database outage) is alive, and `/healthz`
+    /// must not get it restarted. Each tick comes from this task, so a loop that really stops
+    /// still fails liveness.
     async fn sleep_or_shutdown(&self, delay: Duration, shutdown: &CancellationToken) {
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => {}
+        let until = tokio::time::Instant::now() + delay;
+        loop {
+            self.health.tick();
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(left.min(self.health.tick_every())) => {}
+                _ = shutdown.cancelled() => return,
+            }
         }
     }
 
