@@ -7,6 +7,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig, PlanOrdering};
@@ -328,7 +329,8 @@ pub struct RunArgs {
     pub retention_interval: Duration,
 
     /// The same as `--retention 0` (the default): delete rows as soon as SQS acknowledged them.
-    #[arg(long, env = "OUTBOX_DELETE_ON_ACK")]
+    // Boolean variables also take 1/0, yes/no, on/off: manifests write those as often.
+    #[arg(long, env = "OUTBOX_DELETE_ON_ACK", value_parser = BoolishValueParser::new())]
     pub delete_on_ack: bool,
 
     /// Per-group ordered delivery: a group's next event is sent only after the previous one was
@@ -351,7 +353,7 @@ pub struct RunArgs {
     pub fair_by: Option<KeyColumn>,
 
     /// On standard queues, send the --fair-by key as MessageGroupId (SQS fair queues).
-    #[arg(long, env = "OUTBOX_FAIR_GROUP_ID")]
+    #[arg(long, env = "OUTBOX_FAIR_GROUP_ID", value_parser = BoolishValueParser::new())]
     pub fair_group_id: bool,
 
     /// Route rows by key value to a queue: KEY=QUEUE_URL, repeatable (env: comma-separated).
@@ -1020,5 +1022,86 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("relay:pw"), "{shown}");
         assert!(shown.contains("<redacted>"));
+    }
+
+    /// Every boolean flag that reads an environment variable: (subcommand path, arg id, env).
+    fn boolean_env_flags() -> Vec<(Vec<String>, String, String)> {
+        fn walk(
+            cmd: &clap::Command,
+            path: &[String],
+            out: &mut Vec<(Vec<String>, String, String)>,
+        ) {
+            for arg in cmd.get_arguments() {
+                if let (Some(env), clap::ArgAction::SetTrue) = (arg.get_env(), arg.get_action()) {
+                    let env = env.to_string_lossy().into_owned();
+                    out.push((path.to_vec(), arg.get_id().to_string(), env));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &[path, &[sub.get_name().to_string()]].concat(), out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&<Cli as clap::CommandFactory>::command(), &[], &mut out);
+        out
+    }
+
+    /// `cmd` with the flag `id` (under the subcommands `path`) taking a value.
+    fn taking_a_value(cmd: clap::Command, path: &[String], id: &str) -> clap::Command {
+        match path.split_first() {
+            None => cmd.mut_arg(id, |a| a.action(clap::ArgAction::Set)),
+            Some((name, rest)) => cmd.mut_subcommand(name, |sub| taking_a_value(sub, rest, id)),
+        }
+    }
+
+    /// Manifests and shells write 1/0, yes/no, on/off as often as true/false. clap reads the
+    /// variable through the flag's value parser. Tests share the process environment, so
+    /// instead each flag is made to take a value and given the same text on the command line,
+    /// where that same parser reads it.
+    #[test]
+    fn boolean_environment_variables_accept_the_usual_spellings() {
+        let flags = boolean_env_flags();
+        let envs: Vec<&str> = flags.iter().map(|(_, _, env)| env.as_str()).collect();
+        for expected in ["OUTBOX_DELETE_ON_ACK", "OUTBOX_FAIR_GROUP_ID"] {
+            assert!(envs.contains(&expected), "{expected} in {envs:?}");
+        }
+        for (path, id, env) in &flags {
+            let cmd = taking_a_value(<Cli as clap::CommandFactory>::command(), path, id);
+            let long = format!("--{}", id.replace('_', "-"));
+            for (text, want) in [
+                ("1", true),
+                ("0", false),
+                ("yes", true),
+                ("no", false),
+                ("on", true),
+                ("off", false),
+                ("true", true),
+                ("false", false),
+            ] {
+                let argv = ["outbox-relay"]
+                    .into_iter()
+                    .chain(path.iter().map(String::as_str))
+                    .chain([long.as_str(), text]);
+                let matches = cmd
+                    .clone()
+                    .try_get_matches_from(argv)
+                    .unwrap_or_else(|e| panic!("{env}={text}: {e}"));
+                let matches = path.iter().fold(&matches, |m, name| {
+                    m.subcommand_matches(name).expect("subcommand")
+                });
+                assert_eq!(matches.get_one::<bool>(id), Some(&want), "{env}={text}");
+            }
+        }
+    }
+
+    #[test]
+    fn boolean_flags_still_work_without_a_value() {
+        let c = run_args(&["--fair-by", "aggregate_type", "--fair-group-id"]).unwrap();
+        assert!(c.plan.fair_group.is_some());
+        assert!(run_args(&[]).unwrap().plan.fair_group.is_none());
+        assert_eq!(
+            run_args(&["--delete-on-ack"]).unwrap().retention,
+            Retention::OnAck
+        );
     }
 }

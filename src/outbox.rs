@@ -69,6 +69,8 @@ struct Sql {
     delete_sent: String,
     reschedule: String,
     quarantine: String,
+    /// Which rows a settlement could not change were taken over by another owner.
+    lost_leases: String,
     stats: String,
     probe: String,
     delete_expired: String,
@@ -127,6 +129,7 @@ impl Outbox {
             delete_sent: fill(include_str!("../sql/delete_sent.sql"))?,
             reschedule: fill(include_str!("../sql/reschedule.sql"))?,
             quarantine: fill(include_str!("../sql/quarantine.sql"))?,
+            lost_leases: fill(include_str!("../sql/lost_leases.sql"))?,
             stats: fill(include_str!("../sql/stats.sql"))?,
             probe: fill(include_str!("../sql/probe.sql"))?,
             delete_expired: fill(include_str!("../sql/delete_expired.sql"))?,

@@ -20,7 +20,7 @@ use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
-use crate::retry::{self, FailureClass, RequestFailure, Transport};
+use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, Transport};
 use crate::row::{
     ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
@@ -386,39 +386,37 @@ impl Relay {
                 });
             }
             EntryOutcome::Failed {
-                sender_fault: true,
+                sender_fault,
                 code,
                 message,
             } => {
-                metrics::counter!(names::SEND_FAILURES, "kind" => "permanent").increment(1);
-                quarantine(
-                    settlement,
-                    row,
-                    QuarantineReason::SenderFault,
-                    format!("{code}: {message}"),
-                );
-            }
-            EntryOutcome::Failed { code, message, .. } => {
                 let error = format!("{code}: {message}");
-                if retry::is_throttle_code(&code) {
-                    // Pressure on the queue, not the row's fault: slow the relay, keep the attempt.
-                    metrics::counter!(names::SEND_FAILURES, "kind" => "throttled").increment(1);
-                    let delay = self.pressure.push(&self.config);
-                    release(settlement, row, delay, Some(error));
-                    return;
-                }
-                metrics::counter!(names::SEND_FAILURES, "kind" => "transient").increment(1);
-                if row.attempts as u32 >= self.config.max_attempts {
-                    let error = format!("{} attempts; last: {error}", row.attempts);
-                    quarantine(settlement, row, QuarantineReason::MaxAttempts, error);
-                } else {
-                    settlement.reschedule.push(RescheduledRow {
+                let attempts = row.attempts as u32;
+                let decision =
+                    retry::entry_decision(sender_fault, &code, attempts, self.config.max_attempts);
+                metrics::counter!(names::SEND_FAILURES, "kind" => decision.metric_kind())
+                    .increment(1);
+                match decision {
+                    EntryDecision::Throttled => {
+                        // Pressure on the queue, not the row's fault: slow the relay, keep the
+                        // attempt.
+                        let delay = self.pressure.push(&self.config);
+                        release(settlement, row, delay, Some(error));
+                    }
+                    EntryDecision::SenderFault => {
+                        quarantine(settlement, row, QuarantineReason::SenderFault, error);
+                    }
+                    EntryDecision::OutOfAttempts => {
+                        let error = format!("{attempts} attempts; last: {error}");
+                        quarantine(settlement, row, QuarantineReason::MaxAttempts, error);
+                    }
+                    EntryDecision::Retry => settlement.reschedule.push(RescheduledRow {
                         id: row.id,
                         lease_token: row.lease_token,
-                        delay: self.backoff(row.attempts as u32),
+                        delay: self.backoff(attempts),
                         error: Some(error),
                         refund: false,
-                    });
+                    }),
                 }
             }
         }
@@ -680,10 +678,22 @@ impl Relay {
         }
     }
 
+    /// Waits `delay` or until shutdown, ticking health meanwhile: a loop that waits on purpose
+    /// (a back-off up to `--retry-max` through a database outage) is alive, and `/healthz`
+    /// must not get it restarted. Each tick comes from this task, so a loop that really stops
+    /// still fails liveness.
     async fn sleep_or_shutdown(&self, delay: Duration, shutdown: &CancellationToken) {
-        tokio::select! {
-            _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.cancelled() => {}
+        let until = tokio::time::Instant::now() + delay;
+        loop {
+            self.health.tick();
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(left.min(self.health.tick_every())) => {}
+                _ = shutdown.cancelled() => return,
+            }
         }
     }
 

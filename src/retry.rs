@@ -152,6 +152,52 @@ pub fn classify(failure: &RequestFailure) -> FailureClass {
     }
 }
 
+/// What one entry's failure in an answered SendMessageBatch means for its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryDecision {
+    /// The queue asks for less traffic: give the row back with its attempt and slow the whole
+    /// relay down.
+    Throttled,
+    /// SQS says the entry itself is bad (`SenderFault`): quarantine it, never retry.
+    SenderFault,
+    /// Try the row again after its own back-off; the attempt counts.
+    Retry,
+    /// Retryable, but `--max-attempts` is spent: quarantine it.
+    OutOfAttempts,
+}
+
+impl EntryDecision {
+    /// The `kind` label of `outbox_send_failures_total` for this entry.
+    pub fn metric_kind(self) -> &'static str {
+        match self {
+            EntryDecision::Throttled => "throttled",
+            EntryDecision::SenderFault => "permanent",
+            EntryDecision::Retry | EntryDecision::OutOfAttempts => "transient",
+        }
+    }
+}
+
+/// Decides a failed entry's fate from SQS's per-entry answer and the row's attempts so far
+/// (this claim's included).
+pub fn entry_decision(
+    sender_fault: bool,
+    code: &str,
+    attempts: u32,
+    max_attempts: u32,
+) -> EntryDecision {
+    // Throttling first: SQS may flag a throttled entry as the sender's fault, and a busy queue
+    // is no reason to quarantine a good row.
+    if is_throttle_code(code) {
+        EntryDecision::Throttled
+    } else if sender_fault {
+        EntryDecision::SenderFault
+    } else if attempts >= max_attempts {
+        EntryDecision::OutOfAttempts
+    } else {
+        EntryDecision::Retry
+    }
+}
+
 /// Capped exponential backoff with full jitter: a uniformly random wait in
 /// `[0, min(cap, base * 2^(attempt-1)))`. `jitter` is the random draw in `[0, 1)`, passed in so
 /// tests can pin it; callers use `fastrand::f64()`.
@@ -287,6 +333,63 @@ mod tests {
             let d = backoff(5, base, cap, fastrand::f64());
             assert!(d < Duration::from_millis(1600));
         }
+    }
+
+    #[test]
+    fn a_throttled_entry_is_released_even_when_flagged_as_the_senders_fault() {
+        // SQS marks some throttling answers SenderFault; quarantining them would drop good
+        // rows for good because the queue was busy.
+        for code in [
+            "RequestThrottled",
+            "AWS.SimpleQueueService.RequestThrottled",
+            "ThrottlingException",
+        ] {
+            for sender_fault in [false, true] {
+                assert_eq!(
+                    entry_decision(sender_fault, code, 1, 10),
+                    EntryDecision::Throttled,
+                    "{code} sender_fault={sender_fault}"
+                );
+            }
+        }
+        // Throttling spends no attempt, so it never runs out of them either.
+        assert_eq!(
+            entry_decision(false, "RequestThrottled", 10, 10),
+            EntryDecision::Throttled
+        );
+        assert_eq!(EntryDecision::Throttled.metric_kind(), "throttled");
+    }
+
+    #[test]
+    fn a_senders_fault_is_quarantined_at_once_and_other_failures_retry_until_max_attempts() {
+        assert_eq!(
+            entry_decision(true, "InvalidMessageContents", 1, 10),
+            EntryDecision::SenderFault
+        );
+        assert_eq!(
+            entry_decision(true, "InvalidMessageContents", 10, 10),
+            EntryDecision::SenderFault,
+            "bad input is bad input, whatever the attempts"
+        );
+        assert_eq!(
+            entry_decision(false, "InternalError", 1, 10),
+            EntryDecision::Retry
+        );
+        assert_eq!(
+            entry_decision(false, "InternalError", 9, 10),
+            EntryDecision::Retry
+        );
+        assert_eq!(
+            entry_decision(false, "InternalError", 10, 10),
+            EntryDecision::OutOfAttempts
+        );
+        assert_eq!(
+            entry_decision(false, "InternalError", 11, 10),
+            EntryDecision::OutOfAttempts
+        );
+        assert_eq!(EntryDecision::SenderFault.metric_kind(), "permanent");
+        assert_eq!(EntryDecision::Retry.metric_kind(), "transient");
+        assert_eq!(EntryDecision::OutOfAttempts.metric_kind(), "transient");
     }
 
     #[test]

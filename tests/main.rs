@@ -11,6 +11,7 @@ mod chaos;
 mod crash;
 mod faults;
 mod fifo;
+mod liveness;
 mod migrate_online;
 mod ops_check;
 mod ops_config_doc;

@@ -148,9 +148,96 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
         .await,
         4
     );
-    // Settling twice does not count twice.
+    // Settling twice does not count twice, nor as lost: the rows are B's own outcome.
     let again = b.settle("b", &sent(&b_rows)).await.unwrap();
-    assert_eq!((again.sent, again.lost), (0, 4));
+    assert_eq!((again.sent, again.lost), (0, 0));
+}
+
+/// One of each outcome for `rows[0..3]`: sent, released, quarantined.
+fn mixed(rows: &[outbox_relay::row::ClaimedRow]) -> Settlement {
+    Settlement {
+        sent: sent(&rows[..1]).sent,
+        reschedule: vec![RescheduledRow {
+            id: rows[1].id,
+            lease_token: rows[1].lease_token,
+            delay: Duration::from_secs(3600),
+            error: Some("retry later".into()),
+            refund: false,
+        }],
+        quarantine: vec![QuarantinedRow {
+            id: rows[2].id,
+            lease_token: rows[2].lease_token,
+            reason: QuarantineReason::SenderFault,
+            error: "bad".into(),
+        }],
+    }
+}
+
+/// The relay retries a settlement whose statements may have committed before the connection
+/// dropped: the rows the first try settled are not lost leases the second time, whether
+/// marked or deleted; a row another owner claimed meanwhile still is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
+    for delete_on_ack in [false, true] {
+        let db = migrated_db().await;
+        let client = db.client().await;
+        insert(&client, &events("twice", 4, 4), Duration::ZERO).await;
+        let a = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+            .unwrap()
+            .delete_on_ack(delete_on_ack)
+            .connect()
+            .await
+            .unwrap();
+        let rows = a
+            .claim("a", Duration::from_millis(300), 10, 0)
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 4);
+
+        let settlement = mixed(&rows);
+        let first = a.settle("a", &settlement).await.unwrap();
+        assert_eq!(
+            (
+                first.sent,
+                first.rescheduled,
+                first.quarantined_reasons.len(),
+                first.lost
+            ),
+            (1, 1, 1, 0),
+            "delete_on_ack={delete_on_ack}"
+        );
+        let again = a.settle("a", &settlement).await.unwrap();
+        assert_eq!(
+            (
+                again.sent,
+                again.rescheduled,
+                again.quarantined_reasons.len(),
+                again.lost
+            ),
+            (0, 0, 0, 0),
+            "delete_on_ack={delete_on_ack}: applied by the first try, not lost"
+        );
+
+        // The fourth row's lease expires and B takes it over: A's late outcome is lost,
+        // counted once, next to rows A had settled already.
+        wait_until("A's lease expires", Duration::from_secs(10), || async {
+            count(&client, "lease_until < now()").await == 1
+        })
+        .await;
+        let b = session(&db, "outbox").await;
+        let taken = b.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].id, rows[3].id);
+        let mut late = mixed(&rows);
+        late.sent.extend(sent(&rows[3..]).sent);
+        let settled = a.settle("a", &late).await.unwrap();
+        assert_eq!(
+            (settled.sent, settled.lost),
+            (0, 1),
+            "delete_on_ack={delete_on_ack}: only B's row is lost"
+        );
+        assert_eq!(count(&client, "lease_owner = 'b'").await, 1);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

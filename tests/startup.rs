@@ -254,3 +254,51 @@ async fn a_sigterm_during_start_up_is_handled_not_fatal() {
         .expect("the relay ends after its connect timeout");
     assert_eq!(status.code(), Some(1), "{status}: {}", relay.output());
 }
+
+/// Boolean variables read as a shell or a manifest writes them: before, `1` was a usage error.
+/// The flags' own validation shows which value arrived, before any connection is tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boolean_environment_variables_take_1_yes_and_on() {
+    let base = args(&[
+        "run",
+        "--database-url",
+        "postgres://relay@127.0.0.1:1/app",
+        "--queue-url",
+        "http://127.0.0.1:1/000000000000/q",
+    ]);
+    let env = |name: &str, value: &str| vec![(name.to_string(), value.to_string())];
+    let with = |extra: &[&str]| [base.clone(), args(extra)].concat();
+
+    let (status, output) = run_to_end(
+        &with(&["--retention", "1h"]),
+        &env("OUTBOX_DELETE_ON_ACK", "1"),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert_one_clear_line(&output, "--delete-on-ack deletes rows when sent");
+
+    let (status, output) = run_to_end(
+        &with(&[]),
+        &env("OUTBOX_FAIR_GROUP_ID", "yes"),
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert_one_clear_line(&output, "--fair-group-id sends the --fair-by key");
+
+    // Off: validation passes and the relay goes on to its (unreachable) database.
+    for (name, value) in [
+        ("OUTBOX_DELETE_ON_ACK", "0"),
+        ("OUTBOX_FAIR_GROUP_ID", "off"),
+    ] {
+        let (status, output) = run_to_end(
+            &with(&["--retention", "1h", "--connect-timeout", "1s"]),
+            &env(name, value),
+            Duration::from_secs(20),
+        )
+        .await;
+        assert_eq!(status.code(), Some(1), "{name}={value}: {output}");
+        assert_one_clear_line(&output, "cannot connect to PostgreSQL");
+    }
+}

@@ -72,6 +72,10 @@ impl Outbox {
                 self.strategy.param_count()
             )));
         }
+        let lost_leases = client
+            .prepare(&self.sql.lost_leases)
+            .await
+            .map_err(query_err("preparing lost_leases"))?;
         let park = match (&self.sql.park_blocked, &self.sql.unpark_blocked) {
             (Some(park), Some(unpark)) => Some((
                 client
@@ -92,6 +96,7 @@ impl Outbox {
                 mark_sent,
                 reschedule,
                 quarantine,
+                lost_leases,
                 stats,
                 probe,
                 delete_expired,
@@ -110,6 +115,7 @@ struct Statements {
     mark_sent: Statement,
     reschedule: Statement,
     quarantine: Statement,
+    lost_leases: Statement,
     stats: Statement,
     probe: Statement,
     delete_expired: Statement,
@@ -211,7 +217,7 @@ impl Session {
         };
         let rescheduled = async {
             if s.reschedule.is_empty() {
-                return Ok(0);
+                return Ok(Vec::new());
             }
             let r = &s.reschedule;
             let ids: Vec<i64> = r.iter().map(|r| r.id).collect();
@@ -219,13 +225,17 @@ impl Session {
             let delays: Vec<f64> = r.iter().map(|r| r.delay.as_secs_f64()).collect();
             let errors: Vec<Option<&str>> = r.iter().map(|r| r.error.as_deref()).collect();
             let refunds: Vec<i32> = r.iter().map(|r| i32::from(r.refund)).collect();
-            self.client
-                .execute(
+            // The ids tell, if some row is lost, which ones need not be looked at: a row
+            // released here may be claimed again at once, by anyone.
+            let changed = self
+                .client
+                .query(
                     &self.statements.reschedule,
                     &[&owner, &ids, &tokens, &delays, &errors, &refunds],
                 )
                 .await
-                .map_err(query_err("rescheduling rows"))
+                .map_err(query_err("rescheduling rows"))?;
+            Ok(changed.iter().map(|r| r.get::<_, i64>(0)).collect())
         };
         let quarantined = async {
             if s.quarantine.is_empty() {
@@ -247,22 +257,65 @@ impl Session {
                 .map_err(query_err("quarantining rows"))?;
             Ok(changed
                 .iter()
-                .filter_map(|r| {
-                    let id: i64 = r.get(0);
-                    q.iter().find(|x| x.id == id).map(|x| x.reason)
-                })
-                .collect())
+                .map(|r| r.get::<_, i64>(0))
+                .collect::<Vec<i64>>())
         };
-        let (sent, rescheduled, quarantined_reasons) =
-            tokio::try_join!(sent, rescheduled, quarantined)?;
+        let (sent, rescheduled, quarantined) = tokio::try_join!(sent, rescheduled, quarantined)?;
+        let quarantined_reasons = s
+            .quarantine
+            .iter()
+            .filter(|r| quarantined.contains(&r.id))
+            .map(|r| r.reason)
+            .collect();
         let expected = (s.sent.len() + s.reschedule.len() + s.quarantine.len()) as u64;
-        let applied = sent + rescheduled + quarantined_reasons.len() as u64;
+        let applied = sent + (rescheduled.len() + quarantined.len()) as u64;
+        let lost = if applied < expected {
+            self.lost_leases(s, &rescheduled, &quarantined).await?
+        } else {
+            0
+        };
         Ok(Settled {
             sent,
-            rescheduled,
+            rescheduled: rescheduled.len() as u64,
             quarantined_reasons,
-            lost: expected - applied,
+            lost,
         })
+    }
+
+    /// Of a settlement's rows that were not changed just now, how many another owner claimed
+    /// since. The others were settled by us already: a retried settlement meets the rows its
+    /// first try changed before the connection dropped, and they are not lost leases.
+    async fn lost_leases(
+        &self,
+        s: &Settlement,
+        rescheduled: &[i64],
+        quarantined: &[i64],
+    ) -> Result<u64, OutboxError> {
+        // Sent rows are all asked about: they cannot be claimed again once marked or deleted,
+        // so those changed just now are never counted.
+        let unchanged = s
+            .sent
+            .iter()
+            .map(|r| (r.id, r.lease_token))
+            .chain(
+                s.reschedule
+                    .iter()
+                    .filter(|r| !rescheduled.contains(&r.id))
+                    .map(|r| (r.id, r.lease_token)),
+            )
+            .chain(
+                s.quarantine
+                    .iter()
+                    .filter(|r| !quarantined.contains(&r.id))
+                    .map(|r| (r.id, r.lease_token)),
+            );
+        let (ids, tokens): (Vec<i64>, Vec<i64>) = unchanged.unzip();
+        let row = self
+            .client
+            .query_one(&self.statements.lost_leases, &[&ids, &tokens])
+            .await
+            .map_err(query_err("looking for rows taken over by another owner"))?;
+        Ok(row.get::<_, i64>(0) as u64)
     }
 
     /// Deletes up to `limit` sent rows older than `retention`; returns how many went.
