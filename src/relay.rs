@@ -22,7 +22,7 @@ use crate::metrics::{self as names, Health};
 use crate::outbox::{Outbox, OutboxError, Session, SharedSession, Wakeup};
 use crate::retry::{self, FailureClass, RequestFailure, Transport};
 use crate::row::{
-    ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
+    Claimed, ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
 use crate::sqs::{EntryOutcome, Sqs};
 
@@ -241,13 +241,18 @@ impl Relay {
     /// Sends one claim's rows and settles every row exactly once.
     async fn deliver(
         self: Arc<Self>,
-        rows: Vec<ClaimedRow>,
+        claimed: Claimed,
         lease_deadline: Instant,
         _row_permits: OwnedSemaphorePermit,
         shutdown: CancellationToken,
     ) {
+        let Claimed { rows, unreadable } = claimed;
         let plan = batch::plan(&rows, &self.plan_config);
         let mut settlement = Settlement::default();
+        for row in unreadable {
+            tracing::warn!(id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
+            settlement.quarantine.push(row.quarantined());
+        }
         for rejected in plan.rejected {
             let row = &rows[rejected.row];
             quarantine(&mut settlement, row, rejected.reason, rejected.error);

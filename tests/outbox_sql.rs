@@ -38,12 +38,20 @@ async fn claims_take_rows_in_id_order_and_skip_leased_and_future_rows() {
     insert(&client, &events("later", 3, 1), Duration::from_secs(3600)).await;
     let s = session(&db, "outbox").await;
 
-    let first = s.claim("a", Duration::from_secs(30), 3, 0).await.unwrap();
+    let first = s
+        .claim("a", Duration::from_secs(30), 3, 0)
+        .await
+        .unwrap()
+        .rows;
     let ids: Vec<i64> = first.iter().map(|r| r.id).collect();
     assert_eq!(ids, vec![1, 2, 3]);
     assert!(first.iter().all(|r| r.attempts == 1 && r.lease_token == 1));
     assert_eq!(first[0].event_id, "order-0");
-    let second = s.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
+    let second = s
+        .claim("b", Duration::from_secs(30), 10, 0)
+        .await
+        .unwrap()
+        .rows;
     let ids: Vec<i64> = second.iter().map(|r| r.id).collect();
     assert_eq!(
         ids,
@@ -68,13 +76,18 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     let a_rows = a
         .claim("a", Duration::from_millis(200), 10, 0)
         .await
-        .unwrap();
+        .unwrap()
+        .rows;
     assert_eq!(a_rows.len(), 4);
     wait_until("A's lease expires", Duration::from_secs(10), || async {
         count(&client, "lease_until < now()").await == 4
     })
     .await;
-    let b_rows = b.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
+    let b_rows = b
+        .claim("b", Duration::from_secs(30), 10, 0)
+        .await
+        .unwrap()
+        .rows;
     assert_eq!(b_rows.len(), 4, "expired leases are taken over");
     assert!(b_rows.iter().all(|r| r.lease_token == 2 && r.attempts == 2));
 
@@ -133,7 +146,11 @@ async fn a_release_gives_the_attempt_back_and_a_retry_spends_it() {
     let client = db.client().await;
     insert(&client, &events("refund", 2, 1), Duration::ZERO).await;
     let s = session(&db, "outbox").await;
-    let rows = s.claim("r", Duration::from_secs(30), 10, 0).await.unwrap();
+    let rows = s
+        .claim("r", Duration::from_secs(30), 10, 0)
+        .await
+        .unwrap()
+        .rows;
     let settled = s
         .settle(
             "r",
@@ -233,9 +250,60 @@ async fn a_schema_qualified_table_with_odd_names_is_claimed_through_quoted_ident
     let rows = s
         .claim("odd", Duration::from_secs(30), 10, 0)
         .await
-        .unwrap();
+        .unwrap()
+        .rows;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].payload, "{\"ok\": true}");
     let done = s.settle("odd", &sent(&rows)).await.unwrap();
     assert_eq!(done.sent, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_hands_back_rows_it_cannot_read_apart_and_they_settle_as_invalid() {
+    // On the relay's own table every column it needs is NOT NULL; what can still be unreadable
+    // is jsonb headers that are not an object.
+    let db = migrated_db().await;
+    let client = db.client().await;
+    insert(&client, &events("mixed", 4, 1), Duration::ZERO).await;
+    client
+        .batch_execute(
+            "UPDATE outbox SET headers = '[\"traceparent\"]' WHERE event_id = 'mixed-1';
+             UPDATE outbox SET headers = '\"x\"' WHERE event_id = 'mixed-2'",
+        )
+        .await
+        .unwrap();
+    let s = session(&db, "outbox").await;
+    let claimed = s.claim("m", Duration::from_secs(30), 10, 0).await.unwrap();
+    let ids: Vec<i64> = claimed.rows.iter().map(|r| r.id).collect();
+    assert_eq!(ids, [1, 4]);
+    let mut bad = claimed.unreadable.clone();
+    bad.sort_by_key(|u| u.id);
+    assert_eq!(bad.iter().map(|u| u.id).collect::<Vec<_>>(), [2, 3]);
+    assert!(bad.iter().all(|u| u.lease_token == 1), "{bad:?}");
+    assert_eq!(
+        bad[0].error,
+        "column \"headers\" is not a JSON object but an array"
+    );
+    let settled = s
+        .settle(
+            "m",
+            &Settlement {
+                quarantine: bad.into_iter().map(|u| u.quarantined()).collect(),
+                ..Settlement::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        settled.quarantined_reasons,
+        [QuarantineReason::Invalid, QuarantineReason::Invalid]
+    );
+    assert_eq!(
+        count(
+            &client,
+            "quarantine_reason = 'invalid' AND last_error LIKE 'column \"headers\"%'"
+        )
+        .await,
+        2
+    );
 }

@@ -242,7 +242,8 @@ pub async fn ceiling(
                 let claimed = session
                     .claim(&owner, lease, batch, floor)
                     .await
-                    .expect("ceiling claim");
+                    .expect("ceiling claim")
+                    .rows;
                 let took = t.elapsed();
                 if claimed.is_empty() {
                     break;

@@ -7,8 +7,9 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, Statement};
 
 use super::claim::ordered_window;
+use super::decode::decode;
 use super::{query_err, Outbox, OutboxError};
-use crate::row::{ClaimedRow, Settled, Settlement};
+use crate::row::{Claimed, Settled, Settlement};
 
 /// Gauges read from the table.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -122,14 +123,15 @@ impl Session {
     }
 
     /// Claims up to `limit` rows for `owner` for `lease`, in `id` order. Commits before
-    /// returning: nothing is sent while a row lock is held.
+    /// returning: nothing is sent while a row lock is held. A row whose columns cannot be read
+    /// comes back among the claim's `unreadable` rows instead of failing the claim.
     pub async fn claim(
         &self,
         owner: &str,
         lease: Duration,
         limit: i64,
         floor: i64,
-    ) -> Result<Vec<ClaimedRow>, OutboxError> {
+    ) -> Result<Claimed, OutboxError> {
         let lease = lease.as_secs_f64();
         let window = ordered_window(limit);
         let rows = match (self.ordered, self.fair) {
@@ -153,25 +155,15 @@ impl Session {
             }
         }
         .map_err(query_err("claiming rows"))?;
-        let mut claimed: Vec<ClaimedRow> = rows
-            .iter()
-            .map(|r| ClaimedRow {
-                id: r.get(0),
-                event_id: r.get(1),
-                aggregate_type: r.get(2),
-                aggregate_id: r.get(3),
-                event_type: r.get(4),
-                payload: r.get(5),
-                headers: r.get(6),
-                queue_url: r.get(7),
-                lease_token: r.get(8),
-                attempts: r.get(9),
-                created_at_epoch: r.get(10),
-                created_at: r.get(11),
-            })
-            .collect();
+        let mut claimed = Claimed::default();
+        for row in &rows {
+            match decode(row)? {
+                Ok(row) => claimed.rows.push(row),
+                Err(unreadable) => claimed.unreadable.push(unreadable),
+            }
+        }
         // UPDATE ... RETURNING does not keep the CTE's order.
-        claimed.sort_unstable_by_key(|r| r.id);
+        claimed.rows.sort_unstable_by_key(|r| r.id);
         Ok(claimed)
     }
 
