@@ -5,9 +5,11 @@
 -- value is returned as a JSON string of itself instead; headers must be a JSON object, so the
 -- relay quarantines that row alone as `invalid`. IMMUTABLE, like the text-to-jsonb cast it
 -- wraps, so that indexes may use it. Only data errors (invalid syntax, an unsupported escape,
--- a number out of range) and nesting too deep for the parser are caught.
+-- a number out of range) and nesting too deep for the parser are caught. PARALLEL UNSAFE (the
+-- default, said here on purpose): the exception block is a subtransaction, which PostgreSQL
+-- refuses to start during a parallel query.
 CREATE OR REPLACE FUNCTION {try_jsonb}(value text) RETURNS jsonb
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL UNSAFE AS $$
 BEGIN
     RETURN value::jsonb;
 EXCEPTION WHEN data_exception OR program_limit_exceeded THEN

@@ -1150,6 +1150,10 @@ mod tests {
             .find("CREATE OR REPLACE FUNCTION \"app\".\"outboxevent_relay_try_jsonb\"(value text)")
             .expect("the function is created");
         assert!(function < text.find("_h_tenant_idx").unwrap());
+        assert!(
+            !text.contains("PARALLEL SAFE"),
+            "its exception block cannot run in a parallel query"
+        );
         assert!(function < text.find("CREATE OR REPLACE VIEW").unwrap());
 
         columns[5] = column("headers", "jsonb", "U");
