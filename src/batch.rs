@@ -260,7 +260,16 @@ fn entry_for(
     }
     let body = match &config.format {
         MessageFormat::Raw => row.payload.clone(),
-        MessageFormat::CloudEvents { source } => cloudevent(row, source),
+        MessageFormat::CloudEvents { source } => {
+            // A jsonb payload always is JSON; an adopted text column need not be, and spliced
+            // in as `data` it would make the whole envelope unparseable for every consumer.
+            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&row.payload) {
+                return Err(invalid(format!(
+                    "payload is not JSON ({e}); CloudEvents carries it as `data`, declared application/json"
+                )));
+            }
+            cloudevent(row, source)
+        }
     };
     if let Some(bad) = body.chars().find(|c| !sqs_allows(*c)) {
         return Err(invalid(format!(
@@ -712,6 +721,27 @@ mod tests {
             .map(|(n, v)| n.len() + 6 + v.len())
             .sum();
         assert_eq!(e.size, e.body.len() + attrs);
+    }
+
+    #[test]
+    fn cloudevents_refuse_a_payload_that_is_not_json_and_raw_sends_it_as_stored() {
+        let mut cfg = config();
+        let text = row(6, "plain text, not JSON");
+        let raw = plan(std::slice::from_ref(&text), &cfg);
+        assert_eq!(raw.requests[0].entries[0].body, "plain text, not JSON");
+        cfg.format = MessageFormat::CloudEvents {
+            source: "/shop/orders".into(),
+        };
+        let plan = plan(&[text, row(7, "{\"ok\": true}")], &cfg);
+        assert_eq!(plan.rejected.len(), 1);
+        assert_eq!(plan.rejected[0].row, 0);
+        assert_eq!(plan.rejected[0].reason, QuarantineReason::Invalid);
+        assert!(
+            plan.rejected[0].error.starts_with("payload is not JSON"),
+            "{:?}",
+            plan.rejected[0]
+        );
+        assert_eq!(plan.requests[0].entries.len(), 1);
     }
 
     #[test]

@@ -326,7 +326,12 @@ async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
         let error: String = r.last_error.replace('\n', " ").chars().take(120).collect();
         println!(
             "{:>10}  {:<32}  {:<13}  {:>8}  {:<29}  {}",
-            r.id, r.event_id, r.reason, r.attempts, r.quarantined_at, error
+            r.id,
+            r.event_id.as_deref().unwrap_or("-"),
+            r.reason,
+            r.attempts,
+            r.quarantined_at,
+            error
         );
     }
     ExitCode::SUCCESS

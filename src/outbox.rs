@@ -10,6 +10,7 @@
 //! - `template`: the one SQL template renderer.
 //! - `claim`: claim strategies (plain, fair, ordered, ordered + fair), their SQL and parameters.
 //! - `session`: a connection with the relay's prepared statements; claims and settlements.
+//! - `decode`: a claimed row read column by column; what cannot be read is `Unreadable`.
 //! - `listen`: `--wakeup notify`'s LISTEN connection.
 //! - `admin`: `quarantine list` and `quarantine retry`.
 //! - `columns`: an adopted table's column map.
@@ -29,6 +30,7 @@ use crate::tls::{PgTls, PgTlsStream};
 mod admin;
 mod claim;
 mod columns;
+mod decode;
 mod doorbell;
 mod error;
 mod ident;

@@ -22,7 +22,7 @@ use crate::metrics::{self as names, Health};
 use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
 use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, Transport};
 use crate::row::{
-    ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
+    Claimed, ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
 use crate::sqs::{EntryOutcome, Sqs};
 
@@ -202,18 +202,17 @@ impl Relay {
             };
             let claim = async { self.session.get().await?.claim(&request).await };
             match claim.await {
-                Ok(claimed) => {
+                Ok(mut claimed) => {
                     db_failures = 0;
                     self.health.set_database_ok(true);
-                    cursor = claimed.cursor;
-                    let rows = claimed.rows;
-                    let full = rows.len() == c.batch_size;
-                    let rows_claimed = !rows.is_empty();
+                    cursor = claimed.cursor.take();
+                    let full = claimed.len() == c.batch_size;
+                    let rows_claimed = !claimed.is_empty();
                     if rows_claimed {
-                        drop(permit.split(c.batch_size - rows.len()));
+                        drop(permit.split(c.batch_size - claimed.len()));
                         // The first row is claimed whatever its size; it may hold more than was
                         // free, never more than the whole budget (which would wait for ever).
-                        let held: usize = rows.iter().map(|r| r.payload.len()).sum();
+                        let held: usize = claimed.rows.iter().map(|r| r.payload.len()).sum();
                         let held = held.min(bytes.num_permits());
                         drop(bytes.split(bytes.num_permits() - held));
                         let lease_deadline = claimed_at + c.lease;
@@ -221,7 +220,7 @@ impl Relay {
                         let shutdown = shutdown.clone();
                         deliveries.spawn(async move {
                             relay
-                                .deliver(rows, lease_deadline, (permit, bytes), shutdown)
+                                .deliver(claimed, lease_deadline, (permit, bytes), shutdown)
                                 .await
                         });
                     }
@@ -268,13 +267,20 @@ impl Relay {
     /// Sends one claim's rows and settles every row exactly once.
     async fn deliver(
         self: Arc<Self>,
-        rows: Vec<ClaimedRow>,
+        claimed: Claimed,
         lease_deadline: Instant,
         _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
         shutdown: CancellationToken,
     ) {
+        let Claimed {
+            rows, unreadable, ..
+        } = claimed;
         let plan = batch::plan(&rows, &self.plan_config);
         let mut settlement = Settlement::default();
+        for row in unreadable {
+            tracing::warn!(id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
+            settlement.quarantine.push(row.quarantined());
+        }
         for rejected in plan.rejected {
             let row = &rows[rejected.row];
             quarantine(&mut settlement, row, rejected.reason, rejected.error);

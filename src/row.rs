@@ -14,7 +14,9 @@ const MAX_FIFO_ID_LEN: usize = 128;
 pub enum QuarantineReason {
     /// The message can never fit SQS's size limit.
     TooLarge,
-    /// The row cannot be expressed as an SQS message (bad header, bad characters).
+    /// The row cannot be read (NULL where a value is needed, undecodable text, headers that
+    /// are not a JSON object) or cannot be expressed as an SQS message (bad header, bad
+    /// characters).
     Invalid,
     /// SQS refused the entry as bad input (`SenderFault`).
     SenderFault,
@@ -56,6 +58,50 @@ pub struct ClaimedRow {
     pub created_at_epoch: f64,
     /// `created_at` in RFC 3339 (UTC), for envelopes such as CloudEvents' `time`.
     pub created_at: String,
+}
+
+/// The rows one claim leased: those the relay could read, and those it could not.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// In `id` order.
+    pub rows: Vec<ClaimedRow>,
+    /// Leased like the others, and quarantined as `invalid` in the same settlement.
+    pub unreadable: Vec<Unreadable>,
+    /// Where the next ordered claim continues looking for groups (see claim_ordered.sql).
+    pub cursor: Option<String>,
+}
+
+impl Claimed {
+    /// Rows leased by the claim, readable or not.
+    pub fn len(&self) -> usize {
+        self.rows.len() + self.unreadable.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A claimed row with a column the relay cannot use: NULL where a value is needed, text that
+/// is not UTF-8, headers that are not a JSON object. Its id and lease token are enough to
+/// quarantine it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    pub id: i64,
+    pub lease_token: i64,
+    /// Names the column and what is wrong with it, never its value.
+    pub error: String,
+}
+
+impl Unreadable {
+    pub fn quarantined(self) -> QuarantinedRow {
+        QuarantinedRow {
+            id: self.id,
+            lease_token: self.lease_token,
+            reason: QuarantineReason::Invalid,
+            error: self.error,
+        }
+    }
 }
 
 /// Outcomes of one claim, one statement per class.

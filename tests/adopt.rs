@@ -148,3 +148,237 @@ async fn a_debezium_outbox_table_is_adopted_and_relayed_without_touching_the_app
         .contains("no quarantined rows"));
     drop(relay);
 }
+
+/// Debezium's table with a `text` headers column, as applications add for trace context.
+async fn debezium_table_with_text_headers(db: &crate::support::TestDb) -> tokio_postgres::Client {
+    let client = db.client().await;
+    client
+        .batch_execute(crate::support::DEBEZIUM_OUTBOX_DDL)
+        .await
+        .unwrap();
+    client
+        .batch_execute("ALTER TABLE outboxevent ADD COLUMN headers text")
+        .await
+        .unwrap();
+    client
+}
+
+async fn adopt(db: &crate::support::TestDb, extra: &[&str]) {
+    let mut migrate = args(&[
+        "migrate",
+        "--adopt",
+        "--database-url",
+        &db.url,
+        "--table",
+        "outboxevent",
+    ]);
+    migrate.extend(COLUMNS.iter().chain(extra).map(|s| s.to_string()));
+    let (status, output) = run_to_end(&migrate, &[], Duration::from_secs(30)).await;
+    assert!(status.success(), "adopt: {output}");
+}
+
+/// The rows quarantined as `invalid`, as `quarantine list --json` shows them, by event_id.
+async fn invalid_rows(db: &crate::support::TestDb) -> Vec<serde_json::Value> {
+    let mut list = vec![
+        "quarantine",
+        "list",
+        "--json",
+        "--reason",
+        "invalid",
+        "--database-url",
+        &db.url,
+        "--table",
+        "outboxevent",
+    ];
+    list.extend(COLUMNS);
+    let output = relay_command(&list).await;
+    let json = &output[output.find('[').expect("a JSON list")..];
+    let mut rows: Vec<serde_json::Value> = serde_json::from_str(json).unwrap();
+    rows.sort_by_key(|r| r["event_id"].as_str().map(str::to_string));
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_rows_of_an_adopted_table_are_quarantined_invalid_while_their_claim_mates_flow()
+{
+    let db = crate::support::fresh_db().await;
+    let client = debezium_table_with_text_headers(&db).await;
+    client
+        .batch_execute("ALTER TABLE outboxevent ALTER COLUMN aggregateid DROP NOT NULL")
+        .await
+        .unwrap();
+    adopt(&db, &[]).await;
+    // One claim (the default batch is 100): six good rows around a tombstone (NULL payload),
+    // a headers value that is not JSON and a NULL aggregate id.
+    client
+        .batch_execute(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload, headers)
+             SELECT ('00000000-0000-4000-8000-' || lpad(g::text, 12, '0'))::uuid, 'order',
+                    CASE WHEN g <> 9 THEN g::text END,
+                    'OrderCreated',
+                    CASE WHEN g <> 3 THEN jsonb_build_object('order', g) END,
+                    CASE WHEN g = 5 THEN 'traceparent=00-abc-def-01'
+                         WHEN g % 2 = 0 THEN '{\"traceparent\": \"00-' || g || '-def-01\"}' END
+             FROM generate_series(1, 9) g",
+        )
+        .await
+        .unwrap();
+    let event_id = |g: u32| format!("00000000-0000-4000-8000-{g:012}");
+
+    let queue = create_queue("adopted-unreadable", &[]).await;
+    let mut run =
+        crate::scenario::run_args(&db, &queue, sqs().endpoint(), &["--table", "outboxevent"]);
+    run.extend(COLUMNS.iter().map(|s| s.to_string()));
+    let relay = RelayProcess::spawn(&run, &[]);
+    wait_until(
+        "6 rows sent and 3 quarantined",
+        Duration::from_secs(60),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FILTER (WHERE sent_at IS NOT NULL),
+                            count(*) FILTER (WHERE quarantined_at IS NOT NULL)
+                     FROM outboxevent",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1)) == (6, 3)
+        },
+    )
+    .await;
+    let received = receive_all(&queue, 6, Duration::from_secs(60)).await;
+    let good: HashSet<String> = [1, 2, 4, 6, 7, 8].into_iter().map(event_id).collect();
+    assert_eq!(
+        copies(&received).keys().cloned().collect::<HashSet<_>>(),
+        good
+    );
+    for m in &received {
+        let id = attr(m, "event_id").unwrap();
+        let g: u32 = id.rsplit('-').next().unwrap().parse().unwrap();
+        let expected = (g % 2 == 0).then(|| format!("00-{g}-def-01"));
+        assert_eq!(
+            attr(m, "traceparent"),
+            expected.as_deref(),
+            "headers read from text"
+        );
+    }
+
+    let invalid = invalid_rows(&db).await;
+    let listed: Vec<(&str, &str)> = invalid
+        .iter()
+        .map(|r| {
+            assert_eq!(r["reason"], "invalid");
+            (
+                r["event_id"].as_str().unwrap(),
+                r["last_error"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed.len(), 3, "{invalid:?}");
+    let expected = [
+        (3, "column \"payload\" is NULL"),
+        (5, "column \"headers\" is not a JSON object"),
+        (9, "column \"aggregate_id\" is NULL"),
+    ];
+    for ((id, error), (g, says)) in listed.iter().zip(expected) {
+        assert_eq!(*id, event_id(g));
+        assert!(error.starts_with(says), "{id}: {error}");
+        assert!(
+            !error.contains("traceparent"),
+            "no value in the error: {error}"
+        );
+    }
+    assert_eq!(
+        invalid[2]["aggregate_id"],
+        serde_json::Value::Null,
+        "listed although unreadable"
+    );
+    assert_eq!(
+        relay.wait_exit(Duration::ZERO).await,
+        None,
+        "the relay is still running: {}",
+        relay.output()
+    );
+    wait_until(
+        "the invalid counter at 3",
+        Duration::from_secs(10),
+        || async {
+            relay
+                .metric("outbox_events_quarantined_total{reason=\"invalid\"}")
+                .await
+                == Some(3.0)
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_key_over_adopted_text_headers_keeps_working_when_a_value_is_not_json() {
+    let db = crate::support::fresh_db().await;
+    let client = debezium_table_with_text_headers(&db).await;
+    adopt(&db, &["--fair-by", "header:tenant"]).await;
+    // Written after the adoption: the application's INSERT must not meet the relay's
+    // header-key index failing on its value.
+    client
+        .batch_execute(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload, headers)
+             SELECT gen_random_uuid(), 'order', g::text, 'OrderCreated', jsonb_build_object('order', g),
+                    CASE WHEN g = 4 THEN '{\"tenant\": oops' ELSE '{\"tenant\": \"t' || g % 3 || '\"}' END
+             FROM generate_series(1, 9) g",
+        )
+        .await
+        .unwrap();
+    let queue = create_queue("adopted-fair-text", &[]).await;
+    let mut run = crate::scenario::run_args(
+        &db,
+        &queue,
+        sqs().endpoint(),
+        &["--table", "outboxevent", "--fair-by", "header:tenant"],
+    );
+    run.extend(COLUMNS.iter().map(|s| s.to_string()));
+    let relay = RelayProcess::spawn(&run, &[]);
+    let received = receive_all(&queue, 8, Duration::from_secs(60)).await;
+    assert_eq!(copies(&received).len(), 8);
+    let tenants: HashSet<&str> = received
+        .iter()
+        .map(|m| attr(m, "tenant").unwrap())
+        .collect();
+    assert_eq!(tenants, HashSet::from(["t0", "t1", "t2"]));
+    wait_until(
+        "the bad row quarantined",
+        Duration::from_secs(30),
+        || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM outboxevent WHERE quarantine_reason = 'invalid'
+                 AND aggregateid = '4' AND last_error LIKE '%\"headers\"%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(relay.wait_exit(Duration::ZERO).await, None);
+    // Queries through the view can use the header-key index (a small table would be scanned).
+    client
+        .batch_execute("SET enable_seqscan = off")
+        .await
+        .unwrap();
+    let plan: String = client
+        .query(
+            "EXPLAIN SELECT id FROM outboxevent_relay
+             WHERE coalesce(headers ->> 'tenant', '') = 't1' AND sent_at IS NULL ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(plan.contains("key_h_tenant_idx"), "{plan}");
+}

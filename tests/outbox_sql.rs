@@ -189,9 +189,10 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
             .await
             .unwrap();
         let rows = a
-            .claim("a", Duration::from_millis(300), 10, 0)
+            .claim(&request("a", Duration::from_millis(300), 10))
             .await
-            .unwrap();
+            .unwrap()
+            .rows;
         assert_eq!(rows.len(), 4);
 
         let settlement = mixed(&rows);
@@ -225,7 +226,11 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
         })
         .await;
         let b = session(&db, "outbox").await;
-        let taken = b.claim("b", Duration::from_secs(30), 10, 0).await.unwrap();
+        let taken = b
+            .claim(&request("b", Duration::from_secs(30), 10))
+            .await
+            .unwrap()
+            .rows;
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].id, rows[3].id);
         let mut late = mixed(&rows);

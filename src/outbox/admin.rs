@@ -15,14 +15,19 @@ impl Outbox {
             .query(&self.sql.quarantine_list, &[&reason, &limit])
             .await
             .map_err(query_err("listing quarantined rows"))?;
+        // The application's columns are what a quarantined row most often has wrong (NULL,
+        // text that is not UTF-8): shown as absent rather than failing the listing of the very
+        // rows it exists for. The relay's own columns are NOT NULL or coalesced.
+        let app =
+            |r: &tokio_postgres::Row, i: usize| r.try_get::<_, Option<String>>(i).ok().flatten();
         Ok(rows
             .iter()
             .map(|r| QuarantineEntry {
                 id: r.get(0),
-                event_id: r.get(1),
-                aggregate_type: r.get(2),
-                aggregate_id: r.get(3),
-                event_type: r.get(4),
+                event_id: app(r, 1),
+                aggregate_type: app(r, 2),
+                aggregate_id: app(r, 3),
+                event_type: app(r, 4),
                 reason: r.get(5),
                 last_error: r.get(6),
                 attempts: r.get(7),
@@ -75,10 +80,11 @@ pub enum RetrySelection {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct QuarantineEntry {
     pub id: i64,
-    pub event_id: String,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub event_type: String,
+    /// `None` where the row holds NULL or a value that cannot be read (reason `invalid`).
+    pub event_id: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
     pub reason: String,
     pub last_error: String,
     pub attempts: i32,

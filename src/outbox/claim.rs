@@ -212,10 +212,7 @@ impl ClaimStrategy {
             let ordered_filter = match (ordered, &head_c) {
                 (Some(o), Some(head)) => {
                     let routes = if self.fair().is_some() { "$6" } else { "$5" };
-                    format!(
-                        "AND (NOT {} OR {head})",
-                        fifo_bound(&o.scope, "c", routes)
-                    )
+                    format!("AND (NOT {} OR {head})", fifo_bound(&o.scope, "c", routes))
                 }
                 _ => String::new(),
             };

@@ -40,6 +40,13 @@ pub enum OutboxError {
         timeout: String,
         attempts: u32,
     },
+    /// A claimed row without the relay's own fencing columns: the table (or the adopted view)
+    /// is not the shape this relay reads, so no row of the claim can be settled.
+    #[error("a claimed row's {column} cannot be read ({detail}): the table is not the shape this relay expects; run `outbox-relay check` with the same flags")]
+    ClaimShape {
+        column: &'static str,
+        detail: String,
+    },
     /// A statement template with a placeholder left unfilled: a bug, refused before any SQL runs.
     #[error("internal error in the relay's SQL: {0}")]
     Template(String),

@@ -551,7 +551,8 @@ impl Outbox {
         let sequence = base.qualify(&self.table.derived("seq"));
         let backfill_sequence = base.qualify(&self.table.derived("backfill_seq"));
         let check = quote_ident(&self.table.derived("seq_not_null"));
-        let exprs = view_expressions(base, map, columns)?;
+        let try_jsonb = base.qualify(&self.table.derived("try_jsonb"));
+        let exprs = view_expressions(base, map, columns, &try_jsonb)?;
         let values: Vec<(&str, String)> = vec![
             ("base", base_q.clone()),
             ("base_literal", literal(&base_q)),
@@ -574,6 +575,7 @@ impl Outbox {
                 quote_ident(&self.table.derived("quarantined_idx")),
             ),
             ("sent_index", quote_ident(&self.table.derived("sent_idx"))),
+            ("try_jsonb", try_jsonb),
         ];
         let values: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let render = |template: &str| -> Vec<String> {
@@ -628,6 +630,13 @@ impl Outbox {
             steps.push(Step::Transaction {
                 what: "setting NOT NULL".into(),
                 sql: set,
+            });
+        }
+        if exprs.reads_headers_as_text {
+            // Before the header-key indexes and the view, which call it.
+            steps.push(Step::Transaction {
+                what: "creating the function that reads the headers column".into(),
+                sql: render(include_str!("../../sql/adopt_try_jsonb.sql")).join("\n\n"),
             });
         }
         let last = render(include_str!("../../sql/adopt.sql"));
@@ -877,15 +886,21 @@ struct ViewExpressions {
     aggregate_type: String,
     event_type: String,
     headers: String,
+    /// The headers column is not jsonb: it is read through the function of
+    /// sql/adopt_try_jsonb.sql, which `migrate --adopt` creates first.
+    reads_headers_as_text: bool,
 }
 
 /// Text-like columns are exposed as they are, so indexes on them serve the relay's queries;
-/// anything else (a uuid event id, say) is exposed as its text. Without `columns`, every
-/// column is taken as text-like and payload and headers as jsonb.
+/// anything else (a uuid event id, say) is exposed as its text. Headers that are not jsonb are
+/// read through `try_jsonb` (sql/adopt_try_jsonb.sql), never cast: one value that is not JSON
+/// must not fail every claim. Without `columns`, every column is taken as text-like and payload
+/// and headers as jsonb.
 fn view_expressions(
     base: &TableName,
     map: &ColumnMap,
     columns: Option<&[Column]>,
+    try_jsonb: &str,
 ) -> Result<ViewExpressions, OutboxError> {
     let find = |column: &str| columns.map(|cs| cs.iter().find(|c| c.name == column));
     let missing = |relay: &str, column: &str| OutboxError::AdoptColumn {
@@ -901,14 +916,15 @@ fn view_expressions(
             Some(None) => Err(missing(relay, column)),
         }
     };
-    let json = |relay: &str, column: &Option<String>| -> Result<String, OutboxError> {
+    // The expression, and whether it goes through `try_jsonb`.
+    let json = |relay: &str, column: &Option<String>| -> Result<(String, bool), OutboxError> {
         let Some(column) = column else {
-            return Ok("'{}'::jsonb".to_string());
+            return Ok(("'{}'::jsonb".to_string(), false));
         };
         match find(column) {
-            None => Ok(quote_ident(column)),
-            Some(Some(c)) if c.ty == "jsonb" => Ok(quote_ident(column)),
-            Some(Some(_)) => Ok(format!("{}::jsonb", quote_ident(column))),
+            None => Ok((quote_ident(column), false)),
+            Some(Some(c)) if c.ty == "jsonb" => Ok((quote_ident(column), false)),
+            Some(Some(_)) => Ok((format!("{try_jsonb}({}::text)", quote_ident(column)), true)),
             Some(None) => Err(missing(relay, column)),
         }
     };
@@ -931,7 +947,7 @@ fn view_expressions(
                 }
         })
     };
-    let headers = json("headers", &present(&map.headers, "headers"))?;
+    let (headers, reads_headers_as_text) = json("headers", &present(&map.headers, "headers"))?;
     let queue_url = match present(&map.queue_url, "queue_url") {
         Some(column) => as_text("queue_url", &column)?,
         None => "NULL::text".to_string(),
@@ -949,6 +965,7 @@ fn view_expressions(
         aggregate_type,
         event_type,
         headers,
+        reads_headers_as_text,
     })
 }
 
@@ -1088,6 +1105,63 @@ mod tests {
             "the check of the interrupted run is kept"
         );
         assert!(text.contains("IS NULL"), "the backfill resumes");
+    }
+
+    #[test]
+    fn text_headers_are_read_through_a_function_that_never_fails_not_a_cast() {
+        let o = outbox("app.outboxevent_relay");
+        let base: TableName = "app.outboxevent".parse().unwrap();
+        let column = |name: &str, ty: &str, category: &str| Column {
+            name: name.into(),
+            ty: ty.into(),
+            category: category.into(),
+            not_null: false,
+            has_default: false,
+            identity: false,
+        };
+        let mut columns = vec![
+            column("id", "uuid", "U"),
+            column("aggregatetype", "character varying(255)", "S"),
+            column("aggregateid", "character varying(255)", "S"),
+            column("type", "character varying(255)", "S"),
+            column("payload", "jsonb", "U"),
+            column("headers", "text", "S"),
+        ];
+        let tenant = [(KeyColumn::Header("tenant".into()), KeyIndex::Fair)];
+        let plan = |columns: &[Column]| {
+            o.adopt_plan(
+                &base,
+                &debezium(),
+                &tenant,
+                Some(columns),
+                &AdoptState::fresh(),
+            )
+            .unwrap()
+        };
+        let text = o.render(&plan(&columns));
+        let reader = "\"app\".\"outboxevent_relay_try_jsonb\"(\"headers\"::text)";
+        assert!(!text.contains("::jsonb AS headers"), "{text}");
+        assert!(text.contains(&format!("{reader} AS headers")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "((coalesce({reader} ->> 'tenant', '')), \"outbox_seq\")"
+            )),
+            "the header-key index reads the headers as the view does: {text}"
+        );
+        let function = text
+            .find("CREATE OR REPLACE FUNCTION \"app\".\"outboxevent_relay_try_jsonb\"(value text)")
+            .expect("the function is created");
+        assert!(function < text.find("_h_tenant_idx").unwrap());
+        assert!(
+            !text.contains("PARALLEL SAFE"),
+            "its exception block cannot run in a parallel query"
+        );
+        assert!(function < text.find("CREATE OR REPLACE VIEW").unwrap());
+
+        columns[5] = column("headers", "jsonb", "U");
+        let text = o.render(&plan(&columns));
+        assert!(text.contains("\"headers\" AS headers"), "{text}");
+        assert!(!text.contains("FUNCTION"), "jsonb needs no reader: {text}");
     }
 
     #[test]

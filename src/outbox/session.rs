@@ -7,8 +7,9 @@ use tokio::sync::Mutex;
 use tokio_postgres::{Client, Statement};
 
 use super::claim::{Bound, ClaimRequest, ClaimStrategy};
+use super::decode::decode;
 use super::{query_err, Outbox, OutboxError};
-use crate::row::{ClaimedRow, Settled, Settlement};
+use crate::row::{Claimed, Settled, Settlement};
 
 /// Gauges read from the table.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -134,22 +135,14 @@ pub struct Session {
     strategy: ClaimStrategy,
 }
 
-/// What one claim returned.
-#[derive(Debug, Default)]
-pub struct Claimed {
-    /// The rows now leased to us, in id order.
-    pub rows: Vec<ClaimedRow>,
-    /// Where the next ordered claim continues looking for groups (see claim_ordered.sql).
-    pub cursor: Option<String>,
-}
-
 impl Session {
     pub fn is_closed(&self) -> bool {
         self.client.is_closed()
     }
 
     /// Claims rows as the strategy chooses them. Commits before returning: nothing is sent
-    /// while a row lock is held.
+    /// while a row lock is held. A row whose columns cannot be read comes back among the
+    /// claim's `unreadable` rows instead of failing the claim.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
         let bound = Bound::new(request, &self.strategy);
         let rows = self
@@ -158,31 +151,24 @@ impl Session {
             .await
             .map_err(query_err("claiming rows"))?;
         let mut claimed = Claimed {
-            rows: Vec::with_capacity(rows.len()),
             cursor: request.cursor.clone(),
+            ..Claimed::default()
         };
-        for r in &rows {
+        for row in &rows {
             if self.strategy.returns_cursor() {
-                claimed.cursor = r.get(12);
+                claimed.cursor = row
+                    .try_get(12)
+                    .map_err(query_err("reading the claim's cursor"))?;
                 // The one row of a claim that took nothing carries only the cursor.
-                if r.get::<_, Option<i64>>(0).is_none() {
+                let id: Option<i64> = row.try_get(0).map_err(query_err("reading a claimed id"))?;
+                if id.is_none() {
                     continue;
                 }
             }
-            claimed.rows.push(ClaimedRow {
-                id: r.get(0),
-                event_id: r.get(1),
-                aggregate_type: r.get(2),
-                aggregate_id: r.get(3),
-                event_type: r.get(4),
-                payload: r.get(5),
-                headers: r.get(6),
-                queue_url: r.get(7),
-                lease_token: r.get(8),
-                attempts: r.get(9),
-                created_at_epoch: r.get(10),
-                created_at: r.get(11),
-            });
+            match decode(row)? {
+                Ok(row) => claimed.rows.push(row),
+                Err(unreadable) => claimed.unreadable.push(unreadable),
+            }
         }
         // UPDATE ... RETURNING does not keep the CTE's order.
         claimed.rows.sort_unstable_by_key(|r| r.id);

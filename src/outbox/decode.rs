@@ -1,0 +1,126 @@
+//! Reading one claimed row without trusting the application's columns.
+//!
+//! Whatever the application wrote, reading it must not stop the relay: an adopted table's
+//! payload may be NULL (Debezium's tombstones), a `SQL_ASCII` database may hold text that is
+//! not UTF-8, headers may not be a JSON object. Such a row comes back as an [`Unreadable`],
+//! which the relay quarantines as `invalid` while the rest of its claim flows. Only the relay's
+//! own `id` and `lease_token` failing fails the claim: without them the row cannot even be
+//! quarantined, and it means the table is not the shape this relay was built for.
+
+use tokio_postgres::types::FromSql;
+use tokio_postgres::Row;
+
+use super::OutboxError;
+use crate::row::{ClaimedRow, Unreadable};
+
+/// Positions in the RETURNING list of sql/claim.sql.
+const ID: usize = 0;
+const EVENT_ID: usize = 1;
+const AGGREGATE_TYPE: usize = 2;
+const AGGREGATE_ID: usize = 3;
+const EVENT_TYPE: usize = 4;
+const PAYLOAD: usize = 5;
+const HEADERS: usize = 6;
+const QUEUE_URL: usize = 7;
+const LEASE_TOKEN: usize = 8;
+const ATTEMPTS: usize = 9;
+const CREATED_AT_EPOCH: usize = 10;
+const CREATED_AT: usize = 11;
+
+/// One row of a claim: readable, or unreadable with the column that failed.
+pub(super) fn decode(row: &Row) -> Result<Result<ClaimedRow, Unreadable>, OutboxError> {
+    let fenced = |index: usize, column: &'static str| {
+        required::<i64>(row, index, column)
+            .map_err(|detail| OutboxError::ClaimShape { column, detail })
+    };
+    let id = fenced(ID, "id")?;
+    let lease_token = fenced(LEASE_TOKEN, "lease_token")?;
+    Ok(read(row, id, lease_token).map_err(|error| Unreadable {
+        id,
+        lease_token,
+        error,
+    }))
+}
+
+/// Everything but the fencing columns; the first column that fails names the error.
+fn read(row: &Row, id: i64, lease_token: i64) -> Result<ClaimedRow, String> {
+    Ok(ClaimedRow {
+        id,
+        event_id: required(row, EVENT_ID, "event_id")?,
+        aggregate_type: required(row, AGGREGATE_TYPE, "aggregate_type")?,
+        aggregate_id: required(row, AGGREGATE_ID, "aggregate_id")?,
+        event_type: required(row, EVENT_TYPE, "event_type")?,
+        payload: required(row, PAYLOAD, "payload")?,
+        headers: headers(optional(row, HEADERS, "headers")?)?,
+        queue_url: optional(row, QUEUE_URL, "queue_url")?,
+        lease_token,
+        attempts: required(row, ATTEMPTS, "attempts")?,
+        created_at_epoch: required(row, CREATED_AT_EPOCH, "created_at")?,
+        created_at: required(row, CREATED_AT, "created_at")?,
+    })
+}
+
+/// A column the relay needs a value in.
+fn required<'a, T: FromSql<'a>>(row: &'a Row, index: usize, column: &str) -> Result<T, String> {
+    optional(row, index, column)?
+        .ok_or_else(|| format!("column \"{column}\" is NULL; the relay needs a value there"))
+}
+
+fn optional<'a, T: FromSql<'a>>(
+    row: &'a Row,
+    index: usize,
+    column: &str,
+) -> Result<Option<T>, String> {
+    row.try_get(index).map_err(|e| {
+        // The driver's own text only gives the column's position; its cause says what failed
+        // (a type mismatch, text that is not UTF-8), without quoting the value.
+        let cause = std::error::Error::source(&e).map_or_else(|| e.to_string(), |c| c.to_string());
+        format!("column \"{column}\" cannot be read: {cause}")
+    })
+}
+
+/// Headers are a JSON object; NULL means none. An adopted text column's value that is not JSON
+/// reaches the relay as a JSON string (see sql/adopt_try_jsonb.sql), so it lands here too.
+fn headers(value: Option<serde_json::Value>) -> Result<serde_json::Value, String> {
+    use serde_json::Value;
+    let found = match value {
+        None | Some(Value::Null) => return Ok(Value::Object(serde_json::Map::new())),
+        Some(Value::Object(map)) => return Ok(Value::Object(map)),
+        Some(Value::String(_)) => "a string (text that is not JSON reads as one)",
+        Some(Value::Array(_)) => "an array",
+        Some(Value::Number(_)) => "a number",
+        Some(Value::Bool(_)) => "a boolean",
+    };
+    Err(format!(
+        "column \"headers\" is not a JSON object but {found}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn headers_must_be_an_object_and_null_means_none() {
+        assert_eq!(headers(None).unwrap(), json!({}));
+        assert_eq!(headers(Some(json!(null))).unwrap(), json!({}));
+        assert_eq!(
+            headers(Some(json!({"traceparent": "00-1-2-01"}))).unwrap(),
+            json!({"traceparent": "00-1-2-01"})
+        );
+        for (value, found) in [
+            (json!("{not json"), "a string"),
+            (json!([1]), "an array"),
+            (json!(7), "a number"),
+            (json!(true), "a boolean"),
+        ] {
+            let error = headers(Some(value.clone())).unwrap_err();
+            assert!(
+                error.starts_with("column \"headers\" is not a JSON object but ")
+                    && error.contains(found),
+                "{value}: {error}"
+            );
+        }
+    }
+}
