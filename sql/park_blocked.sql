@@ -1,6 +1,8 @@
 -- Ordered delivery with --on-poison block: unsent rows waiting behind a quarantined row of
 -- their group (by the group key) are parked as quarantined with reason `blocked`, so they show up in
--- `quarantine list` and stop being walked by every claim. Rows under a lease are left alone.
+-- `quarantine list` and stop being walked by every claim. Rows under a lease are left alone, and
+-- so are rows that are not ordered (bound for a standard queue while the default queue is
+-- standard: their FIFO routes' keys are $1).
 UPDATE {table} AS o
 SET quarantined_at = now(),
     quarantine_reason = 'blocked',
@@ -17,4 +19,5 @@ WHERE {key_o} = head.k
   AND o.sent_at IS NULL
   AND o.quarantined_at IS NULL
   AND (o.lease_until IS NULL OR o.lease_until < now())
+  AND {ordered_o}
 RETURNING o.id

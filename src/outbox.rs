@@ -157,13 +157,18 @@ impl Outbox {
         let blocking = strategy.ordered().filter(|o| !o.skip_poison);
         let park = |template: &str, aliases: [&str; 2]| {
             let (a, b) = (aliases[0], aliases[1]);
-            let key = &blocking.expect("blocking").key;
+            let ordered = blocking.expect("blocking");
+            let key = &ordered.key;
             render(
                 template,
                 &[
                     ("table", Value::Table(table)),
                     (&format!("key_{a}"), Value::Sql(&key_sql(key, Some(a)))),
                     (&format!("key_{b}"), Value::Sql(&key_sql(key, Some(b)))),
+                    (
+                        "ordered_o",
+                        Value::Sql(&claim::fifo_bound(&ordered.scope, "o", "$1")),
+                    ),
                 ],
             )
             .map_err(OutboxError::Template)

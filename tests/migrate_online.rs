@@ -87,12 +87,12 @@ async fn assert_adopted(client: &tokio_postgres::Client) {
     assert!(
         scalar_bool(
             client,
-            "SELECT bool_and(indisvalid) AND count(*) = 5 FROM pg_index
+            "SELECT bool_and(indisvalid) AND count(*) = 6 FROM pg_index
              WHERE indrelid = 'outboxevent'::regclass
                AND indexrelid::regclass::text LIKE 'outboxevent_relay_%'"
         )
         .await,
-        "the relay's four indexes and the group index are valid"
+        "the relay's four indexes and the group key's two are valid"
     );
     assert_eq!(
         scalar_i64(client, "SELECT count(*) FROM outboxevent_relay").await,

@@ -295,7 +295,7 @@ fn poison(alias: &str) -> String {
 
 /// Whether the row `alias` is bound for a FIFO queue: its own queue_url, else its route when
 /// that route's queue is FIFO (`routes`: the parameter holding those routes' keys).
-fn fifo_bound(scope: &OrderScope, alias: &str, routes: &str) -> String {
+pub(crate) fn fifo_bound(scope: &OrderScope, alias: &str, routes: &str) -> String {
     match scope {
         OrderScope::Every => "true".to_string(),
         OrderScope::FifoDestinations { route_by, .. } => format!(

@@ -1009,8 +1009,8 @@ mod tests {
             .iter()
             .filter(|s| matches!(s, Step::Index { .. }))
             .collect();
-        // unsent, quarantined, sent, and the default group key's.
-        assert_eq!(indexes.len(), 4);
+        // unsent, quarantined, sent, and the default group key's two (order, unsent key).
+        assert_eq!(indexes.len(), 5);
         for step in &indexes {
             let Step::Index { sql, index, .. } = step else {
                 unreachable!()
@@ -1071,7 +1071,7 @@ mod tests {
             kinds,
             [
                 "tx", "tx", "backfill", "tx", "validate", "tx", "index", "index", "index", "index",
-                "index", "tx", "tx"
+                "index", "index", "tx", "tx"
             ]
         );
     }

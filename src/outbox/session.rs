@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, Statement};
 
-use super::claim::{Bound, ClaimRequest, ClaimStrategy};
+use super::claim::{Bound, ClaimRequest, ClaimStrategy, OrderScope};
 use super::decode::decode;
 use super::{query_err, Outbox, OutboxError};
 use crate::row::{Claimed, Settled, Settlement};
@@ -358,10 +358,16 @@ impl Session {
             .execute(unpark, &[])
             .await
             .map_err(query_err("unparking rows of re-driven groups"))?;
-        let parked = self
-            .client
-            .execute(park, &[])
-            .await
+        // Parking applies to ordered rows only: with a standard default queue, those bound for a
+        // FIFO queue (the FIFO routes' keys are the statement's one parameter).
+        let routes = match self.strategy.ordered().map(|o| &o.scope) {
+            Some(OrderScope::FifoDestinations { fifo_routes, .. }) => Some(fifo_routes),
+            _ => None,
+        };
+        let parked = match routes {
+            Some(routes) => self.client.execute(park, &[routes]).await,
+            None => self.client.execute(park, &[]).await,
+        }
             .map_err(query_err("parking rows behind quarantined heads"))?;
         Ok((parked, unparked))
     }
