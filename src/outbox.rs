@@ -70,6 +70,8 @@ struct Sql {
     delete_sent: String,
     reschedule: String,
     quarantine: String,
+    /// Rows parked for their destination whose time has come become unsent again.
+    unpark_destination: String,
     stats: String,
     probe: String,
     delete_expired: String,
@@ -126,6 +128,7 @@ impl Outbox {
             delete_sent: fill(include_str!("../sql/delete_sent.sql"))?,
             reschedule: fill(include_str!("../sql/reschedule.sql"))?,
             quarantine: fill(include_str!("../sql/quarantine.sql"))?,
+            unpark_destination: fill(include_str!("../sql/unpark_destination.sql"))?,
             stats: fill(include_str!("../sql/stats.sql"))?,
             probe: fill(include_str!("../sql/probe.sql"))?,
             delete_expired: fill(include_str!("../sql/delete_expired.sql"))?,

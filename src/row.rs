@@ -22,6 +22,9 @@ pub enum QuarantineReason {
     Rejected,
     /// Retryable failures went on past `--max-attempts`.
     MaxAttempts,
+    /// The row's queue refused the relay (missing, access denied): parked, not failed. It
+    /// comes back by itself when its queue is tried again, its attempt refunded.
+    Destination,
 }
 
 impl QuarantineReason {
@@ -32,6 +35,7 @@ impl QuarantineReason {
             QuarantineReason::SenderFault => "sender_fault",
             QuarantineReason::Rejected => "rejected",
             QuarantineReason::MaxAttempts => "max_attempts",
+            QuarantineReason::Destination => "destination",
         }
     }
 }
@@ -90,6 +94,9 @@ pub struct QuarantinedRow {
     pub lease_token: i64,
     pub reason: QuarantineReason,
     pub error: String,
+    /// Parked rather than failed: unsent again after this long (the relay's maintenance
+    /// unparks it), with the claim's attempt refunded. `None`: stays until an operator acts.
+    pub retry_in: Option<Duration>,
 }
 
 impl Settlement {

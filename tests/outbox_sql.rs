@@ -97,6 +97,7 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
                     lease_token: a_rows[1].lease_token,
                     reason: QuarantineReason::SenderFault,
                     error: "late".into(),
+                    retry_in: None,
                 }],
                 ..Settlement::default()
             },

@@ -48,7 +48,7 @@ impl Outbox {
         } else {
             &self.sql.mark_sent
         };
-        let (claim, mark_sent, reschedule, quarantine, stats, probe, delete_expired) = tokio::try_join!(
+        let (claim, mark_sent, reschedule, quarantine, stats, probe, delete_expired, unpark_destination) = tokio::try_join!(
             client.prepare(&self.sql.claim),
             client.prepare(settle_sent),
             client.prepare(&self.sql.reschedule),
@@ -56,6 +56,7 @@ impl Outbox {
             client.prepare(&self.sql.stats),
             client.prepare(&self.sql.probe),
             client.prepare(&self.sql.delete_expired),
+            client.prepare(&self.sql.unpark_destination),
         )
         .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?;
         let park = match (&self.sql.park_blocked, &self.sql.unpark_blocked) {
@@ -81,6 +82,7 @@ impl Outbox {
                 stats,
                 probe,
                 delete_expired,
+                unpark_destination,
                 park,
             },
             delete_on_ack: self.delete_on_ack,
@@ -100,6 +102,7 @@ struct Statements {
     stats: Statement,
     probe: Statement,
     delete_expired: Statement,
+    unpark_destination: Statement,
     /// park_blocked and unpark_blocked, with ordered delivery and poison blocking.
     park: Option<(Statement, Statement)>,
 }
@@ -228,12 +231,16 @@ impl Session {
             let tokens: Vec<i64> = q.iter().map(|r| r.lease_token).collect();
             let reasons: Vec<&str> = q.iter().map(|r| r.reason.as_str()).collect();
             let errors: Vec<&str> = q.iter().map(|r| r.error.as_str()).collect();
+            let delays: Vec<Option<f64>> = q
+                .iter()
+                .map(|r| r.retry_in.map(|d| d.as_secs_f64()))
+                .collect();
             // Quarantines are rare; returning their ids tells which reasons really landed.
             let changed = self
                 .client
                 .query(
                     &self.statements.quarantine,
-                    &[&owner, &ids, &tokens, &reasons, &errors],
+                    &[&owner, &ids, &tokens, &reasons, &errors, &delays],
                 )
                 .await
                 .map_err(query_err("quarantining rows"))?;
@@ -297,6 +304,15 @@ impl Session {
             blocked: row.get(3),
             claim_floor: row.get(4),
         })
+    }
+
+    /// Makes rows parked for their destination unsent again once their time has come;
+    /// returns how many.
+    pub async fn unpark_destinations(&self) -> Result<u64, OutboxError> {
+        self.client
+            .execute(&self.statements.unpark_destination, &[])
+            .await
+            .map_err(query_err("unparking rows whose destination is due a retry"))
     }
 
     /// Ordered delivery with poison blocking: parks rows behind quarantined heads and unparks
