@@ -240,3 +240,66 @@ async fn a_schema_qualified_table_with_odd_names_is_claimed_through_quoted_ident
     let done = s.settle("odd", &sent(&rows)).await.unwrap();
     assert_eq!(done.sent, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_parked_for_its_queue_keeps_its_attempt_and_comes_back_when_its_time_has_come() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    insert(&client, &events("park", 2, 1), Duration::ZERO).await;
+    let s = session(&db, "outbox").await;
+    let rows = s.claim("a", Duration::from_secs(30), 10, 0).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    let park = |row: &outbox_relay::row::ClaimedRow, retry_in: Duration| QuarantinedRow {
+        id: row.id,
+        lease_token: row.lease_token,
+        reason: QuarantineReason::Destination,
+        error: "queue q: QueueDoesNotExist".into(),
+        retry_in: Some(retry_in),
+    };
+    let settled = s
+        .settle(
+            "a",
+            &Settlement {
+                quarantine: vec![
+                    park(&rows[0], Duration::ZERO),
+                    park(&rows[1], Duration::from_secs(3600)),
+                ],
+                ..Settlement::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.quarantined_reasons.len(), 2);
+    assert_eq!(
+        count(
+            &client,
+            "quarantine_reason = 'destination' AND attempts = 0 AND lease_until IS NULL"
+        )
+        .await,
+        2,
+        "parked, not failed: the claim's attempt is given back"
+    );
+    assert_eq!(
+        count(&client, "available_at > now() + interval '30 minutes'").await,
+        1
+    );
+
+    assert_eq!(
+        s.unpark_destinations().await.unwrap(),
+        1,
+        "only the one due"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "quarantined_at IS NULL AND quarantine_reason IS NULL AND last_error LIKE '%QueueDoesNotExist%'"
+        )
+        .await,
+        1,
+        "unsent again, its error kept for the record"
+    );
+    let again = s.claim("a", Duration::from_secs(30), 10, 0).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].id, again[0].attempts), (rows[0].id, 1));
+    assert_eq!(s.unpark_destinations().await.unwrap(), 0);
+}
