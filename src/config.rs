@@ -68,7 +68,7 @@ pub struct QuarantineListArgs {
     #[arg(long)]
     pub json: bool,
 
-    /// Only rows quarantined for this reason (too_large, invalid, sender_fault, rejected, max_attempts).
+    /// Only rows quarantined for this reason (too_large, invalid, sender_fault, rejected, max_attempts, blocked, destination).
     #[arg(long)]
     pub reason: Option<String>,
 

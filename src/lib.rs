@@ -14,6 +14,7 @@
 //! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
 //! - [`sqs`]: the only owner of the AWS SDK: one request in, one outcome per entry out.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
+//! - [`destination`]: which queues refuse us and until when their rows wait (per-queue back-off).
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
 //! - [`idle`]: pure: when an idle relay looks for work again (`--wakeup poll`).
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
@@ -23,6 +24,7 @@
 pub mod batch;
 pub mod check;
 pub mod config;
+pub mod destination;
 pub mod idle;
 pub mod metrics;
 pub mod outbox;

@@ -84,7 +84,13 @@ fn describe() {
     );
     // Counters with labels appear only once touched; zero them so dashboards and alerts see
     // the series from the start.
-    for kind in ["transient", "throttled", "permanent", "config"] {
+    for kind in [
+        "transient",
+        "throttled",
+        "permanent",
+        "config",
+        "destination",
+    ] {
         metrics::counter!(SEND_FAILURES, "kind" => kind).absolute(0);
     }
     for reason in [
@@ -94,6 +100,7 @@ fn describe() {
         "rejected",
         "max_attempts",
         "blocked",
+        "destination",
     ] {
         metrics::counter!(EVENTS_QUARANTINED, "reason" => reason).absolute(0);
     }

@@ -73,6 +73,8 @@ struct Sql {
     quarantine: String,
     /// Which rows a settlement could not change were taken over by another owner.
     lost_leases: String,
+    /// Rows parked for their destination whose time has come become unsent again.
+    unpark_destination: String,
     stats: String,
     probe: String,
     delete_expired: String,
@@ -132,6 +134,7 @@ impl Outbox {
             reschedule: fill(include_str!("../sql/reschedule.sql"))?,
             quarantine: fill(include_str!("../sql/quarantine.sql"))?,
             lost_leases: fill(include_str!("../sql/lost_leases.sql"))?,
+            unpark_destination: fill(include_str!("../sql/unpark_destination.sql"))?,
             stats: fill(include_str!("../sql/stats.sql"))?,
             probe: fill(include_str!("../sql/probe.sql"))?,
             delete_expired: fill(include_str!("../sql/delete_expired.sql"))?,

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchRequest, PlanConfig};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
+use crate::destination::{Destinations, Park};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
@@ -43,8 +44,11 @@ struct Relay {
     /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
     /// modes; a stored permit coalesces bursts.
     wake: Notify,
-    /// Relay-wide back-off after whole-request failures (throttling, outage, configuration).
+    /// Relay-wide back-off after whole-request failures (throttling, outage, credentials).
     pressure: Pressure,
+    /// Queues that refused us (missing, access denied): only their rows wait, each queue on its
+    /// own back-off.
+    destinations: Destinations,
     /// Bounds SendMessageBatch calls in flight.
     request_permits: Arc<Semaphore>,
     /// No unsent row has a smaller id (as of the last statistics refresh): claims start
@@ -112,7 +116,14 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
     health.set_database_ok(true);
     health.tick();
     let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
+    let mut configured_queues = vec![config.plan.default_queue_url.clone()];
+    for (_, url) in &config.plan.routes {
+        if !configured_queues.contains(url) {
+            configured_queues.push(url.clone());
+        }
+    }
     let relay = Arc::new(Relay {
+        destinations: Destinations::new(configured_queues, config.retry_base, config.retry_max),
         plan_config: config.plan.clone(),
         session: SharedSession::new(Arc::clone(&outbox), first),
         outbox,
@@ -297,7 +308,10 @@ impl Relay {
             match result {
                 Ok(outcomes) => {
                     self.pressure.relieve();
-                    self.health.set_config_error(None);
+                    self.destinations.reached(&request.queue_url);
+                    // Clears a credentials error too: this request was signed and accepted.
+                    self.health
+                        .set_config_error(self.destinations.readiness_error());
                     for (entry, outcome) in request.entries.iter().zip(outcomes) {
                         self.settle_entry(&mut settlement, &rows[entry.row], outcome);
                     }
@@ -313,6 +327,23 @@ impl Relay {
                         continue;
                     }
                     self.request_failed(&mut settlement, &rows, &request, class, &failure);
+                }
+                Err(Unsent::Parked(park)) => {
+                    let now = Instant::now();
+                    for entry in &request.entries {
+                        park_row(
+                            &mut settlement,
+                            &rows[entry.row],
+                            &request.queue_url,
+                            &park,
+                            now,
+                        );
+                    }
+                    tracing::debug!(
+                        entries = request.entries.len(),
+                        queue_url = %request.queue_url,
+                        "queue parked; rows parked without a request"
+                    );
                 }
                 Err(Unsent::NotSent(why)) => {
                     for entry in &request.entries {
@@ -342,6 +373,11 @@ impl Relay {
         shutdown: &CancellationToken,
     ) -> (BatchRequest, Result<Vec<EntryOutcome>, Unsent>) {
         let c = &self.config;
+        // A queue that refused us lately is not asked again before its time: its rows wait in
+        // the table, and need no request slot for that.
+        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+            return (request, Err(Unsent::Parked(park)));
+        }
         let _permit = tokio::select! {
             permit = self.request_permits.acquire() => permit.expect("never closed"),
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
@@ -351,6 +387,10 @@ impl Relay {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
             }
+        }
+        // Another request may have found the queue refusing while this one waited.
+        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+            return (request, Err(Unsent::Parked(park)));
         }
         // Sending now could outlive the lease: another replica might take the rows over while
         // SQS's answer is still on its way. Give them back instead.
@@ -428,8 +468,9 @@ impl Relay {
         }
     }
 
-    /// The whole request failed. Bad input that a single entry caused is quarantined; anything
-    /// else is not the rows' fault: they go back with their attempts and the relay backs off.
+    /// The whole request failed. Bad input that a single entry caused is quarantined; a queue
+    /// that refuses us parks its own rows; anything else is not the rows' fault: they go back
+    /// with their attempts and the relay backs off.
     fn request_failed(
         &self,
         settlement: &mut Settlement,
@@ -439,11 +480,15 @@ impl Relay {
         failure: &RequestFailure,
     ) {
         let entries = request.entries.len() as u64;
-        metrics::counter!(names::SEND_FAILURES, "kind" => class.metric_kind()).increment(entries);
         let what = match &failure.code {
             Some(code) => format!("{code}: {}", failure.message),
             None => failure.message.clone(),
         };
+        if class == FailureClass::Destination {
+            self.destination_refused(settlement, rows, request, &what);
+            return;
+        }
+        metrics::counter!(names::SEND_FAILURES, "kind" => class.metric_kind()).increment(entries);
         if class == FailureClass::BadRequest {
             let row = &rows[request.entries[0].row];
             quarantine(settlement, row, QuarantineReason::Rejected, what);
@@ -453,13 +498,49 @@ impl Relay {
         if class == FailureClass::Config {
             self.health.set_config_error(Some(what.clone()));
             tracing::error!(error = %what, retry_in = ?delay, queue_url = %request.queue_url,
-                "SQS refused the relay's configuration; rows stay unsent, fix the queue URL, permissions or credentials");
+                "SQS refused the relay's credentials; rows stay unsent, fix the credentials, region or clock");
         } else {
             tracing::warn!(error = %what, kind = class.metric_kind(), retry_in = ?delay,
                 "SendMessageBatch failed; rows released, relay backing off");
         }
         for entry in &request.entries {
             release(settlement, &rows[entry.row], delay, Some(what.clone()));
+        }
+    }
+
+    /// One queue refused the request: park its rows until the queue's own back-off ends. Other
+    /// queues and the relay-wide pause are untouched; readiness fails only for the relay's own
+    /// queues (`--queue-url`, `--route`), whose refusal is a configuration error.
+    fn destination_refused(
+        &self,
+        settlement: &mut Settlement,
+        rows: &[ClaimedRow],
+        request: &BatchRequest,
+        what: &str,
+    ) {
+        let now = Instant::now();
+        let park = self
+            .destinations
+            .refused(&request.queue_url, what, now, fastrand::f64());
+        let kind = if park.configured {
+            self.health
+                .set_config_error(self.destinations.readiness_error());
+            FailureClass::Config.metric_kind()
+        } else {
+            FailureClass::Destination.metric_kind()
+        };
+        metrics::counter!(names::SEND_FAILURES, "kind" => kind)
+            .increment(request.entries.len() as u64);
+        let retry_in = park.remaining(now);
+        if park.started && park.configured {
+            tracing::error!(error = %what, queue_url = %request.queue_url, retry_in = ?retry_in,
+                "SQS refused the relay's configured queue; its rows are parked (quarantine reason destination) and retried by themselves, fix the queue URL or its permissions");
+        } else if park.started {
+            tracing::warn!(error = %what, queue_url = %request.queue_url, retry_in = ?retry_in,
+                "SQS refused a row's own queue; its rows are parked (quarantine reason destination) and retried by themselves, other queues are unaffected");
+        }
+        for entry in &request.entries {
+            park_row(settlement, &rows[entry.row], &request.queue_url, &park, now);
         }
     }
 
@@ -562,6 +643,9 @@ impl Relay {
                 _ = tick.tick() => {}
                 _ = stop.cancelled() => return,
             }
+            // First, so that rows parked behind a head that comes back now are released in the
+            // same pass.
+            self.unpark_destinations().await;
             self.maintain_blocked_groups().await;
             let stats = async { self.session.get().await?.stats().await }.await;
             match stats {
@@ -627,6 +711,20 @@ impl Relay {
             if deleted > 0 {
                 tracing::debug!(rows = deleted, "deleted sent rows past retention");
             }
+        }
+    }
+
+    /// Rows parked for their destination whose time has come become unsent again, and the
+    /// claim loop is woken to send them.
+    async fn unpark_destinations(&self) {
+        let result = async { self.session.get().await?.unpark_destinations().await }.await;
+        match result {
+            Ok(0) => {}
+            Ok(rows) => {
+                tracing::info!(rows, "rows parked for their queue are tried again");
+                self.wake.notify_one();
+            }
+            Err(e) => tracing::warn!(error = %e, "could not unpark rows parked for their queue"),
         }
     }
 
@@ -719,6 +817,8 @@ enum Unsent {
     Failed(RequestFailure),
     /// We chose not to send it (shutdown, or the lease would not outlast the call).
     NotSent(&'static str),
+    /// Its queue refused us lately and is not asked again before the park ends.
+    Parked(Park),
 }
 
 fn quarantine(
@@ -733,6 +833,26 @@ fn quarantine(
         lease_token: row.lease_token,
         reason,
         error,
+        retry_in: None,
+    });
+}
+
+/// Parks a row whose queue refuses us: quarantined with reason `destination` until the
+/// queue's park ends, then unsent again by itself with its attempt refunded. Logged once per
+/// park by the caller, not per row.
+fn park_row(
+    settlement: &mut Settlement,
+    row: &ClaimedRow,
+    queue_url: &str,
+    park: &Park,
+    now: Instant,
+) {
+    settlement.quarantine.push(QuarantinedRow {
+        id: row.id,
+        lease_token: row.lease_token,
+        reason: QuarantineReason::Destination,
+        error: format!("queue {queue_url}: {}", park.error),
+        retry_in: Some(park.remaining(now)),
     });
 }
 

@@ -38,9 +38,13 @@ pub enum FailureClass {
     Throttled,
     /// The queue or the path to it is unwell: back off, rows keep their attempts.
     Transient,
-    /// Our configuration is wrong (queue missing, access denied, credentials): rows are not at
-    /// fault, readiness fails until a request succeeds again.
+    /// The relay as a whole cannot reach SQS (credentials missing, invalid or expired, the
+    /// request cannot be signed): rows are not at fault, every send pauses and readiness
+    /// fails until a request succeeds again.
     Config,
+    /// One destination refuses us (its queue is missing, its policy or KMS key denies us):
+    /// only the rows for that queue are held back; other queues are unaffected.
+    Destination,
     /// The request was refused because of its input: some entry is bad. Split the batch to
     /// find it; a single rejected entry is quarantined.
     BadRequest,
@@ -53,6 +57,9 @@ impl FailureClass {
             FailureClass::Throttled => "throttled",
             FailureClass::Transient => "transient",
             FailureClass::Config => "config",
+            // A queue of the relay's own configuration (`--queue-url`, `--route`) counts as
+            // `config` instead: the relay decides, since only it knows which queues those are.
+            FailureClass::Destination => "destination",
             FailureClass::BadRequest => "permanent",
         }
     }
@@ -70,12 +77,8 @@ const THROTTLE_CODES: &[&str] = &[
     "OverLimit",
 ];
 
-const CONFIG_CODES: &[&str] = &[
-    "QueueDoesNotExist",
-    "NonExistentQueue",
-    "QueueDeletedRecently",
-    "AccessDenied",
-    "AccessDeniedException",
+/// Failures of the caller's identity: whatever queue we send to, it fails the same way.
+const CREDENTIAL_CODES: &[&str] = &[
     "InvalidClientTokenId",
     "UnrecognizedClientException",
     "SignatureDoesNotMatch",
@@ -85,6 +88,19 @@ const CONFIG_CODES: &[&str] = &[
     "ExpiredTokenException",
     "RequestExpired",
     "InvalidSecurity",
+];
+
+/// Failures that belong to the queue named in the request: it does not exist (yet), its policy
+/// or its own KMS key denies us, its URL is not one SQS knows. Another queue may work fine.
+/// AccessDenied is here because SQS authorises SendMessage per queue (IAM resource, queue
+/// policy); a role without any SQS right fails on every queue and so holds every destination,
+/// which is still right, only one destination at a time.
+const DESTINATION_CODES: &[&str] = &[
+    "QueueDoesNotExist",
+    "NonExistentQueue",
+    "QueueDeletedRecently",
+    "AccessDenied",
+    "AccessDeniedException",
     "InvalidAddress",
     "KmsAccessDenied",
     "KmsDisabled",
@@ -137,8 +153,11 @@ pub fn classify(failure: &RequestFailure) -> FailureClass {
         if THROTTLE_CODES.contains(&code) {
             return FailureClass::Throttled;
         }
-        if CONFIG_CODES.contains(&code) {
+        if CREDENTIAL_CODES.contains(&code) {
             return FailureClass::Config;
+        }
+        if DESTINATION_CODES.contains(&code) {
+            return FailureClass::Destination;
         }
         if BAD_REQUEST_CODES.contains(&code) {
             return FailureClass::BadRequest;
@@ -239,15 +258,41 @@ mod tests {
     }
 
     #[test]
-    fn configuration_errors_are_config() {
+    fn a_missing_or_forbidden_queue_belongs_to_its_destination() {
         for code in [
             "AWS.SimpleQueueService.NonExistentQueue",
             "QueueDoesNotExist",
             "com.amazonaws.sqs#QueueDoesNotExist",
+            "QueueDeletedRecently",
             "AccessDenied",
+            "AccessDeniedException",
+            "InvalidAddress",
+            "KmsAccessDenied",
+            "KmsNotFound",
+            "KmsDisabled",
+            "UnsupportedOperation",
+        ] {
+            assert_eq!(
+                classify(&response(400, code)),
+                FailureClass::Destination,
+                "{code}"
+            );
+        }
+        assert_eq!(FailureClass::Destination.metric_kind(), "destination");
+    }
+
+    #[test]
+    fn credential_errors_hold_the_whole_relay() {
+        for code in [
             "InvalidClientTokenId",
+            "UnrecognizedClientException",
             "SignatureDoesNotMatch",
+            "IncompleteSignature",
+            "MissingAuthenticationToken",
             "ExpiredToken",
+            "ExpiredTokenException",
+            "RequestExpired",
+            "InvalidSecurity",
         ] {
             assert_eq!(
                 classify(&response(400, code)),

@@ -24,6 +24,9 @@ pub enum QuarantineReason {
     Rejected,
     /// Retryable failures went on past `--max-attempts`.
     MaxAttempts,
+    /// The row's queue refused the relay (missing, access denied): parked, not failed. It
+    /// comes back by itself when its queue is tried again, its attempt refunded.
+    Destination,
 }
 
 impl QuarantineReason {
@@ -34,6 +37,7 @@ impl QuarantineReason {
             QuarantineReason::SenderFault => "sender_fault",
             QuarantineReason::Rejected => "rejected",
             QuarantineReason::MaxAttempts => "max_attempts",
+            QuarantineReason::Destination => "destination",
         }
     }
 }
@@ -100,6 +104,7 @@ impl Unreadable {
             lease_token: self.lease_token,
             reason: QuarantineReason::Invalid,
             error: self.error,
+            retry_in: None,
         }
     }
 }
@@ -136,6 +141,9 @@ pub struct QuarantinedRow {
     pub lease_token: i64,
     pub reason: QuarantineReason,
     pub error: String,
+    /// Parked rather than failed: unsent again after this long (the relay's maintenance
+    /// unparks it), with the claim's attempt refunded. `None`: stays until an operator acts.
+    pub retry_in: Option<Duration>,
 }
 
 impl Settlement {

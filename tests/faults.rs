@@ -17,7 +17,13 @@ use crate::support::{
 };
 
 const ROWS: usize = 30;
-const KINDS: [&str; 4] = ["transient", "throttled", "permanent", "config"];
+const KINDS: [&str; 5] = [
+    "transient",
+    "throttled",
+    "permanent",
+    "config",
+    "destination",
+];
 /// Generous for a loaded 2-core machine; a bound on waiting only, never a measured time.
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -465,7 +471,7 @@ async fn a_thirty_second_queue_outage_ages_the_oldest_row_spends_no_attempts_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_queue_fails_readiness_spends_no_attempts_and_recovers_once_it_exists() {
+async fn a_missing_default_queue_fails_readiness_parks_its_rows_and_they_flow_once_it_exists() {
     let db = migrated_db().await;
     let client = db.client().await;
     // A URL in the server's own shape for a queue that does not exist yet.
@@ -481,19 +487,36 @@ async fn a_missing_queue_fails_readiness_spends_no_attempts_and_recovers_once_it
         relay.http_status("/readyz").await == 503
     })
     .await;
-    wait_count(&client, "last_error IS NOT NULL", ROWS as i64, WAIT).await;
-    assert!(failures(&relay, "config").await >= ROWS as f64);
-    for other in ["transient", "throttled", "permanent"] {
+    let (_, why) = relay.http_get("/readyz").await;
+    assert!(
+        why.contains(&queue)
+            && (why.contains("NonExistentQueue") || why.contains("QueueDoesNotExist")),
+        "/readyz names the queue and SQS's error: {why}"
+    );
+    // Parked, not lost: visible in the quarantine with their queue's error, retried by
+    // themselves. They come back for a moment at each try, hence the wait.
+    wait_count(
+        &client,
+        "quarantine_reason = 'destination' AND last_error LIKE '%f-config-%'",
+        ROWS as i64,
+        WAIT,
+    )
+    .await;
+    wait_until("several tries of the queue counted", WAIT, || async {
+        failures(&relay, "config").await >= ROWS as f64
+    })
+    .await;
+    for other in ["transient", "throttled", "permanent", "destination"] {
         assert_eq!(failures(&relay, other).await, 0.0, "no {other} failure");
     }
     assert_eq!(count(&client, "sent_at IS NOT NULL").await, 0);
-    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
     assert_eq!(count(&client, "attempts > 1").await, 0);
     assert_eq!(
         relay.http_status("/healthz").await,
         200,
         "alive: restarting the relay would not fix its configuration"
     );
+    assert_eq!(relay.http_status("/readyz").await, 503);
 
     let created = crate::support::sqs_client()
         .await
@@ -506,6 +529,7 @@ async fn a_missing_queue_fails_readiness_spends_no_attempts_and_recovers_once_it
         .expect("QueueUrl");
     assert_eq!(created, queue);
     wait_count(&client, "sent_at IS NOT NULL", ROWS as i64, WAIT).await;
+    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
     assert_eq!(
         count(&client, "attempts <> 1").await,
         0,

@@ -9,6 +9,7 @@ mod scenario;
 mod adopt;
 mod chaos;
 mod crash;
+mod destination;
 mod faults;
 mod fifo;
 mod liveness;

@@ -123,6 +123,7 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
                     lease_token: a_rows[1].lease_token,
                     reason: QuarantineReason::SenderFault,
                     error: "late".into(),
+                    retry_in: None,
                 }],
                 ..Settlement::default()
             },
@@ -169,6 +170,7 @@ fn mixed(rows: &[outbox_relay::row::ClaimedRow]) -> Settlement {
             lease_token: rows[2].lease_token,
             reason: QuarantineReason::SenderFault,
             error: "bad".into(),
+            retry_in: None,
         }],
     }
 }
@@ -500,4 +502,75 @@ async fn an_ordered_claim_takes_a_run_per_group_and_reaches_a_group_behind_a_lon
         .rows;
     let ids: Vec<i64> = next.iter().map(|r| r.id).collect();
     assert_eq!(ids, (11..=20).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_parked_for_its_queue_keeps_its_attempt_and_comes_back_when_its_time_has_come() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    insert(&client, &events("park", 2, 1), Duration::ZERO).await;
+    let s = session(&db, "outbox").await;
+    let rows = s
+        .claim(&request("a", Duration::from_secs(30), 10))
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(rows.len(), 2);
+    let park = |row: &outbox_relay::row::ClaimedRow, retry_in: Duration| QuarantinedRow {
+        id: row.id,
+        lease_token: row.lease_token,
+        reason: QuarantineReason::Destination,
+        error: "queue q: QueueDoesNotExist".into(),
+        retry_in: Some(retry_in),
+    };
+    let settled = s
+        .settle(
+            "a",
+            &Settlement {
+                quarantine: vec![
+                    park(&rows[0], Duration::ZERO),
+                    park(&rows[1], Duration::from_secs(3600)),
+                ],
+                ..Settlement::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.quarantined_reasons.len(), 2);
+    assert_eq!(
+        count(
+            &client,
+            "quarantine_reason = 'destination' AND attempts = 0 AND lease_until IS NULL"
+        )
+        .await,
+        2,
+        "parked, not failed: the claim's attempt is given back"
+    );
+    assert_eq!(
+        count(&client, "available_at > now() + interval '30 minutes'").await,
+        1
+    );
+
+    assert_eq!(
+        s.unpark_destinations().await.unwrap(),
+        1,
+        "only the one due"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "quarantined_at IS NULL AND quarantine_reason IS NULL AND last_error LIKE '%QueueDoesNotExist%'"
+        )
+        .await,
+        1,
+        "unsent again, its error kept for the record"
+    );
+    let again = s
+        .claim(&request("a", Duration::from_secs(30), 10))
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(again.len(), 1);
+    assert_eq!((again[0].id, again[0].attempts), (rows[0].id, 1));
+    assert_eq!(s.unpark_destinations().await.unwrap(), 0);
 }

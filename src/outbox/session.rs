@@ -54,7 +54,7 @@ impl Outbox {
         } else {
             &self.sql.mark_sent
         };
-        let (claim, mark_sent, reschedule, quarantine, stats, probe, delete_expired) = tokio::try_join!(
+        let (claim, mark_sent, reschedule, quarantine, stats, probe, delete_expired, unpark_destination) = tokio::try_join!(
             client.prepare(&self.sql.claim),
             client.prepare(settle_sent),
             client.prepare(&self.sql.reschedule),
@@ -62,6 +62,7 @@ impl Outbox {
             client.prepare(&self.sql.stats),
             client.prepare(&self.sql.probe),
             client.prepare(&self.sql.delete_expired),
+            client.prepare(&self.sql.unpark_destination),
         )
         .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?;
         // The strategy and its statement are built from one description; this catches the day
@@ -101,6 +102,7 @@ impl Outbox {
                 stats,
                 probe,
                 delete_expired,
+                unpark_destination,
                 park,
             },
             delete_on_ack: self.delete_on_ack,
@@ -120,6 +122,7 @@ struct Statements {
     stats: Statement,
     probe: Statement,
     delete_expired: Statement,
+    unpark_destination: Statement,
     /// park_blocked and unpark_blocked, with ordered delivery and poison blocking.
     park: Option<(Statement, Statement)>,
 }
@@ -232,12 +235,16 @@ impl Session {
             let tokens: Vec<i64> = q.iter().map(|r| r.lease_token).collect();
             let reasons: Vec<&str> = q.iter().map(|r| r.reason.as_str()).collect();
             let errors: Vec<&str> = q.iter().map(|r| r.error.as_str()).collect();
+            let delays: Vec<Option<f64>> = q
+                .iter()
+                .map(|r| r.retry_in.map(|d| d.as_secs_f64()))
+                .collect();
             // Quarantines are rare; returning their ids tells which reasons really landed.
             let changed = self
                 .client
                 .query(
                     &self.statements.quarantine,
-                    &[&owner, &ids, &tokens, &reasons, &errors],
+                    &[&owner, &ids, &tokens, &reasons, &errors, &delays],
                 )
                 .await
                 .map_err(query_err("quarantining rows"))?;
@@ -347,6 +354,15 @@ impl Session {
         })
     }
 
+    /// Makes rows parked for their destination unsent again once their time has come;
+    /// returns how many.
+    pub async fn unpark_destinations(&self) -> Result<u64, OutboxError> {
+        self.client
+            .execute(&self.statements.unpark_destination, &[])
+            .await
+            .map_err(query_err("unparking rows whose destination is due a retry"))
+    }
+
     /// Ordered delivery with poison blocking: parks rows behind quarantined heads and unparks
     /// those whose head was re-driven. Returns (parked, unparked); (0, 0) in other modes.
     pub async fn maintain_blocked_groups(&self) -> Result<(u64, u64), OutboxError> {
@@ -368,7 +384,7 @@ impl Session {
             Some(routes) => self.client.execute(park, &[routes]).await,
             None => self.client.execute(park, &[]).await,
         }
-            .map_err(query_err("parking rows behind quarantined heads"))?;
+        .map_err(query_err("parking rows behind quarantined heads"))?;
         Ok((parked, unparked))
     }
 }

@@ -155,7 +155,8 @@ impl RelayProcess {
         self.http_get(path).await.0
     }
 
-    async fn http_get(&self, path: &str) -> (u16, String) {
+    /// Status code and body of `GET path` on the metrics listener (`/readyz` says why).
+    pub async fn http_get(&self, path: &str) -> (u16, String) {
         let addr = self.metrics_addr(METRICS_ADDR_TIMEOUT).await;
         let fetch = async {
             let mut stream = tokio::net::TcpStream::connect(&addr).await?;
