@@ -145,6 +145,25 @@ pub fn is_fifo(queue_url: &str) -> bool {
 /// `SendMessageBatch`, and a group never has two requests in flight. A row that does not fit its
 /// group's request, or follows a rejected row of its group, is released instead.
 pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
+    plan_within(rows, config, &HashMap::new())
+}
+
+/// [`plan`], with the message size limits learnt from the queues themselves (URL -> bytes):
+/// a queue whose `MaximumMessageSize` is below `--max-request-bytes` would refuse a larger
+/// entry of a FIFO batch after accepting the group's entries before it, and the group's order
+/// would be lost. Validated here, the entry is quarantined and the rest of its group held.
+pub fn plan_within(
+    rows: &[ClaimedRow],
+    config: &PlanConfig,
+    queue_limits: &HashMap<String, usize>,
+) -> Plan {
+    let limit_of = |queue: &str| {
+        queue_limits
+            .get(queue)
+            .copied()
+            .unwrap_or(config.max_request_bytes)
+            .min(config.max_request_bytes)
+    };
     let mut plan = Plan::default();
     // The request each destination is filling; a claim usually has one destination.
     let mut filling: Vec<(String, usize)> = Vec::new();
@@ -167,7 +186,8 @@ pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
                 continue;
             }
         }
-        let entry = match entry_for(index, row, fifo, config) {
+        let max_bytes = limit_of(queue_url);
+        let entry = match entry_for(index, row, fifo, config, max_bytes) {
             Ok(entry) => entry,
             Err(rejected) => {
                 plan.rejected.push(rejected);
@@ -179,9 +199,8 @@ pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
                 continue;
             }
         };
-        let fits = |r: &BatchRequest| {
-            r.entries.len() < MAX_ENTRIES && r.size() + entry.size <= config.max_request_bytes
-        };
+        let fits =
+            |r: &BatchRequest| r.entries.len() < MAX_ENTRIES && r.size() + entry.size <= max_bytes;
         if let Some(slot) = group.as_ref().and_then(|g| groups.get(g)).copied() {
             if fits(&plan.requests[slot]) {
                 plan.requests[slot].entries.push(entry);
@@ -224,8 +243,8 @@ fn entry_for(
     row: &ClaimedRow,
     fifo: bool,
     config: &PlanConfig,
+    max_bytes: usize,
 ) -> Result<Entry, Rejected> {
-    let max_bytes = config.max_request_bytes;
     let invalid = |error: String| Rejected {
         row: index,
         reason: QuarantineReason::Invalid,

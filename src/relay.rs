@@ -6,6 +6,7 @@
 //! flight. Two semaphores bound the work: requests in flight, and rows being delivered (so
 //! rows are not leased long before a request slot is free for them).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -55,7 +56,12 @@ struct Relay {
     /// there instead of walking the index entries of rows sent since the last VACUUM. A row
     /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
     claim_floor: AtomicI64,
+    /// Each destination queue's `MaximumMessageSize`, learnt on first use.
+    queue_limits: Mutex<HashMap<String, (usize, Instant)>>,
 }
+
+/// Queues whose size limit is remembered at most (rows may carry their own queue URLs).
+const MAX_KNOWN_QUEUES: usize = 1024;
 
 /// A relay that has reached its database and found its table, ready to [`run`].
 pub struct Connected {
@@ -133,6 +139,7 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
         pressure: Pressure::default(),
         request_permits: Arc::new(Semaphore::new(config.max_in_flight)),
         claim_floor: AtomicI64::new(0),
+        queue_limits: Mutex::new(HashMap::new()),
         config,
     });
     tracing::info!(
@@ -286,7 +293,8 @@ impl Relay {
         let Claimed {
             rows, unreadable, ..
         } = claimed;
-        let plan = batch::plan(&rows, &self.plan_config);
+        let limits = self.queue_limits(&rows).await;
+        let plan = batch::plan_within(&rows, &self.plan_config, &limits);
         let mut settlement = Settlement::default();
         for row in unreadable {
             tracing::warn!(id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
@@ -363,6 +371,47 @@ impl Relay {
         // retries due now. Claim again rather than wait for the poll interval; no NOTIFY
         // fires for an UPDATE.
         self.wake.notify_one();
+    }
+
+    /// The message size limit of each queue the rows go to, read from its `MaximumMessageSize`
+    /// and read again every `--stats-interval` (an operator may raise it, then re-drive what it
+    /// refused). A queue that cannot be read now is tried again with the next claim; meanwhile
+    /// `--max-request-bytes` applies.
+    async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<String, usize> {
+        let mut unknown: Vec<String> = Vec::new();
+        {
+            let known = self.queue_limits.lock().expect("queue limits lock");
+            for row in rows {
+                let queue = self.plan_config.queue_for(row);
+                let fresh = known
+                    .get(queue)
+                    .is_some_and(|(_, read)| read.elapsed() < self.config.stats_interval);
+                if !fresh && !unknown.iter().any(|q| q == queue) {
+                    unknown.push(queue.to_string());
+                }
+            }
+        }
+        for queue in unknown {
+            let read =
+                tokio::time::timeout(self.config.send_timeout, self.sqs.queue_attributes(&queue))
+                    .await;
+            if let Ok(Ok(info)) = read {
+                let limit = info
+                    .maximum_message_size
+                    .unwrap_or(self.config.max_request_bytes);
+                let mut known = self.queue_limits.lock().expect("queue limits lock");
+                // Rows may name any number of queues of their own; keep the memory bounded.
+                if known.len() >= MAX_KNOWN_QUEUES {
+                    known.clear();
+                }
+                known.insert(queue, (limit, Instant::now()));
+            }
+        }
+        let known = self.queue_limits.lock().expect("queue limits lock");
+        known
+            .iter()
+            .map(|(queue, (limit, _))| (queue.clone(), *limit))
+            .collect()
     }
 
     /// One SendMessageBatch call, once a request slot is free and the relay is not backing off.

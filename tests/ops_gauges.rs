@@ -12,8 +12,8 @@ async fn rows_parked_behind_a_quarantined_head_stay_in_the_unsent_gauges_until_d
     let db = migrated_db().await;
     let client = db.client().await;
     let queue = create_queue("gauges.fifo", &[("MaximumMessageSize", "1024")]).await;
-    // One ordered group of four; its second event is too big for the queue, so SQS refuses it
-    // as bad input and the two after it are parked behind it. One group only: once they are
+    // One ordered group of four; its second event is too big for the queue (the relay reads the
+    // queue's limit and refuses it before sending) and the two after it are parked behind it. One group only: once they are
     // parked nothing else is unsent, so the gauges can only count the parked rows.
     let mut written = events("gauges", 4, 1);
     written[1].payload = serde_json::json!({"blob": "z".repeat(3000)});
@@ -34,10 +34,7 @@ async fn rows_parked_behind_a_quarantined_head_stay_in_the_unsent_gauges_until_d
     )
     .await;
     assert_eq!(count(&client, "sent_at IS NOT NULL").await, 1);
-    assert_eq!(
-        count(&client, "quarantine_reason = 'sender_fault'").await,
-        1
-    );
+    assert_eq!(count(&client, "quarantine_reason = 'too_large'").await, 1);
     // The refresh that reports the parked rows as blocked ran after they were parked, so its
     // unsent figures are the blocked group's; without parked rows counted they read 0.
     let deadline = Instant::now() + Duration::from_secs(20);
