@@ -315,9 +315,11 @@ fn payload_bytes(alias: Option<&str>) -> String {
         Some(a) => format!("{a}.payload"),
         None => "payload".to_string(),
     };
+    // A NULL payload (an unreadable row, quarantined after the claim) weighs nothing; left
+    // NULL it would make every running sum after it NULL and stop the claim there.
     format!(
-        "CASE WHEN pg_column_size({payload}) < 2000 THEN pg_column_size({payload}) \
-         ELSE octet_length({payload}::text) END"
+        "coalesce(CASE WHEN pg_column_size({payload}) < 2000 THEN pg_column_size({payload}) \
+         ELSE octet_length({payload}::text) END, 0)"
     )
 }
 
