@@ -160,7 +160,15 @@ where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug + HasStatus,
 {
-    let message = DisplayErrorContext(&err).to_string();
+    // A service error's own message is what an operator needs; the SDK's full context for it
+    // repeats the raw response (headers, body) several times over in every log line.
+    let message = match &err {
+        SdkError::ServiceError(s) => match s.err().message() {
+            Some(m) => m.to_string(),
+            None => DisplayErrorContext(&err).to_string(),
+        },
+        _ => DisplayErrorContext(&err).to_string(),
+    };
     let (transport, status, code) = match &err {
         SdkError::ConstructionFailure(_) => (Transport::Construction, None, None),
         SdkError::TimeoutError(_) => (Transport::Timeout, None, None),
