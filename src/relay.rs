@@ -312,9 +312,18 @@ impl Relay {
             .into_iter()
             .map(|request| self.send(request, lease_deadline, &shutdown))
             .collect();
+        // Halves of an ordered request that SQS refused as a whole go one after the other: the
+        // second only once the first was accepted entry by entry (keyed by the first half's
+        // first entry), so a group split between them keeps its order.
+        let mut after: HashMap<String, BatchRequest> = HashMap::new();
         while let Some((request, result)) = sends.next().await {
+            let first = request.entries[0].id.clone();
+            let mut all_sent = false;
             match result {
                 Ok(outcomes) => {
+                    all_sent = outcomes
+                        .iter()
+                        .all(|o| matches!(o, EntryOutcome::Sent { .. }));
                     self.pressure.relieve();
                     self.destinations.reached(&request.queue_url);
                     // Clears a credentials error too: this request was signed and accepted.
@@ -330,8 +339,15 @@ impl Relay {
                         // Some entry made SQS refuse the whole request (moto does this for
                         // one oversized body): halve until the culprit stands alone.
                         let (left, right) = request.split();
+                        if self.keeps_order(&left.queue_url) {
+                            if let Some(next) = after.remove(&first) {
+                                after.insert(right.entries[0].id.clone(), next);
+                            }
+                            after.insert(first, right);
+                        } else {
+                            sends.push(self.send(right, lease_deadline, &shutdown));
+                        }
                         sends.push(self.send(left, lease_deadline, &shutdown));
-                        sends.push(self.send(right, lease_deadline, &shutdown));
                         continue;
                     }
                     self.request_failed(&mut settlement, &rows, &request, class, &failure);
@@ -364,6 +380,20 @@ impl Relay {
                     );
                 }
             }
+            if let Some(next) = after.remove(&first) {
+                if all_sent {
+                    sends.push(self.send(next, lease_deadline, &shutdown));
+                } else {
+                    // Sending the rest now could overtake what failed: give it back.
+                    let mut next = Some(next);
+                    while let Some(request) = next {
+                        for entry in &request.entries {
+                            release(&mut settlement, &rows[entry.row], Duration::ZERO, None);
+                        }
+                        next = after.remove(&request.entries[0].id);
+                    }
+                }
+            }
         }
         drop(sends);
         self.settle(settlement, lease_deadline).await;
@@ -373,16 +403,28 @@ impl Relay {
         self.wake.notify_one();
     }
 
-    /// The message size limit of each queue the rows go to, read from its `MaximumMessageSize`
-    /// and read again every `--stats-interval` (an operator may raise it, then re-drive what it
-    /// refused). A queue that cannot be read now is tried again with the next claim; meanwhile
-    /// `--max-request-bytes` applies.
+    /// Whether requests to this queue carry ordered groups.
+    fn keeps_order(&self, queue_url: &str) -> bool {
+        self.plan_config
+            .ordering
+            .is_some_and(|o| o.every_destination || batch::is_fifo(queue_url))
+    }
+
+    /// The message size limit of each ordered queue the rows go to, read from its
+    /// `MaximumMessageSize` and read again every `--stats-interval` (an operator may raise it,
+    /// then re-drive what it refused). A queue that cannot be read now is tried again with the
+    /// next claim; meanwhile `--max-request-bytes` applies. Only ordered queues need it: there a
+    /// refused entry after accepted entries of its group would break the group's order, while
+    /// elsewhere SQS's own per-entry refusal quarantines the row just as well.
     async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<String, usize> {
         let mut unknown: Vec<String> = Vec::new();
         {
             let known = self.queue_limits.lock().expect("queue limits lock");
             for row in rows {
                 let queue = self.plan_config.queue_for(row);
+                if !self.keeps_order(queue) {
+                    continue;
+                }
                 let fresh = known
                     .get(queue)
                     .is_some_and(|(_, read)| read.elapsed() < self.config.stats_interval);
