@@ -166,7 +166,7 @@ async fn a_poisoned_head_blocks_only_its_group_until_it_is_retried_then_the_grou
     .await;
     let listed = relay_command(&["quarantine", "list", "--database-url", &db.url]).await;
     assert!(
-        listed.contains("poison-13") && listed.contains("sender_fault"),
+        listed.contains("poison-13") && listed.contains("too_large"),
         "{listed}"
     );
     assert_eq!(listed.matches("blocked").count(), 8, "{listed}");
