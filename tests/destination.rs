@@ -6,7 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::scenario::{
-    attr, copies, count, events, migrated_db, relay_command, run_args, set_arg, wait_count, Event,
+    attr, copies, count, events, insert_to, migrated_db, relay_command, run_args, set_arg,
+    wait_count, Event,
 };
 use crate::support::{create_queue, receive_all, sqs, wait_until, RelayProcess};
 
@@ -39,26 +40,6 @@ async fn create_named(name: &str, expected_url: &str) {
         .queue_url
         .expect("QueueUrl");
     assert_eq!(created, expected_url);
-}
-
-/// Writes events in one transaction, each with its own `queue_url` (or none).
-async fn insert_to(client: &tokio_postgres::Client, events: &[Event], queues: &[Option<String>]) {
-    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
-    let aggs: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let payloads: Vec<String> = events.iter().map(|e| e.payload.to_string()).collect();
-    let queues: Vec<Option<&str>> = queues.iter().map(|q| q.as_deref()).collect();
-    client
-        .execute(
-            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, queue_url)
-             SELECT e, 'order', a, k, p::jsonb, q
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
-                  WITH ORDINALITY AS u(e, a, k, p, q, n)
-             ORDER BY n",
-            &[&ids, &aggs, &kinds, &payloads, &queues],
-        )
-        .await
-        .expect("insert events");
 }
 
 async fn failures(relay: &RelayProcess, kind: &str) -> f64 {

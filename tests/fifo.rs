@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::scenario::{
-    args, attr, copies, count, events, insert, migrated_db, relay_command, run_args, wait_count,
-    Event,
+    args, attr, copies, count, events, insert, insert_to, migrated_db, relay_command, run_args,
+    wait_count, Event,
 };
 use crate::support::{
     create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess, TestDb,
@@ -383,4 +383,95 @@ async fn with_the_defaults_two_relays_keep_group_order_and_delete_every_sent_row
     for relay in &relays {
         assert!(relay.output().contains("wakeup=poll"), "{}", relay.output());
     }
+}
+
+/// Fair claiming combined with ordered delivery (a FIFO queue): every claim of this mode failed
+/// with "expected 4 parameters but got 5" before claim strategies owned their parameters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_claiming_on_a_fifo_queue_delivers_every_group_in_order() {
+    let db = crate::support::fresh_db().await;
+    let (status, output) = crate::support::run_to_end(
+        &args(&[
+            "migrate",
+            "--database-url",
+            &db.url,
+            "--fair-by",
+            "aggregate_type",
+        ]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(status.success(), "{output}");
+    let client = db.client().await;
+    let mut written = events("fairfifo", 300, 12);
+    for (i, e) in written.iter_mut().enumerate() {
+        e.aggregate_type = ["order", "invoice", "refund"][i % 3].to_string();
+    }
+    insert(&client, &written, Duration::ZERO).await;
+    let ids = ids_by_event(&client).await;
+    let queue = create_queue("fair-ordered.fifo", &[]).await;
+    let extra = ["--fair-by", "aggregate_type"];
+    // `check` prepares the claim statement of this mode with its parameters, as `run` does.
+    let mut check_args = run_args(&db, &queue, sqs().endpoint(), &extra);
+    check_args[0] = "check".to_string();
+    let check_args: Vec<&str> = check_args.iter().map(String::as_str).collect();
+    let check = relay_command(&check_args).await;
+    assert!(!check.contains("FAIL"), "{check}");
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    let received = receive_all(&queue, written.len(), Duration::from_secs(60)).await;
+    let (violations, by_group) = order_violations(&received, &ids);
+    assert_eq!(
+        copies(&received).len(),
+        written.len(),
+        "every event arrives"
+    );
+    assert_eq!(by_group.len(), 12);
+    assert_eq!(violations, 0, "order within a group is kept");
+    assert!(
+        !relay.output().contains("claim failed"),
+        "{}",
+        relay.output()
+    );
+}
+
+/// With a standard default queue, rows that carry their own FIFO queue_url are ordered per
+/// group (before, ordering was decided from --queue-url and --route only, and batches of one
+/// group went out concurrently).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_with_their_own_fifo_queue_keep_group_order_while_the_default_queue_is_standard() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let standard = create_queue("own-std", &[]).await;
+    let fifo = create_queue("own.fifo", &[]).await;
+    let written = events("ownfifo", 400, 8);
+    // Every other row goes to the FIFO queue; the rest to the default, standard one.
+    let queues: Vec<Option<String>> = (0..written.len())
+        .map(|i| (i % 2 == 0).then(|| fifo.clone()))
+        .collect();
+    for (chunk, queues) in written.chunks(50).zip(queues.chunks(50)) {
+        insert_to(&client, chunk, queues).await;
+    }
+    let ids = ids_by_event(&client).await;
+    let relays: Vec<RelayProcess> = (0..2)
+        .map(|i| {
+            RelayProcess::spawn_named(
+                &format!("own{i}"),
+                &relay_args_for(&db, &standard, sqs().endpoint(), &format!("own-{i}")),
+                &[],
+            )
+        })
+        .collect();
+    let on_fifo = receive_all(&fifo, 200, Duration::from_secs(90)).await;
+    let on_standard = receive_all(&standard, 200, Duration::from_secs(90)).await;
+    assert_eq!(
+        copies(&on_fifo).len(),
+        200,
+        "every FIFO-bound event arrives"
+    );
+    assert_eq!(copies(&on_standard).len(), 200);
+    let (violations, by_group) = order_violations(&on_fifo, &ids);
+    assert_eq!(by_group.len(), 4, "{by_group:?}");
+    assert_eq!(violations, 0, "order within a group is kept: {by_group:?}");
+    drop(relays);
 }

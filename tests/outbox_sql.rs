@@ -574,3 +574,30 @@ async fn a_row_parked_for_its_queue_keeps_its_attempt_and_comes_back_when_its_ti
     assert_eq!((again[0].id, again[0].attempts), (rows[0].id, 1));
     assert_eq!(s.unpark_destinations().await.unwrap(), 0);
 }
+
+/// Claims stop at the byte budget (the first row always goes), in every strategy: memory is
+/// bounded by bytes, not rows. Before, a claim took its rows whatever their size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_stop_at_the_byte_budget() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let mut written = events("big", 10, 10);
+    for e in &mut written {
+        // About 100 KB of JSON text each; compressible, so the stored size is far smaller.
+        e.payload = serde_json::json!({"blob": "x".repeat(100_000)});
+    }
+    insert(&client, &written, Duration::ZERO).await;
+    let budget = |bytes: i64| {
+        let mut r = request("b", Duration::from_secs(30), 100);
+        r.budget_bytes = bytes;
+        r
+    };
+    let plain = session(&db, "outbox").await;
+    let rows = plain.claim(&budget(250_000)).await.unwrap().rows;
+    assert_eq!(rows.len(), 3, "0 + 100 KB + 200 KB started below 250 KB");
+    let rows = plain.claim(&budget(1)).await.unwrap().rows;
+    assert_eq!(rows.len(), 1, "the first row goes whatever its size");
+    let ordered = ordered_session(&db, false).await;
+    let rows = ordered.claim(&budget(150_000)).await.unwrap().rows;
+    assert_eq!(rows.len(), 2);
+}

@@ -305,3 +305,27 @@ pub fn set_arg(args: &mut Vec<String>, flag: &str, value: &str) {
         None => args.extend([flag.to_string(), value.to_string()]),
     }
 }
+
+/// Writes events in one transaction, each with its own `queue_url` (or none).
+pub async fn insert_to(
+    client: &tokio_postgres::Client,
+    events: &[Event],
+    queues: &[Option<String>],
+) {
+    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+    let aggs: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+    let payloads: Vec<String> = events.iter().map(|e| e.payload.to_string()).collect();
+    let queues: Vec<Option<&str>> = queues.iter().map(|q| q.as_deref()).collect();
+    client
+        .execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, queue_url)
+             SELECT e, 'order', a, k, p::jsonb, q
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+                  WITH ORDINALITY AS u(e, a, k, p, q, n)
+             ORDER BY n",
+            &[&ids, &aggs, &kinds, &payloads, &queues],
+        )
+        .await
+        .expect("insert events");
+}

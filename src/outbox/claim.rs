@@ -307,9 +307,9 @@ pub(crate) fn fifo_bound(scope: &OrderScope, alias: &str, routes: &str) -> Strin
     }
 }
 
-/// The payload's size in bytes as the relay will hold it. A small value's stored size is its
-/// size; a large one may be stored compressed, so its text is measured instead (rendering only
-/// the rows that can matter for the budget).
+/// The payload's size in bytes as the relay will hold it. An uncompressed value's stored size
+/// is its size and costs nothing to read; a compressed one (PostgreSQL compresses values of a
+/// few KB and more) may be many times larger than it is stored, so its text is measured.
 fn payload_bytes(alias: Option<&str>) -> String {
     let payload = match alias {
         Some(a) => format!("{a}.payload"),
@@ -318,8 +318,8 @@ fn payload_bytes(alias: Option<&str>) -> String {
     // A NULL payload (an unreadable row, quarantined after the claim) weighs nothing; left
     // NULL it would make every running sum after it NULL and stop the claim there.
     format!(
-        "coalesce(CASE WHEN pg_column_size({payload}) < 2000 THEN pg_column_size({payload}) \
-         ELSE octet_length({payload}::text) END, 0)"
+        "coalesce(CASE WHEN pg_column_compression({payload}) IS NULL \
+         THEN pg_column_size({payload}) ELSE octet_length({payload}::text) END, 0)"
     )
 }
 
