@@ -165,10 +165,10 @@ pub fn plan_within(
             .min(config.max_request_bytes)
     };
     let mut plan = Plan::default();
-    // The request each destination is filling; a claim usually has one destination.
-    let mut filling: Vec<(String, usize)> = Vec::new();
-    // The request holding each ordered group's rows, by (queue, group value).
-    let mut groups: HashMap<(String, String), usize> = HashMap::new();
+    // First the units that must travel together, in claim order: an ordered group's entries
+    // (its head and the rows claimed behind it), or one entry of an unordered row.
+    let mut units: Vec<(String, Vec<Entry>)> = Vec::new();
+    let mut group_unit: HashMap<(String, String), usize> = HashMap::new();
     let mut held: HashSet<(String, String)> = HashSet::new();
     for (index, row) in rows.iter().enumerate() {
         let queue_url = config.queue_for(row);
@@ -186,8 +186,7 @@ pub fn plan_within(
                 continue;
             }
         }
-        let max_bytes = limit_of(queue_url);
-        let entry = match entry_for(index, row, fifo, config, max_bytes) {
+        let entry = match entry_for(index, row, fifo, config, limit_of(queue_url)) {
             Ok(entry) => entry,
             Err(rejected) => {
                 plan.rejected.push(rejected);
@@ -199,42 +198,48 @@ pub fn plan_within(
                 continue;
             }
         };
-        let fits =
-            |r: &BatchRequest| r.entries.len() < MAX_ENTRIES && r.size() + entry.size <= max_bytes;
-        if let Some(slot) = group.as_ref().and_then(|g| groups.get(g)).copied() {
-            if fits(&plan.requests[slot]) {
-                plan.requests[slot].entries.push(entry);
-            } else {
-                plan.released.push(index);
-                held.insert(group.expect("grouped"));
-            }
-            continue;
-        }
-        let current = filling
-            .iter()
-            .position(|(q, _)| q == queue_url)
-            .map(|i| filling[i].1)
-            .filter(|&slot| fits(&plan.requests[slot]));
-        let slot = match current {
-            Some(slot) => slot,
+        match group.and_then(|g| match group_unit.get(&g) {
+            Some(&unit) => Some(unit),
             None => {
-                plan.requests.push(BatchRequest {
-                    queue_url: queue_url.to_string(),
-                    entries: Vec::with_capacity(MAX_ENTRIES),
-                });
-                let slot = plan.requests.len() - 1;
-                match filling.iter_mut().find(|(q, _)| q == queue_url) {
-                    Some(f) => f.1 = slot,
-                    None => filling.push((queue_url.to_string(), slot)),
-                }
-                slot
+                group_unit.insert(g, units.len());
+                None
             }
-        };
-        plan.requests[slot].entries.push(entry);
-        if let Some(g) = group {
-            groups.insert(g, slot);
+        }) {
+            Some(unit) => units[unit].1.push(entry),
+            None => units.push((queue_url.to_string(), vec![entry])),
         }
     }
+    // Then whole units into requests of at most MAX_ENTRIES entries and the queue's size
+    // limit. A unit that cannot fit one request alone sends its longest prefix that does and
+    // gives the rest back: a group never has two requests in flight.
+    let mut filling: HashMap<String, usize> = HashMap::new();
+    for (queue_url, mut entries) in units {
+        let max_bytes = limit_of(&queue_url);
+        let fits = |r: &BatchRequest, entries: &[Entry]| {
+            r.entries.len() + entries.len() <= MAX_ENTRIES
+                && r.size() + entries.iter().map(|e| e.size).sum::<usize>() <= max_bytes
+        };
+        let slot = match filling.get(&queue_url) {
+            Some(&slot) if fits(&plan.requests[slot], &entries) => slot,
+            _ => {
+                plan.requests.push(BatchRequest {
+                    queue_url: queue_url.clone(),
+                    entries: Vec::with_capacity(MAX_ENTRIES),
+                });
+                filling.insert(queue_url.clone(), plan.requests.len() - 1);
+                plan.requests.len() - 1
+            }
+        };
+        let request = &mut plan.requests[slot];
+        let mut taken = 0;
+        while taken < entries.len() && fits(request, &entries[taken..=taken]) {
+            request.entries.push(entries[taken].clone());
+            taken += 1;
+        }
+        plan.released
+            .extend(entries.drain(taken..).map(|entry| entry.row));
+    }
+    plan.released.sort_unstable();
     plan
 }
 
@@ -771,5 +776,116 @@ mod tests {
         assert_eq!(a.entries.len() + b.entries.len(), 5);
         assert_eq!(a.entries[0].id, "1");
         assert_eq!(b.entries[0].id, "3");
+    }
+
+    fn ordered_fifo() -> PlanConfig {
+        let mut cfg = config();
+        cfg.default_queue_url = "http://q/1/orders.fifo".into();
+        cfg.ordering = Some(PlanOrdering {
+            every_destination: true,
+            skip_poison: false,
+        });
+        cfg
+    }
+
+    /// Rows of one group, ids 1..=n.
+    fn group(n: i64) -> Vec<ClaimedRow> {
+        (1..=n)
+            .map(|i| {
+                let mut r = row(i, "{}");
+                r.aggregate_id = "g".into();
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_groups_rows_of_one_claim_travel_in_one_request_in_order() {
+        let mut rows = group(10);
+        let mut other = row(11, "{}");
+        other.aggregate_id = "h".into();
+        rows.insert(3, other);
+        let plan = plan(&rows, &ordered_fifo());
+        assert!(plan.rejected.is_empty() && plan.released.is_empty());
+        let of_g: Vec<&BatchRequest> = plan
+            .requests
+            .iter()
+            .filter(|r| r.entries.iter().any(|e| e.group_id.as_deref() == Some("g")))
+            .collect();
+        assert_eq!(of_g.len(), 1, "one request for the group");
+        let ids: Vec<&str> = of_g[0]
+            .entries
+            .iter()
+            .filter(|e| e.group_id.as_deref() == Some("g"))
+            .map(|e| e.id.as_str())
+            .collect();
+        assert_eq!(ids, ["1", "2", "3", "4", "5", "6", "7", "8", "9", "10"]);
+    }
+
+    #[test]
+    fn a_rejected_row_holds_the_rest_of_its_group_unless_poison_is_skipped() {
+        let mut rows = group(4);
+        rows[1].aggregate_type = "bad\u{1}".into();
+        let plan = plan(&rows, &ordered_fifo());
+        assert_eq!(plan.rejected.len(), 1);
+        assert_eq!(plan.rejected[0].row, 1);
+        assert_eq!(plan.released, vec![2, 3], "behind the rejected row");
+        assert_eq!(plan.requests.len(), 1);
+        assert_eq!(plan.requests[0].entries.len(), 1);
+        let mut skip = ordered_fifo();
+        skip.ordering = Some(PlanOrdering {
+            every_destination: true,
+            skip_poison: true,
+        });
+        let plan = super::plan(&rows, &skip);
+        assert!(plan.released.is_empty());
+        assert_eq!(plan.requests[0].entries.len(), 3);
+    }
+
+    #[test]
+    fn what_does_not_fit_a_groups_request_is_released_not_sent_apart() {
+        let big = format!("\"{}\"", "y".repeat(400));
+        let rows: Vec<ClaimedRow> = group(4)
+            .into_iter()
+            .map(|mut r| {
+                r.payload = big.clone();
+                r
+            })
+            .collect();
+        let mut cfg = ordered_fifo();
+        cfg.max_request_bytes = 1000;
+        let plan = plan(&rows, &cfg);
+        assert_eq!(plan.requests.len(), 1);
+        assert_eq!(plan.requests[0].entries.len(), 2);
+        assert_eq!(plan.released, vec![2, 3]);
+    }
+
+    #[test]
+    fn a_queues_own_smaller_limit_rejects_before_sending() {
+        let rows = vec![row(1, &format!("\"{}\"", "z".repeat(600)))];
+        let cfg = ordered_fifo();
+        let limits = HashMap::from([(cfg.default_queue_url.clone(), 500usize)]);
+        let plan = plan_within(&rows, &cfg, &limits);
+        assert_eq!(plan.rejected[0].reason, QuarantineReason::TooLarge);
+        assert!(plan.rejected[0].error.contains("limit is 500"));
+    }
+
+    #[test]
+    fn only_fifo_bound_rows_are_grouped_when_the_default_queue_is_standard() {
+        let mut cfg = config();
+        cfg.ordering = Some(PlanOrdering {
+            every_destination: false,
+            skip_poison: false,
+        });
+        let mut rows = group(3);
+        rows[0].aggregate_type = "bad\u{1}".into();
+        // Standard destination: a rejected row holds nothing back.
+        let plan = plan(&rows, &cfg);
+        assert!(plan.released.is_empty());
+        for r in &mut rows {
+            r.queue_url = Some("http://q/1/own.fifo".into());
+        }
+        let plan = super::plan(&rows, &cfg);
+        assert_eq!(plan.released, vec![1, 2]);
     }
 }
