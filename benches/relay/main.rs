@@ -15,7 +15,7 @@
 //! | `OUTBOX_BENCH_HARM_ROUNDS` | 3 (quick: 1) | without/with alternations per writer count |
 //! | `OUTBOX_BENCH_IDLE_SECONDS` | 60 (quick: 10) | measured idle window |
 //! | `OUTBOX_BENCH_STORAGE_SECONDS` | 600 (quick: 60) | producer time of the storage run |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,sweep,steady,harm,idle,storage,adopt` (adopt: see adopt.rs) |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,steady,harm,idle,storage,adopt` (adopt: see adopt.rs) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -41,7 +41,7 @@ use report::{CeilingRun, DrainRun, Report, SteadyInput, SteadyRun};
 use sampler::Sampler;
 use sink::Sink;
 use support::RelayProcess;
-use workload::Database;
+use workload::{Backlog, Database, Payload};
 
 /// What this run does; from the environment, see the table at the top.
 pub struct Settings {
@@ -85,6 +85,20 @@ const SQS_LATENCY: Duration = Duration::from_millis(15);
 const PRODUCER_CONNECTIONS: usize = 32;
 /// A drain that has not finished by then is stuck, not slow.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(300);
+/// How often a drain reads the relays' sent counters: a 200,000-row drain takes seconds.
+const DRAIN_POLL: Duration = Duration::from_millis(50);
+/// The long-group and large-event drains take a second or less, so they are read finer.
+const SHORT_DRAIN_POLL: Duration = Duration::from_millis(10);
+/// Long group: this many events, spread over [`workload::GROUPS`] groups, then all in one.
+const LONG_GROUP_ROWS: u64 = 5_000;
+/// Large events: this many, each with a payload of about [`LARGE_EVENT_BYTES`] (SQS takes
+/// up to 1 MiB of body and attributes together).
+const LARGE_EVENTS: u64 = 300;
+const LARGE_EVENT_BYTES: usize = 900_000;
+/// A budget that bounds nothing here: the relay as it was before the byte budget (rows only).
+const UNBOUNDED_BUDGET: &str = "1GiB";
+/// The unbounded large-event run is skipped when its relay could come near this.
+const UNBOUNDED_RSS_LIMIT: u64 = 1536 * 1024 * 1024;
 
 impl Settings {
     fn from_env(relay_help: &str) -> Settings {
@@ -185,10 +199,13 @@ pub enum Destination {
 
 pub struct DrainSpec {
     pub name: String,
+    pub backlog: Backlog,
+    /// How often the relays' sent counters are read: the resolution of the drain's time.
+    pub poll: Duration,
     pub destination: Destination,
     pub replicas: usize,
     pub max_in_flight: usize,
-    /// Queue name ends in `.fifo` (1,000 message groups in every backlog).
+    /// Queue name ends in `.fifo` (message groups: `backlog.groups`).
     pub fifo: bool,
     /// Per-group ordered delivery asked for (`--ordered on`).
     pub ordered: bool,
@@ -224,7 +241,7 @@ async fn run(settings: Settings) {
     if settings.runs("ceiling") {
         for (ordered, workers) in [(false, 1), (false, 2), (false, 4), (true, 1)] {
             let database = Database::create().await;
-            report.payload_bytes = database.fill(settings.rows).await;
+            report.payload_bytes = database.fill(&Backlog::orders(settings.rows)).await;
             let outbox = if ordered {
                 database.ordered_outbox()
             } else {
@@ -263,7 +280,7 @@ async fn run(settings: Settings) {
         // The least PostgreSQL allows, beside the relay's own SQL: same backlog, batch, one
         // connection.
         let database = Database::create().await;
-        database.fill(settings.rows).await;
+        database.fill(&Backlog::orders(settings.rows)).await;
         let before = Snapshot::take();
         let c = workload::minimal_ceiling(&database.db, settings.batch as i64, settings.rows).await;
         let cpu = Snapshot::take().since(&before);
@@ -286,17 +303,25 @@ async fn run(settings: Settings) {
     let sink0 = Destination::Sink(Duration::ZERO);
     let mut drains: Vec<DrainSpec> = Vec::new();
     if settings.runs("drain") {
-        drains.push(spec("drain, sink 0 ms", sink0, 1, settings.in_flight));
+        drains.push(spec(
+            &settings,
+            "drain, sink 0 ms",
+            sink0,
+            1,
+            settings.in_flight,
+        ));
         // More requests in flight also means more claims in delivery at once (the relay
         // derives one from the other): does a sink that costs nothing gain from it, or lose?
         let other = if settings.in_flight >= 16 { 4 } else { 16 };
         drains.push(spec(
+            &settings,
             &format!("drain, sink 0 ms, in-flight {other}"),
             sink0,
             1,
             other,
         ));
         drains.push(spec(
+            &settings,
             "drain, fauxqs",
             Destination::Fauxqs,
             1,
@@ -306,6 +331,7 @@ async fn run(settings: Settings) {
     if settings.runs("replicas") {
         for replicas in [2, 4] {
             drains.push(spec(
+                &settings,
                 &format!("drain, sink 0 ms, {replicas} replicas"),
                 sink0,
                 replicas,
@@ -323,6 +349,7 @@ async fn run(settings: Settings) {
         };
         for &ordered in modes {
             let mut fifo = spec(
+                &settings,
                 match (ordered_flag, ordered) {
                     (true, true) => "drain, sink 0 ms, FIFO, --ordered on",
                     (true, false) => "drain, sink 0 ms, FIFO, --ordered off",
@@ -346,6 +373,7 @@ async fn run(settings: Settings) {
     if settings.runs("sweep") {
         for &in_flight in &settings.sweep {
             let mut s = spec(
+                &settings,
                 &format!("drain, sink 15 ms, in-flight {in_flight}"),
                 Destination::Sink(SQS_LATENCY),
                 1,
@@ -357,19 +385,98 @@ async fn run(settings: Settings) {
     }
     for spec in drains {
         let run = drain(&settings, spec).await;
-        say(&format!(
-            "{}: {:.0} events/s ({} in {:.2} s{}), relay {:.2} CPU s/10k events, peak RSS {:.1} MiB, {:.2} cores busy; relay DB connections: {}",
-            run.name,
-            run.events_per_second(),
-            run.sent,
-            run.seconds,
-            if run.cut { ", cut at the window" } else { "" },
-            run.relay_cpu_per_10k(),
-            run.relay_peak_rss_mib,
-            run.busy_cores(),
-            run.activity.summary(),
-        ));
+        say_drain(&run);
         report.drains.push(run);
+    }
+
+    if settings.runs("long-group") {
+        // Ordered delivery sends up to 10 consecutive events of a group per FIFO request, one
+        // request per group at a time: does one group's backlog drain at a fair share of the
+        // rate of the same backlog spread over many groups? Each pair back to back, on the
+        // sink (the relay's own limit) and on fauxqs (a real server's).
+        for destination in [sink0, Destination::Fauxqs] {
+            for groups in [workload::GROUPS, 1] {
+                let mut s = spec(
+                    &settings,
+                    &format!(
+                        "long group, {}, {} group{}",
+                        match destination {
+                            Destination::Fauxqs => "fauxqs",
+                            Destination::Sink(_) => "sink 0 ms",
+                        },
+                        groups,
+                        if groups == 1 { "" } else { "s" }
+                    ),
+                    destination,
+                    1,
+                    settings.in_flight,
+                );
+                s.backlog = Backlog {
+                    rows: LONG_GROUP_ROWS,
+                    groups,
+                    payload: Payload::Order,
+                };
+                s.poll = SHORT_DRAIN_POLL;
+                s.fifo = true;
+                s.ordered = true;
+                if ordered_flag {
+                    s.flags = vec!["--ordered".to_string(), "on".to_string()];
+                }
+                let run = drain(&settings, s).await;
+                say_drain(&run);
+                report.long_group.push(run);
+            }
+        }
+    }
+
+    if settings.runs("large-events") {
+        // Payloads near SQS's limit: what the relay holds with the default byte budget, a
+        // smaller one, and one that bounds nothing (rows only, as before the budget).
+        let default_budget = help_value(&relay_run_help(), "--max-bytes-in-flight");
+        let mut budgets: Vec<Option<&str>> = vec![None];
+        if default_budget.is_some() {
+            budgets.extend([Some("8MiB"), Some(UNBOUNDED_BUDGET)]);
+        }
+        for budget in budgets {
+            let backlog = Backlog {
+                rows: LARGE_EVENTS,
+                groups: workload::GROUPS,
+                payload: Payload::Blob(LARGE_EVENT_BYTES),
+            };
+            // Each payload byte is held about three times while in flight; unbounded, the whole
+            // backlog can be.
+            let worst = LARGE_EVENTS * LARGE_EVENT_BYTES as u64 * 3;
+            if budget == Some(UNBOUNDED_BUDGET)
+                && (worst > UNBOUNDED_RSS_LIMIT || worst > mem_available() / 2)
+            {
+                say(&format!(
+                    "large events, --max-bytes-in-flight {UNBOUNDED_BUDGET}: skipped, the relay could hold ~{} MiB ({} MiB available)",
+                    worst >> 20,
+                    mem_available() >> 20
+                ));
+                continue;
+            }
+            let label = match (budget, &default_budget) {
+                (Some(b), _) => format!("--max-bytes-in-flight {b}"),
+                (None, Some(d)) => format!("--max-bytes-in-flight {d} (default)"),
+                (None, None) => "no byte budget in this build".to_string(),
+            };
+            let mut s = spec(
+                &settings,
+                &format!("large events, sink 0 ms, {label}"),
+                sink0,
+                1,
+                settings.in_flight,
+            );
+            s.backlog = backlog;
+            s.poll = SHORT_DRAIN_POLL;
+            if let Some(b) = budget {
+                s.flags = vec!["--max-bytes-in-flight".to_string(), b.to_string()];
+            }
+            let run = drain(&settings, s).await;
+            say_drain(&run);
+            report.large_events.push(run);
+        }
     }
 
     let help = relay_run_help();
@@ -471,9 +578,18 @@ async fn run(settings: Settings) {
     ));
 }
 
-fn spec(name: &str, destination: Destination, replicas: usize, max_in_flight: usize) -> DrainSpec {
+/// A drain of the standard backlog ([`Backlog::orders`] of `OUTBOX_BENCH_ROWS`).
+fn spec(
+    settings: &Settings,
+    name: &str,
+    destination: Destination,
+    replicas: usize,
+    max_in_flight: usize,
+) -> DrainSpec {
     DrainSpec {
         name: name.to_string(),
+        backlog: Backlog::orders(settings.rows),
+        poll: DRAIN_POLL,
         destination,
         replicas,
         max_in_flight,
@@ -487,6 +603,33 @@ fn spec(name: &str, destination: Destination, replicas: usize, max_in_flight: us
 /// Progress goes to stdout with the table; the relays' own log lines go to stderr.
 fn say(line: &str) {
     println!("{line}");
+}
+
+fn say_drain(run: &DrainRun) {
+    say(&format!(
+        "{}: {:.0} events/s ({} in {:.2} s{}), relay {:.2} CPU s/10k events, peak RSS {:.1} MiB, {:.2} cores busy; relay DB connections: {}",
+        run.name,
+        run.events_per_second(),
+        run.sent,
+        run.seconds,
+        if run.cut { ", cut at the window" } else { "" },
+        run.relay_cpu_per_10k(),
+        run.relay_peak_rss_mib,
+        run.busy_cores(),
+        run.activity.summary(),
+    ));
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes (0 when unknown, which skips what needs memory).
+fn mem_available() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
 }
 
 /// The `[default: N]` clap prints under `flag` in `--help`.
@@ -586,7 +729,8 @@ fn check_alive(relays: &[RelayProcess]) {
 /// their `outbox_events_sent_total` adds up to the backlog (or the window ends).
 async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
     let database = Database::create().await;
-    let payload_bytes = database.fill(settings.rows).await;
+    let rows = spec.backlog.rows;
+    let payload_bytes = database.fill(&spec.backlog).await;
     let table_mib_before = database.size_mib().await;
     let queue = if spec.fifo { "bench.fifo" } else { "bench" };
     let (sink, queue_url, endpoint) = match spec.destination {
@@ -623,13 +767,17 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
     let mut sent;
     let mut cut = false;
     let mut half_seconds = None;
+    let mut first_sent_seconds = None;
     loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(spec.poll).await;
         sent = sent_total(&relays).await;
-        if half_seconds.is_none() && sent * 2 >= settings.rows {
+        if first_sent_seconds.is_none() && sent > 0 {
+            first_sent_seconds = Some((started.elapsed().as_secs_f64(), sent));
+        }
+        if half_seconds.is_none() && sent * 2 >= rows {
             half_seconds = Some(started.elapsed().as_secs_f64());
         }
-        if sent >= settings.rows {
+        if sent >= rows {
             break;
         }
         let elapsed = started.elapsed();
@@ -641,9 +789,8 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         if elapsed >= DRAIN_TIMEOUT {
             let outputs: Vec<String> = relays.iter().map(|r| r.output()).collect();
             panic!(
-                "{}: only {sent} of {} sent after {DRAIN_TIMEOUT:?}\n{}",
+                "{}: only {sent} of {rows} sent after {DRAIN_TIMEOUT:?}\n{}",
                 spec.name,
-                settings.rows,
                 outputs.join("\n")
             );
         }
@@ -686,10 +833,12 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         fifo: spec.fifo,
         ordered: spec.ordered,
         flags: spec.flags,
-        rows: settings.rows,
+        rows,
+        groups: spec.backlog.groups,
         sent,
         seconds,
         half_seconds,
+        first_sent: first_sent_seconds,
         cut,
         relay_cpu,
         relay_peak_rss_mib,

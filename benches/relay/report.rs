@@ -32,8 +32,13 @@ pub struct DrainRun {
     pub ordered: bool,
     pub flags: Vec<String>,
     pub rows: u64,
+    /// Message groups of the backlog (distinct `aggregate_id`s).
+    pub groups: u64,
     pub sent: u64,
     pub seconds: f64,
+    /// When a reading first saw an event sent, and how many it saw: what comes before is the
+    /// relay's start-up, which weighs on a drain of a second or less.
+    pub first_sent: Option<(f64, u64)>,
     /// When half the backlog had been sent: a drain whose second half is slower than its
     /// first pays for what the first half left behind.
     pub half_seconds: Option<f64>,
@@ -68,6 +73,18 @@ impl DrainRun {
         let half = self.half_seconds.filter(|_| !self.cut)?;
         let rows = self.rows as f64 / 2.0;
         Some((rows / half, rows / (self.seconds - half).max(1e-9)))
+    }
+
+    /// Events/s from the first reading that saw one sent to the end: the drain without the
+    /// relay's start-up.
+    pub fn events_per_second_sending(&self) -> Option<f64> {
+        let (at, sent) = self.first_sent?;
+        (self.seconds > at).then(|| (self.sent - sent) as f64 / (self.seconds - at))
+    }
+
+    /// Entries per SendMessageBatch the sink received.
+    pub fn entries_per_request(&self) -> Option<f64> {
+        Some(self.received? as f64 / self.requests?.max(1) as f64)
     }
 
     pub fn relay_cpu_per_10k(&self) -> f64 {
@@ -115,10 +132,13 @@ impl DrainRun {
             "ordered": self.ordered,
             "flags": self.flags,
             "rows": self.rows,
+            "groups": self.groups,
             "sent": self.sent,
             "seconds": self.seconds,
+            "first_sent_seconds": self.first_sent.map(|f| f.0),
             "cut_at_window": self.cut,
             "events_per_second": self.events_per_second(),
+            "events_per_second_after_first_sent": self.events_per_second_sending(),
             "events_per_second_first_half": self.halves().map(|h| h.0),
             "events_per_second_second_half": self.halves().map(|h| h.1),
             "relay_cpu_seconds": self.relay_cpu,
@@ -288,6 +308,10 @@ pub struct Report {
     pub payload_bytes: f64,
     pub ceilings: Vec<CeilingRun>,
     pub drains: Vec<DrainRun>,
+    /// Ordered FIFO drains of one backlog over many groups and over one (`long-group`).
+    pub long_group: Vec<DrainRun>,
+    /// Drains of events near SQS's size limit under byte budgets (`large-events`).
+    pub large_events: Vec<DrainRun>,
     pub steady: Vec<SteadyRun>,
     pub harm: Vec<HarmRun>,
     pub idle: Vec<IdleRun>,
@@ -360,6 +384,8 @@ impl Report {
             payload_bytes: 0.0,
             ceilings: Vec::new(),
             drains: Vec::new(),
+            long_group: Vec::new(),
+            large_events: Vec::new(),
             steady: Vec::new(),
             harm: Vec::new(),
             idle: Vec::new(),
@@ -439,6 +465,51 @@ impl Report {
         self.sweep()
             .into_iter()
             .max_by(|a, b| a.events_per_second().total_cmp(&b.events_per_second()))
+    }
+
+    /// Per destination of the long-group runs: (destination, one group's run, many groups' run).
+    fn long_group_pairs(&self) -> Vec<(String, Option<&DrainRun>, Option<&DrainRun>)> {
+        let mut destinations: Vec<String> = Vec::new();
+        for d in &self.long_group {
+            if !destinations.contains(&d.destination_label()) {
+                destinations.push(d.destination_label());
+            }
+        }
+        destinations
+            .into_iter()
+            .map(|dest| {
+                let of = |one: bool| {
+                    self.long_group
+                        .iter()
+                        .find(|d| d.destination_label() == dest && (d.groups == 1) == one)
+                };
+                (dest.clone(), of(true), of(false))
+            })
+            .collect()
+    }
+
+    /// One group's rate ÷ many groups', without the relays' start-up (see
+    /// [`DrainRun::events_per_second_sending`]), and from their start.
+    fn long_group_ratio(
+        one: Option<&DrainRun>,
+        many: Option<&DrainRun>,
+    ) -> (Option<f64>, Option<f64>) {
+        let (Some(one), Some(many)) = (one, many) else {
+            return (None, None);
+        };
+        (
+            one.events_per_second_sending()
+                .zip(many.events_per_second_sending())
+                .map(|(a, b)| a / b),
+            Some(one.events_per_second() / many.events_per_second()),
+        )
+    }
+
+    /// The large-event run at the relay's default byte budget.
+    fn large_events_default(&self) -> Option<&DrainRun> {
+        self.large_events
+            .iter()
+            .find(|d| !d.flags.iter().any(|f| f == "--max-bytes-in-flight"))
     }
 
     fn ratio(a: Option<&DrainRun>, b: Option<f64>) -> Option<f64> {
@@ -522,6 +593,23 @@ impl Report {
                 Self::ratio(self.replicas(4), c4),
             ),
         ]);
+        for (dest, one, many) in self.long_group_pairs() {
+            let (sending, from_start) = Self::long_group_ratio(one, many);
+            r.push((
+                format!(
+                    "long group ({dest}): 1 group ÷ {} groups, after the first send",
+                    many.map_or(0, |m| m.groups)
+                ),
+                sending,
+            ));
+            r.push((
+                format!(
+                    "long group ({dest}): 1 group ÷ {} groups, from the relay's start",
+                    many.map_or(0, |m| m.groups)
+                ),
+                from_start,
+            ));
+        }
         r
     }
 
@@ -681,6 +769,30 @@ impl Report {
                     .reduce(f64::max),
             ),
         ]);
+        // Issue 10: a long group drains fast; large events stay inside a 256 MiB container.
+        let pairs = self.long_group_pairs();
+        if pairs.is_empty() {
+            targets.push(at_least(
+                "long group: one group's 5,000 events ÷ 5,000 over 1,000 groups",
+                0.3,
+                None,
+                String::new(),
+            ));
+        }
+        for (dest, one, many) in pairs {
+            targets.push(at_least(
+                &format!("long group ({dest}): one group's 5,000 events ÷ 5,000 over 1,000 groups"),
+                0.3,
+                Self::long_group_ratio(one, many).0,
+                "ordered FIFO; rates after the first send".to_string(),
+            ));
+        }
+        targets.push(at_most(
+            "relay peak RSS, ~900 KB events, default --max-bytes-in-flight",
+            256.0,
+            "MiB",
+            self.large_events_default().map(|d| d.relay_peak_rss_mib),
+        ));
         targets
     }
 
@@ -763,7 +875,14 @@ impl Report {
                 );
             }
         }
-        if !(self.ceilings.is_empty() && self.drains.is_empty() && self.steady.is_empty()) {
+        self.long_group_table(&mut t);
+        self.large_events_table(&mut t);
+        if !(self.ceilings.is_empty()
+            && self.drains.is_empty()
+            && self.long_group.is_empty()
+            && self.large_events.is_empty()
+            && self.steady.is_empty())
+        {
             let _ = writeln!(
                 t,
                 "\n### What the relays' database connections did (pg_stat_activity every 20 ms)\n"
@@ -779,7 +898,12 @@ impl Report {
                     c.activity.summary()
                 );
             }
-            for d in &self.drains {
+            for d in self
+                .drains
+                .iter()
+                .chain(&self.long_group)
+                .chain(&self.large_events)
+            {
                 let _ = writeln!(t, "| {} | {} |", d.name, d.activity.summary());
             }
             for r in &self.steady {
@@ -881,6 +1005,101 @@ impl Report {
         t
     }
 
+    fn long_group_table(&self, t: &mut String) {
+        if self.long_group.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            t,
+            "\n### Long group: one group's backlog against the same backlog over many groups (ordered FIFO, --batch-size {}; fsync=off cluster)\n",
+            self.batch
+        );
+        let _ = writeln!(
+            t,
+            "| run | groups | events | events/s | events/s after the first send | seconds (first send seen at) | requests | entries per request | entries behind their group | relay CPU s / 10k | relay DB conn busy | CPU s others | cores busy |"
+        );
+        let _ = writeln!(
+            t,
+            "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for d in &self.long_group {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {:.0} | {} | {:.2} ({}) | {} | {} | {} | {:.2} | {:.0}% | {:.1} | {:.2} |",
+                d.name,
+                d.groups,
+                d.sent,
+                d.events_per_second(),
+                d.events_per_second_sending()
+                    .map_or("—".to_string(), |r| format!("{r:.0}")),
+                d.seconds,
+                d.first_sent
+                    .map_or("—".to_string(), |(at, n)| format!("{at:.2} s, {n} sent")),
+                d.requests.map_or("—".to_string(), |r| r.to_string()),
+                d.entries_per_request()
+                    .map_or("—".to_string(), |e| format!("{e:.1}")),
+                if d.requests.is_some() {
+                    d.fifo_behind.to_string()
+                } else {
+                    "—".to_string()
+                },
+                d.relay_cpu_per_10k(),
+                d.activity.busy() * 100.0,
+                d.cpu.others(d.relay_cpu),
+                d.busy_cores()
+            );
+        }
+        let _ = writeln!(t);
+        let _ = writeln!(
+            t,
+            "| destination | 1 group ÷ many, after the first send | from the relay's start |"
+        );
+        let _ = writeln!(t, "|---|---:|---:|");
+        for (dest, one, many) in self.long_group_pairs() {
+            let (sending, from_start) = Self::long_group_ratio(one, many);
+            let _ = writeln!(
+                t,
+                "| {dest} | {} | {} |",
+                fmt_ratio(sending),
+                fmt_ratio(from_start)
+            );
+        }
+    }
+
+    fn large_events_table(&self, t: &mut String) {
+        if self.large_events.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            t,
+            "\n### Large events: a backlog near SQS's message size limit (sink 0 ms, standard queue, --batch-size {}, --max-in-flight {}; fsync=off cluster)\n",
+            self.batch, self.in_flight
+        );
+        let _ = writeln!(
+            t,
+            "| run | events | payload bytes (mean) | events/s | seconds | relay peak RSS MiB | relay CPU s | requests | entries per request | CPU s others | cores busy |"
+        );
+        let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for d in &self.large_events {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.2} | {} | {} | {:.1} | {:.2} |",
+                d.name,
+                d.sent,
+                d.payload_bytes,
+                d.events_per_second(),
+                d.seconds,
+                d.relay_peak_rss_mib,
+                d.relay_cpu,
+                d.requests.map_or("—".to_string(), |r| r.to_string()),
+                d.entries_per_request()
+                    .map_or("—".to_string(), |e| format!("{e:.1}")),
+                d.cpu.others(d.relay_cpu),
+                d.busy_cores()
+            );
+        }
+    }
+
     /// results.json, table.md, and the plot data: inflight.tsv, inflight0.tsv, latency_cdf.tsv,
     /// plot_vars.gp.
     pub fn write(&self, dir: &Path) {
@@ -908,6 +1127,8 @@ impl Report {
                 "connection_waits": c.activity.waits,
             })).collect::<Vec<_>>(),
             "drains": self.drains.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
+            "long_group": self.long_group.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
+            "large_events": self.large_events.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
             "steady": self.steady.iter().map(SteadyRun::to_json).collect::<Vec<_>>(),
             "harm": self.harm.iter().map(HarmRun::to_json).collect::<Vec<_>>(),
             "idle": self.idle.iter().map(IdleRun::to_json).collect::<Vec<_>>(),

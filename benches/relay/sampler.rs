@@ -132,9 +132,18 @@ impl Sampler {
 }
 
 /// Which of the relay's statements a query text is (sql/*.sql). pg_stat_activity keeps only
-/// the first 1 KiB of a query, so each is told by text near its start.
+/// the first 1 KiB of a query, so each is told by text near its start: the claims by the
+/// opening comments of their sql/claim_*.sql (their CTEs start after the first 1 KiB).
 fn classify(query: &str) -> &'static str {
-    if query.contains("candidates AS") || query.contains("SET lease_owner = $2") {
+    const CLAIM_OPENINGS: &[&str] = &[
+        "-- Up to $1 claimable rows",
+        "-- Fair claiming:",
+        "-- Ordered delivery:",
+    ];
+    if CLAIM_OPENINGS.iter().any(|o| query.contains(o))
+        || query.contains("candidates AS")
+        || query.contains("SET lease_owner = $2")
+    {
         "claim"
     } else if query.contains("SET sent_at = now()") {
         "mark sent"

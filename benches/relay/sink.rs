@@ -1,5 +1,5 @@
-//! A minimal SQS endpoint that only answers SendMessageBatch (JSON protocol), at once or after a
-//! fixed delay. It costs next to nothing, so what a drain against it shows is the relay's and
+//! A minimal SQS endpoint that only answers SendMessageBatch and GetQueueAttributes (JSON
+//! protocol), at once or after a fixed delay. It costs next to nothing, so what a drain against it shows is the relay's and
 //! the database's own limit, and the delay stands in for SQS's in-region round trip.
 //!
 //! Every entry is accepted. The Rust SDK (aws-sdk-sqs 1.119) does not check MD5 digests, and
@@ -53,6 +53,15 @@ struct SendMessageBatch {
     #[serde(rename = "Entries")]
     entries: Vec<Entry>,
 }
+
+#[derive(Deserialize)]
+struct GetQueueAttributes {
+    #[serde(rename = "QueueUrl")]
+    queue_url: String,
+}
+
+/// What the sink says of every queue: SQS's largest message size, and FIFO by the name.
+const MAXIMUM_MESSAGE_SIZE: usize = 1024 * 1024;
 
 #[derive(Deserialize)]
 struct Entry {
@@ -173,6 +182,17 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
                 Ok(batch) => (200, accept(&state, &batch, received)),
                 Err(e) => (400, error_body(&format!("bad SendMessageBatch body: {e}"))),
             }
+        } else if target == "AmazonSQS.GetQueueAttributes" {
+            // The relay reads each queue's MaximumMessageSize before planning requests and asks
+            // again with every claim until it gets an answer: a refusal here would add a round
+            // trip to every claim that SQS does not.
+            match serde_json::from_slice::<GetQueueAttributes>(body) {
+                Ok(request) => (200, queue_attributes(&request.queue_url)),
+                Err(e) => (
+                    400,
+                    error_body(&format!("bad GetQueueAttributes body: {e}")),
+                ),
+            }
         } else {
             (400, error_body(&format!("{target} is not served here")))
         };
@@ -234,6 +254,18 @@ fn accept(state: &State, batch: &SendMessageBatch, received: Instant) -> String 
     }
     out.push_str("],\"Failed\":[]}");
     out
+}
+
+fn queue_attributes(queue_url: &str) -> String {
+    let mut attributes = serde_json::Map::new();
+    attributes.insert(
+        "MaximumMessageSize".to_string(),
+        MAXIMUM_MESSAGE_SIZE.to_string().into(),
+    );
+    if queue_url.ends_with(".fifo") {
+        attributes.insert("FifoQueue".to_string(), "true".into());
+    }
+    serde_json::json!({ "Attributes": attributes }).to_string()
 }
 
 /// The number at the end of an event ID such as `bench-1234` or `s2000-17`.

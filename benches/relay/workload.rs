@@ -12,9 +12,53 @@ use outbox_relay::row::{SentRow, Settlement};
 use crate::support::pg::PrivatePg;
 use crate::support::{self, TestDb};
 
-/// Message groups (distinct `aggregate_id`s) in every backlog, so the ordered FIFO run and the
-/// unordered runs drain the same rows.
+/// Message groups (distinct `aggregate_id`s) in the steady producers' events and in every
+/// backlog but the long-group one, so the ordered FIFO run and the unordered runs drain the
+/// same rows.
 pub const GROUPS: u64 = 1000;
+
+/// What a backlog holds: event n (from 1) goes to group `n % groups`.
+#[derive(Clone, Copy, Debug)]
+pub struct Backlog {
+    pub rows: u64,
+    /// Distinct `aggregate_id`s (FIFO message groups); 1 puts every event in one group.
+    pub groups: u64,
+    pub payload: Payload,
+}
+
+/// The payload of every event of a backlog.
+#[derive(Clone, Copy, Debug)]
+pub enum Payload {
+    /// An order event of about 300 bytes ([`PAYLOAD_SQL`]).
+    Order,
+    /// An order number and a string of about this many bytes: large events, near SQS's 1 MiB
+    /// message limit, to see what bounds the relay's memory.
+    Blob(usize),
+}
+
+impl Backlog {
+    /// `rows` order events over [`GROUPS`] groups: the backlog of the ceilings and drains.
+    pub fn orders(rows: u64) -> Backlog {
+        Backlog {
+            rows,
+            groups: GROUPS,
+            payload: Payload::Order,
+        }
+    }
+
+    fn payload_sql(&self, n: &str) -> String {
+        match self.payload {
+            Payload::Order => with_n(PAYLOAD_SQL, n),
+            // md5 hex is 32 characters; built by PostgreSQL like the order events. Repeated
+            // text compresses well in TOAST, which changes nothing for the relay: it reads
+            // the JSON text.
+            Payload::Blob(bytes) => format!(
+                "jsonb_build_object('order_id', {n}, 'blob', repeat(md5({n}::text), {}))",
+                bytes.div_ceil(32)
+            ),
+        }
+    }
+}
 
 /// A JSON order event of about 300 bytes, built by PostgreSQL from the event number `{n}`,
 /// so the backlog is written with one INSERT … SELECT and never crosses the wire.
@@ -77,21 +121,22 @@ impl Database {
         }
     }
 
-    /// Writes `rows` unsent events `bench-1` … `bench-{rows}` in one statement, then VACUUM
-    /// ANALYZE so that every run starts from the same state instead of racing autovacuum.
-    /// Returns the mean payload size in bytes.
-    pub async fn fill(&self, rows: u64) -> f64 {
+    /// Writes the backlog's unsent events `bench-1` … `bench-{rows}` in one statement, then
+    /// VACUUM ANALYZE so that every run starts from the same state instead of racing
+    /// autovacuum. Returns the mean payload size in bytes (of the JSON text, as the relay
+    /// measures it).
+    pub async fn fill(&self, backlog: &Backlog) -> f64 {
         let client = self.db.client().await;
         client
             .execute(
                 &format!(
                     "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
-                     SELECT 'bench-' || g, 'order', (g % {GROUPS})::text, 'order.paid', {}, {} \
+                     SELECT 'bench-' || g, 'order', (g % $2::bigint)::text, 'order.paid', {}, {} \
                      FROM generate_series(1, $1::bigint) AS g",
-                    with_n(PAYLOAD_SQL, "g"),
+                    backlog.payload_sql("g"),
                     with_n(HEADERS_SQL, "g"),
                 ),
-                &[&(rows as i64)],
+                &[&(backlog.rows as i64), &(backlog.groups.max(1) as i64)],
             )
             .await
             .expect("fill the backlog");
