@@ -8,8 +8,8 @@
 -- become heads only once these are settled.
 --
 -- Heads come from two places, so that none can starve:
--- - `oldest`: the first $6 unsent rows from the floor $5 on (found with one bounded walk of
---   the unsent index): where most heads are;
+-- - `oldest`: among the first $6 unsent rows from the floor $5 on (one bounded walk of the
+--   unsent index), each group's first: where most heads are;
 -- - `others`: when `oldest` does not fill the claim, up to $8 further groups in key order
 --   after the cursor $7, each with its first unsent row (one probe each in the group's
 --   unsent-key index); the relay moves the cursor on with every claim, so every group with a
@@ -27,23 +27,25 @@
 -- The statement returns one row even when it claims nothing: its last column is where the
 -- next claim's `others` starts (NULL: from the first key again).
 WITH RECURSIVE
-window_end AS (
-    SELECT max(w.id) AS id
-    FROM (SELECT id
-          FROM {table}
-          WHERE sent_at IS NULL AND quarantined_at IS NULL AND id >= $5::bigint
-          ORDER BY id
-          LIMIT $6) AS w
+window_rows AS (
+    SELECT w.id, {key_w} AS k
+    FROM {table} AS w
+    WHERE w.sent_at IS NULL AND w.quarantined_at IS NULL AND w.id >= $5::bigint
+    ORDER BY w.id
+    LIMIT $6
 ),
+-- Only a group's first row in the window can be its head (the window starts at the first
+-- unsent row), so a long group costs one probe here, not one per row it has in the window.
 oldest AS (
     SELECT c.id
-    FROM {table} AS c
-    WHERE c.sent_at IS NULL
+    FROM (SELECT id, row_number() OVER (PARTITION BY k ORDER BY id) AS nth
+          FROM window_rows) AS f
+    JOIN {table} AS c ON c.id = f.id
+    WHERE f.nth = 1
+      AND c.sent_at IS NULL
       AND c.quarantined_at IS NULL
       AND c.available_at <= now()
       AND (c.lease_until IS NULL OR c.lease_until < now())
-      AND c.id >= $5
-      AND c.id <= (SELECT id FROM window_end)
       AND {head_c}
     ORDER BY c.id
     LIMIT $1

@@ -103,11 +103,11 @@ impl Bound {
     }
 }
 
-/// Rows the ordered claim's `oldest` looks at, at most: enough to find a claim's worth of group
-/// heads when groups interleave, and a bound on its probes when a few groups hold a long
-/// backlog (`others` reaches the groups behind them).
+/// Rows the ordered claim's `oldest` looks at, at most: about two claims' worth of group heads
+/// when groups interleave, and little to read when a few groups hold a long backlog (`others`
+/// reaches the groups behind them).
 fn ordered_window(limit: i64) -> i64 {
-    (limit * 10).max(1000)
+    (limit * 2).max(200)
 }
 
 impl ClaimStrategy {
@@ -272,6 +272,7 @@ impl ClaimStrategy {
                 ("key_bare", Value::Sql(&key_sql(key, None))),
                 ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                 ("key_h", Value::Sql(&key_sql(key, Some("h")))),
+                ("key_w", Value::Sql(&key_sql(key, Some("w")))),
                 ("head_c", Value::Sql(head_c.as_deref().expect("ordered"))),
                 ("not_poison_c", Value::Sql(&not_poison_c)),
                 ("keys_anchor", Value::Sql(&keys_anchor)),
