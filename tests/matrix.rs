@@ -2,9 +2,11 @@
 //! own FIFO `queue_url`), fair claiming, table (native, adopted Debezium), retention (kept an
 //! hour, deleted on acknowledgement) and message format (raw, CloudEvents) runs one end-to-end
 //! scenario: events written while two relays run, one relay killed with SIGKILL and replaced,
-//! one acknowledgement lost, one poisoned row. Each cell must end with every row sent (or
-//! deleted) or quarantined with a reason, per-group order on FIFO queues, no undelivered row
-//! missing from the age gauge, and no relay that exited on its own. Contradictory flags are
+//! one acknowledgement lost, three poisoned rows (two refused by the relay, one ending its group
+//! and one in the middle of another, and one refused by SQS). Each cell must end with every row sent (or deleted) or quarantined with a reason
+//! (the rows behind the middle one `blocked` where that group is ordered), per-group order on
+//! FIFO queues, no undelivered row missing from the age gauge, and no relay that exited on its
+//! own. Contradictory flags are
 //! refused at start-up with one line.
 
 use std::collections::{HashMap, HashSet};
@@ -36,8 +38,18 @@ const KILL_AFTER_CHUNK: usize = 3;
 /// Cells at once: each runs two relays, a proxy and receivers on the suite's two cores.
 const PARALLEL: usize = 4;
 /// The last event of group agg-0: no row is behind it, so with ordered delivery and
-/// `--on-poison block` none is parked, and every other row must be delivered.
-const POISONED: usize = EVENTS - GROUPS;
+/// `--on-poison block` none is parked.
+const POISONED_LAST: usize = EVENTS - GROUPS;
+/// The sixth of the ten events of group agg-2: where agg-2 is ordered (a FIFO queue, its own
+/// or the default) the four behind it are parked `blocked`; elsewhere they are sent.
+const POISONED_HEAD: usize = 5 * GROUPS + 2;
+/// The last event of group agg-4, too big for the cell's queues but not for the relay: SQS
+/// refuses it (`sender_fault`). Last of its group, because entries of its group sent with it
+/// in one request are SQS's to accept.
+const REFUSED_BY_SQS: usize = EVENTS - GROUPS + 4;
+const POISONED: [usize; 3] = [POISONED_LAST, POISONED_HEAD, REFUSED_BY_SQS];
+/// The cell's queues take messages up to this size, so [`REFUSED_BY_SQS`] gets to SQS.
+const QUEUE_MESSAGE_SIZE: &str = "8192";
 /// Values of `aggregate_type`, the key of fair claims: each group belongs to one.
 const TENANTS: [&str; 4] = ["order", "invoice", "customer", "refund"];
 const CLOUDEVENTS_SOURCE: &str = "/matrix";
@@ -139,15 +151,17 @@ impl Cell {
         self.destination == Destination::RowFifo
     }
 
-    fn poison_reason(&self) -> &'static str {
-        match self.table {
-            Table::Native => "invalid",
-            Table::Adopted => "too_large",
+    /// Why poisoned event `i` is quarantined.
+    fn poison_reason(&self, i: usize) -> &'static str {
+        match (i, self.table) {
+            (REFUSED_BY_SQS, _) => "sender_fault",
+            (_, Table::Native) => "invalid",
+            (_, Table::Adopted) => "too_large",
         }
     }
 
     /// The cell's events: uuids as event ids (Debezium's `id` is a uuid), groups spread over
-    /// the tenants, the even groups on `row_queue` when there is one, and one poisoned row.
+    /// the tenants, the even groups on `row_queue` when there is one, and the poisoned rows.
     fn events(&self, row_queue: Option<&str>) -> Vec<Event> {
         let mut written = events("matrix", EVENTS, GROUPS);
         for (i, e) in written.iter_mut().enumerate() {
@@ -162,14 +176,30 @@ impl Cell {
                 e.queue_url = row_queue.map(str::to_string);
             }
         }
-        let poisoned = &mut written[POISONED];
-        match self.table {
-            // A header name SQS reserves: refused before sending.
-            Table::Native => poisoned.headers = json!({"AWS.trace": "x"}),
-            // Over SQS's 1 MiB: refused before sending.
-            Table::Adopted => poisoned.payload = json!({"blob": "x".repeat(1 << 20)}),
+        written[REFUSED_BY_SQS].payload = json!({"blob": "y".repeat(10_000)});
+        for i in [POISONED_LAST, POISONED_HEAD] {
+            let poisoned = &mut written[i];
+            match self.table {
+                // A header name SQS reserves: refused before sending.
+                Table::Native => poisoned.headers = json!({"AWS.trace": "x"}),
+                // Over SQS's 1 MiB: refused before sending.
+                Table::Adopted => poisoned.payload = json!({"blob": "x".repeat(1 << 20)}),
+            }
         }
         written
+    }
+
+    /// The events parked behind [`POISONED_HEAD`]: its group's later ones where the group's
+    /// queue is FIFO (ordered by `--ordered auto`), none elsewhere.
+    fn blocked(&self, written: &[Event], default_queue: &str) -> Vec<usize> {
+        let head = &written[POISONED_HEAD];
+        let queue = head.queue_url.as_deref().unwrap_or(default_queue);
+        if !queue.ends_with(".fifo") {
+            return Vec::new();
+        }
+        (POISONED_HEAD + 1..EVENTS)
+            .filter(|&i| written[i].aggregate_id == head.aggregate_id)
+            .collect()
     }
 
     /// Writes `events` the way the application of this table does, available after `delay`.
@@ -297,12 +327,13 @@ async fn run_cell(cell: Cell, relays: Arc<Mutex<Vec<Arc<RelayProcess>>>>) -> Str
             crate::adopt::adopt(&db, fair).await;
         }
     }
+    let size = [("MaximumMessageSize", QUEUE_MESSAGE_SIZE)];
     let default_queue = match cell.destination {
-        Destination::Fifo => create_queue("matrix.fifo", &[]).await,
-        Destination::Standard | Destination::RowFifo => create_queue("matrix", &[]).await,
+        Destination::Fifo => create_queue("matrix.fifo", &size).await,
+        Destination::Standard | Destination::RowFifo => create_queue("matrix", &size).await,
     };
     let row_queue = match cell.destination {
-        Destination::RowFifo => Some(create_queue("matrix-rows.fifo", &[]).await),
+        Destination::RowFifo => Some(create_queue("matrix-rows.fifo", &size).await),
         Destination::Standard | Destination::Fifo => None,
     };
     let written = cell.events(row_queue.as_deref());
@@ -390,7 +421,13 @@ async fn run_cell(cell: Cell, relays: Arc<Mutex<Vec<Arc<RelayProcess>>>>) -> Str
     let killed = killed.expect("a relay was killed");
 
     // Every row ends sent (or deleted) or quarantined.
-    let kept = if cell.delete_on_ack { 1 } else { EVENTS as i64 };
+    let blocked = cell.blocked(&written, &default_queue);
+    let undelivered = POISONED.len() + blocked.len();
+    let kept = if cell.delete_on_ack {
+        undelivered as i64
+    } else {
+        EVENTS as i64
+    };
     wait_for(cell, "every row sent or quarantined", Duration::from_secs(120), || async {
         match row_states(&client, table).await {
             (0, _, _, all) if all == kept => Ok(()),
@@ -404,7 +441,7 @@ async fn run_cell(cell: Cell, relays: Arc<Mutex<Vec<Arc<RelayProcess>>>>) -> Str
     let expected_sent = if cell.delete_on_ack {
         0
     } else {
-        EVENTS as i64 - 1
+        (EVENTS - undelivered) as i64
     };
     assert_eq!(sent, expected_sent, "{cell}: rows marked sent");
     let quarantined: Vec<(String, String, String)> = client
@@ -421,13 +458,25 @@ async fn run_cell(cell: Cell, relays: Arc<Mutex<Vec<Arc<RelayProcess>>>>) -> Str
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
+    let mut expected_reasons: Vec<(&str, &str)> = POISONED
+        .iter()
+        .map(|&i| (written[i].event_id.as_str(), cell.poison_reason(i)))
+        .chain(
+            blocked
+                .iter()
+                .map(|&i| (written[i].event_id.as_str(), "blocked")),
+        )
+        .collect();
+    expected_reasons.sort();
+    let mut reasons: Vec<(&str, &str)> = quarantined
+        .iter()
+        .map(|(id, reason, _)| (id.as_str(), reason.as_str()))
+        .collect();
+    reasons.sort();
     assert_eq!(
-        quarantined
-            .iter()
-            .map(|(id, reason, _)| (id.as_str(), reason.as_str()))
-            .collect::<Vec<_>>(),
-        vec![(written[POISONED].event_id.as_str(), cell.poison_reason())],
-        "{cell}: only the poisoned row is quarantined, with its reason: {quarantined:?}"
+        reasons, expected_reasons,
+        "{cell}: only the poisoned rows are quarantined with their reason, and the rows behind \
+         an ordered one are blocked: {quarantined:?}"
     );
 
     // Every other event arrived where it was sent, as it was written.
@@ -438,7 +487,7 @@ async fn run_cell(cell: Cell, relays: Arc<Mutex<Vec<Arc<RelayProcess>>>>) -> Str
         .collect();
     let mut by_queue: HashMap<&str, Vec<&Event>> = HashMap::new();
     for (i, e) in written.iter().enumerate() {
-        if i != POISONED {
+        if !POISONED.contains(&i) && !blocked.contains(&i) {
             let queue = e.queue_url.as_deref().unwrap_or(&default_queue);
             by_queue.entry(queue).or_default().push(e);
         }
@@ -478,22 +527,33 @@ async fn run_cell(cell: Cell, relays: Arc<Mutex<Vec<Arc<RelayProcess>>>>) -> Str
         }
     }
 
-    // Nothing undelivered left, as the gauges see it.
+    // Nothing undelivered is missing from the gauges: the blocked rows are unsent, and aged.
+    let parked = blocked.len() as f64;
     wait_for(
         cell,
         "the gauges at rest",
         Duration::from_secs(10),
         || async {
             let metrics = live[0].scrape().await;
-            let series = [
-                "outbox_unsent_rows",
-                "outbox_oldest_unsent_age_seconds",
-                "outbox_quarantined_rows",
-            ]
-            .map(|s| metric_value(&metrics, s));
-            match series {
-                [Some(0.0), Some(0.0), Some(1.0)] => Ok(()),
-                other => Err(format!("unsent, oldest age, quarantined = {other:?}")),
+            let v = |series| metric_value(&metrics, series);
+            let (unsent, age, quarantined, blocked) = (
+                v("outbox_unsent_rows"),
+                v("outbox_oldest_unsent_age_seconds"),
+                v("outbox_quarantined_rows"),
+                v("outbox_blocked_rows"),
+            );
+            let aged = age.is_some_and(|a| if parked > 0.0 { a > 0.0 } else { a == 0.0 });
+            if unsent == Some(parked)
+                && aged
+                && quarantined == Some(POISONED.len() as f64 + parked)
+                && blocked == Some(parked)
+            {
+                Ok(())
+            } else {
+                Err(format!(
+                    "unsent={unsent:?} oldest_unsent_age={age:?} quarantined={quarantined:?} \
+                     blocked={blocked:?} (parked: {parked})"
+                ))
             }
         },
     )
@@ -530,7 +590,7 @@ async fn run_cell(cell: Cell, relays: Arc<Mutex<Vec<Arc<RelayProcess>>>>) -> Str
             relay.name()
         );
     }
-    format!("{resent} copies sent again")
+    format!("{resent} copies sent again, {} rows blocked", blocked.len())
 }
 
 /// The relay (its id) that holds a lease on an unsent row while a send is held by the proxy.
@@ -633,7 +693,7 @@ fn error_lines(relays: &[Arc<RelayProcess>]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_combination_delivers_through_a_kill_9_a_lost_acknowledgement_and_a_poisoned_row() {
+async fn every_combination_delivers_through_a_kill_9_a_lost_acknowledgement_and_poisoned_rows() {
     let started = Instant::now();
     // `OUTBOX_TEST_MATRIX=fifo/fair` runs only the cells whose name contains it, to reproduce one.
     let only = std::env::var("OUTBOX_TEST_MATRIX").unwrap_or_default();
