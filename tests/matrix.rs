@@ -1,13 +1,13 @@
 //! Every supported combination of destination (standard queue, FIFO queue, rows carrying their
 //! own FIFO `queue_url`), fair claiming, table (native, adopted Debezium), retention (kept an
 //! hour, deleted on acknowledgement) and message format (raw, CloudEvents) runs one end-to-end
-//! scenario: events written while two relays run, one relay killed with SIGKILL and replaced,
-//! one acknowledgement lost, three poisoned rows (two refused by the relay, one ending its group
-//! and one in the middle of another, and one refused by SQS). Each cell must end with every row sent (or deleted) or quarantined with a reason
-//! (the rows behind the middle one `blocked` where that group is ordered), per-group order on
-//! FIFO queues, no undelivered row missing from the age gauge, and no relay that exited on its
-//! own. Contradictory flags are
-//! refused at start-up with one line.
+//! scenario: events written while two relays run, one acknowledgement lost, a relay killed
+//! with SIGKILL mid-send and replaced, three poisoned rows (two the relay refuses, one ending
+//! its group and one in the middle of another; one SQS refuses). Each cell must end with every
+//! row sent (or deleted) or quarantined with a reason (the rows behind the middle one `blocked`
+//! where that group is ordered), per-group order on FIFO queues, no undelivered row missing
+//! from the gauges, and no relay that exited on its own. Contradictory flags are refused at
+//! start-up with one line.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -33,7 +33,7 @@ const GROUPS: usize = 20;
 const EARLY: usize = 40;
 /// Rows per INSERT once the relays run.
 const CHUNK: usize = 20;
-/// The chunk after which the first relay is killed and replaced.
+/// The chunk during whose send a relay is killed and replaced.
 const KILL_AFTER_CHUNK: usize = 3;
 /// Cells at once: each runs two relays, a proxy and receivers on the suite's two cores.
 const PARALLEL: usize = 4;
@@ -676,16 +676,17 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
-/// What a failing cell's relays said at WARN and ERROR.
+/// The last lines a failing cell's relays logged at WARN and ERROR (the first ones are the
+/// faults the scenario injects).
 fn error_lines(relays: &[Arc<RelayProcess>]) -> String {
     let mut out = String::new();
     for relay in relays {
-        for line in relay
-            .output()
+        let output = relay.output();
+        let lines: Vec<&str> = output
             .lines()
             .filter(|l| l.contains("ERROR") || l.contains("WARN"))
-            .take(20)
-        {
+            .collect();
+        for line in &lines[lines.len().saturating_sub(20)..] {
             out.push_str(&format!("    [{}] {line}\n", relay.name()));
         }
     }
