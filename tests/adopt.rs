@@ -7,16 +7,7 @@ use std::time::Duration;
 use crate::scenario::{args, attr, copies, relay_command};
 use crate::support::{create_queue, receive_all, run_to_end, sqs, wait_until, RelayProcess};
 
-const COLUMNS: [&str; 8] = [
-    "--column",
-    "event_id=id",
-    "--column",
-    "aggregate_type=aggregatetype",
-    "--column",
-    "aggregate_id=aggregateid",
-    "--column",
-    "event_type=type",
-];
+use crate::support::DEBEZIUM_COLUMNS as COLUMNS;
 
 /// The application's write, unchanged by the adoption.
 const APP_INSERT: &str = "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
@@ -163,7 +154,8 @@ async fn debezium_table_with_text_headers(db: &crate::support::TestDb) -> tokio_
     client
 }
 
-async fn adopt(db: &crate::support::TestDb, extra: &[&str]) {
+/// `migrate --adopt` of the Debezium table, with `extra` flags (e.g. `--fair-by`).
+pub async fn adopt(db: &crate::support::TestDb, extra: &[&str]) {
     let mut migrate = args(&[
         "migrate",
         "--adopt",

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use crate::scenario::{attr, migrate, run_args, wait_count, Producer};
+use crate::scenario::{attr, migrate, relay_args_for, set_arg, wait_count, Producer};
 use crate::support::pg::PrivatePg;
 use crate::support::{create_queue, receive_all, sqs, FaultProxy, Mode, RelayProcess, TestDb};
 
@@ -39,23 +39,9 @@ enum Action {
 /// Short leases so a killed relay's rows come back within seconds; a send timeout below the
 /// longest injected delay so some delayed sends time out after SQS took them.
 fn relay_args(db: &TestDb, queue: &str, endpoint: &str, relay_id: &str) -> Vec<String> {
-    run_args(
-        db,
-        queue,
-        endpoint,
-        &[
-            "--relay-id",
-            relay_id,
-            "--lease",
-            "3s",
-            "--send-timeout",
-            "1s",
-            "--settle-margin",
-            "1s",
-            "--batch-size",
-            "40",
-        ],
-    )
+    let mut args = relay_args_for(db, queue, endpoint, relay_id);
+    set_arg(&mut args, "--batch-size", "40");
+    args
 }
 
 fn random_mode(rng: &mut fastrand::Rng) -> Mode {

@@ -5,12 +5,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::scenario::{
-    args, attr, copies, count, events, insert, insert_to, migrated_db, relay_command, run_args,
-    wait_count, Event,
+    args, attr, copies, count, events, insert, insert_to, migrate_with, migrated_db,
+    relay_args_for, relay_command, run_args, wait_count, Event,
 };
-use crate::support::{
-    create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess, TestDb,
-};
+use crate::support::{create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess};
 
 /// event_id -> id, to check order at the consumer.
 async fn ids_by_event(client: &tokio_postgres::Client) -> HashMap<String, i64> {
@@ -24,7 +22,7 @@ async fn ids_by_event(client: &tokio_postgres::Client) -> HashMap<String, i64> {
 }
 
 /// Per group, the ids in the order the consumer received them; counts pairs out of order.
-fn order_violations(
+pub fn order_violations(
     received: &[aws_sdk_sqs::types::Message],
     ids: &HashMap<String, i64>,
 ) -> (usize, HashMap<String, Vec<i64>>) {
@@ -39,24 +37,6 @@ fn order_violations(
         .map(|seq| seq.windows(2).filter(|w| w[0] >= w[1]).count())
         .sum();
     (violations, by_group)
-}
-
-fn relay_args_for(db: &TestDb, queue: &str, endpoint: &str, id: &str) -> Vec<String> {
-    run_args(
-        db,
-        queue,
-        endpoint,
-        &[
-            "--relay-id",
-            id,
-            "--lease",
-            "3s",
-            "--send-timeout",
-            "1s",
-            "--settle-margin",
-            "1s",
-        ],
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,19 +187,7 @@ async fn a_poisoned_head_blocks_only_its_group_until_it_is_retried_then_the_grou
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fair_claiming_a_late_row_of_a_quiet_key_overtakes_a_large_backlog() {
     let db = crate::support::fresh_db().await;
-    let (status, output) = crate::support::run_to_end(
-        &args(&[
-            "migrate",
-            "--database-url",
-            &db.url,
-            "--fair-by",
-            "aggregate_type",
-        ]),
-        &[],
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(status.success(), "{output}");
+    migrate_with(&db, &["--fair-by", "aggregate_type"]).await;
     let client = db.client().await;
     let backlog = 100_000;
     client

@@ -13,6 +13,7 @@ mod destination;
 mod faults;
 mod fifo;
 mod liveness;
+mod matrix;
 mod migrate_online;
 mod ops_check;
 mod ops_config_doc;

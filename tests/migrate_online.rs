@@ -6,16 +6,7 @@ use std::time::Duration;
 use crate::scenario::{args, migrated_db};
 use crate::support::{run_to_end, RelayProcess, TestDb};
 
-const COLUMNS: [&str; 8] = [
-    "--column",
-    "event_id=id",
-    "--column",
-    "aggregate_type=aggregatetype",
-    "--column",
-    "aggregate_id=aggregateid",
-    "--column",
-    "event_type=type",
-];
+use crate::support::DEBEZIUM_COLUMNS as COLUMNS;
 
 /// Debezium's outbox-router table with `rows` rows of ~1.5 kB, about five to a page, so that
 /// the backfill takes several page ranges.

@@ -364,21 +364,13 @@ async fn check_and_status_read_an_adopted_table_through_its_view() {
         )
         .await
         .unwrap();
-    let columns = [
-        "--table",
-        "outboxevent",
-        "--column",
-        "event_id=id",
-        "--column",
-        "aggregate_type=aggregatetype",
-        "--column",
-        "aggregate_id=aggregateid",
-        "--column",
-        "event_type=type",
-    ];
+    let columns: Vec<&str> = ["--table", "outboxevent"]
+        .into_iter()
+        .chain(crate::support::DEBEZIUM_COLUMNS)
+        .collect();
     let queue = create_queue("check-adopted", &[("MaximumMessageSize", SIZE)]).await;
     let mut flags = vec!["--max-request-bytes", SIZE];
-    flags.extend(columns);
+    flags.extend(&columns);
 
     // Not adopted yet: the view is missing, and the fix says how to make it.
     let (code, output) = check(&db.url, &queue, &flags).await;

@@ -18,13 +18,15 @@ pub async fn migrated_db() -> TestDb {
 }
 
 pub async fn migrate(db: &TestDb, table: &str) {
-    let (status, output) = run_to_end(
-        &args(&["migrate", "--database-url", &db.url, "--table", table]),
-        &[],
-        Duration::from_secs(30),
-    )
-    .await;
-    assert!(status.success(), "migrate failed: {output}");
+    migrate_with(db, &["--table", table]).await;
+}
+
+/// `migrate` with more flags, e.g. `--fair-by` for the key index fair claims walk.
+pub async fn migrate_with(db: &TestDb, extra: &[&str]) {
+    let mut command = args(&["migrate", "--database-url", &db.url]);
+    command.extend(args(extra));
+    let (status, output) = run_to_end(&command, &[], Duration::from_secs(30)).await;
+    assert!(status.success(), "migrate {extra:?} failed: {output}");
 }
 
 pub fn args(parts: &[&str]) -> Vec<String> {
@@ -64,6 +66,26 @@ pub fn run_args(db: &TestDb, queue_url: &str, endpoint: &str, extra: &[&str]) ->
     a
 }
 
+/// [`run_args`] for replicas that crash: a short lease (a killed relay's rows are taken over
+/// within seconds) and an id of their own.
+pub fn relay_args_for(db: &TestDb, queue: &str, endpoint: &str, id: &str) -> Vec<String> {
+    run_args(
+        db,
+        queue,
+        endpoint,
+        &[
+            "--relay-id",
+            id,
+            "--lease",
+            "3s",
+            "--send-timeout",
+            "1s",
+            "--settle-margin",
+            "1s",
+        ],
+    )
+}
+
 /// One event as the application writes it.
 #[derive(Debug, Clone)]
 pub struct Event {
@@ -73,6 +95,8 @@ pub struct Event {
     pub event_type: String,
     pub payload: serde_json::Value,
     pub headers: serde_json::Value,
+    /// The row's own destination; `None` sends it to its route or the default queue.
+    pub queue_url: Option<String>,
 }
 
 /// `n` events spread over `aggregates` aggregates; every third carries a traceparent header.
@@ -102,6 +126,7 @@ pub fn events(prefix: &str, n: usize, aggregates: usize) -> Vec<Event> {
                     "items": [{"sku": format!("sku-{}", i % 11), "qty": i % 4 + 1}],
                 }),
                 headers,
+                queue_url: None,
             }
         })
         .collect()
@@ -110,23 +135,60 @@ pub fn events(prefix: &str, n: usize, aggregates: usize) -> Vec<Event> {
 /// Writes events in one transaction, as plain SQL with parameters, like an application.
 /// `delay` makes them available only later (they count as unsent meanwhile).
 pub async fn insert(client: &tokio_postgres::Client, events: &[Event], delay: Duration) {
-    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
-    let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
-    let aggs: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let payloads: Vec<String> = events.iter().map(|e| e.payload.to_string()).collect();
-    let headers: Vec<String> = events.iter().map(|e| e.headers.to_string()).collect();
+    write(client, events, delay).await.expect("insert events");
+}
+
+/// `events` as one array per column, in order: the parameters of an INSERT that selects
+/// `FROM unnest(...) WITH ORDINALITY ... ORDER BY` the ordinality, so ids follow the slice.
+pub struct EventColumns<'a> {
+    pub event_ids: Vec<&'a str>,
+    pub aggregate_types: Vec<&'a str>,
+    pub aggregate_ids: Vec<&'a str>,
+    pub event_types: Vec<&'a str>,
+    pub payloads: Vec<String>,
+    pub headers: Vec<String>,
+    pub queue_urls: Vec<Option<&'a str>>,
+}
+
+impl<'a> EventColumns<'a> {
+    pub fn of(events: &'a [Event]) -> EventColumns<'a> {
+        EventColumns {
+            event_ids: events.iter().map(|e| e.event_id.as_str()).collect(),
+            aggregate_types: events.iter().map(|e| e.aggregate_type.as_str()).collect(),
+            aggregate_ids: events.iter().map(|e| e.aggregate_id.as_str()).collect(),
+            event_types: events.iter().map(|e| e.event_type.as_str()).collect(),
+            payloads: events.iter().map(|e| e.payload.to_string()).collect(),
+            headers: events.iter().map(|e| e.headers.to_string()).collect(),
+            queue_urls: events.iter().map(|e| e.queue_url.as_deref()).collect(),
+        }
+    }
+}
+
+async fn write(
+    client: &tokio_postgres::Client,
+    events: &[Event],
+    delay: Duration,
+) -> Result<u64, tokio_postgres::Error> {
+    let c = EventColumns::of(events);
     client
         .execute(
-            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers, available_at)
-             SELECT e, t, a, k, p::jsonb, h::jsonb, now() + make_interval(secs => $7)
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-                  WITH ORDINALITY AS u(e, t, a, k, p, h, n)
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers, queue_url, available_at)
+             SELECT e, t, a, k, p::jsonb, h::jsonb, q, now() + make_interval(secs => $8)
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+                  WITH ORDINALITY AS u(e, t, a, k, p, h, q, n)
              ORDER BY n",
-            &[&ids, &types, &aggs, &kinds, &payloads, &headers, &delay.as_secs_f64()],
+            &[
+                &c.event_ids,
+                &c.aggregate_types,
+                &c.aggregate_ids,
+                &c.event_types,
+                &c.payloads,
+                &c.headers,
+                &c.queue_urls,
+                &delay.as_secs_f64(),
+            ],
         )
         .await
-        .expect("insert events");
 }
 
 pub async fn count(client: &tokio_postgres::Client, condition: &str) -> i64 {
@@ -182,22 +244,7 @@ pub async fn try_insert(
     client: &tokio_postgres::Client,
     events: &[Event],
 ) -> Result<u64, tokio_postgres::Error> {
-    let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
-    let types: Vec<&str> = events.iter().map(|e| e.aggregate_type.as_str()).collect();
-    let aggs: Vec<&str> = events.iter().map(|e| e.aggregate_id.as_str()).collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
-    let payloads: Vec<String> = events.iter().map(|e| e.payload.to_string()).collect();
-    let headers: Vec<String> = events.iter().map(|e| e.headers.to_string()).collect();
-    client
-        .execute(
-            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
-             SELECT e, t, a, k, p::jsonb, h::jsonb
-             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
-                  WITH ORDINALITY AS u(e, t, a, k, p, h, n)
-             ORDER BY n",
-            &[&ids, &types, &aggs, &kinds, &payloads, &headers],
-        )
-        .await
+    write(client, events, Duration::ZERO).await
 }
 
 /// An application writing batches of events, one transaction each, that keeps going through

@@ -10,7 +10,7 @@ fn error_lines(output: &str) -> Vec<&str> {
     output.lines().filter(|l| l.starts_with("error:")).collect()
 }
 
-fn assert_one_clear_line(output: &str, needle: &str) {
+pub fn assert_one_clear_line(output: &str, needle: &str) {
     let errors = error_lines(output);
     assert_eq!(errors.len(), 1, "one error line expected:\n{output}");
     assert!(

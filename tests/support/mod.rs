@@ -240,3 +240,15 @@ pub const DEBEZIUM_OUTBOX_DDL: &str = "CREATE TABLE outboxevent (
     type varchar(255) NOT NULL,
     payload jsonb
 )";
+
+/// The `--column` flags that map [`DEBEZIUM_OUTBOX_DDL`]'s columns to the relay's names.
+pub const DEBEZIUM_COLUMNS: [&str; 8] = [
+    "--column",
+    "event_id=id",
+    "--column",
+    "aggregate_type=aggregatetype",
+    "--column",
+    "aggregate_id=aggregateid",
+    "--column",
+    "event_type=type",
+];
