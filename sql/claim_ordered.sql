@@ -3,9 +3,10 @@
 -- A row is a group's head when no earlier row of its group is unsent (the row just
 -- before it in the group's order index is sent, or, with --on-poison skip, quarantined as
 -- poison; rows parked as `blocked` or `destination` are not poison and hold the group). A claim
--- takes heads and, behind each head, up to 9 more rows of its group that are claimable one
--- after the other, so a long group travels 10 events per FIFO request; the group's next rows
--- become heads only once these are settled.
+-- takes heads and, behind each head, up to 9 more rows of its group (29 when there are few
+-- heads) that are claimable one after the other, so a long group travels 10 events per FIFO
+-- request, its requests one after the other; the group's next rows become heads only once
+-- these are settled.
 --
 -- Heads come from two places, so that none can starve:
 -- - `oldest`: among the first $6 unsent rows from the floor $5 on (one bounded walk of the
@@ -104,7 +105,10 @@ runs AS (
                       AND c.sent_at IS NULL
                       {not_poison_c}
                     ORDER BY {key_c}, c.id
-                    LIMIT 9) AS g) AS s
+                    -- 9 rows behind each head, up to 29 when the claim found few heads: a
+                    -- lone long group then sends up to three requests of 10, one after
+                    -- the other, per claim and settlement.
+                    LIMIT greatest(9, least(29, $1 / greatest((SELECT count(*) FROM heads), 1) - 1))) AS g) AS s
         WHERE s.open
     ) AS r
 ),

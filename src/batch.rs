@@ -130,6 +130,9 @@ pub struct Plan {
     /// beyond what the group's one request can hold): given back without counting an attempt,
     /// they come back as the group's next head.
     pub released: Vec<usize>,
+    /// Requests that go only once another was accepted entry by entry: the rest of a group too
+    /// long for one request, keyed by the first entry `id` of the request it follows.
+    pub sequels: Vec<(String, BatchRequest)>,
 }
 
 /// Is this a FIFO queue? SQS requires FIFO queue names to end in `.fifo`.
@@ -210,11 +213,37 @@ pub fn plan_within(
         }
     }
     // Then whole units into requests of at most MAX_ENTRIES entries and the queue's size
-    // limit. A unit that cannot fit one request alone sends its longest prefix that does and
-    // gives the rest back: a group never has two requests in flight.
+    // limit. A unit that cannot fit one request alone goes as a chain of requests, each sent
+    // once the one before was accepted: a group never has two requests in flight.
     let mut filling: HashMap<String, usize> = HashMap::new();
     for (queue_url, mut entries) in units {
         let max_bytes = limit_of(&queue_url);
+        let total: usize = entries.iter().map(|e| e.size).sum();
+        if entries.len() > MAX_ENTRIES || total > max_bytes {
+            let mut chain: Vec<BatchRequest> = Vec::new();
+            for entry in entries {
+                let full = chain.last().is_none_or(|r| {
+                    r.entries.len() == MAX_ENTRIES || r.size() + entry.size > max_bytes
+                });
+                if full {
+                    chain.push(BatchRequest {
+                        queue_url: queue_url.clone(),
+                        entries: Vec::with_capacity(MAX_ENTRIES),
+                    });
+                }
+                chain.last_mut().expect("pushed").entries.push(entry);
+            }
+            let mut chain = chain.into_iter();
+            let first = chain.next().expect("a long unit");
+            let mut previous = first.entries[0].id.clone();
+            plan.requests.push(first);
+            for request in chain {
+                let next = request.entries[0].id.clone();
+                plan.sequels.push((previous, request));
+                previous = next;
+            }
+            continue;
+        }
         let fits = |r: &BatchRequest, entries: &[Entry]| {
             r.entries.len() + entries.len() <= MAX_ENTRIES
                 && r.size() + entries.iter().map(|e| e.size).sum::<usize>() <= max_bytes
@@ -843,7 +872,7 @@ mod tests {
     }
 
     #[test]
-    fn what_does_not_fit_a_groups_request_is_released_not_sent_apart() {
+    fn what_does_not_fit_a_groups_request_follows_it() {
         let big = format!("\"{}\"", "y".repeat(400));
         let rows: Vec<ClaimedRow> = group(4)
             .into_iter()
@@ -857,7 +886,17 @@ mod tests {
         let plan = plan(&rows, &cfg);
         assert_eq!(plan.requests.len(), 1);
         assert_eq!(plan.requests[0].entries.len(), 2);
-        assert_eq!(plan.released, vec![2, 3]);
+        assert!(plan.released.is_empty());
+        // The rest follows the first request, never beside it.
+        assert_eq!(plan.sequels.len(), 1);
+        assert_eq!(plan.sequels[0].0, "1");
+        let ids: Vec<&str> = plan.sequels[0]
+            .1
+            .entries
+            .iter()
+            .map(|e| e.id.as_str())
+            .collect();
+        assert_eq!(ids, ["3", "4"]);
     }
 
     #[test]

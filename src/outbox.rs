@@ -46,7 +46,7 @@ use ident::key_sql;
 use template::{render, Value};
 
 pub use admin::{QuarantineEntry, RetrySelection};
-pub use claim::{ClaimRequest, ClaimStrategy, OrderScope, Ordered, RUN_FOLLOWERS};
+pub use claim::{ClaimRequest, ClaimStrategy, OrderScope, Ordered};
 pub use columns::ColumnMap;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};

@@ -312,10 +312,11 @@ impl Relay {
             .into_iter()
             .map(|request| self.send(request, lease_deadline, &shutdown))
             .collect();
-        // Halves of an ordered request that SQS refused as a whole go one after the other: the
-        // second only once the first was accepted entry by entry (keyed by the first half's
-        // first entry), so a group split between them keeps its order.
-        let mut after: HashMap<String, BatchRequest> = HashMap::new();
+        // Requests that must follow another go only once it was accepted entry by entry (keyed
+        // by its first entry): the rest of a group too long for one request, and the halves of
+        // an ordered request SQS refused as a whole. Otherwise they go back unsent, so a group
+        // keeps its order.
+        let mut after: HashMap<String, BatchRequest> = plan.sequels.into_iter().collect();
         while let Some((request, result)) = sends.next().await {
             let first = request.entries[0].id.clone();
             let mut all_sent = false;

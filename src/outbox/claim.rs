@@ -12,9 +12,6 @@ use super::ident::{key_sql, TableName};
 use super::template::{render, Value};
 use crate::row::KeyColumn;
 
-/// Rows after a group's head that one claim may take with it: a FIFO request holds 10 entries.
-pub const RUN_FOLLOWERS: usize = 9;
-
 /// How claims choose rows; built once at start-up from the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ClaimStrategy {
