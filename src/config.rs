@@ -300,8 +300,8 @@ pub struct RunArgs {
     pub max_request_bytes: usize,
 
     /// Payload bytes being delivered at once, at most (claims stop at it): what bounds the
-    /// relay's memory with large events. Each byte is held about three times while in flight;
-    /// the default keeps a relay under 256 MiB with events of any size (docs/benchmarks.md).
+    /// relay's memory with large events, at about five bytes of memory per budget byte; the
+    /// default keeps a relay under 256 MiB with events of any size (docs/benchmarks.md).
     /// Bytes, or with a KiB/MiB/GiB suffix.
     #[arg(long, env = "OUTBOX_MAX_BYTES_IN_FLIGHT", default_value = "32MiB", value_parser = parse_bytes)]
     pub max_bytes_in_flight: usize,
