@@ -293,8 +293,32 @@ impl Relay {
         let Claimed {
             rows, unreadable, ..
         } = claimed;
-        let limits = self.queue_limits(&rows).await;
-        let plan = batch::plan_within(&rows, &self.plan_config, &limits);
+        let mut limits = self.queue_limits(&rows).await;
+        let mut plan = batch::plan_within(&rows, &self.plan_config, &limits);
+        // A row refused for a queue's own limit is checked against that queue once more before
+        // it is quarantined: an operator who raised the limit and re-drove it must not meet the
+        // limit remembered from before.
+        let stale: Vec<String> = plan
+            .rejected
+            .iter()
+            .filter(|r| r.reason == QuarantineReason::TooLarge)
+            .map(|r| self.plan_config.queue_for(&rows[r.row]).to_string())
+            .filter(|q| {
+                limits
+                    .get(q)
+                    .is_some_and(|&l| l < self.config.max_request_bytes)
+            })
+            .collect();
+        if !stale.is_empty() {
+            {
+                let mut known = self.queue_limits.lock().expect("queue limits lock");
+                for queue in &stale {
+                    known.remove(queue);
+                }
+            }
+            limits = self.queue_limits(&rows).await;
+            plan = batch::plan_within(&rows, &self.plan_config, &limits);
+        }
         let mut settlement = Settlement::default();
         for row in unreadable {
             tracing::warn!(id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
