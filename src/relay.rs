@@ -22,7 +22,7 @@ use crate::destination::{Destinations, Park};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
-use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, Transport};
+use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestReaction, Transport};
 use crate::row::{
     Claimed, ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
@@ -360,11 +360,17 @@ impl Relay {
                 }
                 Err(Unsent::Failed(failure)) => {
                     let class = retry::classify(&failure);
-                    if class == FailureClass::BadRequest && request.entries.len() > 1 {
-                        // Some entry made SQS refuse the whole request (moto does this for
-                        // one oversized body): halve until the culprit stands alone.
+                    let reaction = retry::request_reaction(
+                        class,
+                        request.entries.len(),
+                        self.keeps_order(&request.queue_url),
+                    );
+                    if let RequestReaction::Split {
+                        one_after_the_other,
+                    } = reaction
+                    {
                         let (left, right) = request.split();
-                        if self.keeps_order(&left.queue_url) {
+                        if one_after_the_other {
                             if let Some(next) = after.remove(&first) {
                                 after.insert(right.entries[0].id.clone(), next);
                             }
@@ -375,7 +381,14 @@ impl Relay {
                         sends.push(self.send(left, lease_deadline, &shutdown));
                         continue;
                     }
-                    self.request_failed(&mut settlement, &rows, &request, class, &failure);
+                    self.request_failed(
+                        &mut settlement,
+                        &rows,
+                        &request,
+                        class,
+                        reaction,
+                        &failure,
+                    );
                 }
                 Err(Unsent::Parked(park)) => {
                     let now = Instant::now();
@@ -593,6 +606,7 @@ impl Relay {
         rows: &[ClaimedRow],
         request: &BatchRequest,
         class: FailureClass,
+        reaction: RequestReaction,
         failure: &RequestFailure,
     ) {
         let entries = request.entries.len() as u64;
@@ -600,18 +614,19 @@ impl Relay {
             Some(code) => format!("{code}: {}", failure.message),
             None => failure.message.clone(),
         };
-        if class == FailureClass::Destination {
+        if reaction == RequestReaction::ParkTheQueue {
             self.destination_refused(settlement, rows, request, &what);
             return;
         }
         metrics::counter!(names::SEND_FAILURES, "kind" => class.metric_kind()).increment(entries);
-        if class == FailureClass::BadRequest {
+        if reaction == RequestReaction::QuarantineTheEntry {
             let row = &rows[request.entries[0].row];
             quarantine(settlement, row, QuarantineReason::Rejected, what);
             return;
         }
+        // Splitting is the caller's; whatever else is left pauses the relay and releases the rows.
         let delay = self.pressure.push(&self.config);
-        if class == FailureClass::Config {
+        if reaction == (RequestReaction::PauseAndRelease { not_ready: true }) {
             self.health.set_config_error(Some(what.clone()));
             tracing::error!(error = %what, retry_in = ?delay, queue_url = %request.queue_url,
                 "SQS refused the relay's credentials; rows stay unsent, fix the credentials, region or clock");

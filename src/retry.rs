@@ -217,6 +217,40 @@ pub fn entry_decision(
     }
 }
 
+/// What the relay does about a request that failed as a whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestReaction {
+    /// Some entry made SQS refuse the whole request (moto does this for one oversized body):
+    /// halve it until the culprit stands alone; the halves of a request carrying ordered
+    /// groups go one after the other.
+    Split { one_after_the_other: bool },
+    /// A request of one entry refused as bad input: that row is quarantined (`rejected`).
+    QuarantineTheEntry,
+    /// The destination queue refused the relay: its rows are parked on that queue's own
+    /// back-off; other queues are untouched.
+    ParkTheQueue,
+    /// Not the rows' fault: they go back with their attempts and the whole relay pauses;
+    /// `not_ready` when the relay's credentials were refused (readiness fails until a request
+    /// succeeds again).
+    PauseAndRelease { not_ready: bool },
+}
+
+/// Decides [`RequestReaction`] from the failure's class, the request's size and whether it
+/// carries ordered groups.
+pub fn request_reaction(class: FailureClass, entries: usize, ordered: bool) -> RequestReaction {
+    match class {
+        FailureClass::BadRequest if entries > 1 => RequestReaction::Split {
+            one_after_the_other: ordered,
+        },
+        FailureClass::BadRequest => RequestReaction::QuarantineTheEntry,
+        FailureClass::Destination => RequestReaction::ParkTheQueue,
+        FailureClass::Config => RequestReaction::PauseAndRelease { not_ready: true },
+        FailureClass::Throttled | FailureClass::Transient => {
+            RequestReaction::PauseAndRelease { not_ready: false }
+        }
+    }
+}
+
 /// Capped exponential backoff with full jitter: a uniformly random wait in
 /// `[0, min(cap, base * 2^(attempt-1)))`. `jitter` is the random draw in `[0, 1)`, passed in so
 /// tests can pin it; callers use `fastrand::f64()`.
@@ -349,6 +383,33 @@ mod tests {
                 transport,
             };
             assert_eq!(classify(&f), FailureClass::Transient);
+        }
+    }
+
+    #[test]
+    fn a_failed_request_is_split_quarantined_parked_or_paused_by_its_class() {
+        use RequestReaction::*;
+        let r = request_reaction;
+        assert_eq!(
+            r(FailureClass::BadRequest, 10, true),
+            Split {
+                one_after_the_other: true
+            }
+        );
+        assert_eq!(
+            r(FailureClass::BadRequest, 2, false),
+            Split {
+                one_after_the_other: false
+            }
+        );
+        assert_eq!(r(FailureClass::BadRequest, 1, true), QuarantineTheEntry);
+        assert_eq!(r(FailureClass::Destination, 10, true), ParkTheQueue);
+        assert_eq!(
+            r(FailureClass::Config, 10, false),
+            PauseAndRelease { not_ready: true }
+        );
+        for class in [FailureClass::Throttled, FailureClass::Transient] {
+            assert_eq!(r(class, 1, true), PauseAndRelease { not_ready: false });
         }
     }
 
