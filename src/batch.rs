@@ -126,9 +126,8 @@ pub struct Rejected {
 pub struct Plan {
     pub requests: Vec<BatchRequest>,
     pub rejected: Vec<Rejected>,
-    /// Rows of an ordered group that must not go now (behind a rejected row of their group, or
-    /// beyond what the group's one request can hold): given back without counting an attempt,
-    /// they come back as the group's next head.
+    /// Rows of an ordered group that must not go now (behind a rejected row of their group):
+    /// given back without counting an attempt, they come back behind it.
     pub released: Vec<usize>,
     /// Requests that go only once another was accepted entry by entry: the rest of a group too
     /// long for one request, keyed by the first entry `id` of the request it follows.
@@ -259,16 +258,9 @@ pub fn plan_within(
                 plan.requests.len() - 1
             }
         };
-        let request = &mut plan.requests[slot];
-        let mut taken = 0;
-        while taken < entries.len() && fits(request, &entries[taken..=taken]) {
-            request.entries.push(entries[taken].clone());
-            taken += 1;
-        }
-        plan.released
-            .extend(entries.drain(taken..).map(|entry| entry.row));
+        // The unit fits one request (longer ones went as a chain above), so a fresh one holds it.
+        plan.requests[slot].entries.append(&mut entries);
     }
-    plan.released.sort_unstable();
     plan
 }
 
