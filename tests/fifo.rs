@@ -152,17 +152,7 @@ async fn a_poisoned_head_blocks_only_its_group_until_it_is_retried_then_the_grou
     assert_eq!(listed.matches("blocked").count(), 8, "{listed}");
 
     // Fix the cause, re-drive the head only: the relay releases the rest of the group.
-    crate::support::sqs_client()
-        .await
-        .set_queue_attributes()
-        .queue_url(&queue)
-        .attributes(
-            aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize,
-            "262144",
-        )
-        .send()
-        .await
-        .unwrap();
+    crate::support::set_max_message_size(&queue, 262_144).await;
     let moved = relay_command(&[
         "quarantine",
         "retry",

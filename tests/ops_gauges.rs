@@ -82,17 +82,7 @@ async fn rows_parked_behind_a_quarantined_head_stay_in_the_unsent_gauges_until_d
     );
 
     // Fix the cause, re-drive the head: the group is delivered and every gauge returns to 0.
-    crate::support::sqs_client()
-        .await
-        .set_queue_attributes()
-        .queue_url(&queue)
-        .attributes(
-            aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize,
-            "262144",
-        )
-        .send()
-        .await
-        .unwrap();
+    crate::support::set_max_message_size(&queue, 262_144).await;
     let moved = relay_command(&[
         "quarantine",
         "retry",

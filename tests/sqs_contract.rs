@@ -288,17 +288,7 @@ async fn quarantined_rows_are_listed_with_reasons_and_sent_after_the_cause_is_fi
     );
 
     // Fix the causes: the queue takes larger messages now; the headers become strings.
-    crate::support::sqs_client()
-        .await
-        .set_queue_attributes()
-        .queue_url(&queue)
-        .attributes(
-            aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize,
-            "262144",
-        )
-        .send()
-        .await
-        .unwrap();
+    crate::support::set_max_message_size(&queue, 262_144).await;
     client
         .execute(
             "UPDATE outbox SET headers = '{\"tenant\": \"7\"}' WHERE quarantine_reason = 'invalid'",

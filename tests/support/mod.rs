@@ -24,8 +24,8 @@ pub use pg::{fresh_db, pg, Pg, TestDb};
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
 pub use sqs::{
-    create_queue, receive_all, sqs, sqs_client, sqs_client_at, SqsKind, SqsServer,
-    TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
+    create_queue, receive_all, set_max_message_size, sqs, sqs_client, sqs_client_at, SqsKind,
+    SqsServer, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
 
 use std::future::Future;

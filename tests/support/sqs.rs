@@ -168,6 +168,21 @@ pub fn sqs_client_at(endpoint: &str) -> aws_sdk_sqs::Client {
     aws_sdk_sqs::Client::from_conf(config)
 }
 
+/// Raises (or lowers) a queue's `MaximumMessageSize`: the fix of a row refused for its size.
+pub async fn set_max_message_size(queue_url: &str, bytes: usize) {
+    sqs_client()
+        .await
+        .set_queue_attributes()
+        .queue_url(queue_url)
+        .attributes(
+            aws_sdk_sqs::types::QueueAttributeName::MaximumMessageSize,
+            bytes.to_string(),
+        )
+        .send()
+        .await
+        .expect("SetQueueAttributes");
+}
+
 /// Creates a queue named after `prefix` and unique in this run; a `.fifo` prefix makes a FIFO
 /// queue. Returns its URL.
 pub async fn create_queue(prefix: &str, attrs: &[(&str, &str)]) -> String {
