@@ -125,6 +125,17 @@ pub struct DatabaseArgs {
     /// verify-full and require.
     #[arg(long, env = "OUTBOX_DB_CA_CERT")]
     pub db_ca_cert: Option<std::path::PathBuf>,
+
+    /// PEM file of the client certificate (or a chain starting with it) to present to the
+    /// database server (libpq's sslcert; wins over one in --database-url). Needs
+    /// --database-sslkey; read again at each new connection.
+    #[arg(long, env = "DATABASE_SSLCERT")]
+    pub database_sslcert: Option<std::path::PathBuf>,
+
+    /// PEM file of the client certificate's private key, unencrypted, readable by the relay's
+    /// user only (libpq's sslkey; wins over one in --database-url).
+    #[arg(long, env = "DATABASE_SSLKEY")]
+    pub database_sslkey: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -520,6 +531,14 @@ impl DatabaseArgs {
         }
         let url = match &self.db_ca_cert {
             Some(path) => crate::tls::with_root_cert(&url, path)?,
+            None => url,
+        };
+        let url = match &self.database_sslcert {
+            Some(path) => crate::tls::with_client_cert(&url, path)?,
+            None => url,
+        };
+        let url = match &self.database_sslkey {
+            Some(path) => crate::tls::with_client_key(&url, path)?,
             None => url,
         };
         // sslmode and its certificate are checked now, before anything is touched.
