@@ -29,17 +29,19 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::ResolvesClientCert;
-use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::sign::CertifiedKey;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{
     AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore,
     SignatureScheme,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+
+use client::ClientFiles;
+
+mod client;
 
 /// libpq's `sslmode`, minus `allow` (plain first, TLS only if refused), which protects nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -450,169 +452,9 @@ impl PgTls {
         let (Some(config), Some(client)) = (&self.config, &self.client) else {
             return Ok(self.config.clone());
         };
-        let identity = client.load()?;
         let mut config = ClientConfig::clone(config);
-        config.client_auth_cert_resolver = Arc::new(Presents(identity));
+        config.client_auth_cert_resolver = client.load_resolver()?;
         Ok(Some(Arc::new(config)))
-    }
-}
-
-/// The client certificate's files (libpq's `sslcert` and `sslkey`).
-#[derive(Debug)]
-struct ClientFiles {
-    cert: PathBuf,
-    key: PathBuf,
-    /// Turns the key file's bytes into a signing key (and checks it suits the certificate).
-    provider: Arc<CryptoProvider>,
-}
-
-impl ClientFiles {
-    /// Reads both files. A renewal replaces both while we may be between the two reads (a
-    /// Kubernetes secret swaps its files at once, but not under our feet), so a key that does
-    /// not belong to the certificate is read once more before it counts as an error.
-    fn load(&self) -> Result<Arc<CertifiedKey>, String> {
-        match self.load_once() {
-            Err(Mismatch::Keys) => self.load_once(),
-            other => other,
-        }
-        .map_err(|e| match e {
-            Mismatch::Keys => format!(
-                "the client key {} does not belong to the client certificate {}: give the key the certificate was issued for",
-                self.key.display(),
-                self.cert.display()
-            ),
-            Mismatch::Other(text) => text,
-        })
-    }
-
-    fn load_once(&self) -> Result<Arc<CertifiedKey>, Mismatch> {
-        let chain = read_client_chain(&self.cert)?;
-        let key = read_client_key(&self.key)?;
-        let unusable = |e: rustls::Error| {
-            Mismatch::Other(format!(
-                "the client key file {} holds a key TLS cannot use ({e}): use an RSA, ECDSA (P-256, P-384) or Ed25519 key",
-                self.key.display()
-            ))
-        };
-        let signing = self
-            .provider
-            .key_provider
-            .load_private_key(key)
-            .map_err(unusable)?;
-        let identity = CertifiedKey::new(chain, signing);
-        match identity.keys_match() {
-            Ok(()) => Ok(Arc::new(identity)),
-            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
-                Err(Mismatch::Keys)
-            }
-            // The provider cannot tell (no public key to compare): the server will.
-            Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {
-                Ok(Arc::new(identity))
-            }
-            Err(e) => Err(Mismatch::Other(format!(
-                "the client certificate file {} holds an unusable certificate: {e}",
-                self.cert.display()
-            ))),
-        }
-    }
-}
-
-/// Why the client certificate and key could not be loaded.
-enum Mismatch {
-    /// Both read well, but the key is not the certificate's (perhaps read mid-renewal).
-    Keys,
-    /// The operator's line.
-    Other(String),
-}
-
-impl From<String> for Mismatch {
-    fn from(text: String) -> Mismatch {
-        Mismatch::Other(text)
-    }
-}
-
-fn read_client_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let shown = path.display();
-    let chain = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("cannot read the client certificate {shown}: {e}"))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("cannot read the client certificate {shown}: {e}"))?;
-    if chain.is_empty() {
-        return Err(format!(
-            "the client certificate file {shown} holds no PEM certificate"
-        ));
-    }
-    Ok(chain)
-}
-
-/// Reads a PEM private key (PKCS#8, PKCS#1 RSA or SEC1 EC) with libpq's rule on permissions.
-/// No error quotes the file's content: the PEM parser's own messages may carry a line of it.
-fn read_client_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    use std::io::Read;
-    let shown = path.display();
-    let mut file = std::fs::File::open(path)
-        .map_err(|e| format!("cannot read the client key {shown}: {e}"))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read the client key {shown}: {e}"))?;
-    key_permissions(path, &meta)?;
-    let mut pem = Vec::new();
-    file.read_to_end(&mut pem)
-        .map_err(|e| format!("cannot read the client key {shown}: {e}"))?;
-    let encrypted = |marker: &[u8]| pem.windows(marker.len()).any(|w| w == marker);
-    if encrypted(b"ENCRYPTED PRIVATE KEY") || encrypted(b"Proc-Type: 4,ENCRYPTED") {
-        return Err(format!(
-            "the client key {shown} is encrypted, which is not supported (nor is sslpassword): decrypt it once, e.g. `openssl pkey -in KEY -out PLAIN_KEY`, readable by the relay's user only"
-        ));
-    }
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|_| {
-        format!("the client key file {shown} holds no PEM private key (PKCS#8, RSA or EC)")
-    })
-}
-
-/// libpq's rule: a key file owned by the relay's user must not be readable by anyone else
-/// (0600 or less); one owned by root may be readable by its group (0640 or less), which is how
-/// a mounted Kubernetes secret with an `fsGroup` looks. Anything else a client refuses, as
-/// libpq does, because the key is the credential.
-fn key_permissions(path: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    let shown = path.display();
-    if !meta.is_file() {
-        return Err(format!("the client key {shown} is not a regular file"));
-    }
-    let mode = meta.mode() & 0o7777;
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let euid = unsafe { libc::geteuid() };
-    let too_open = if meta.uid() == euid {
-        mode & 0o077 != 0
-    } else if meta.uid() == 0 {
-        mode & 0o037 != 0
-    } else {
-        false
-    };
-    if too_open {
-        return Err(format!(
-            "the client key {shown} has group or world access (mode {mode:04o}); like libpq the relay refuses it: make it 0600 (0640 if owned by root; for a Kubernetes secret, defaultMode 0640 with the pod's fsGroup)"
-        ));
-    }
-    Ok(())
-}
-
-/// Presents one certificate (chain) and key whenever the server asks for a client certificate.
-#[derive(Debug)]
-struct Presents(Arc<CertifiedKey>);
-
-impl ResolvesClientCert for Presents {
-    fn resolve(
-        &self,
-        _root_hint_subjects: &[&[u8]],
-        _sigschemes: &[SignatureScheme],
-    ) -> Option<Arc<CertifiedKey>> {
-        Some(Arc::clone(&self.0))
-    }
-
-    fn has_certs(&self) -> bool {
-        true
     }
 }
 
@@ -1102,30 +944,5 @@ mod tests {
         }
         // An empty one means none, as in libpq.
         assert!(split("postgres://db/app?sslpassword=").is_ok());
-    }
-
-    #[test]
-    fn key_file_permissions_follow_libpq() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir =
-            std::env::temp_dir().join(format!("outbox-relay-tls-unit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = dir.join("k.pem");
-        std::fs::write(&key, "not a key").unwrap();
-        let check = |mode: u32| {
-            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
-            key_permissions(&key, &std::fs::metadata(&key).unwrap())
-        };
-        // Owned by the user running the test (root included): 0600 or less.
-        assert!(check(0o600).is_ok());
-        assert!(check(0o400).is_ok());
-        for open in [0o640, 0o604, 0o644, 0o660] {
-            let err = check(open).unwrap_err();
-            assert!(err.contains(&format!("(mode {open:04o})")), "{err}");
-        }
-        assert!(key_permissions(&dir, &std::fs::metadata(&dir).unwrap())
-            .unwrap_err()
-            .contains("is not a regular file"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
