@@ -128,14 +128,14 @@ pub struct DatabaseArgs {
 
     /// PEM file of the client certificate (or a chain starting with it) to present to the
     /// database server (libpq's sslcert; wins over one in --database-url). Needs
-    /// --database-sslkey; read again at each new connection.
-    #[arg(long, env = "DATABASE_SSLCERT")]
-    pub database_sslcert: Option<std::path::PathBuf>,
+    /// --db-client-key; read again at each new connection.
+    #[arg(long, env = "OUTBOX_DB_CLIENT_CERT")]
+    pub db_client_cert: Option<std::path::PathBuf>,
 
     /// PEM file of the client certificate's private key, unencrypted, readable by the relay's
     /// user only (libpq's sslkey; wins over one in --database-url).
-    #[arg(long, env = "DATABASE_SSLKEY")]
-    pub database_sslkey: Option<std::path::PathBuf>,
+    #[arg(long, env = "OUTBOX_DB_CLIENT_KEY")]
+    pub db_client_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -533,11 +533,11 @@ impl DatabaseArgs {
             Some(path) => crate::tls::with_root_cert(&url, path)?,
             None => url,
         };
-        let url = match &self.database_sslcert {
+        let url = match &self.db_client_cert {
             Some(path) => crate::tls::with_client_cert(&url, path)?,
             None => url,
         };
-        let url = match &self.database_sslkey {
+        let url = match &self.db_client_key {
             Some(path) => crate::tls::with_client_key(&url, path)?,
             None => url,
         };

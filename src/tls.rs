@@ -125,10 +125,10 @@ impl TlsSettings {
         let mode = self.server_mode()?;
         match (&self.client_cert, &self.client_key) {
             (Some(_), None) => Err(
-                "a client certificate needs its key: set --database-sslkey (DATABASE_SSLKEY) or sslkey in --database-url, or drop the certificate".to_string(),
+                "a client certificate needs its key: set --db-client-key (OUTBOX_DB_CLIENT_KEY) or sslkey in --database-url, or drop the certificate".to_string(),
             ),
             (None, Some(_)) => Err(
-                "a client key needs its certificate: set --database-sslcert (DATABASE_SSLCERT) or sslcert in --database-url, or drop the key".to_string(),
+                "a client key needs its certificate: set --db-client-cert (OUTBOX_DB_CLIENT_CERT) or sslcert in --database-url, or drop the key".to_string(),
             ),
             (Some(_), Some(_)) if mode == SslMode::Disable => Err(
                 "sslmode=disable sends no client certificate: use sslmode=require or stricter, or drop sslcert and sslkey".to_string(),
@@ -229,14 +229,14 @@ pub fn with_root_cert(conn: &str, path: &Path) -> Result<String, String> {
     with_path(conn, "sslrootcert", "--db-ca-cert", path)
 }
 
-/// Adds `sslcert=PATH`, as [`with_root_cert`] does for `--database-sslcert`.
+/// Adds `sslcert=PATH`, as [`with_root_cert`] does for `--db-client-cert`.
 pub fn with_client_cert(conn: &str, path: &Path) -> Result<String, String> {
-    with_path(conn, "sslcert", "--database-sslcert", path)
+    with_path(conn, "sslcert", "--db-client-cert", path)
 }
 
-/// Adds `sslkey=PATH`, as [`with_root_cert`] does for `--database-sslkey`.
+/// Adds `sslkey=PATH`, as [`with_root_cert`] does for `--db-client-key`.
 pub fn with_client_key(conn: &str, path: &Path) -> Result<String, String> {
-    with_path(conn, "sslkey", "--database-sslkey", path)
+    with_path(conn, "sslkey", "--db-client-key", path)
 }
 
 fn with_path(conn: &str, keyword: &str, flag: &str, path: &Path) -> Result<String, String> {
@@ -662,7 +662,7 @@ fn explain_refusal(e: io::Error, client_cert: Option<&Path>) -> io::Error {
     };
     let text = match (client_cert, alert) {
         (None, AlertDescription::CertificateRequired) => {
-            "the server requires a client certificate: set --database-sslcert and --database-sslkey (or sslcert and sslkey in --database-url)".to_string()
+            "the server requires a client certificate: set --db-client-cert and --db-client-key (or sslcert and sslkey in --database-url)".to_string()
         }
         (Some(cert), AlertDescription::UnknownCA) => format!(
             "the server refused the client certificate {}: it is not signed by a CA the server trusts (its ssl_ca_file)",
@@ -900,7 +900,7 @@ mod tests {
         let (_, s) = settings("postgres://db/app?sslcert=/a.crt&sslcert=");
         assert_eq!(s.client_cert, None);
         let err = with_client_cert(url, Path::new("")).unwrap_err();
-        assert_eq!(err, "--database-sslcert must not be empty");
+        assert_eq!(err, "--db-client-cert must not be empty");
     }
 
     #[test]

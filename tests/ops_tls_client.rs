@@ -1,4 +1,4 @@
-//! Client certificates (libpq's `sslcert` / `sslkey`, `--database-sslcert` / `--database-sslkey`)
+//! Client certificates (libpq's `sslcert` / `sslkey`, `--db-client-cert` / `--db-client-key`)
 //! against the TLS cluster of tests/ops_tls.rs, whose pg_hba.conf admits [`CERT_ROLE`] by
 //! certificate alone and [`MTLS_ROLE`] by password plus certificate (`clientcert=verify-full`).
 
@@ -52,9 +52,9 @@ async fn the_server_admits_the_relay_by_its_certificate_and_refuses_it_without()
             "status",
             "--database-url",
             &bare,
-            "--database-sslcert",
+            "--db-client-cert",
             &other_cn,
-            "--database-sslkey",
+            "--db-client-key",
             &other_cn_key,
         ],
         &[],
@@ -74,9 +74,9 @@ async fn the_server_admits_the_relay_by_its_certificate_and_refuses_it_without()
             "status",
             "--database-url",
             &bare,
-            "--database-sslcert",
+            "--db-client-cert",
             &stranger,
-            "--database-sslkey",
+            "--db-client-key",
             &stranger_key,
         ],
         &[],
@@ -100,9 +100,9 @@ async fn the_server_admits_the_relay_by_its_certificate_and_refuses_it_without()
             "status",
             "--database-url",
             &mtls_url,
-            "--database-sslcert",
+            "--db-client-cert",
             &mtls,
-            "--database-sslkey",
+            "--db-client-key",
             &mtls_key,
         ],
         &[],
@@ -127,9 +127,9 @@ async fn the_server_admits_the_relay_by_its_certificate_and_refuses_it_without()
             "status",
             "--database-url",
             &wrong_in_url,
-            "--database-sslcert",
+            "--db-client-cert",
             &cert,
-            "--database-sslkey",
+            "--db-client-key",
             &key,
         ],
         &[],
@@ -153,8 +153,8 @@ async fn the_relay_delivers_as_the_certificate_role_and_picks_up_a_renewed_certi
     };
     put("relay");
     let envs = [
-        ("DATABASE_SSLCERT", tls_crt.display().to_string()),
-        ("DATABASE_SSLKEY", tls_key.display().to_string()),
+        ("OUTBOX_DB_CLIENT_CERT", tls_crt.display().to_string()),
+        ("OUTBOX_DB_CLIENT_KEY", tls_key.display().to_string()),
     ];
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (code, output) = relay(&["migrate", "--database-url", &url], &envs).await;
@@ -316,22 +316,22 @@ async fn client_certificate_settings_that_cannot_work_exit_2_with_one_line() {
 
     let cases: Vec<Case> = vec![
         (
-            vec!["--database-sslcert".into(), cert.clone()],
+            vec!["--db-client-cert".into(), cert.clone()],
             vec![],
-            "a client certificate needs its key: set --database-sslkey".into(),
+            "a client certificate needs its key: set --db-client-key".into(),
         ),
         (
             vec![],
-            vec![("DATABASE_SSLKEY", key.clone())],
-            "a client key needs its certificate: set --database-sslcert".into(),
+            vec![("OUTBOX_DB_CLIENT_KEY", key.clone())],
+            "a client key needs its certificate: set --db-client-cert".into(),
         ),
         (
             vec![
                 "--database-url".into(),
                 url.replace("sslmode=require", "sslmode=disable"),
-                "--database-sslcert".into(),
+                "--db-client-cert".into(),
                 cert.clone(),
-                "--database-sslkey".into(),
+                "--db-client-key".into(),
                 key.clone(),
             ],
             vec![],
@@ -347,9 +347,9 @@ async fn client_certificate_settings_that_cannot_work_exit_2_with_one_line() {
         ),
         (
             vec![
-                "--database-sslcert".into(),
+                "--db-client-cert".into(),
                 cert.clone(),
-                "--database-sslkey".into(),
+                "--db-client-key".into(),
                 file("encrypted.key"),
             ],
             vec![],
@@ -357,9 +357,9 @@ async fn client_certificate_settings_that_cannot_work_exit_2_with_one_line() {
         ),
         (
             vec![
-                "--database-sslcert".into(),
+                "--db-client-cert".into(),
                 cert.clone(),
-                "--database-sslkey".into(),
+                "--db-client-key".into(),
                 file("open.key"),
             ],
             vec![],
@@ -370,9 +370,9 @@ async fn client_certificate_settings_that_cannot_work_exit_2_with_one_line() {
         ),
         (
             vec![
-                "--database-sslcert".into(),
+                "--db-client-cert".into(),
                 cert.clone(),
-                "--database-sslkey".into(),
+                "--db-client-key".into(),
                 file("mtls.key"),
             ],
             vec![],
@@ -383,9 +383,9 @@ async fn client_certificate_settings_that_cannot_work_exit_2_with_one_line() {
         ),
         (
             vec![
-                "--database-sslcert".into(),
+                "--db-client-cert".into(),
                 "/nonexistent/tls.crt".into(),
-                "--database-sslkey".into(),
+                "--db-client-key".into(),
                 key.clone(),
             ],
             vec![],
@@ -393,9 +393,9 @@ async fn client_certificate_settings_that_cannot_work_exit_2_with_one_line() {
         ),
         (
             vec![
-                "--database-sslcert".into(),
+                "--db-client-cert".into(),
                 cert.clone(),
-                "--database-sslkey".into(),
+                "--db-client-key".into(),
                 file("not-a.key"),
             ],
             vec![],
