@@ -252,6 +252,19 @@ ensure_promtool() {
 	step "promtool: $(promtool --version 2>&1 | head -n 1)"
 }
 
+# scripts/test-image: podman (with buildah, which it builds with) and runc to build and run the
+# image, mmdebstrap to make its base from Debian's packages.
+ensure_image_tools() {
+	local missing=()
+	command -v podman >/dev/null || missing+=(podman)
+	command -v buildah >/dev/null || missing+=(buildah)
+	command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+	command -v runc >/dev/null || missing+=(runc)
+	if [ "${#missing[@]}" -gt 0 ]; then
+		apt_install "${missing[@]}"
+	fi
+}
+
 # A port nobody listens on right now, on loopback.
 free_port() {
 	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null ||
