@@ -3,6 +3,7 @@
 
 readonly MOTO_REQUIREMENT='moto[server]==5.2.5'
 readonly SQUAWK_REQUIREMENT='squawk-cli==2.70.0'
+readonly KUBERNETES_VALIDATE_REQUIREMENT='kubernetes-validate==1.37.0'
 readonly MIN_NODE_MAJOR=20 # fauxqs 1.9.x and its AWS SDK dependencies need Node.js 20
 
 step() { printf '\n==> %s\n' "$*"; }
@@ -192,6 +193,30 @@ ensure_squawk() {
 	squawk_ready || die "squawk is still not runnable from .tools/venv"
 }
 
+kubernetes_validate_ready() {
+	.tools/kubernetes-venv/bin/python -c 'import yaml, kubernetes_validate; assert kubernetes_validate.__version__ == "1.37.0"' \
+		2>/dev/null
+}
+
+# The Kubernetes manifest checks (tests/kubernetes/check_manifests.py) validate against the
+# Kubernetes API's JSON schemas, which the PyPI package kubernetes-validate ships for 1.25 to
+# 1.37, offline. A venv of their own, so that its jsonschema never meets moto's pins.
+ensure_kubernetes_validate() {
+	kubernetes_validate_ready && return 0
+	step "python venv .tools/kubernetes-venv with $KUBERNETES_VALIDATE_REQUIREMENT"
+	if ! command -v python3 >/dev/null; then
+		apt_install python3 python3-venv
+	fi
+	rm -rf .tools/kubernetes-venv
+	if ! python3 -m venv .tools/kubernetes-venv; then
+		rm -rf .tools/kubernetes-venv
+		apt_install python3-venv
+		/usr/bin/python3 -m venv .tools/kubernetes-venv
+	fi
+	.tools/kubernetes-venv/bin/pip install --disable-pip-version-check -q "$KUBERNETES_VALIDATE_REQUIREMENT"
+	kubernetes_validate_ready || die "kubernetes-validate is still not importable from .tools/kubernetes-venv"
+}
+
 promtool_ready() {
 	command -v promtool >/dev/null && promtool --version >/dev/null 2>&1
 }
@@ -225,6 +250,19 @@ ensure_promtool() {
 	[ "$rc" -eq 0 ] || die "apt-get install prometheus failed (exit $rc); promtool is needed for the alert rule tests"
 	promtool_ready || die "promtool is still missing or broken after installing the prometheus package"
 	step "promtool: $(promtool --version 2>&1 | head -n 1)"
+}
+
+# scripts/test-image: podman (with buildah, which it builds with) and runc to build and run the
+# image, mmdebstrap to make its base from Debian's packages.
+ensure_image_tools() {
+	local missing=()
+	command -v podman >/dev/null || missing+=(podman)
+	command -v buildah >/dev/null || missing+=(buildah)
+	command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+	command -v runc >/dev/null || missing+=(runc)
+	if [ "${#missing[@]}" -gt 0 ]; then
+		apt_install "${missing[@]}"
+	fi
 }
 
 # A port nobody listens on right now, on loopback.
