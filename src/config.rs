@@ -140,6 +140,17 @@ pub struct DatabaseArgs {
     // Boolean variables also take 1/0, yes/no, on/off: manifests write those as often.
     #[arg(long, env = "DATABASE_IAM_AUTH", value_parser = BoolishValueParser::new())]
     pub database_iam_auth: bool,
+
+    /// PEM file of the client certificate (or a chain starting with it) to present to the
+    /// database server (libpq's sslcert; wins over one in --database-url). Needs
+    /// --db-client-key; read again at each new connection.
+    #[arg(long, env = "OUTBOX_DB_CLIENT_CERT")]
+    pub db_client_cert: Option<std::path::PathBuf>,
+
+    /// PEM file of the client certificate's private key, unencrypted, readable by the relay's
+    /// user only (libpq's sslkey; wins over one in --database-url).
+    #[arg(long, env = "OUTBOX_DB_CLIENT_KEY")]
+    pub db_client_key: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -537,6 +548,14 @@ impl DatabaseArgs {
         }
         let url = match &self.db_ca_cert {
             Some(path) => crate::tls::with_root_cert(&url, path)?,
+            None => url,
+        };
+        let url = match &self.db_client_cert {
+            Some(path) => crate::tls::with_client_cert(&url, path)?,
+            None => url,
+        };
+        let url = match &self.db_client_key {
+            Some(path) => crate::tls::with_client_key(&url, path)?,
             None => url,
         };
         // sslmode and its certificate are checked now, before anything is touched.

@@ -229,6 +229,11 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
+    // The files the database settings name (CA, client certificate and key) are read now, so
+    // an unusable one is a configuration error here as in every other command.
+    if let Err(code) = outbox(&args.database) {
+        return code;
+    }
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
     let connected = match relay::connect(config.clone()).await {

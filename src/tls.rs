@@ -12,6 +12,11 @@
 //! | `verify-ca` | yes | yes | no |
 //! | `verify-full` | yes | yes | yes |
 //!
+//! A client certificate (`sslcert` and `sslkey`, as in libpq) is presented whenever the server
+//! asks for one. Its files are read again for every new connection, so a certificate renewed
+//! on disk (cert-manager, a rotated Kubernetes secret) is used without a restart; they are also
+//! read once when [`PgTls`] is built, so a missing or unusable file stops the start-up.
+//!
 //! The crypto provider is aws-lc-rs, the one the AWS SDK's HTTPS client already links, so the
 //! binary carries one TLS stack.
 
@@ -28,10 +33,15 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    AlertDescription, CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore,
+    SignatureScheme,
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+
+use client::ClientFiles;
+
+mod client;
 
 /// libpq's `sslmode`, minus `allow` (plain first, TLS only if refused), which protects nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,13 +110,34 @@ pub struct TlsSettings {
     /// `None` when the string does not say; libpq's default is `prefer`.
     pub mode: Option<SslMode>,
     pub root_cert: Option<RootCert>,
+    /// PEM file of the client certificate, or a chain starting with it (`sslcert`).
+    pub client_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (`sslkey`).
+    pub client_key: Option<PathBuf>,
 }
 
 impl TlsSettings {
     /// The mode in effect, after libpq's defaults: `prefer`, or `verify-full` with
-    /// `sslrootcert=system`. Refuses combinations libpq refuses, and verification without
-    /// anything to verify against.
+    /// `sslrootcert=system`. Refuses combinations libpq refuses, verification without
+    /// anything to verify against, and a client certificate that could never be presented
+    /// (no key, no certificate, or no TLS at all).
     pub fn effective_mode(&self) -> Result<SslMode, String> {
+        let mode = self.server_mode()?;
+        match (&self.client_cert, &self.client_key) {
+            (Some(_), None) => Err(
+                "a client certificate needs its key: set --db-client-key (OUTBOX_DB_CLIENT_KEY) or sslkey in --database-url, or drop the certificate".to_string(),
+            ),
+            (None, Some(_)) => Err(
+                "a client key needs its certificate: set --db-client-cert (OUTBOX_DB_CLIENT_CERT) or sslcert in --database-url, or drop the key".to_string(),
+            ),
+            (Some(_), Some(_)) if mode == SslMode::Disable => Err(
+                "sslmode=disable sends no client certificate: use sslmode=require or stricter, or drop sslcert and sslkey".to_string(),
+            ),
+            _ => Ok(mode),
+        }
+    }
+
+    fn server_mode(&self) -> Result<SslMode, String> {
         let mode = match (self.mode, &self.root_cert) {
             (None, Some(RootCert::System)) => SslMode::VerifyFull,
             (None, _) => SslMode::Prefer,
@@ -126,8 +157,13 @@ impl TlsSettings {
     }
 }
 
-/// Takes `sslmode` and `sslrootcert` out of a libpq URL or key=value string (the last of each
-/// wins, as in libpq) and returns the rest, for tokio-postgres, with the settings.
+/// The connection parameters [`split`] takes for itself; tokio-postgres knows none but
+/// `sslmode`, and refuses the others.
+const TLS_KEYS: [&str; 5] = ["sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword"];
+
+/// Takes `sslmode`, `sslrootcert`, `sslcert` and `sslkey` out of a libpq URL or key=value
+/// string (the last of each wins, as in libpq) and returns the rest, for tokio-postgres, with
+/// the settings. An empty value unsets, as in libpq.
 ///
 /// Errors never quote the string: it holds the password.
 pub fn split(conn: &str) -> Result<(String, TlsSettings), String> {
@@ -138,7 +174,7 @@ pub fn split(conn: &str) -> Result<(String, TlsSettings), String> {
             for pair in query.split('&').filter(|p| !p.is_empty()) {
                 let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
                 let key = percent_decode(key)?;
-                if matches!(key.as_str(), "sslmode" | "sslrootcert") {
+                if TLS_KEYS.contains(&key.as_str()) {
                     params.push((key, percent_decode(value)?));
                 } else {
                     kept.push(pair);
@@ -156,7 +192,7 @@ pub fn split(conn: &str) -> Result<(String, TlsSettings), String> {
             let mut kept = Vec::new();
             let mut params = Vec::new();
             for (key, value, raw) in key_values(conn)? {
-                if matches!(key, "sslmode" | "sslrootcert") {
+                if TLS_KEYS.contains(&key) {
                     params.push((key.to_string(), value));
                 } else {
                     kept.push(raw);
@@ -166,15 +202,22 @@ pub fn split(conn: &str) -> Result<(String, TlsSettings), String> {
         }
     };
     let mut settings = TlsSettings::default();
+    let path = |value: String| (!value.is_empty()).then(|| PathBuf::from(value));
     for (key, value) in params {
-        if key == "sslmode" {
-            settings.mode = Some(SslMode::parse(&value)?);
-        } else if value == "system" {
-            settings.root_cert = Some(RootCert::System);
-        } else if value.is_empty() {
-            settings.root_cert = None;
-        } else {
-            settings.root_cert = Some(RootCert::File(PathBuf::from(value)));
+        match key.as_str() {
+            "sslmode" => settings.mode = Some(SslMode::parse(&value)?),
+            "sslrootcert" if value == "system" => settings.root_cert = Some(RootCert::System),
+            "sslrootcert" => settings.root_cert = path(value).map(RootCert::File),
+            "sslcert" => settings.client_cert = path(value),
+            "sslkey" => settings.client_key = path(value),
+            // The value is a passphrase: never echoed.
+            _ if value.is_empty() => {}
+            _ => {
+                return Err(
+                    "sslpassword is not supported (encrypted client keys are not): decrypt the key once, e.g. `openssl pkey -in KEY -out PLAIN_KEY`, keep it readable by the relay's user only, and drop sslpassword"
+                        .to_string(),
+                )
+            }
         }
     }
     Ok((rest, settings))
@@ -183,21 +226,35 @@ pub fn split(conn: &str) -> Result<(String, TlsSettings), String> {
 /// Adds `sslrootcert=PATH` at the end of a connection string, where it overrides any earlier
 /// one (see [`split`]): this is how `--db-ca-cert` reaches the connection.
 pub fn with_root_cert(conn: &str, path: &Path) -> Result<String, String> {
+    with_path(conn, "sslrootcert", "--db-ca-cert", path)
+}
+
+/// Adds `sslcert=PATH`, as [`with_root_cert`] does for `--db-client-cert`.
+pub fn with_client_cert(conn: &str, path: &Path) -> Result<String, String> {
+    with_path(conn, "sslcert", "--db-client-cert", path)
+}
+
+/// Adds `sslkey=PATH`, as [`with_root_cert`] does for `--db-client-key`.
+pub fn with_client_key(conn: &str, path: &Path) -> Result<String, String> {
+    with_path(conn, "sslkey", "--db-client-key", path)
+}
+
+fn with_path(conn: &str, keyword: &str, flag: &str, path: &Path) -> Result<String, String> {
     let Some(path) = path.to_str() else {
-        return Err("--db-ca-cert must be a UTF-8 path".to_string());
+        return Err(format!("{flag} must be a UTF-8 path"));
     };
     if path.is_empty() {
-        return Err("--db-ca-cert must not be empty".to_string());
+        return Err(format!("{flag} must not be empty"));
     }
     if is_url(conn) {
         let separator = if url_query(conn).is_some() { '&' } else { '?' };
         return Ok(format!(
-            "{conn}{separator}sslrootcert={}",
+            "{conn}{separator}{keyword}={}",
             percent_encode(path)
         ));
     }
     let quoted = path.replace('\\', "\\\\").replace('\'', "\\'");
-    Ok(format!("{} sslrootcert='{quoted}'", conn.trim_end()))
+    Ok(format!("{} {keyword}='{quoted}'", conn.trim_end()))
 }
 
 fn is_url(conn: &str) -> bool {
@@ -308,6 +365,8 @@ pub struct PgTls {
     config: Option<Arc<ClientConfig>>,
     /// Named in errors so the operator knows which file the server's chain failed against.
     root_cert: Option<RootCert>,
+    /// Read again for each connection, so a renewed certificate needs no restart.
+    client: Option<Arc<ClientFiles>>,
 }
 
 impl fmt::Debug for PgTls {
@@ -315,19 +374,21 @@ impl fmt::Debug for PgTls {
         f.debug_struct("PgTls")
             .field("enabled", &self.config.is_some())
             .field("root_cert", &self.root_cert)
+            .field("client_cert", &self.client.as_ref().map(|c| &c.cert))
             .finish()
     }
 }
 
 impl PgTls {
-    /// Builds the connector, reading the root certificates now so that a missing or unusable
-    /// file stops the start-up rather than the first connection.
+    /// Builds the connector, reading the root certificates and the client certificate now so
+    /// that a missing or unusable file stops the start-up rather than the first connection.
     pub fn new(settings: &TlsSettings) -> Result<PgTls, String> {
         let mode = settings.effective_mode()?;
         if mode == SslMode::Disable {
             return Ok(PgTls {
                 config: None,
                 root_cert: None,
+                client: None,
             });
         }
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
@@ -336,9 +397,23 @@ impl PgTls {
             Some(root) => Some(Arc::new(load_roots(root)?)),
             None => None,
         };
+        let client = match (&settings.client_cert, &settings.client_key) {
+            (Some(cert), Some(key)) => {
+                let files = ClientFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    provider: Arc::clone(&provider),
+                };
+                files.load()?;
+                Some(Arc::new(files))
+            }
+            _ => None,
+        };
         let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
             .map_err(|e| format!("cannot set up TLS: {e}"))?;
+        // The client certificate is set per connection (see `make_tls_connect`); until then
+        // the configuration presents none.
         let config = match (mode, roots) {
             (SslMode::VerifyFull, Some(roots)) => {
                 builder.with_root_certificates(roots).with_no_client_auth()
@@ -367,7 +442,19 @@ impl PgTls {
         Ok(PgTls {
             config: Some(Arc::new(config)),
             root_cert: settings.root_cert.clone(),
+            client,
         })
+    }
+
+    /// The configuration for one new connection: the shared one, with the client certificate
+    /// as the files hold it now.
+    fn config_for_connection(&self) -> Result<Option<Arc<ClientConfig>>, String> {
+        let (Some(config), Some(client)) = (&self.config, &self.client) else {
+            return Ok(self.config.clone());
+        };
+        let mut config = ClientConfig::clone(config);
+        config.client_auth_cert_resolver = client.load_resolver()?;
+        Ok(Some(Arc::new(config)))
     }
 }
 
@@ -469,22 +556,35 @@ where
     type TlsConnect = PgTlsConnect;
     type Error = io::Error;
 
+    /// Called once per connection attempt (the relay's sessions and the doorbell's replication
+    /// connection alike), which is where the client certificate's files are read again. The
+    /// read blocks the task briefly: two small local files, once per connection.
     fn make_tls_connect(&mut self, domain: &str) -> Result<PgTlsConnect, io::Error> {
         Ok(PgTlsConnect {
-            config: self.config.clone(),
+            config: self.config_for_connection().map_err(io::Error::other)?,
             // Empty for Unix sockets, where PostgreSQL never offers TLS; the handshake that
             // would need the name then never happens.
             server_name: ServerName::try_from(domain.to_string()).ok(),
-            root_cert: self.root_cert.clone(),
+            names: Names {
+                root_cert: self.root_cert.clone(),
+                client_cert: self.client.as_ref().map(|c| c.cert.clone()),
+            },
         })
     }
+}
+
+/// The files behind a connection's certificate checks, named when one fails.
+#[derive(Debug, Clone)]
+struct Names {
+    root_cert: Option<RootCert>,
+    client_cert: Option<PathBuf>,
 }
 
 /// One handshake's worth of [`PgTls`], for one host.
 pub struct PgTlsConnect {
     config: Option<Arc<ClientConfig>>,
     server_name: Option<ServerName<'static>>,
-    root_cert: Option<RootCert>,
+    names: Names,
 }
 
 impl<S> TlsConnect<S> for PgTlsConnect
@@ -504,24 +604,30 @@ where
                 io::Error::other("no host name to check the server's certificate against")
             })?;
             let shown = name.to_str().into_owned();
-            tokio_rustls::TlsConnector::from(config)
+            let names = self.names;
+            match tokio_rustls::TlsConnector::from(config)
                 .connect(name, stream)
                 .await
-                .map(PgTlsStream)
-                .map_err(|e| explain(e, &shown, self.root_cert.as_ref()))
+            {
+                Ok(stream) => Ok(PgTlsStream {
+                    stream,
+                    client_cert: names.client_cert,
+                }),
+                Err(e) => Err(explain(e, &shown, &names)),
+            }
         })
     }
 }
 
 /// Says what a failed certificate check means for the operator, in one line.
-fn explain(e: io::Error, host: &str, root: Option<&RootCert>) -> io::Error {
+fn explain(e: io::Error, host: &str, names: &Names) -> io::Error {
     let Some(rustls::Error::InvalidCertificate(cert)) = e
         .get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
     else {
-        return e;
+        return explain_refusal(e, names.client_cert.as_deref());
     };
-    let roots = match root {
+    let roots = match &names.root_cert {
         Some(RootCert::File(path)) => format!("the CA certificate in {}", path.display()),
         Some(RootCert::System) => "the operating system's trusted CAs".to_string(),
         None => "the root certificate".to_string(),
@@ -544,8 +650,50 @@ fn explain(e: io::Error, host: &str, root: Option<&RootCert>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, text)
 }
 
+/// The server's TLS alert about our certificate, in one line. With TLS 1.3 the server judges
+/// the client certificate after our side of the handshake is done, so its alert arrives with
+/// the first read rather than from the handshake: both paths come here.
+fn explain_refusal(e: io::Error, client_cert: Option<&Path>) -> io::Error {
+    let Some(rustls::Error::AlertReceived(alert)) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return e;
+    };
+    let text = match (client_cert, alert) {
+        (None, AlertDescription::CertificateRequired) => {
+            "the server requires a client certificate: set --db-client-cert and --db-client-key (or sslcert and sslkey in --database-url)".to_string()
+        }
+        (Some(cert), AlertDescription::UnknownCA) => format!(
+            "the server refused the client certificate {}: it is not signed by a CA the server trusts (its ssl_ca_file)",
+            cert.display()
+        ),
+        (Some(cert), AlertDescription::CertificateExpired) => format!(
+            "the server refused the client certificate {}: it has expired (or is not valid yet); renew it",
+            cert.display()
+        ),
+        (
+            Some(cert),
+            AlertDescription::BadCertificate
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::AccessDenied,
+        ) => format!(
+            "the server refused the client certificate {} (TLS alert {alert:?})",
+            cert.display()
+        ),
+        _ => return e,
+    };
+    io::Error::new(io::ErrorKind::PermissionDenied, text)
+}
+
 /// A TLS session to PostgreSQL.
-pub struct PgTlsStream<S>(tokio_rustls::client::TlsStream<S>);
+pub struct PgTlsStream<S> {
+    stream: tokio_rustls::client::TlsStream<S>,
+    /// Named if the server refuses it after the handshake (see [`explain_refusal`]).
+    client_cert: Option<PathBuf>,
+}
 
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
     fn poll_read(
@@ -553,7 +701,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for PgTlsStream<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        let this = &mut *self;
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(Err(e)) => {
+                Poll::Ready(Err(explain_refusal(e, this.client_cert.as_deref())))
+            }
+            other => other,
+        }
     }
 }
 
@@ -563,15 +717,15 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -579,11 +733,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for PgTlsStream<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.0.is_write_vectored()
+        self.stream.is_write_vectored()
     }
 }
 
@@ -706,6 +860,7 @@ mod tests {
         let s = TlsSettings {
             mode: Some(SslMode::VerifyFull),
             root_cert: Some(RootCert::File(PathBuf::from("/nonexistent/ca.pem"))),
+            ..TlsSettings::default()
         };
         let err = PgTls::new(&s).unwrap_err();
         assert!(
@@ -713,5 +868,81 @@ mod tests {
             "{err}"
         );
         assert!(PgTls::new(&TlsSettings::default()).is_ok());
+    }
+
+    #[test]
+    fn client_certificate_parameters_are_taken_out_and_the_flags_win() {
+        let (rest, s) = settings(
+            "postgres://u@db/app?sslcert=%2Fetc%2Frelay%20tls.crt&application_name=x&sslkey=/etc/tls.key&sslmode=verify-ca&sslrootcert=/ca",
+        );
+        assert_eq!(rest, "postgres://u@db/app?application_name=x");
+        assert_eq!(s.client_cert, Some(PathBuf::from("/etc/relay tls.crt")));
+        assert_eq!(s.client_key, Some(PathBuf::from("/etc/tls.key")));
+        assert_eq!(s.effective_mode(), Ok(SslMode::VerifyCa));
+
+        let (rest, s) = settings("host=db sslcert='/a b.crt' sslkey=/a.key dbname=app");
+        assert_eq!(rest, "host=db dbname=app");
+        assert_eq!(s.client_cert, Some(PathBuf::from("/a b.crt")));
+        assert_eq!(s.client_key, Some(PathBuf::from("/a.key")));
+
+        let url = "postgres://db/app?sslcert=/old.crt&sslkey=/old.key";
+        let merged = with_client_cert(url, Path::new("/new.crt")).unwrap();
+        let merged = with_client_key(&merged, Path::new("/it's new.key")).unwrap();
+        let (_, s) = settings(&merged);
+        assert_eq!(s.client_cert, Some(PathBuf::from("/new.crt")));
+        assert_eq!(s.client_key, Some(PathBuf::from("/it's new.key")));
+        let merged = with_client_key("host=db sslkey=/old.key", Path::new("/it's.key")).unwrap();
+        assert_eq!(
+            settings(&merged).1.client_key,
+            Some(PathBuf::from("/it's.key"))
+        );
+        // An empty value unsets, as in libpq.
+        let (_, s) = settings("postgres://db/app?sslcert=/a.crt&sslcert=");
+        assert_eq!(s.client_cert, None);
+        let err = with_client_cert(url, Path::new("")).unwrap_err();
+        assert_eq!(err, "--db-client-cert must not be empty");
+    }
+
+    #[test]
+    fn a_client_certificate_needs_its_key_and_tls() {
+        let mode = |conn: &str| settings(conn).1.effective_mode();
+        let err = mode("postgres://db/app?sslcert=/c.crt").unwrap_err();
+        assert!(
+            err.starts_with("a client certificate needs its key"),
+            "{err}"
+        );
+        let err = mode("host=db sslkey=/c.key").unwrap_err();
+        assert!(
+            err.starts_with("a client key needs its certificate"),
+            "{err}"
+        );
+        let err =
+            mode("postgres://db/app?sslmode=disable&sslcert=/c.crt&sslkey=/c.key").unwrap_err();
+        assert!(
+            err.starts_with("sslmode=disable sends no client certificate"),
+            "{err}"
+        );
+        // prefer (the default) presents it whenever the server speaks TLS, as libpq does.
+        assert_eq!(
+            mode("postgres://db/app?sslcert=/c.crt&sslkey=/c.key"),
+            Ok(SslMode::Prefer)
+        );
+        // The server-side rules still come first.
+        let err = mode("postgres://db/app?sslmode=verify-full&sslcert=/c.crt").unwrap_err();
+        assert!(err.contains("needs the CA certificate"), "{err}");
+    }
+
+    #[test]
+    fn sslpassword_is_refused_without_echoing_it() {
+        for conn in [
+            "postgres://u:pw@db/app?sslpassword=s3cret&sslkey=/k",
+            "host=db sslpassword='s3cret'",
+        ] {
+            let err = split(conn).unwrap_err();
+            assert!(err.starts_with("sslpassword is not supported"), "{err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+        // An empty one means none, as in libpq.
+        assert!(split("postgres://db/app?sslpassword=").is_ok());
     }
 }

@@ -23,6 +23,7 @@ mod ops_metrics;
 mod ops_secrets;
 mod ops_status;
 mod ops_tls;
+mod ops_tls_client;
 mod outbox_sql;
 mod retention;
 mod sqs_contract;

@@ -1,7 +1,9 @@
 //! TLS to PostgreSQL, against a private cluster switched to `ssl=on` whose test database takes
 //! TLS connections only (`hostssl` in pg_hba.conf), with a CA and a server certificate for
 //! `localhost` made here by the openssl command line tool. A connection that succeeds therefore
-//! went over TLS; `sslmode=disable` proves the rule bites.
+//! went over TLS; `sslmode=disable` proves the rule bites. The same cluster trusts its CA for
+//! client certificates and admits two roles by certificate only (see [`CERT_ROLE`]), which
+//! tests/ops_tls_client.rs uses.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,16 @@ use std::time::{Duration, Instant};
 use crate::scenario::args;
 use crate::support::pg::PrivatePg;
 use crate::support::{make_temp_dir, run_to_end, wait_until, TestDb, TEST_SECRET_ACCESS_KEY};
+
+/// A role pg_hba.conf admits over TCP with a client certificate and nothing else (`cert`: the
+/// certificate's CN must be the role's name, and it must chain to the cluster's CA). A
+/// superuser, so that the relay's commands and the doorbell's replication connection all work
+/// as it: what is tested here is how it gets in.
+pub const CERT_ROLE: &str = "relay_cert";
+
+/// A role that needs both its password and a client certificate whose CN is its name
+/// (`scram-sha-256 clientcert=verify-full`); a superuser too.
+pub const MTLS_ROLE: &str = "relay_mtls";
 
 /// A private PostgreSQL cluster switched to `ssl=on`, whose pg_hba.conf lets TCP clients into
 /// the test's database over TLS only. Plain TCP stays open for the `postgres` database alone,
@@ -23,10 +35,12 @@ pub struct TlsPg {
     pub ca: PathBuf,
     /// A CA that signed nothing the server presents.
     pub other_ca: PathBuf,
+    /// Client certificates and keys (see [`make_client_certificates`]), owned by the test's user.
+    pub clients: PathBuf,
 }
 
 impl TlsPg {
-    async fn start() -> TlsPg {
+    pub async fn start() -> TlsPg {
         TlsPg::start_with(&[]).await
     }
 
@@ -63,13 +77,27 @@ impl TlsPg {
             std::os::unix::fs::chown(&path, Some(owner.uid()), Some(owner.gid()))
                 .expect("hand the certificates to the server's user");
         }
+        let clients = make_temp_dir("tls-clients");
+        make_client_certificates(&certs, &clients);
         std::fs::write(
             &hba_file,
-            "local all all scram-sha-256\n\
-             hostssl all all 127.0.0.1/32 scram-sha-256\n\
-             host postgres all 127.0.0.1/32 scram-sha-256\n",
+            format!(
+                "local all all scram-sha-256\n\
+                 hostssl all {CERT_ROLE} 127.0.0.1/32 cert\n\
+                 hostssl all {MTLS_ROLE} 127.0.0.1/32 scram-sha-256 clientcert=verify-full\n\
+                 hostssl all all 127.0.0.1/32 scram-sha-256\n\
+                 host postgres all 127.0.0.1/32 scram-sha-256\n"
+            ),
         )
         .expect("rewrite pg_hba.conf");
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE {CERT_ROLE} LOGIN SUPERUSER; \
+                 CREATE ROLE {MTLS_ROLE} LOGIN SUPERUSER PASSWORD '{}'",
+                MTLS_PASSWORD
+            ))
+            .await
+            .expect("create the certificate roles");
         let literal =
             |path: PathBuf| format!("'{}'", path.display().to_string().replace('\'', "''"));
         // One statement at a time: ALTER SYSTEM refuses to run inside a transaction block.
@@ -82,6 +110,11 @@ impl TlsPg {
             format!(
                 "ALTER SYSTEM SET ssl_key_file = {}",
                 literal(certs.join("server.key"))
+            ),
+            // The CAs client certificates must chain to; the server asks clients for one.
+            format!(
+                "ALTER SYSTEM SET ssl_ca_file = {}",
+                literal(certs.join("ca.crt"))
             ),
             "SELECT pg_reload_conf()".to_string(),
         ] {
@@ -124,7 +157,49 @@ impl TlsPg {
             db,
             ca: certs.join("ca.crt"),
             other_ca: certs.join("other-ca.crt"),
+            clients,
         }
+    }
+
+    /// The test database's URL as `role` (with [`MTLS_PASSWORD`] for [`MTLS_ROLE`]).
+    pub fn url_as(&self, role: &str, params: &str) -> String {
+        let password = if role == MTLS_ROLE {
+            format!(":{MTLS_PASSWORD}")
+        } else {
+            String::new()
+        };
+        format!(
+            "postgres://{role}{password}@localhost:{}/{}{params}",
+            self.port(),
+            self.db.name
+        )
+    }
+
+    /// A superuser session on the test database over the Unix socket (TCP needs TLS).
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let url = format!(
+            "host={} port={} user=postgres password={} dbname={}",
+            self.cluster.socket_dir().display(),
+            self.cluster.port(),
+            self.password(),
+            self.db.name
+        );
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("connect over the Unix socket");
+        tokio::spawn(connection);
+        client
+    }
+
+    /// `NAME.crt` and `NAME.key` of a client certificate [`make_client_certificates`] made.
+    pub fn client_files(&self, name: &str) -> (String, String) {
+        let path = |ext: &str| {
+            self.clients
+                .join(format!("{name}.{ext}"))
+                .display()
+                .to_string()
+        };
+        (path("crt"), path("key"))
     }
 
     /// The test database's URL with `host` for 127.0.0.1 and `params` appended.
@@ -140,26 +215,32 @@ impl TlsPg {
         after_user.split_once('@').unwrap().0
     }
 
-    fn port(&self) -> &str {
+    pub fn port(&self) -> &str {
         let after_host = self.db.url.split_once("@127.0.0.1:").unwrap().1;
         after_host.split_once('/').unwrap().0
     }
 }
 
+/// [`MTLS_ROLE`]'s password.
+pub const MTLS_PASSWORD: &str = "mtls-pa55word";
+
+/// Runs the openssl command line tool in `dir`.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("the openssl command line tool is needed to make test certificates");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A CA, a server certificate for DNS name `localhost` signed by it, and an unrelated CA.
 fn make_certificates(dir: &Path) {
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("the openssl command line tool is needed to make test certificates");
-        assert!(
-            out.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let openssl = |args: &[&str]| openssl(dir, args);
     let ec = [
         "-newkey",
         "ec",
@@ -232,8 +313,129 @@ fn make_certificates(dir: &Path) {
     .unwrap();
 }
 
+/// Client certificates, in `dir`, from the CAs in `certs` (each `NAME.crt` with `NAME.key`, the
+/// key 0600 as libpq wants it):
+/// - `relay`: CN [`CERT_ROLE`], issued by an intermediate CA the cluster's CA signed; the file
+///   holds the chain (leaf, then the intermediate), which the server needs to verify it; an EC
+///   key in PKCS#8 (`BEGIN PRIVATE KEY`);
+/// - `renewed`: CN [`CERT_ROLE`] again, signed by the cluster's CA directly; an RSA key in
+///   PKCS#1 (`BEGIN RSA PRIVATE KEY`);
+/// - `mtls`: CN [`MTLS_ROLE`], signed by the cluster's CA; an EC key in SEC1
+///   (`BEGIN EC PRIVATE KEY`);
+/// - `stranger`: CN [`CERT_ROLE`], signed by the CA the cluster does not trust.
+pub fn make_client_certificates(certs: &Path, dir: &Path) {
+    let ca = |name: &str| certs.join(name).display().to_string();
+    let openssl = |args: &[&str]| openssl(dir, args);
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    std::fs::write(
+        dir.join("intermediate.ext"),
+        "basicConstraints=critical,CA:TRUE,pathlen:0\nkeyUsage=critical,keyCertSign,cRLSign\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .unwrap();
+    let issue_with = |name: &str, cn: &str, ca_crt: &str, ca_key: &str, ext: &str, alg: &[&str]| {
+        let (key, csr, crt) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.crt"),
+        );
+        let subject = format!("/CN={cn}");
+        let mut a = vec!["req"];
+        a.extend(alg);
+        a.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+        openssl(&a);
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            ca_crt,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+            "-out",
+            &crt,
+        ]);
+        std::fs::set_permissions(
+            dir.join(&key),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+    };
+    let issue = |name: &str, cn: &str, ca_crt: &str, ca_key: &str, ext: &str| {
+        issue_with(name, cn, ca_crt, ca_key, ext, &ec)
+    };
+    let (root_crt, root_key) = (ca("ca.crt"), ca("ca.key"));
+    issue(
+        "intermediate",
+        "outbox-relay test intermediate",
+        &root_crt,
+        &root_key,
+        "intermediate.ext",
+    );
+    issue(
+        "relay",
+        CERT_ROLE,
+        "intermediate.crt",
+        "intermediate.key",
+        "client.ext",
+    );
+    let mut chain = std::fs::read(dir.join("relay.crt")).unwrap();
+    chain.extend(std::fs::read(dir.join("intermediate.crt")).unwrap());
+    std::fs::write(dir.join("relay.crt"), chain).unwrap();
+    issue_with(
+        "renewed",
+        CERT_ROLE,
+        &root_crt,
+        &root_key,
+        "client.ext",
+        &["-newkey", "rsa:2048", "-nodes"],
+    );
+    issue("mtls", MTLS_ROLE, &root_crt, &root_key, "client.ext");
+    // The same keys in the other encodings libpq reads.
+    openssl(&[
+        "rsa",
+        "-in",
+        "renewed.key",
+        "-traditional",
+        "-out",
+        "renewed.pkcs1",
+    ]);
+    openssl(&["ec", "-in", "mtls.key", "-out", "mtls.sec1"]);
+    for (from, to) in [("renewed.pkcs1", "renewed.key"), ("mtls.sec1", "mtls.key")] {
+        std::fs::set_permissions(
+            dir.join(from),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        std::fs::rename(dir.join(from), dir.join(to)).unwrap();
+    }
+    issue(
+        "stranger",
+        CERT_ROLE,
+        &ca("other-ca.crt"),
+        &ca("other-ca.key"),
+        "client.ext",
+    );
+}
+
 /// The process's `error:` lines: exactly one, containing `needle`, and no secret anywhere.
-fn assert_one_clear_line(output: &str, needle: &str, password: &str) {
+pub fn assert_one_clear_line(output: &str, needle: &str, password: &str) {
     let errors: Vec<&str> = output.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "one error line expected:\n{output}");
     assert!(
@@ -245,7 +447,7 @@ fn assert_one_clear_line(output: &str, needle: &str, password: &str) {
     assert!(!output.contains(TEST_SECRET_ACCESS_KEY));
 }
 
-async fn relay(parts: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
+pub async fn relay(parts: &[&str], envs: &[(&str, &str)]) -> (Option<i32>, String) {
     let envs: Vec<(String, String)> = envs
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -401,6 +401,22 @@ async fn streams_over_tls_with_the_relays_sslmode_rules() {
     ));
     let e = wrong_ca.check_logical().await.unwrap_err();
     assert_one_line(&e, "not signed by", pg.password());
+
+    // A role pg_hba.conf admits by client certificate only: the replication connection
+    // presents the certificate too.
+    let (cert, key) = pg.client_files("relay");
+    let by_certificate = outbox(&pg.url_as(
+        crate::ops_tls::CERT_ROLE,
+        &format!("?sslmode=verify-full&sslrootcert={ca}&sslcert={cert}&sslkey={key}"),
+    ));
+    by_certificate
+        .check_logical()
+        .await
+        .expect("check with a client certificate");
+    let mut bell = Bell::start(by_certificate).await;
+    insert(&client, &events("cert", 1, 1), Duration::ZERO).await;
+    bell.next().await;
+    bell.task.abort();
 }
 
 /// Commit -> wake latency on a durable cluster (fsync and synchronous_commit on), printed
