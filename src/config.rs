@@ -5,12 +5,14 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::str::FromStr;
 use std::time::Duration;
 
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig, PlanOrdering};
+use crate::dbauth::PasswordSource;
 use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
 
 #[derive(Debug, Parser)]
@@ -125,6 +127,19 @@ pub struct DatabaseArgs {
     /// verify-full and require.
     #[arg(long, env = "OUTBOX_DB_CA_CERT")]
     pub db_ca_cert: Option<std::path::PathBuf>,
+
+    /// A file holding the database password (a mounted secret), read again for every new
+    /// connection so a rotated password is used without a restart; trailing newline ignored.
+    /// The URL must not carry a password then.
+    #[arg(long, env = "DATABASE_PASSWORD_FILE")]
+    pub database_password_file: Option<std::path::PathBuf>,
+
+    /// Log in with a fresh RDS IAM auth token per connection, signed with the relay's AWS
+    /// credentials (the chain SQS uses) for the URL's host, port and user; needs TLS and a
+    /// URL without a password.
+    // Boolean variables also take 1/0, yes/no, on/off: manifests write those as often.
+    #[arg(long, env = "DATABASE_IAM_AUTH", value_parser = BoolishValueParser::new())]
+    pub database_iam_auth: bool,
 
     /// PEM file of the client certificate (or a chain starting with it) to present to the
     /// database server (libpq's sslcert; wins over one in --database-url). Needs
@@ -479,6 +494,8 @@ pub struct DatabaseConfig {
     pub connect_timeout: Duration,
     /// With --column: the application's own table and where its columns are.
     pub adopted: Option<(TableName, ColumnMap)>,
+    /// Where each new connection's password comes from.
+    pub password: PasswordSource,
 }
 
 /// Everything `run` needs, validated.
@@ -542,10 +559,27 @@ impl DatabaseArgs {
             None => url,
         };
         // sslmode and its certificate are checked now, before anything is touched.
-        let (_, tls) = crate::tls::split(&url).map_err(|e| {
+        let (rest, tls) = crate::tls::split(&url).map_err(|e| {
             format!("--database-url is not a valid PostgreSQL URL or key=value string: {e}")
         })?;
-        tls.effective_mode()?;
+        let ssl = tls.effective_mode()?;
+        let password = match tokio_postgres::Config::from_str(&rest) {
+            Ok(pg) => crate::dbauth::choose(
+                &pg,
+                ssl,
+                self.database_password_file.as_deref(),
+                self.database_iam_auth,
+            )?,
+            // Outbox::new says what is wrong with the string, in the words every command uses.
+            Err(_) => PasswordSource::Url,
+        };
+        // The one look outside this process here: a missing secret is a configuration
+        // mistake, to be reported as one before anything starts. Later reads happen at each
+        // connection, where a failure is retried.
+        if let PasswordSource::File(path) = &password {
+            crate::dbauth::read_password_file(path)
+                .map_err(|e| format!("--database-password-file: {e}"))?;
+        }
         let (table, adopted) = if self.columns.is_empty() {
             (table, None)
         } else {
@@ -557,6 +591,7 @@ impl DatabaseArgs {
             table,
             connect_timeout: self.connect_timeout,
             adopted,
+            password,
         })
     }
 }
@@ -1035,6 +1070,56 @@ mod tests {
         assert!(run_args(&["--column", "x"]).is_err());
     }
 
+    fn database(url: &str, extra: &[&str]) -> Result<DatabaseConfig, String> {
+        let mut argv = vec!["outbox-relay", "status", "--database-url", url];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Status(args) => args.database.validate(),
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_password_source_follows_the_flags_and_a_missing_file_is_a_configuration_error() {
+        let bare = "postgres://relay@db.internal:5432/app";
+        assert_eq!(database(bare, &[]).unwrap().password, PasswordSource::Url);
+        assert_eq!(
+            database(bare, &["--database-iam-auth"]).unwrap().password,
+            PasswordSource::Iam
+        );
+        let err = run_args(&["--database-iam-auth"]).unwrap_err();
+        assert!(
+            err.contains("remove the password from --database-url"),
+            "{err}"
+        );
+        let err =
+            database(&format!("{bare}?sslmode=disable"), &["--database-iam-auth"]).unwrap_err();
+        assert!(err.contains("sslmode=disable"), "{err}");
+
+        let path = std::env::temp_dir().join(format!("config-pw-{}", std::process::id()));
+        let file = path.to_str().unwrap();
+        let err = database(bare, &["--database-password-file", file]).unwrap_err();
+        assert!(
+            err.starts_with("--database-password-file: cannot read the password file"),
+            "{err}"
+        );
+        assert!(err.contains(file) && !err.contains('\n'), "{err}");
+        std::fs::write(&path, "rotated-secret\n").unwrap();
+        let config = database(bare, &["--database-password-file", file]).unwrap();
+        assert_eq!(config.password, PasswordSource::File(path.clone()));
+        let err = run_args(&["--database-password-file", file]).unwrap_err();
+        assert!(err.contains("remove the password from the URL"), "{err}");
+        let err = database(
+            bare,
+            &["--database-password-file", file, "--database-iam-auth"],
+        )
+        .unwrap_err();
+        assert!(err.contains("choose one"), "{err}");
+        assert!(!format!("{config:?}").contains("rotated-secret"));
+        std::fs::remove_file(&path).unwrap();
+    }
+
     #[test]
     fn the_database_url_is_redacted_in_debug_output() {
         let c = run_args(&[]).unwrap();
@@ -1085,7 +1170,10 @@ mod tests {
             assert!(envs.contains(&expected), "{expected} in {envs:?}");
         }
         for (path, id, env) in &flags {
-            let cmd = taking_a_value(<Cli as clap::CommandFactory>::command(), path, id);
+            // Other required arguments (quarantine retry's selection) are not this test's
+            // concern.
+            let cmd = taking_a_value(<Cli as clap::CommandFactory>::command(), path, id)
+                .ignore_errors(true);
             let long = format!("--{}", id.replace('_', "-"));
             for (text, want) in [
                 ("1", true),

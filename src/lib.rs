@@ -19,11 +19,15 @@
 //! - [`idle`]: pure: when an idle relay looks for work again (`--wakeup poll`).
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: TLS to PostgreSQL with libpq's `sslmode` semantics, and client certificates.
+//! - [`dbauth`]: each new connection's password: the URL, a password file, or an RDS IAM token.
+//! - [`aws`]: the AWS configuration, loaded once, shared by SQS and IAM database auth.
 //! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
 
+pub mod aws;
 pub mod batch;
 pub mod check;
 pub mod config;
+pub mod dbauth;
 pub mod destination;
 pub mod idle;
 pub mod metrics;

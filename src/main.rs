@@ -96,7 +96,9 @@ async fn dispatch(command: Command) -> ExitCode {
 /// The outbox of `args`, or the exit code for a bad database setting.
 fn outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
     let db = args.validate().map_err(|e| config_error(&e))?;
-    Outbox::new(&db.url.0, db.table, db.connect_timeout).map_err(|e| config_error(&e.to_string()))
+    Outbox::new(&db.url.0, db.table, db.connect_timeout)
+        .map(|o| o.password_source(db.password))
+        .map_err(|e| config_error(&e.to_string()))
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {

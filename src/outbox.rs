@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
+use crate::dbauth::{PasswordSource, Passwords};
 use crate::row::KeyColumn;
 use crate::tls::{PgTls, PgTlsStream};
 
@@ -89,6 +90,8 @@ pub struct Outbox {
     /// An adopted table behind the relay's view `table`: where triggers and publications go.
     base: Option<TableName>,
     pg: tokio_postgres::Config,
+    /// Where each new connection's password comes from (the URL, a file, an IAM token).
+    passwords: Passwords,
     /// The handshake `sslmode` asks for; tokio-postgres alone cannot verify certificates.
     tls: PgTls,
     sql: Sql,
@@ -145,6 +148,7 @@ impl Outbox {
             table,
             base: None,
             pg,
+            passwords: Passwords::default(),
             tls,
             sql,
             delete_on_ack: false,
@@ -196,6 +200,12 @@ impl Outbox {
         self
     }
 
+    /// Where new connections take their password from; the URL's own by default.
+    pub fn password_source(mut self, source: PasswordSource) -> Self {
+        self.passwords = Passwords::new(source);
+        self
+    }
+
     /// The relay reads `table`, a view over this adopted table (`migrate --adopt`).
     pub fn adopted_from(mut self, base: Option<TableName>) -> Self {
         self.base = base;
@@ -242,12 +252,19 @@ impl Outbox {
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(10));
-        match tokio::time::timeout(limit, self.pg.connect(self.tls.clone())).await {
-            Ok(Ok(pair)) => Ok(pair),
-            Ok(Err(e)) => Err(OutboxError::Connect {
-                target: self.target(),
-                reason: describe(&e),
-            }),
+        // The password is fetched within the limit too: a token needs credentials, which may
+        // come from the network (web identity, container or instance roles).
+        let connect = async {
+            let pg = self.connect_settings().await?;
+            pg.connect(self.tls.clone())
+                .await
+                .map_err(|e| OutboxError::Connect {
+                    target: self.target(),
+                    reason: describe(&e),
+                })
+        };
+        match tokio::time::timeout(limit, connect).await {
+            Ok(result) => result,
             Err(_) => Err(OutboxError::Connect {
                 target: self.target(),
                 reason: format!(
@@ -256,6 +273,19 @@ impl Outbox {
                 ),
             }),
         }
+    }
+
+    /// The connection settings for one new connection, with its password fetched now.
+    async fn connect_settings(
+        &self,
+    ) -> Result<std::borrow::Cow<'_, tokio_postgres::Config>, OutboxError> {
+        self.passwords
+            .apply(&self.pg)
+            .await
+            .map_err(|e| OutboxError::Connect {
+                target: self.target(),
+                reason: e.to_string(),
+            })
     }
 
     async fn raw_connect(&self) -> Result<Client, OutboxError> {

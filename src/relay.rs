@@ -84,6 +84,7 @@ pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
             .as_ref()
             .map(|(base, _)| base.clone()),
     )
+    .password_source(config.database.password.clone())
     .delete_on_ack(config.retention.deletes_on_ack())
     .claim_strategy(config.claim.clone())
 }

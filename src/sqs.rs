@@ -35,9 +35,7 @@ impl Sqs {
     /// what a failure means for each row, and a hidden SDK retry after a timeout would only
     /// add duplicates and delay that decision.
     pub async fn new(endpoint: Option<&str>, send_timeout: Duration) -> Sqs {
-        let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
-            .load()
-            .await;
+        let shared = crate::aws::shared_config().await;
         let mut config = aws_sdk_sqs::config::Builder::from(&shared)
             .retry_config(RetryConfig::disabled())
             .timeout_config(

@@ -9,6 +9,7 @@ mod scenario;
 mod adopt;
 mod chaos;
 mod crash;
+mod dbauth;
 mod destination;
 mod faults;
 mod fifo;

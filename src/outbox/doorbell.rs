@@ -182,12 +182,26 @@ impl Outbox {
         // One deadline for the whole handshake; each step under it, so a timeout names the
         // step that hung.
         let deadline = tokio::time::Instant::now() + limit;
+        // This connection's password (a file read now, a token signed now), as for the others.
+        let pg = match tokio::time::timeout_at(deadline, self.connect_settings()).await {
+            Ok(pg) => pg?,
+            Err(_) => {
+                return Err(OutboxError::Connect {
+                    target: self.target(),
+                    reason: format!(
+                        "no password from {} within {} (--connect-timeout)",
+                        self.passwords.source(),
+                        humantime::format_duration(limit)
+                    ),
+                })
+            }
+        };
         let mut wire = self
             .bounded(
                 deadline,
                 limit,
                 Step::Connect,
-                Wire::connect(&self.pg, &self.tls),
+                Wire::connect(&pg, &self.tls),
             )
             .await?;
         // A walsender waiting to create a slot does not notice its client leave: it waits on

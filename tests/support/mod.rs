@@ -6,6 +6,7 @@
 //! - [`sqs`]: one SQS-compatible server per test process (fauxqs, or moto with
 //!   `OUTBOX_TEST_SQS=moto`); [`create_queue`] gives each test its own queue.
 //! - [`proxy`]: [`FaultProxy`], an HTTP fault injector in front of the SQS server.
+//! - [`iam_proxy`]: [`IamProxy`], a PostgreSQL front that checks RDS IAM auth tokens.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
 //!
 //! Servers start lazily and once, so tests run in parallel threads, isolated by database and
@@ -15,11 +16,13 @@
 // Each test module uses a different part of the harness; the rest would warn as unused.
 #![allow(dead_code, unused_imports)]
 
+pub mod iam_proxy;
 pub mod pg;
 pub mod proxy;
 pub mod relay;
 pub mod sqs;
 
+pub use iam_proxy::IamProxy;
 pub use pg::{fresh_db, pg, Pg, TestDb};
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
