@@ -131,14 +131,14 @@ pub struct DatabaseArgs {
     /// A file holding the database password (a mounted secret), read again for every new
     /// connection so a rotated password is used without a restart; trailing newline ignored.
     /// The URL must not carry a password then.
-    #[arg(long, env = "DATABASE_PASSWORD_FILE")]
+    #[arg(long, env = "OUTBOX_DATABASE_PASSWORD_FILE")]
     pub database_password_file: Option<std::path::PathBuf>,
 
     /// Log in with a fresh RDS IAM auth token per connection, signed with the relay's AWS
     /// credentials (the chain SQS uses) for the URL's host, port and user; needs TLS and a
     /// URL without a password.
     // Boolean variables also take 1/0, yes/no, on/off: manifests write those as often.
-    #[arg(long, env = "DATABASE_IAM_AUTH", value_parser = BoolishValueParser::new())]
+    #[arg(long, env = "OUTBOX_DATABASE_IAM_AUTH", value_parser = BoolishValueParser::new())]
     pub database_iam_auth: bool,
 
     /// PEM file of the client certificate (or a chain starting with it) to present to the

@@ -94,7 +94,7 @@ async fn iam_tokens_are_fresh_for_every_connection_and_the_relay_outlives_their_
     // The environment variable, as a deployment sets it.
     let (status, said) = run_to_end(
         &check,
-        &env(&[("DATABASE_IAM_AUTH", "true")]),
+        &env(&[("OUTBOX_DATABASE_IAM_AUTH", "true")]),
         Duration::from_secs(60),
     )
     .await;
@@ -167,7 +167,7 @@ async fn iam_tokens_are_fresh_for_every_connection_and_the_relay_outlives_their_
     let (status, said) = run_to_end(
         &check,
         &env(&[
-            ("DATABASE_IAM_AUTH", "1"),
+            ("OUTBOX_DATABASE_IAM_AUTH", "1"),
             ("AWS_SECRET_ACCESS_KEY", &wrong_secret),
         ]),
         Duration::from_secs(60),
@@ -238,7 +238,10 @@ async fn a_password_file_rotated_in_place_is_read_at_the_next_connection() {
     };
     let relay = RelayProcess::spawn(
         &run_args(&via, &queue, endpoint, &[]),
-        &env(&[("DATABASE_PASSWORD_FILE", file_arg), ("RUST_LOG", "debug")]),
+        &env(&[
+            ("OUTBOX_DATABASE_PASSWORD_FILE", file_arg),
+            ("RUST_LOG", "debug"),
+        ]),
     );
     insert(&admin, &events("pwfile-a", 5, 2), Duration::ZERO).await;
     assert_eq!(
