@@ -20,6 +20,7 @@
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: TLS to PostgreSQL with libpq's `sslmode` semantics.
 //! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
+//! - [`otel`]: OpenTelemetry: a span per event, parented on the row's `traceparent`, over OTLP.
 
 pub mod batch;
 pub mod check;
@@ -27,6 +28,7 @@ pub mod config;
 pub mod destination;
 pub mod idle;
 pub mod metrics;
+pub mod otel;
 pub mod outbox;
 pub mod relay;
 pub mod retry;
