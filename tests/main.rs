@@ -22,6 +22,7 @@ mod ops_metrics;
 mod ops_secrets;
 mod ops_status;
 mod ops_tls;
+mod otel;
 mod outbox_sql;
 mod retention;
 mod sqs_contract;

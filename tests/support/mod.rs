@@ -7,6 +7,7 @@
 //!   `OUTBOX_TEST_SQS=moto`); [`create_queue`] gives each test its own queue.
 //! - [`proxy`]: [`FaultProxy`], an HTTP fault injector in front of the SQS server.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
+//! - [`otlp`]: [`OtlpReceiver`], an OTLP/HTTP trace receiver that decodes the spans it gets.
 //!
 //! Servers start lazily and once, so tests run in parallel threads, isolated by database and
 //! queue rather than by a global lock. Every child process is forked by one long-lived keeper
@@ -15,11 +16,13 @@
 // Each test module uses a different part of the harness; the rest would warn as unused.
 #![allow(dead_code, unused_imports)]
 
+pub mod otlp;
 pub mod pg;
 pub mod proxy;
 pub mod relay;
 pub mod sqs;
 
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pg::{fresh_db, pg, Pg, TestDb};
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
