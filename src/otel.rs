@@ -48,12 +48,11 @@ pub struct Tracing {
 
 /// Whether the standard variables ask for traces to be exported.
 pub fn wanted() -> bool {
-    [
+    first_set(&[
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         "OTEL_EXPORTER_OTLP_ENDPOINT",
-    ]
-    .iter()
-    .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+    ])
+    .is_some()
 }
 
 impl Tracing {
@@ -67,26 +66,38 @@ impl Tracing {
         if !wanted() {
             return Ok(None);
         }
-        if let Some(protocol) = [
+        if let Some((name, protocol)) = first_set(&[
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
-        ]
-        .iter()
-        .find_map(|name| std::env::var(name).ok())
-        .filter(|p| p != "http/protobuf")
+        ])
+        .filter(|(_, p)| p != "http/protobuf")
         {
             return Err(format!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported: the relay exports spans over http/protobuf (unset it, or set http/protobuf)"
+                "{name}={protocol} is not supported: the relay exports spans over http/protobuf (unset it, or set http/protobuf)"
             ));
+        }
+        // Checked here so the error names the variable without repeating its value, which may
+        // carry credentials (`https://user:token@collector`).
+        if let Some((name, endpoint)) = first_set(&[
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ]) {
+            let uri = endpoint.parse::<http::Uri>().ok();
+            let usable = uri.is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+            });
+            if !usable {
+                return Err(format!(
+                    "{name} is not an http(s) URL; set it to the collector's OTLP/HTTP address, e.g. http://otel-collector:4318"
+                ));
+            }
         }
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
             .with_http_client(OnRuntime::new()?)
             .build()
-            // The SDK's message names the variable and the value it could not use; an endpoint
-            // URL is not a secret, and headers are not part of it.
-            .map_err(|e| format!("cannot export traces: {e}"))?;
+            .map_err(|e| format!("cannot set up the trace exporter: {e}"))?;
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
             .with_resource(resource())
@@ -173,6 +184,16 @@ impl Tracing {
             Err(e) => tracing::warn!(error = %e, "trace exporter shutdown failed"),
         }
     }
+}
+
+/// The first of `names` that is set and not empty, with its value.
+fn first_set(names: &[&'static str]) -> Option<(&'static str, String)> {
+    names.iter().find_map(|name| {
+        std::env::var(name)
+            .ok()
+            .filter(|v| !v.is_empty())
+            .map(|v| (*name, v))
+    })
 }
 
 /// `service.name` defaults to the relay's name, not the SDK's `unknown_service`.
@@ -470,6 +491,37 @@ mod tests {
             "{sent}"
         );
         assert!(sent.len() < later.len());
+    }
+
+    #[test]
+    fn tracing_changes_neither_a_messages_size_nor_its_attribute_count() {
+        use crate::batch::{plan, MessageFormat, PlanConfig};
+        use crate::row::KeyColumn;
+        // Ten attributes (4 fixed + 6 headers) and exactly the size limit: the most a row may
+        // carry, so any growth would get it refused.
+        let headers = serde_json::json!({
+            "traceparent": PARENT, "tracestate": "k=v", "a": "1", "b": "2", "c": "3", "d": "4",
+        });
+        let planned = |r: &ClaimedRow, max_request_bytes: usize| {
+            let config = PlanConfig {
+                default_queue_url: "http://q/1/orders".into(),
+                routes: Vec::new(),
+                route_by: KeyColumn::AggregateType,
+                group_by: KeyColumn::AggregateId,
+                fair_group: None,
+                format: MessageFormat::Raw,
+                max_request_bytes,
+                ordering: None,
+            };
+            plan(std::slice::from_ref(r), &config)
+        };
+        let mut r = row(headers);
+        let before = planned(&r, usize::MAX).requests[0].size();
+        tracing().begin(&mut r, "http://q/1/orders", SystemTime::now());
+        let after = planned(&r, before);
+        assert!(after.rejected.is_empty(), "{:?}", after.rejected);
+        assert_eq!(after.requests[0].size(), before);
+        assert_eq!(after.requests[0].entries[0].attributes.len(), 10);
     }
 
     #[test]

@@ -157,7 +157,8 @@ async fn assert_delivered(
 async fn one_span_per_event_continues_the_rows_trace_to_the_consumer() {
     let db = migrated_db().await;
     let client = db.client().await;
-    let queue = create_queue("otel", &[]).await;
+    // Small enough that SQS itself refuses one message below.
+    let queue = create_queue("otel", &[("MaximumMessageSize", "1024")]).await;
     let queue_name = queue.rsplit('/').next().unwrap().to_string();
     let rows = traced("tp", 4, "a");
     let mut written: Vec<Event> = rows.iter().map(|(e, _, _)| e.clone()).collect();
@@ -180,6 +181,16 @@ async fn one_span_per_event_continues_the_rows_trace_to_the_consumer() {
         bad_headers[format!("h{h}")] = json!("x");
     }
     written.push(event("bad", 0, "d", bad_headers));
+    // Too large for this queue, which only SQS knows on a standard queue: refused by SQS.
+    let big_trace = format!("{:032x}", 0xb160_0001_u64);
+    let mut big = event(
+        "big",
+        0,
+        "e",
+        json!({ "traceparent": traceparent(&big_trace, "00000000000000cc", "01") }),
+    );
+    big.payload = json!({ "filler": "x".repeat(2000) });
+    written.push(big);
     insert(&client, &written, Duration::ZERO).await;
     backdate(&client).await;
 
@@ -192,7 +203,7 @@ async fn one_span_per_event_continues_the_rows_trace_to_the_consumer() {
     wait_count(
         &client,
         "quarantined_at IS NOT NULL",
-        1,
+        2,
         Duration::from_secs(30),
     )
     .await;
@@ -244,7 +255,30 @@ async fn one_span_per_event_continues_the_rows_trace_to_the_consumer() {
     assert_eq!(bad[0].attr("outbox.quarantine_reason"), Some("invalid"));
     assert_eq!(bad[0].attr("error.type"), Some("invalid"));
 
-    assert_eq!(spans.len(), 6, "one span per sampled event: {spans:#?}");
+    let big = span_of(&spans, "big-0");
+    assert_eq!(big.len(), 1, "{spans:#?}");
+    assert_eq!(big[0].trace_id, big_trace);
+    assert_eq!(big[0].parent_span_id, "00000000000000cc");
+    assert_eq!(big[0].status_code, ERROR);
+    assert_eq!(big[0].attr("outbox.outcome"), Some("quarantined"));
+    let reason: String = client
+        .query_one(
+            "SELECT quarantine_reason FROM outbox WHERE event_id = 'big-0'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        big[0].attr("outbox.quarantine_reason"),
+        Some(reason.as_str())
+    );
+    // SQS's own error code, not the relay's reason.
+    let code = big[0].attr("error.type").unwrap();
+    assert!(!code.is_empty() && code != reason, "{:?}", big[0]);
+    assert!(big[0].status_message.contains(code), "{:?}", big[0]);
+
+    assert_eq!(spans.len(), 7, "one span per sampled event: {spans:#?}");
     let headers = receiver.request_headers();
     assert!(!headers.is_empty());
     assert!(headers
@@ -331,4 +365,48 @@ async fn a_collector_that_is_down_does_not_stall_delivery() {
         assert!(!sent.contains(span.as_str()), "{sent}");
     }
     assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_otel_setting_stops_run_with_one_line_before_connecting() {
+    let cases = [
+        (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "https://user:otel-token-99@",
+            "OTEL_EXPORTER_OTLP_ENDPOINT is not an http(s) URL",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "collector:4318",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is not an http(s) URL",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "grpc",
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported",
+        ),
+    ];
+    for (name, value, expected) in cases {
+        let mut env = vec![(name.to_string(), value.to_string())];
+        if !name.ends_with("ENDPOINT") {
+            env.push((
+                "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+                "http://127.0.0.1:4318".into(),
+            ));
+        }
+        // Nothing listens at this database: the error must come first.
+        let args = crate::scenario::args(&[
+            "run",
+            "--database-url",
+            "postgres://relay:db-secret-1@127.0.0.1:1/app",
+            "--queue-url",
+            "http://127.0.0.1:1/000000000000/q",
+        ]);
+        let (status, output) =
+            crate::support::run_to_end(&args, &env, Duration::from_secs(20)).await;
+        assert_eq!(status.code(), Some(2), "{output}");
+        assert_eq!(output.trim().lines().count(), 1, "{output}");
+        assert!(output.contains(expected), "{output}");
+        assert!(!output.contains("otel-token-99") && !output.contains("db-secret-1"));
+    }
 }
