@@ -66,32 +66,7 @@ impl Tracing {
         if !wanted() {
             return Ok(None);
         }
-        if let Some((name, protocol)) = first_set(&[
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-        ])
-        .filter(|(_, p)| p != "http/protobuf")
-        {
-            return Err(format!(
-                "{name}={protocol} is not supported: the relay exports spans over http/protobuf (unset it, or set http/protobuf)"
-            ));
-        }
-        // Checked here so the error names the variable without repeating its value, which may
-        // carry credentials (`https://user:token@collector`).
-        if let Some((name, endpoint)) = first_set(&[
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-        ]) {
-            let uri = endpoint.parse::<http::Uri>().ok();
-            let usable = uri.is_some_and(|u| {
-                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
-            });
-            if !usable {
-                return Err(format!(
-                    "{name} is not an http(s) URL; set it to the collector's OTLP/HTTP address, e.g. http://otel-collector:4318"
-                ));
-            }
-        }
+        check_settings()?;
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
@@ -184,6 +159,37 @@ impl Tracing {
             Err(e) => tracing::warn!(error = %e, "trace exporter shutdown failed"),
         }
     }
+}
+
+/// The OTLP settings the relay cannot use, as one line naming the variable (never its value:
+/// an endpoint may carry credentials, `https://user:token@collector`). `run` refuses to start
+/// with it; `check` reports it.
+pub fn check_settings() -> Result<(), String> {
+    if let Some((name, protocol)) = first_set(&[
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ])
+    .filter(|(_, p)| p != "http/protobuf")
+    {
+        return Err(format!(
+            "{name}={protocol} is not supported: the relay exports spans over http/protobuf (unset it, or set http/protobuf)"
+        ));
+    }
+    if let Some((name, endpoint)) = first_set(&[
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ]) {
+        let uri = endpoint.parse::<http::Uri>().ok();
+        let usable = uri.is_some_and(|u| {
+            matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+        });
+        if !usable {
+            return Err(format!(
+                "{name} is not an http(s) URL; set it to the collector's OTLP/HTTP address, e.g. http://otel-collector:4318"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The first of `names` that is set and not empty, with its value.

@@ -408,5 +408,16 @@ async fn a_bad_otel_setting_stops_run_with_one_line_before_connecting() {
         assert_eq!(output.trim().lines().count(), 1, "{output}");
         assert!(output.contains(expected), "{output}");
         assert!(!output.contains("otel-token-99") && !output.contains("db-secret-1"));
+        // `check` says the same, on its own line among the others.
+        let mut check = args.clone();
+        check[0] = "check".into();
+        let (status, output) =
+            crate::support::run_to_end(&check, &env, Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(1), "{output}");
+        assert!(
+            output.contains(&format!("FAIL tracing settings (OTEL_*): {expected}")),
+            "{output}"
+        );
+        assert!(!output.contains("otel-token-99"), "{output}");
     }
 }
