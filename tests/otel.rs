@@ -108,13 +108,14 @@ async fn assert_delivered(
     event_id: &str,
     row: Option<(&str, &str)>,
     queue_name: &str,
+    service: &str,
 ) -> ReceivedSpan {
     let found = span_of(spans, event_id);
     assert_eq!(found.len(), 1, "one span for {event_id}: {spans:#?}");
     let span = found[0].clone();
     assert_eq!(span.kind, PRODUCER);
     assert_eq!(span.name, format!("send {queue_name}"));
-    assert_eq!(span.service_name, "outbox-relay");
+    assert_eq!(span.service_name, service);
     assert_eq!(span.attr("messaging.system"), Some("aws_sqs"));
     assert_eq!(span.attr("messaging.destination.name"), Some(queue_name));
     assert_eq!(span.attr("messaging.operation.name"), Some("send"));
@@ -221,6 +222,7 @@ async fn one_span_per_event_continues_the_rows_trace_to_the_consumer() {
             &e.event_id,
             Some((trace, span)),
             &queue_name,
+            "outbox-relay",
         )
         .await;
     }
@@ -231,6 +233,7 @@ async fn one_span_per_event_continues_the_rows_trace_to_the_consumer() {
         "plain-0",
         None,
         &queue_name,
+        "outbox-relay",
     )
     .await;
     assert!(rows.iter().all(|(_, trace, _)| *trace != plain.trace_id));
@@ -302,10 +305,9 @@ async fn fifo_ordered_events_get_their_spans_and_the_consumer_the_context() {
     backdate(&client).await;
 
     let receiver = OtlpReceiver::start();
-    let relay = RelayProcess::spawn(
-        &run_args(&db, &queue, sqs().endpoint(), &[]),
-        &otel_env(receiver.endpoint()),
-    );
+    let mut env = otel_env(receiver.endpoint());
+    env.push(("OTEL_SERVICE_NAME".into(), "orders-relay".into()));
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &env);
     wait_count(&client, "sent_at IS NOT NULL", 5, Duration::from_secs(60)).await;
     let received = receive_all(&queue, 5, Duration::from_secs(60)).await;
     stop(relay).await;
@@ -331,6 +333,7 @@ async fn fifo_ordered_events_get_their_spans_and_the_consumer_the_context() {
             &e.event_id,
             Some((trace, span)),
             &queue_name,
+            "orders-relay",
         )
         .await;
     }
