@@ -192,6 +192,18 @@ pub fn check_settings() -> Result<(), String> {
     Ok(())
 }
 
+/// One export's time limit: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` or `OTEL_EXPORTER_OTLP_TIMEOUT`
+/// in milliseconds, 10 s by default, as the exporter reads them.
+fn export_timeout() -> Duration {
+    first_set(&[
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ])
+    .and_then(|(_, ms)| ms.parse().ok())
+    .map(Duration::from_millis)
+    .unwrap_or(Duration::from_secs(10))
+}
+
 /// The first of `names` that is set and not empty, with its value.
 fn first_set(names: &[&'static str]) -> Option<(&'static str, String)> {
     names.iter().find_map(|name| {
@@ -409,9 +421,9 @@ impl OnRuntime {
             .https_or_http()
             .enable_http1()
             .build();
-        // The exporter enforces its own timeout (OTEL_EXPORTER_OTLP_TIMEOUT) around this one.
-        let client =
-            opentelemetry_http::hyper::HyperClient::new(connector, Duration::from_secs(30), None);
+        // The exporter's own deadline only decides whether to retry; on its batch thread a call
+        // in flight is not cut short, so the client bounds each call by the same timeout.
+        let client = opentelemetry_http::hyper::HyperClient::new(connector, export_timeout(), None);
         Ok(OnRuntime {
             runtime,
             client: Arc::new(client),
