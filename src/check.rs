@@ -70,6 +70,11 @@ pub async fn run(args: &RunArgs) -> bool {
             return false;
         }
     };
+    if crate::otel::wanted() {
+        let verdict = crate::otel::check_settings()
+            .map(|()| Some("a span per event over OTLP/HTTP".to_string()));
+        report.add("tracing settings (OTEL_*)", verdict);
+    }
     check_database(&config, &mut report).await;
     check_queues(&config, &mut report).await;
     report.failed == 0

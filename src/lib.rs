@@ -22,6 +22,7 @@
 //! - [`dbauth`]: each new connection's password: the URL, a password file, or an RDS IAM token.
 //! - [`aws`]: the AWS configuration, loaded once, shared by SQS and IAM database auth.
 //! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
+//! - [`otel`]: OpenTelemetry: a span per event, parented on the row's `traceparent`, over OTLP.
 
 pub mod aws;
 pub mod batch;
@@ -31,6 +32,7 @@ pub mod dbauth;
 pub mod destination;
 pub mod idle;
 pub mod metrics;
+pub mod otel;
 pub mod outbox;
 pub mod relay;
 pub mod retry;

@@ -12,6 +12,7 @@ use outbox_relay::config::{
     QuarantineRetryArgs, RunArgs,
 };
 use outbox_relay::metrics::{self, Health};
+use outbox_relay::otel::{self, Tracing};
 use outbox_relay::outbox::{ColumnMap, Outbox, RetrySelection, TableName};
 use outbox_relay::relay;
 
@@ -234,6 +235,11 @@ async fn run(args: RunArgs) -> ExitCode {
     if let Err(code) = outbox(&args.database) {
         return code;
     }
+    // Before anything connects: a bad OTEL_* setting is a configuration error like a bad flag.
+    let traces = match Tracing::from_env() {
+        Ok(t) => t.map(Arc::new),
+        Err(e) => return config_error(&e),
+    };
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
     let connected = match relay::connect(config.clone()).await {
@@ -267,7 +273,14 @@ async fn run(args: RunArgs) -> ExitCode {
         }
     };
     tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
-    relay::run(connected, health, shutdown).await;
+    if traces.is_some() {
+        tracing::info!("exporting a span per event over OTLP/HTTP");
+    }
+    relay::run(connected, health, traces.clone(), shutdown).await;
+    // The drain is over; the spans of its last sends go out now, within a bound.
+    if let Some(traces) = traces {
+        traces.shutdown(otel::FLUSH_BOUND).await;
+    }
     stop_serving.cancel();
     ExitCode::SUCCESS
 }

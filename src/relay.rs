@@ -21,6 +21,7 @@ use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::destination::{Destinations, Park};
 use crate::idle;
 use crate::metrics::{self as names, Health};
+use crate::otel::{ClaimSpans, Tracing};
 use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
 use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestReaction, Transport};
 use crate::row::{
@@ -58,6 +59,8 @@ struct Relay {
     claim_floor: AtomicI64,
     /// Each destination queue's `MaximumMessageSize`, learnt on first use.
     queue_limits: Mutex<HashMap<String, (usize, Instant)>>,
+    /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
+    tracing: Option<Arc<Tracing>>,
 }
 
 /// Queues whose size limit is remembered at most (rows may carry their own queue URLs).
@@ -113,8 +116,14 @@ pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
 }
 
 /// Relays until `shutdown` fires and in-flight work has drained. After start-up every failure
-/// is retried with back-off and never ends the loop.
-pub async fn run(connected: Connected, health: Arc<Health>, shutdown: CancellationToken) {
+/// is retried with back-off and never ends the loop. With `tracing`, every delivery attempt of
+/// an event is a span; flushing them is the caller's, once this returns.
+pub async fn run(
+    connected: Connected,
+    health: Arc<Health>,
+    tracing: Option<Arc<Tracing>>,
+    shutdown: CancellationToken,
+) {
     let Connected {
         config,
         outbox,
@@ -141,6 +150,7 @@ pub async fn run(connected: Connected, health: Arc<Health>, shutdown: Cancellati
         request_permits: Arc::new(Semaphore::new(config.max_in_flight)),
         claim_floor: AtomicI64::new(0),
         queue_limits: Mutex::new(HashMap::new()),
+        tracing,
         config,
     });
     tracing::info!(
@@ -292,8 +302,15 @@ impl Relay {
         shutdown: CancellationToken,
     ) {
         let Claimed {
-            rows, unreadable, ..
+            mut rows,
+            unreadable,
+            ..
         } = claimed;
+        // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
+        // message with the value that is sent.
+        let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
+            self.plan_config.queue_for(row).to_string()
+        });
         let mut limits = self.queue_limits(&rows).await;
         let mut plan = batch::plan_within(&rows, &self.plan_config, &limits);
         // A row refused for a queue's own limit is checked against that queue once more before
@@ -356,6 +373,9 @@ impl Relay {
                     self.health
                         .set_config_error(self.destinations.readiness_error());
                     for (entry, outcome) in request.entries.iter().zip(outcomes) {
+                        if let EntryOutcome::Failed { code, .. } = &outcome {
+                            spans.refused(rows[entry.row].id, Some(code));
+                        }
                         self.settle_entry(&mut settlement, &rows[entry.row], outcome);
                     }
                 }
@@ -381,6 +401,9 @@ impl Relay {
                         }
                         sends.push(self.send(left, lease_deadline, &shutdown));
                         continue;
+                    }
+                    for entry in &request.entries {
+                        spans.refused(rows[entry.row].id, failure.code.as_deref());
                     }
                     self.request_failed(
                         &mut settlement,
@@ -435,6 +458,7 @@ impl Relay {
             }
         }
         drop(sends);
+        spans.finish(&settlement);
         self.settle(settlement, lease_deadline).await;
         // Settled rows may unblock others: the next row of each group under ordered delivery,
         // retries due now. Claim again rather than wait for the poll interval; no NOTIFY

@@ -24,6 +24,7 @@ mod ops_secrets;
 mod ops_status;
 mod ops_tls;
 mod ops_tls_client;
+mod otel;
 mod outbox_sql;
 mod retention;
 mod sqs_contract;

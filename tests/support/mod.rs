@@ -8,6 +8,7 @@
 //! - [`proxy`]: [`FaultProxy`], an HTTP fault injector in front of the SQS server.
 //! - [`iam_proxy`]: [`IamProxy`], a PostgreSQL front that checks RDS IAM auth tokens.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
+//! - [`otlp`]: [`OtlpReceiver`], an OTLP/HTTP trace receiver that decodes the spans it gets.
 //!
 //! Servers start lazily and once, so tests run in parallel threads, isolated by database and
 //! queue rather than by a global lock. Every child process is forked by one long-lived keeper
@@ -17,12 +18,14 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod iam_proxy;
+pub mod otlp;
 pub mod pg;
 pub mod proxy;
 pub mod relay;
 pub mod sqs;
 
 pub use iam_proxy::IamProxy;
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pg::{fresh_db, pg, Pg, TestDb};
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const METRICS_ADDR_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Variables of the test's own environment that would change what the relay does.
-const SCRUBBED_PREFIXES: &[&str] = &["AWS_", "OUTBOX_", "DATABASE_URL", "PG", "RUST_LOG"];
+const SCRUBBED_PREFIXES: &[&str] = &["AWS_", "OUTBOX_", "DATABASE_URL", "PG", "RUST_LOG", "OTEL_"];
 
 pub struct RelayProcess {
     /// Prefix of its echoed output, to tell replicas apart in a failing test's log.
