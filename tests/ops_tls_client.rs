@@ -117,6 +117,42 @@ async fn the_server_admits_the_relay_by_its_certificate_and_refuses_it_without()
         MTLS_PASSWORD,
     );
 
+    // The password from --database-password-file with the certificate: the two new connection
+    // settings meet on one handshake (verify-full TLS, the certificate, then the password).
+    let files = make_temp_dir("mtls-password-file");
+    let password_file = files.join("password");
+    std::fs::write(&password_file, format!("{MTLS_PASSWORD}\n")).unwrap();
+    let no_password_url = mtls_url.replacen(&format!(":{MTLS_PASSWORD}@"), "@", 1);
+    assert_ne!(no_password_url, mtls_url);
+    let with_file = |file: &Path| {
+        vec![
+            "status".to_string(),
+            "--database-url".to_string(),
+            no_password_url.clone(),
+            "--database-password-file".to_string(),
+            file.display().to_string(),
+            "--db-client-cert".to_string(),
+            mtls.clone(),
+            "--db-client-key".to_string(),
+            mtls_key.clone(),
+        ]
+    };
+    let args = with_file(&password_file);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, output) = relay(&args, &[]).await;
+    assert_eq!(code, Some(0), "password file and certificate: {output}");
+    let wrong_file = files.join("wrong");
+    std::fs::write(&wrong_file, "not-the-password\n").unwrap();
+    let args = with_file(&wrong_file);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, output) = relay(&args, &[]).await;
+    assert_eq!(code, Some(1), "{output}");
+    assert_one_clear_line(
+        &output,
+        &format!("password authentication failed for user \"{MTLS_ROLE}\""),
+        "not-the-password",
+    );
+
     // The flags win over the URL: a stranger's certificate in the URL, the right one by flag.
     let wrong_in_url = pg.url_as(
         CERT_ROLE,
