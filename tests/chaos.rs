@@ -202,6 +202,14 @@ async fn twenty_thousand_events_survive_relay_kills_queue_failures_and_a_postgre
     )
     .await;
     fleet.assert_all_running().await;
+    // A relay respawned a moment ago may not have its signal handlers yet, and SIGTERM's
+    // default action would end it with the signal rather than a drain and exit 0.
+    for relay in &fleet.relays {
+        relay
+            .wait_for_line("relay started", Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|| panic!("{} never started:\n{}", relay.name(), relay.output()));
+    }
     for relay in &fleet.relays {
         relay.sigterm();
     }
