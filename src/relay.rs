@@ -1009,6 +1009,15 @@ fn quarantine(
 /// Parks a row whose queue refuses us: quarantined with reason `destination` until the
 /// queue's park ends, then unsent again by itself with its attempt refunded. Logged once per
 /// park by the caller, not per row.
+/// How logs and `last_error` name a destination: `queue` or `topic`.
+fn destination_kind(destination: &str) -> &'static str {
+    if batch::is_topic(destination) {
+        "topic"
+    } else {
+        "queue"
+    }
+}
+
 fn park_row(
     settlement: &mut Settlement,
     row: &ClaimedRow,
@@ -1020,7 +1029,11 @@ fn park_row(
         id: row.id,
         lease_token: row.lease_token,
         reason: QuarantineReason::Destination,
-        error: format!("queue {queue_url}: {}", park.error),
+        error: format!(
+            "{} {queue_url}: {}",
+            destination_kind(queue_url),
+            park.error
+        ),
         retry_in: Some(park.remaining(now)),
     });
 }

@@ -269,3 +269,41 @@ async fn a_row_too_large_for_a_topic_is_quarantined_and_a_missing_topic_parks_on
     wait_count(&client, "sent_at IS NOT NULL", 29, WAIT).await;
     assert_eq!(receive_all(&late, 10, WAIT).await.len(), 10);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_verifies_each_topic_and_names_a_missing_one_with_its_fix() {
+    let db = migrated_db().await;
+    let topic = create_topic("t-check.fifo").await;
+    let (prefix, _) = topic.rsplit_once(':').expect("an ARN");
+    let missing = format!("{prefix}:{}", topic_name("t-check-missing"));
+    let route = format!("billing={missing}");
+    let check = |extra: Vec<String>| {
+        let mut a = run_args(
+            &db,
+            &topic,
+            sqs().endpoint(),
+            &["--sns-endpoint-url", sqs().endpoint()],
+        );
+        a[0] = "check".to_string();
+        a.extend(extra);
+        async move { crate::support::run_to_end(&a, &[], WAIT).await }
+    };
+    let (status, output) = check(Vec::new()).await;
+    assert!(status.success(), "{output}");
+    assert!(
+        output.contains(&format!("ok   topic {topic} reachable")) && output.contains("FIFO topic"),
+        "{output}"
+    );
+    let (status, output) = check(vec!["--route".into(), route]).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let failed: Vec<&str> = output.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(failed.len(), 1, "{output}");
+    assert!(
+        failed[0].contains(&missing)
+            && failed[0].contains("the topic does not exist")
+            && failed[0].contains("--route billing=")
+            && failed[0].contains("[NotFound]"),
+        "{}",
+        failed[0]
+    );
+}
