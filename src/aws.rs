@@ -1,8 +1,15 @@
-//! The AWS configuration (region, credential chain), loaded once per process: SQS and IAM
-//! database authentication use the same one, so both act as the same principal.
+//! The AWS configuration (region, credential chain), loaded once per process: SQS, SNS and IAM
+//! database authentication use the same one, so all act as the same principal. And the one
+//! place an SDK error becomes the facts `retry::classify` decides on, for every AWS service.
 
 use aws_config::SdkConfig;
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::display::DisplayErrorContext;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use tokio::sync::OnceCell;
+
+use crate::retry::{RequestFailure, Transport};
 
 /// The standard chain's configuration: environment, profile, web identity, ECS and EC2 roles.
 pub async fn shared_config() -> SdkConfig {
@@ -11,4 +18,52 @@ pub async fn shared_config() -> SdkConfig {
         .get_or_init(|| aws_config::defaults(aws_config::BehaviorVersion::latest()).load())
         .await
         .clone()
+}
+
+/// Flattens the SDK's error into the facts `retry::classify` decides on.
+pub fn request_failure<E, R>(err: SdkError<E, R>) -> RequestFailure
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug + HasStatus,
+{
+    // A service error's own message is what an operator needs; the SDK's full context for it
+    // repeats the raw response (headers, body) several times over in every log line.
+    let message = match &err {
+        SdkError::ServiceError(s) => match s.err().message() {
+            Some(m) => m.to_string(),
+            None => DisplayErrorContext(&err).to_string(),
+        },
+        _ => DisplayErrorContext(&err).to_string(),
+    };
+    let (transport, status, code) = match &err {
+        SdkError::ConstructionFailure(_) => (Transport::Construction, None, None),
+        SdkError::TimeoutError(_) => (Transport::Timeout, None, None),
+        SdkError::DispatchFailure(d) if d.is_timeout() => (Transport::Timeout, None, None),
+        SdkError::DispatchFailure(d) if d.is_user() => (Transport::Construction, None, None),
+        SdkError::DispatchFailure(_) => (Transport::Connection, None, None),
+        SdkError::ResponseError(r) => (Transport::Response, Some(r.raw().status_code()), None),
+        SdkError::ServiceError(s) => (
+            Transport::Response,
+            Some(s.raw().status_code()),
+            s.err().code().map(str::to_string),
+        ),
+        _ => (Transport::Connection, None, None),
+    };
+    RequestFailure {
+        status,
+        code,
+        message,
+        transport,
+    }
+}
+
+/// The raw HTTP response's status, without naming the SDK's HTTP types in signatures.
+pub trait HasStatus {
+    fn status_code(&self) -> u16;
+}
+
+impl HasStatus for HttpResponse {
+    fn status_code(&self) -> u16 {
+        self.status().as_u16()
+    }
 }

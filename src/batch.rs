@@ -134,9 +134,30 @@ pub struct Plan {
     pub sequels: Vec<(String, BatchRequest)>,
 }
 
-/// Is this a FIFO queue? SQS requires FIFO queue names to end in `.fifo`.
+/// Is this a FIFO destination? SQS requires FIFO queue names, and SNS FIFO topic names, to end
+/// in `.fifo`; a FIFO topic takes the same group and deduplication IDs as a FIFO queue.
 pub fn is_fifo(queue_url: &str) -> bool {
     queue_url.trim_end_matches('/').ends_with(".fifo")
+}
+
+/// SNS takes at most this many bytes in one message, and in one PublishBatch call altogether.
+pub const SNS_MAX_REQUEST_BYTES: usize = 256 * 1024;
+
+/// Is this destination an SNS topic (`arn:<partition>:sns:<region>:<account>:<name>`) rather
+/// than an SQS queue URL? Any partition (`aws`, `aws-cn`, `aws-us-gov`).
+pub fn is_topic(destination: &str) -> bool {
+    let mut parts = destination.split(':');
+    parts.next() == Some("arn") && parts.nth(1) == Some("sns")
+}
+
+/// The most bytes one message, and one request, may carry to `destination` under
+/// `max_request_bytes`: SNS's own limit is lower than SQS's.
+pub fn destination_limit(destination: &str, max_request_bytes: usize) -> usize {
+    if is_topic(destination) {
+        max_request_bytes.min(SNS_MAX_REQUEST_BYTES)
+    } else {
+        max_request_bytes
+    }
 }
 
 /// Groups rows into requests of at most [`MAX_ENTRIES`] entries and `max_request_bytes`,
@@ -160,11 +181,8 @@ pub fn plan_within(
     queue_limits: &HashMap<String, usize>,
 ) -> Plan {
     let limit_of = |queue: &str| {
-        queue_limits
-            .get(queue)
-            .copied()
-            .unwrap_or(config.max_request_bytes)
-            .min(config.max_request_bytes)
+        let limit = destination_limit(queue, config.max_request_bytes);
+        queue_limits.get(queue).copied().unwrap_or(limit).min(limit)
     };
     let mut plan = Plan::default();
     // First the units that must travel together, in claim order: an ordered group's entries
@@ -188,7 +206,7 @@ pub fn plan_within(
                 continue;
             }
         }
-        let entry = match entry_for(index, row, fifo, config, limit_of(queue_url)) {
+        let entry = match entry_for(index, row, queue_url, config, limit_of(queue_url)) {
             Ok(entry) => entry,
             Err(rejected) => {
                 plan.rejected.push(rejected);
@@ -267,10 +285,11 @@ pub fn plan_within(
 fn entry_for(
     index: usize,
     row: &ClaimedRow,
-    fifo: bool,
+    destination: &str,
     config: &PlanConfig,
     max_bytes: usize,
 ) -> Result<Entry, Rejected> {
+    let fifo = is_fifo(destination);
     let invalid = |error: String| Rejected {
         row: index,
         reason: QuarantineReason::Invalid,
@@ -334,8 +353,12 @@ fn entry_for(
             error: format!("message is {size} bytes with its attributes; the limit is {max_bytes}"),
         });
     }
+    // Fair-queue group IDs are an SQS feature: a standard topic gets none (start-up refuses
+    // --fair-group-id with a configured topic; a row's own topic just goes without).
     let group_key = if fifo {
         Some(&config.group_by)
+    } else if is_topic(destination) {
+        None
     } else {
         config.fair_group.as_ref()
     };
@@ -488,6 +511,73 @@ mod tests {
             max_request_bytes: 1024 * 1024,
             ordering: None,
         }
+    }
+
+    const TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:orders";
+    const FIFO_TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
+
+    #[test]
+    fn topic_arns_are_told_from_queue_urls_in_any_partition() {
+        assert!(is_topic(TOPIC));
+        assert!(is_topic("arn:aws-cn:sns:cn-north-1:123456789012:t"));
+        assert!(!is_topic("arn:aws:sqs:eu-west-1:123456789012:orders"));
+        assert!(!is_topic(
+            "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
+        ));
+        assert!(!is_topic("http://q/1/arn:aws:sns"));
+        assert!(is_fifo(FIFO_TOPIC) && !is_fifo(TOPIC));
+    }
+
+    #[test]
+    fn a_topic_takes_at_most_sns_limits_per_message_and_per_request() {
+        // 30 rows of ~40 KiB: a queue takes them in requests of 10 (under 1 MiB), a topic in
+        // requests of 6 (under 256 KiB); a 300 KiB row is too large only for the topic.
+        let body = format!("\"{}\"", "z".repeat(40 * 1024));
+        let huge = format!("\"{}\"", "h".repeat(300 * 1024));
+        let mut rows: Vec<_> = (1..=30).map(|i| row(i, &body)).collect();
+        rows.push(row(31, &huge));
+        let queue = plan(&rows, &config());
+        assert!(queue.rejected.is_empty());
+        assert_eq!(queue.requests[0].entries.len(), 10);
+        let mut cfg = config();
+        cfg.default_queue_url = TOPIC.into();
+        let topic = plan(&rows, &cfg);
+        assert_eq!(topic.rejected.len(), 1);
+        assert_eq!(topic.rejected[0].reason, QuarantineReason::TooLarge);
+        assert!(topic.rejected[0].error.contains("limit is 262144"));
+        for r in &topic.requests {
+            assert_eq!(r.queue_url, TOPIC);
+            assert!(r.size() <= SNS_MAX_REQUEST_BYTES, "{} bytes", r.size());
+        }
+        assert_eq!(topic.requests[0].entries.len(), 6);
+    }
+
+    #[test]
+    fn a_fifo_topic_gets_group_and_dedup_ids_and_a_standard_topic_no_fair_group() {
+        let mut cfg = config();
+        cfg.routes = vec![("fifo".into(), FIFO_TOPIC.into())];
+        cfg.fair_group = Some(KeyColumn::AggregateType);
+        let mut fifo_row = row(1, "{}");
+        fifo_row.aggregate_type = "fifo".into();
+        let mut topic_row = row(2, "{}");
+        topic_row.queue_url = Some(TOPIC.into());
+        let plan = plan(&[fifo_row, topic_row, row(3, "{}")], &cfg);
+        let entry = |to: &str| {
+            plan.requests
+                .iter()
+                .find(|r| r.queue_url == to)
+                .map(|r| r.entries[0].clone())
+                .expect("a request")
+        };
+        let fifo = entry(FIFO_TOPIC);
+        assert_eq!(fifo.group_id.as_deref(), Some("1"));
+        assert_eq!(fifo.dedup_id.as_deref(), Some("ev-1"));
+        let standard = entry(TOPIC);
+        assert_eq!((standard.group_id, standard.dedup_id), (None, None));
+        assert_eq!(
+            entry("http://q/standard").group_id.as_deref(),
+            Some("order")
+        );
     }
 
     #[test]

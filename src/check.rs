@@ -8,10 +8,12 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::batch::is_topic;
 use crate::config::{Retention, RunArgs, RunConfig};
 use crate::outbox::inspect::{ColumnFacts, TableFacts, RELAY_COLUMNS};
 use crate::outbox::{quote_ident, Outbox, OutboxError};
 use crate::retry::{RequestFailure, Transport};
+use crate::sns::{Sns, TopicInfo};
 use crate::sqs::{QueueInfo, Sqs};
 
 /// One check's result.
@@ -268,7 +270,20 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
         config.send_timeout.max(Duration::from_secs(1)),
     )
     .await;
+    let sns = Sns::new(
+        config.sns_endpoint.as_deref(),
+        config.send_timeout.max(Duration::from_secs(1)),
+    )
+    .await;
     for (url, flag) in queues {
+        if is_topic(url) {
+            let verdict = match sns.topic_attributes(url).await {
+                Ok(info) => Ok(Some(describe_topic(&info))),
+                Err(failure) => Err(explain_topic_failure(&failure, &flag)),
+            };
+            report.add(format!("topic {url} reachable"), verdict);
+            continue;
+        }
         let info = match sqs.queue_attributes(url).await {
             Ok(info) => {
                 report.add(format!("queue {url} reachable"), Ok(None));
@@ -317,6 +332,50 @@ pub fn explain_queue_failure(failure: &RequestFailure, flag: &str) -> String {
             | "ExpiredTokenException" | "RequestExpired",
         ) => "the AWS credentials were refused: check the access key, secret and session token the credential chain finds".to_string(),
         _ => "SQS refused GetQueueAttributes".to_string(),
+    };
+    let said = match (&failure.code, failure.status) {
+        (Some(code), _) => format!(" [{code}]"),
+        (None, Some(status)) => format!(" [HTTP {status}]"),
+        (None, None) => String::new(),
+    };
+    format!("{fix}{said}")
+}
+
+/// What `check` says of a reachable topic. SNS itself requires a FIFO topic's name to end in
+/// `.fifo`, so the ARN cannot disagree with the topic as a queue URL can.
+pub fn describe_topic(info: &TopicInfo) -> String {
+    if info.fifo {
+        format!(
+            "FIFO topic; content-based deduplication {}: the relay sends event_id as the deduplication ID either way",
+            if info.content_based_deduplication { "on" } else { "off" }
+        )
+    } else {
+        "standard topic".to_string()
+    }
+}
+
+/// How to fix a failed GetTopicAttributes, by what SNS said.
+pub fn explain_topic_failure(failure: &RequestFailure, flag: &str) -> String {
+    let code = failure.code.as_deref().unwrap_or("");
+    let fix = match (failure.transport, code) {
+        (Transport::Timeout | Transport::Connection, _) => {
+            "cannot reach SNS: check --sns-endpoint-url (AWS_ENDPOINT_URL_SNS), the network path and proxies".to_string()
+        }
+        (_, "NotFound" | "NotFoundException") => {
+            format!("the topic does not exist: create it, or fix {flag} (its region and account are in the ARN)")
+        }
+        (_, "AuthorizationError" | "AuthorizationErrorException" | "KMSAccessDenied") => {
+            "access denied: allow sns:GetTopicAttributes (for check) and sns:Publish on this topic for the relay's credentials".to_string()
+        }
+        // Credentials and region fail the same way whichever service is asked.
+        _ => {
+            let sqs_said = explain_queue_failure(failure, flag);
+            if sqs_said.starts_with("SQS refused") {
+                "SNS refused GetTopicAttributes".to_string()
+            } else {
+                return sqs_said;
+            }
+        }
     };
     let said = match (&failure.code, failure.status) {
         (Some(code), _) => format!(" [{code}]"),
@@ -525,6 +584,44 @@ mod tests {
             explain_queue_failure(&failure(Transport::Connection, None), "")
                 .contains("--sqs-endpoint-url")
         );
+    }
+
+    #[test]
+    fn topic_failures_say_what_to_do() {
+        let failure = |code: Option<&str>, transport| RequestFailure {
+            status: Some(404),
+            code: code.map(str::to_string),
+            message: "m".into(),
+            transport,
+        };
+        let missing = explain_topic_failure(
+            &failure(Some("NotFound"), Transport::Response),
+            "--route pay=...",
+        );
+        assert!(missing.starts_with("the topic does not exist: create it, or fix --route pay=..."));
+        assert!(missing.ends_with("[NotFound]"));
+        assert!(explain_topic_failure(
+            &failure(Some("AuthorizationError"), Transport::Response),
+            ""
+        )
+        .contains("sns:Publish"));
+        assert!(
+            explain_topic_failure(&failure(None, Transport::Connection), "")
+                .contains("--sns-endpoint-url")
+        );
+        assert!(
+            explain_topic_failure(&failure(Some("ExpiredToken"), Transport::Response), "")
+                .starts_with("the AWS credentials were refused")
+        );
+        assert!(
+            explain_topic_failure(&failure(Some("Odd"), Transport::Response), "")
+                .starts_with("SNS refused GetTopicAttributes [Odd]")
+        );
+        let fifo = TopicInfo {
+            fifo: true,
+            content_based_deduplication: false,
+        };
+        assert!(describe_topic(&fifo).starts_with("FIFO topic"));
     }
 
     #[test]

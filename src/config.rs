@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig, PlanOrdering};
+use crate::batch::{is_fifo, is_topic, KeyColumn, MessageFormat, PlanConfig, PlanOrdering};
 use crate::dbauth::PasswordSource;
 use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
 
@@ -263,13 +263,19 @@ pub struct RunArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
 
-    /// Default destination queue; a URL ending in `.fifo` turns on FIFO fields.
+    /// Default destination: an SQS queue URL or an SNS topic ARN (arn:aws:sns:...); one ending
+    /// in `.fifo` turns on FIFO fields.
     #[arg(long, env = "OUTBOX_QUEUE_URL")]
     pub queue_url: Option<String>,
 
     /// SQS endpoint override (local emulators). AWS_ENDPOINT_URL is honoured by the SDK too.
     #[arg(long, env = "AWS_ENDPOINT_URL_SQS")]
     pub sqs_endpoint_url: Option<String>,
+
+    /// SNS endpoint override (local emulators), for topic destinations. AWS_ENDPOINT_URL is
+    /// honoured by the SDK too.
+    #[arg(long, env = "AWS_ENDPOINT_URL_SNS")]
+    pub sns_endpoint_url: Option<String>,
 
     /// Where /metrics, /healthz and /readyz listen.
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "0.0.0.0:9898")]
@@ -382,8 +388,8 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_FAIR_GROUP_ID", value_parser = BoolishValueParser::new())]
     pub fair_group_id: bool,
 
-    /// Route rows by key value to a queue: KEY=QUEUE_URL, repeatable (env: comma-separated).
-    /// A row's own queue_url wins; unrouted rows go to --queue-url.
+    /// Route rows by key value to a queue or topic: KEY=QUEUE_URL or KEY=TOPIC_ARN, repeatable
+    /// (env: comma-separated). A row's own queue_url wins; unrouted rows go to --queue-url.
     #[arg(long = "route", env = "OUTBOX_ROUTES", value_delimiter = ',', value_parser = parse_route)]
     pub routes: Vec<(String, String)>,
 
@@ -429,13 +435,35 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 
 fn parse_route(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
-        Some((key, url))
-            if !key.is_empty() && (url.starts_with("https://") || url.starts_with("http://")) =>
-        {
+        Some((key, url)) if !key.is_empty() && check_destination(url).is_ok() => {
             Ok((key.to_string(), url.to_string()))
         }
-        _ => Err(format!("{s:?}: use KEY=QUEUE_URL, e.g. order=https://sqs.eu-west-1.amazonaws.com/123456789012/orders")),
+        Some((key, url)) if !key.is_empty() && is_topic(url) => Err(format!(
+            "{s:?}: {}",
+            check_destination(url).expect_err("not ok")
+        )),
+        _ => Err(format!("{s:?}: use KEY=QUEUE_URL or KEY=TOPIC_ARN, e.g. order=https://sqs.eu-west-1.amazonaws.com/123456789012/orders or order=arn:aws:sns:eu-west-1:123456789012:orders")),
     }
+}
+
+/// A destination is an SQS queue URL or an SNS topic ARN
+/// (`arn:<partition>:sns:<region>:<account>:<name>`, every part present).
+fn check_destination(destination: &str) -> Result<(), String> {
+    if is_topic(destination) {
+        let parts: Vec<&str> = destination.split(':').collect();
+        if parts.len() == 6 && parts.iter().all(|p| !p.is_empty()) {
+            return Ok(());
+        }
+        return Err(format!(
+            "{destination:?} is not a topic ARN: expected arn:aws:sns:<region>:<account>:<name>"
+        ));
+    }
+    if destination.starts_with("https://") || destination.starts_with("http://") {
+        return Ok(());
+    }
+    Err(format!(
+        "{destination:?} is neither a queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>) nor a topic ARN (arn:aws:sns:<region>:<account>:<name>)"
+    ))
 }
 
 /// How long sent rows are kept.
@@ -504,6 +532,8 @@ pub struct RunConfig {
     pub database: DatabaseConfig,
     pub queue_url: String,
     pub sqs_endpoint: Option<String>,
+    /// For topic destinations (SNS); `None`: the SDK's own resolution.
+    pub sns_endpoint: Option<String>,
     pub metrics_addr: SocketAddr,
     pub relay_id: String,
     pub lease: Duration,
@@ -608,16 +638,17 @@ impl RunArgs {
                         .to_string(),
                 ),
             };
-        if !(queue_url.starts_with("https://") || queue_url.starts_with("http://")) {
-            return Err(format!(
-                "--queue-url {queue_url:?} is not a queue URL: expected https://sqs.<region>.amazonaws.com/<account>/<name>"
-            ));
-        }
-        if let Some(endpoint) = &self.sqs_endpoint_url {
-            if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
-                return Err(format!(
-                    "--sqs-endpoint-url {endpoint:?} must start with http:// or https://"
-                ));
+        check_destination(&queue_url).map_err(|e| format!("--queue-url {e}"))?;
+        for (flag, endpoint) in [
+            ("--sqs-endpoint-url", &self.sqs_endpoint_url),
+            ("--sns-endpoint-url", &self.sns_endpoint_url),
+        ] {
+            if let Some(endpoint) = endpoint {
+                if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                    return Err(format!(
+                        "{flag} {endpoint:?} must start with http:// or https://"
+                    ));
+                }
             }
         }
         let metrics_addr: SocketAddr = self.metrics_addr.parse().map_err(|_| {
@@ -700,6 +731,14 @@ impl RunArgs {
                     .to_string(),
             );
         }
+        if self.fair_group_id {
+            let standard_topic = std::iter::once(&queue_url)
+                .chain(self.routes.iter().map(|(_, d)| d))
+                .find(|d| is_topic(d) && !is_fifo(d));
+            if let Some(topic) = standard_topic {
+                return Err(format!("--fair-group-id is for SQS fair queues; the standard topic {topic} takes no MessageGroupId: route it without --fair-group-id, or use a FIFO topic"));
+            }
+        }
         let format = match self.message_format {
             Format::Raw => MessageFormat::Raw,
             Format::Cloudevents if self.cloudevents_source.trim().is_empty() => {
@@ -738,6 +777,7 @@ impl RunArgs {
             database,
             queue_url,
             sqs_endpoint: self.sqs_endpoint_url.clone(),
+            sns_endpoint: self.sns_endpoint_url.clone(),
             metrics_addr,
             relay_id,
             lease: self.lease,
@@ -992,6 +1032,41 @@ mod tests {
         ));
         let fair = run_args_to(fifo, &["--fair-by", "aggregate_type"]).unwrap();
         assert!(matches!(fair.claim, ClaimStrategy::OrderedFair { .. }));
+    }
+
+    #[test]
+    fn topic_arns_are_destinations_and_what_topics_cannot_do_is_refused() {
+        let topic = "arn:aws:sns:eu-west-1:123456789012:orders";
+        let fifo_topic = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
+        let c = run_args_to(topic, &["--route", &format!("pay={fifo_topic}")]).unwrap();
+        assert_eq!(c.queue_url, topic);
+        assert_eq!(c.plan.routes[0].1, fifo_topic);
+        // A FIFO topic route orders its rows like a FIFO queue route does.
+        assert!(matches!(
+            &c.claim.ordered().unwrap().scope,
+            OrderScope::FifoDestinations { fifo_routes, .. } if fifo_routes == &["pay".to_string()]
+        ));
+        let c = run_args_to(fifo_topic, &["--sns-endpoint-url", "http://127.0.0.1:1"]).unwrap();
+        assert_eq!(c.claim.ordered().unwrap().scope, OrderScope::Every);
+        assert_eq!(c.sns_endpoint.as_deref(), Some("http://127.0.0.1:1"));
+        let err = run_args_to("arn:aws:sns:eu-west-1:orders", &[]).unwrap_err();
+        assert!(
+            err.starts_with("--queue-url") && err.contains("not a topic ARN"),
+            "{err}"
+        );
+        let err = run_args(&["--route", "x=arn:aws:sns::1:t"]).unwrap_err();
+        assert!(err.contains("not a topic ARN"), "{err}");
+        let err =
+            run_args_to(topic, &["--fair-by", "aggregate_type", "--fair-group-id"]).unwrap_err();
+        assert!(err.contains("takes no MessageGroupId"), "{err}");
+        assert!(run_args_to(
+            fifo_topic,
+            &["--fair-by", "aggregate_type", "--fair-group-id"]
+        )
+        .is_ok());
+        assert!(run_args_to(topic, &["--sns-endpoint-url", "localhost:1"])
+            .unwrap_err()
+            .starts_with("--sns-endpoint-url"));
     }
 
     #[test]

@@ -134,9 +134,14 @@ impl Destinations {
     pub fn readiness_error(&self) -> Option<String> {
         let state = self.state.lock().expect("destinations lock");
         self.configured.iter().find_map(|url| {
-            state
-                .get(url)
-                .map(|r| format!("queue {url} refused: {}", r.error))
+            state.get(url).map(|r| {
+                let kind = if crate::batch::is_topic(url) {
+                    "topic"
+                } else {
+                    "queue"
+                };
+                format!("{kind} {url} refused: {}", r.error)
+            })
         })
     }
 }

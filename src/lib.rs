@@ -12,7 +12,8 @@
 //! - [`outbox`]: the only owner of SQL: migrate, claim, settle (fenced by lease token), stats.
 //! - [`row`]: the rows and their outcomes, shared by `outbox` and `batch` (a leaf).
 //! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
-//! - [`sqs`]: the only owner of the AWS SDK: one request in, one outcome per entry out.
+//! - [`sqs`]: the only owner of the SQS SDK: one request in, one outcome per entry out.
+//! - [`sns`]: the only owner of the SNS SDK: the same for a topic destination (PublishBatch).
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
 //! - [`destination`]: which queues refuse us and until when their rows wait (per-queue back-off).
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
@@ -37,5 +38,6 @@ pub mod outbox;
 pub mod relay;
 pub mod retry;
 pub mod row;
+pub mod sns;
 pub mod sqs;
 pub mod tls;

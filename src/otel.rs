@@ -119,7 +119,7 @@ impl Tracing {
             .with_kind(SpanKind::Producer)
             .with_start_time(picked_up)
             .with_attributes([
-                KeyValue::new("messaging.system", "aws_sqs"),
+                KeyValue::new("messaging.system", messaging_system(queue_url)),
                 KeyValue::new("messaging.operation.name", "send"),
                 KeyValue::new("messaging.operation.type", "send"),
                 KeyValue::new("messaging.destination.name", queue.to_string()),
@@ -251,13 +251,26 @@ fn is_w3c_traceparent(value: &str) -> bool {
     hex(version, 2) && hex(trace, 32) && hex(span, 16) && hex(flags, 2) && rest_ok
 }
 
-/// The queue's name, the last segment of its URL, as `messaging.destination.name`.
+/// The destination's name as `messaging.destination.name`: a queue's is the last segment of its
+/// URL, a topic's the last field of its ARN.
 fn queue_name(queue_url: &str) -> &str {
+    if crate::batch::is_topic(queue_url) {
+        return queue_url.rsplit(':').next().unwrap_or(queue_url);
+    }
     queue_url
         .trim_end_matches('/')
         .rsplit('/')
         .next()
         .unwrap_or(queue_url)
+}
+
+/// `messaging.system` as OpenTelemetry's semantic conventions name the two services.
+fn messaging_system(destination: &str) -> &'static str {
+    if crate::batch::is_topic(destination) {
+        "aws.sns"
+    } else {
+        "aws_sqs"
+    }
 }
 
 /// Reads `traceparent` / `tracestate` from a row's `headers` object.
@@ -580,5 +593,13 @@ mod tests {
             "orders.fifo"
         );
         assert_eq!(queue_name("http://127.0.0.1:4566/000000000000/q/"), "q");
+    }
+
+    #[test]
+    fn a_topic_is_named_by_the_last_field_of_its_arn_and_its_system_is_sns() {
+        let topic = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
+        assert_eq!(queue_name(topic), "orders.fifo");
+        assert_eq!(messaging_system(topic), "aws.sns");
+        assert_eq!(messaging_system("http://q/1/orders"), "aws_sqs");
     }
 }

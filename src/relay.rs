@@ -27,6 +27,7 @@ use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestRea
 use crate::row::{
     Claimed, ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
+use crate::sns::Sns;
 use crate::sqs::{EntryOutcome, Sqs};
 
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,8 @@ struct Relay {
     outbox: Arc<Outbox>,
     session: SharedSession,
     sqs: Sqs,
+    /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
+    sns: Sns,
     health: Arc<Health>,
     /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
     /// modes; a stored permit coalesces bursts.
@@ -132,6 +135,7 @@ pub async fn run(
     health.set_database_ok(true);
     health.tick();
     let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
+    let sns = Sns::new(config.sns_endpoint.as_deref(), config.send_timeout).await;
     let mut configured_queues = vec![config.plan.default_queue_url.clone()];
     for (_, url) in &config.plan.routes {
         if !configured_queues.contains(url) {
@@ -144,6 +148,7 @@ pub async fn run(
         session: SharedSession::new(Arc::clone(&outbox), first),
         outbox,
         sqs,
+        sns,
         health,
         wake: Notify::new(),
         pressure: Pressure::default(),
@@ -485,7 +490,8 @@ impl Relay {
             let known = self.queue_limits.lock().expect("queue limits lock");
             for row in rows {
                 let queue = self.plan_config.queue_for(row);
-                if !self.keeps_order(queue) {
+                // A topic has no MaximumMessageSize to read: SNS's fixed limit applies.
+                if !self.keeps_order(queue) || batch::is_topic(queue) {
                     continue;
                 }
                 let fresh = known
@@ -557,7 +563,14 @@ impl Relay {
         let started = Instant::now();
         // The SDK enforces the send timeout; this guard only covers a stuck future.
         let hard_limit = c.send_timeout + Duration::from_secs(1);
-        let result = match tokio::time::timeout(hard_limit, self.sqs.send(&request)).await {
+        let sent = async {
+            if batch::is_topic(&request.queue_url) {
+                self.sns.publish(&request).await
+            } else {
+                self.sqs.send(&request).await
+            }
+        };
+        let result = match tokio::time::timeout(hard_limit, sent).await {
             Ok(result) => result.map_err(Unsent::Failed),
             Err(_) => Err(Unsent::Failed(RequestFailure {
                 status: None,
@@ -996,6 +1009,15 @@ fn quarantine(
 /// Parks a row whose queue refuses us: quarantined with reason `destination` until the
 /// queue's park ends, then unsent again by itself with its attempt refunded. Logged once per
 /// park by the caller, not per row.
+/// How logs and `last_error` name a destination: `queue` or `topic`.
+fn destination_kind(destination: &str) -> &'static str {
+    if batch::is_topic(destination) {
+        "topic"
+    } else {
+        "queue"
+    }
+}
+
 fn park_row(
     settlement: &mut Settlement,
     row: &ClaimedRow,
@@ -1007,7 +1029,11 @@ fn park_row(
         id: row.id,
         lease_token: row.lease_token,
         reason: QuarantineReason::Destination,
-        error: format!("queue {queue_url}: {}", park.error),
+        error: format!(
+            "{} {queue_url}: {}",
+            destination_kind(queue_url),
+            park.error
+        ),
         retry_in: Some(park.remaining(now)),
     });
 }

@@ -75,6 +75,11 @@ const THROTTLE_CODES: &[&str] = &[
     "KmsThrottled",
     "KmsThrottlingException",
     "OverLimit",
+    // SNS's spellings.
+    "Throttled",
+    "ThrottledException",
+    "KMSThrottling",
+    "KMSThrottlingException",
 ];
 
 /// Failures of the caller's identity: whatever queue we send to, it fails the same way.
@@ -109,6 +114,17 @@ const DESTINATION_CODES: &[&str] = &[
     "KmsInvalidKeyUsage",
     "KmsOptInRequired",
     "UnsupportedOperation",
+    // SNS: the topic does not exist, or its policy (SNS authorises Publish per topic) or its
+    // KMS key denies us.
+    "NotFound",
+    "NotFoundException",
+    "AuthorizationError",
+    "AuthorizationErrorException",
+    "KMSAccessDenied",
+    "KMSDisabled",
+    "KMSNotFound",
+    "KMSInvalidState",
+    "KMSOptInRequired",
 ];
 
 const BAD_REQUEST_CODES: &[&str] = &[
@@ -126,6 +142,10 @@ const BAD_REQUEST_CODES: &[&str] = &[
     "ValidationError",
     "ValidationException",
     "MessageTooLong",
+    // SNS's spellings.
+    "InvalidParameter",
+    "InvalidParameterException",
+    "InvalidParameterValueException",
 ];
 
 /// Strips the namespaces SQS puts in front of codes (`AWS.SimpleQueueService.NonExistentQueue`,
@@ -313,6 +333,29 @@ mod tests {
             );
         }
         assert_eq!(FailureClass::Destination.metric_kind(), "destination");
+    }
+
+    #[test]
+    fn sns_codes_are_classified_like_their_sqs_counterparts() {
+        for (code, class) in [
+            ("Throttled", FailureClass::Throttled),
+            ("KMSThrottling", FailureClass::Throttled),
+            ("NotFound", FailureClass::Destination),
+            ("AuthorizationError", FailureClass::Destination),
+            ("KMSAccessDenied", FailureClass::Destination),
+            ("InvalidParameter", FailureClass::BadRequest),
+            ("BatchRequestTooLong", FailureClass::BadRequest),
+        ] {
+            assert_eq!(classify(&response(400, code)), class, "{code}");
+        }
+        assert_eq!(
+            entry_decision(true, "Throttled", 1, 5),
+            EntryDecision::Throttled
+        );
+        assert_eq!(
+            entry_decision(true, "InvalidParameter", 1, 5),
+            EntryDecision::SenderFault
+        );
     }
 
     #[test]

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 
+use crate::aws::request_failure;
 use crate::batch::BatchRequest;
-use crate::retry::{RequestFailure, Transport};
+use crate::retry::RequestFailure;
 
 /// What SQS said about one entry of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,53 +149,5 @@ impl Sqs {
             content_based_deduplication: attribute(QueueAttributeName::ContentBasedDeduplication)
                 == Some("true"),
         })
-    }
-}
-
-/// Flattens the SDK's error into the facts `retry::classify` decides on.
-fn request_failure<E, R>(err: SdkError<E, R>) -> RequestFailure
-where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug + HasStatus,
-{
-    // A service error's own message is what an operator needs; the SDK's full context for it
-    // repeats the raw response (headers, body) several times over in every log line.
-    let message = match &err {
-        SdkError::ServiceError(s) => match s.err().message() {
-            Some(m) => m.to_string(),
-            None => DisplayErrorContext(&err).to_string(),
-        },
-        _ => DisplayErrorContext(&err).to_string(),
-    };
-    let (transport, status, code) = match &err {
-        SdkError::ConstructionFailure(_) => (Transport::Construction, None, None),
-        SdkError::TimeoutError(_) => (Transport::Timeout, None, None),
-        SdkError::DispatchFailure(d) if d.is_timeout() => (Transport::Timeout, None, None),
-        SdkError::DispatchFailure(d) if d.is_user() => (Transport::Construction, None, None),
-        SdkError::DispatchFailure(_) => (Transport::Connection, None, None),
-        SdkError::ResponseError(r) => (Transport::Response, Some(r.raw().status_code()), None),
-        SdkError::ServiceError(s) => (
-            Transport::Response,
-            Some(s.raw().status_code()),
-            s.err().code().map(str::to_string),
-        ),
-        _ => (Transport::Connection, None, None),
-    };
-    RequestFailure {
-        status,
-        code,
-        message,
-        transport,
-    }
-}
-
-/// The raw HTTP response's status, without naming the SDK's HTTP types in signatures.
-trait HasStatus {
-    fn status_code(&self) -> u16;
-}
-
-impl HasStatus for aws_sdk_sqs::config::http::HttpResponse {
-    fn status_code(&self) -> u16 {
-        self.status().as_u16()
     }
 }

@@ -27,6 +27,7 @@ mod ops_tls_client;
 mod otel;
 mod outbox_sql;
 mod retention;
+mod sns;
 mod sqs_contract;
 mod startup;
 mod wakeup;

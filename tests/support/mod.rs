@@ -5,6 +5,7 @@
 //! - [`pg`]: one PostgreSQL cluster per test process; [`fresh_db`] gives each test its own database.
 //! - [`sqs`]: one SQS-compatible server per test process (fauxqs, or moto with
 //!   `OUTBOX_TEST_SQS=moto`); [`create_queue`] gives each test its own queue.
+//! - [`sns`]: topics on the same server, [`create_topic`] and [`subscribe_queue`] per test.
 //! - [`proxy`]: [`FaultProxy`], an HTTP fault injector in front of the SQS server.
 //! - [`iam_proxy`]: [`IamProxy`], a PostgreSQL front that checks RDS IAM auth tokens.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
@@ -22,6 +23,7 @@ pub mod otlp;
 pub mod pg;
 pub mod proxy;
 pub mod relay;
+pub mod sns;
 pub mod sqs;
 
 pub use iam_proxy::IamProxy;
@@ -29,6 +31,7 @@ pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pg::{fresh_db, pg, Pg, TestDb};
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
+pub use sns::{create_topic, create_topic_named, sns_client, subscribe_queue, topic_name};
 pub use sqs::{
     create_queue, receive_all, set_max_message_size, sqs, sqs_client, sqs_client_at, SqsKind,
     SqsServer, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,

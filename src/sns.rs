@@ -1,0 +1,139 @@
+//! The only owner of `aws_sdk_sns`: one planned batch for a topic in, one outcome per entry out,
+//! in the same terms as `sqs.rs`, so settlement, quarantine and back-off are shared.
+
+use std::time::Duration;
+
+use aws_sdk_sns::config::retry::RetryConfig;
+use aws_sdk_sns::config::timeout::TimeoutConfig;
+use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
+
+use crate::aws::request_failure;
+use crate::batch::BatchRequest;
+use crate::retry::RequestFailure;
+use crate::sqs::EntryOutcome;
+
+/// An SNS client set up for the relay.
+#[derive(Debug, Clone)]
+pub struct Sns {
+    client: aws_sdk_sns::Client,
+}
+
+impl Sns {
+    /// Set up as [`crate::sqs::Sqs::new`]: the shared AWS configuration, the SDK's retries off
+    /// (the relay decides each row's fate), `endpoint` for local emulators.
+    pub async fn new(endpoint: Option<&str>, send_timeout: Duration) -> Sns {
+        let shared = crate::aws::shared_config().await;
+        let mut config = aws_sdk_sns::config::Builder::from(&shared)
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(send_timeout.min(Duration::from_secs(3)))
+                    .operation_timeout(send_timeout)
+                    .build(),
+            );
+        if let Some(endpoint) = endpoint {
+            config = config.endpoint_url(endpoint);
+        }
+        Sns {
+            client: aws_sdk_sns::Client::from_conf(config.build()),
+        }
+    }
+
+    /// Publishes one batch to the topic named by `request.queue_url` (a topic ARN). `Ok`
+    /// carries an outcome for every entry, in the request's order; `Err` means the request as
+    /// a whole failed and no entry can be assumed either way.
+    pub async fn publish(
+        &self,
+        request: &BatchRequest,
+    ) -> Result<Vec<EntryOutcome>, RequestFailure> {
+        let entries = request
+            .entries
+            .iter()
+            .map(|e| {
+                let mut entry = PublishBatchRequestEntry::builder()
+                    .id(&e.id)
+                    .message(&e.body)
+                    .set_message_group_id(e.group_id.clone())
+                    .set_message_deduplication_id(e.dedup_id.clone());
+                for (name, value) in &e.attributes {
+                    entry = entry.message_attributes(
+                        name,
+                        MessageAttributeValue::builder()
+                            .data_type("String")
+                            .string_value(value)
+                            .build()
+                            .expect("data_type is set"),
+                    );
+                }
+                entry.build().expect("id and message are set")
+            })
+            .collect();
+        let output = self
+            .client
+            .publish_batch()
+            .topic_arn(&request.queue_url)
+            .set_publish_batch_request_entries(Some(entries))
+            .send()
+            .await
+            .map_err(request_failure)?;
+        let outcomes = request
+            .entries
+            .iter()
+            .map(|e| {
+                if let Some(ok) = output
+                    .successful()
+                    .iter()
+                    .find(|s| s.id() == Some(e.id.as_str()))
+                {
+                    EntryOutcome::Sent {
+                        message_id: ok.message_id().unwrap_or_default().to_string(),
+                    }
+                } else if let Some(failed) = output.failed().iter().find(|f| f.id() == e.id) {
+                    EntryOutcome::Failed {
+                        sender_fault: failed.sender_fault(),
+                        code: failed.code().to_string(),
+                        message: failed.message().unwrap_or_default().to_string(),
+                    }
+                } else {
+                    // Not in either list: we cannot know, so treat it as retryable; a resend
+                    // carries the same event_id.
+                    EntryOutcome::Failed {
+                        sender_fault: false,
+                        code: "MissingFromResponse".to_string(),
+                        message: "entry absent from the PublishBatch response".to_string(),
+                    }
+                }
+            })
+            .collect();
+        Ok(outcomes)
+    }
+
+    /// Reads the topic's attributes; fails like a publish would when the topic is missing or
+    /// the credentials may not use it.
+    pub async fn topic_attributes(&self, topic_arn: &str) -> Result<TopicInfo, RequestFailure> {
+        let output = self
+            .client
+            .get_topic_attributes()
+            .topic_arn(topic_arn)
+            .send()
+            .await
+            .map_err(request_failure)?;
+        let attribute = |name: &str| {
+            output
+                .attributes()
+                .and_then(|attrs| attrs.get(name))
+                .map(String::as_str)
+        };
+        Ok(TopicInfo {
+            fifo: attribute("FifoTopic") == Some("true"),
+            content_based_deduplication: attribute("ContentBasedDeduplication") == Some("true"),
+        })
+    }
+}
+
+/// The attributes of a topic that must agree with the relay's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicInfo {
+    pub fifo: bool,
+    pub content_based_deduplication: bool,
+}
