@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::batch::{is_fifo, KeyColumn, MessageFormat, PlanConfig, PlanOrdering};
+use crate::batch::{is_fifo, KeyColumn, MessageFormat, OffloadPlan, PlanConfig, PlanOrdering};
 use crate::dbauth::PasswordSource;
 use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
 
@@ -395,6 +395,24 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_MESSAGE_FORMAT", value_enum, default_value_t = Format::Raw)]
     pub message_format: Format,
 
+    /// Large events through S3: message bodies above --offload-threshold are stored in this
+    /// bucket and sent as a pointer in the SQS Extended Client format (docs/large-events.md).
+    #[arg(long, env = "OUTBOX_OFFLOAD_BUCKET")]
+    pub offload_bucket: Option<String>,
+
+    /// Put in front of every object key in --offload-bucket, e.g. `outbox/`.
+    #[arg(long, env = "OUTBOX_OFFLOAD_PREFIX", default_value = "")]
+    pub offload_prefix: String,
+
+    /// Messages larger than this (body and attributes) go through S3; default: those that do
+    /// not fit their queue. Bytes, or with a KiB/MiB suffix.
+    #[arg(long, env = "OUTBOX_OFFLOAD_THRESHOLD", value_parser = parse_bytes)]
+    pub offload_threshold: Option<usize>,
+
+    /// S3 endpoint override (local servers, S3-compatible stores); addressed path-style.
+    #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
+    pub s3_endpoint_url: Option<String>,
+
     /// CloudEvents `source` attribute (a URI reference naming the producer).
     #[arg(
         long,
@@ -504,6 +522,8 @@ pub struct RunConfig {
     pub database: DatabaseConfig,
     pub queue_url: String,
     pub sqs_endpoint: Option<String>,
+    /// Where S3 is reached when large bodies are offloaded; `None`: AWS's own endpoint.
+    pub s3_endpoint: Option<String>,
     pub metrics_addr: SocketAddr,
     pub relay_id: String,
     pub lease: Duration,
@@ -709,6 +729,7 @@ impl RunArgs {
                 source: self.cloudevents_source.clone(),
             },
         };
+        let offload = self.offload()?;
         let ordered = scope.map(|scope| Ordered {
             key: self.group_by.clone(),
             skip_poison: self.on_poison == OnPoison::Skip,
@@ -728,6 +749,7 @@ impl RunArgs {
             format,
             max_request_bytes: self.max_request_bytes,
             ordering: plan_ordering,
+            offload,
         };
         let relay_id = match self.relay_id.as_deref().map(str::trim) {
             Some("") => return Err("--relay-id must not be empty".to_string()),
@@ -738,6 +760,7 @@ impl RunArgs {
             database,
             queue_url,
             sqs_endpoint: self.sqs_endpoint_url.clone(),
+            s3_endpoint: self.s3_endpoint_url.clone(),
             metrics_addr,
             relay_id,
             lease: self.lease,
@@ -759,6 +782,54 @@ impl RunArgs {
             claim,
             plan,
         })
+    }
+}
+
+impl RunArgs {
+    /// `--offload-*`: where large bodies go. The object key is the prefix and a 64-character
+    /// digest, within S3's 1024 bytes.
+    fn offload(&self) -> Result<Option<OffloadPlan>, String> {
+        let bucket = match self.offload_bucket.as_deref().map(str::trim) {
+            Some(bucket) if !bucket.is_empty() => bucket.to_string(),
+            _ if self.offload_threshold.is_some() || !self.offload_prefix.is_empty() => {
+                return Err(
+                    "--offload-threshold and --offload-prefix need --offload-bucket (the S3 bucket large bodies go to)"
+                        .to_string(),
+                )
+            }
+            _ => return Ok(None),
+        };
+        if bucket.contains('/') {
+            return Err(format!(
+                "--offload-bucket {bucket:?} is a bucket name, not a URL or path: put key prefixes in --offload-prefix"
+            ));
+        }
+        if self.offload_prefix.len() > 1024 - 64 {
+            return Err(format!(
+                "--offload-prefix is {} bytes; S3 keys hold 1024 and the relay adds 64",
+                self.offload_prefix.len()
+            ));
+        }
+        if let Some(threshold) = self.offload_threshold {
+            if threshold == 0 || threshold > self.max_request_bytes {
+                return Err(format!(
+                    "--offload-threshold {threshold} is out of range: use 1 to --max-request-bytes ({})",
+                    self.max_request_bytes
+                ));
+            }
+        }
+        if let Some(endpoint) = &self.s3_endpoint_url {
+            if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                return Err(format!(
+                    "--s3-endpoint-url {endpoint:?} must start with http:// or https://"
+                ));
+            }
+        }
+        Ok(Some(OffloadPlan {
+            bucket,
+            prefix: self.offload_prefix.clone(),
+            threshold: self.offload_threshold,
+        }))
     }
 }
 
@@ -809,6 +880,34 @@ mod tests {
             Command::Run(args) => args.validate(),
             other => panic!("parsed {other:?}"),
         }
+    }
+
+    #[test]
+    fn offload_is_off_by_default_and_its_flags_need_a_bucket() {
+        assert_eq!(run_args(&[]).unwrap().plan.offload, None);
+        let c = run_args(&[
+            "--offload-bucket",
+            "events",
+            "--offload-prefix",
+            "outbox/",
+            "--offload-threshold",
+            "256KiB",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.plan.offload,
+            Some(OffloadPlan {
+                bucket: "events".into(),
+                prefix: "outbox/".into(),
+                threshold: Some(256 * 1024),
+            })
+        );
+        let err = run_args(&["--offload-threshold", "1KiB"]).unwrap_err();
+        assert!(err.contains("need --offload-bucket"), "{err}");
+        let err = run_args(&["--offload-bucket", "s3://events/x"]).unwrap_err();
+        assert!(err.contains("--offload-prefix"), "{err}");
+        let err = run_args(&["--offload-bucket", "e", "--offload-threshold", "2MiB"]).unwrap_err();
+        assert!(err.contains("out of range"), "{err}");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`row`]: the rows and their outcomes, shared by `outbox` and `batch` (a leaf).
 //! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
 //! - [`sqs`]: the only owner of the AWS SDK: one request in, one outcome per entry out.
+//! - [`s3`]: the only owner of the S3 SDK: large message bodies stored before their pointer is sent.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
 //! - [`destination`]: which queues refuse us and until when their rows wait (per-queue back-off).
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
@@ -37,5 +38,6 @@ pub mod outbox;
 pub mod relay;
 pub mod retry;
 pub mod row;
+pub mod s3;
 pub mod sqs;
 pub mod tls;

@@ -109,6 +109,10 @@ const DESTINATION_CODES: &[&str] = &[
     "KmsInvalidKeyUsage",
     "KmsOptInRequired",
     "UnsupportedOperation",
+    // S3, for large bodies (--offload-bucket): the bucket is missing or its owner's rules
+    // refuse us; its rows wait like a missing queue's.
+    "NoSuchBucket",
+    "AllAccessDisabled",
 ];
 
 const BAD_REQUEST_CODES: &[&str] = &[
@@ -126,6 +130,10 @@ const BAD_REQUEST_CODES: &[&str] = &[
     "ValidationError",
     "ValidationException",
     "MessageTooLong",
+    // S3: the object itself is refused.
+    "EntityTooLarge",
+    "KeyTooLongError",
+    "InvalidArgument",
 ];
 
 /// Strips the namespaces SQS puts in front of codes (`AWS.SimpleQueueService.NonExistentQueue`,
