@@ -10,8 +10,8 @@ use sha2::{Digest, Sha256};
 
 use crate::scenario::{events, insert, migrated_db, run_args, wait_count, Event};
 use crate::support::{
-    create_queue, receive_all, repo_root, sqs, unique, RelayProcess, TEST_ACCESS_KEY_ID,
-    TEST_SECRET_ACCESS_KEY,
+    create_queue, receive_all, repo_root, run_to_end, sqs, unique, RelayProcess,
+    TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
 
 const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
@@ -264,4 +264,100 @@ async fn the_aws_extended_client_library_reads_a_3_mib_event_back_whole() {
         assert!(names.contains(&"event_id"), "{names:?}");
         assert!(!names.contains(&"ExtendedPayloadSize"), "{names:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_bucket_parks_large_rows_like_a_missing_queue_and_they_follow_once_it_exists() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("nobucket", &[]).await;
+    let bucket = format!("created-later-{}-{}", unique(), std::process::id());
+    let rows = vec![large_event("later-1", 2 * 1024 * 1024)];
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(
+        &client,
+        "quarantine_reason = 'destination'",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    // NoSuchBucket is classified like a missing queue.
+    let failures = relay
+        .metric("outbox_offload_failures_total{kind=\"destination\"}")
+        .await;
+    assert!(failures >= Some(1.0), "{failures:?}");
+    assert_eq!(keys_or_none(&bucket).await, None);
+    s3_client()
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("CreateBucket");
+    wait_count(&client, "sent_at IS NOT NULL", 1, Duration::from_secs(60)).await;
+    let messages = receive_all(&queue, 1, Duration::from_secs(30)).await;
+    assert_eq!(messages.len(), 1);
+    let (_, key) = pointer(&messages[0]);
+    let expected = payload_text(&client, "later-1").await;
+    assert!(object(&bucket, &key).await == expected.as_bytes());
+    drop(relay);
+}
+
+async fn keys_or_none(bucket: &str) -> Option<Vec<String>> {
+    match s3_client().list_objects_v2().bucket(bucket).send().await {
+        Ok(out) => Some(
+            out.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_string))
+                .collect(),
+        ),
+        Err(_) => None,
+    }
+}
+
+async fn check_with(db_url: &str, queue: &str, bucket: &str) -> (Option<i32>, String) {
+    let mut a: Vec<String> = [
+        "check",
+        "--database-url",
+        db_url,
+        "--queue-url",
+        queue,
+        "--sqs-endpoint-url",
+        sqs().endpoint(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(offload_args(bucket));
+    let (status, output) = run_to_end(&a, &[], Duration::from_secs(60)).await;
+    assert!(!output.contains(TEST_SECRET_ACCESS_KEY), "{output}");
+    (status.code(), output)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_writes_a_probe_object_to_the_bucket_and_names_a_missing_one() {
+    let db = migrated_db().await;
+    let queue = create_queue("check-offload", &[]).await;
+    let bucket = create_bucket("check-offload").await;
+    let (code, output) = check_with(&db.url, &queue, &bucket).await;
+    assert_eq!(code, Some(0), "{output}");
+    assert!(
+        output.contains(&format!(
+            "ok   bucket {bucket} takes objects under \"events/\""
+        )),
+        "{output}"
+    );
+    assert_eq!(keys(&bucket).await, vec!["events/outbox-relay-check"]);
+
+    let missing = format!("never-created-{}", unique());
+    let (code, output) = check_with(&db.url, &queue, &missing).await;
+    assert_eq!(code, Some(1), "{output}");
+    let failed: Vec<&str> = output.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(failed.len(), 1, "{output}");
+    assert!(
+        failed[0].contains("the bucket does not exist") && failed[0].contains("NoSuchBucket"),
+        "{output}"
+    );
 }
