@@ -401,8 +401,8 @@ pub struct RunArgs {
     pub offload_bucket: Option<String>,
 
     /// Put in front of every object key in --offload-bucket, e.g. `outbox/`.
-    #[arg(long, env = "OUTBOX_OFFLOAD_PREFIX", default_value = "")]
-    pub offload_prefix: String,
+    #[arg(long, env = "OUTBOX_OFFLOAD_PREFIX")]
+    pub offload_prefix: Option<String>,
 
     /// Messages larger than this (body and attributes) go through S3; default: those that do
     /// not fit their queue. Bytes, or with a KiB/MiB suffix.
@@ -789,9 +789,10 @@ impl RunArgs {
     /// `--offload-*`: where large bodies go. The object key is the prefix and a 64-character
     /// digest, within S3's 1024 bytes.
     fn offload(&self) -> Result<Option<OffloadPlan>, String> {
+        let prefix = self.offload_prefix.clone().unwrap_or_default();
         let bucket = match self.offload_bucket.as_deref().map(str::trim) {
             Some(bucket) if !bucket.is_empty() => bucket.to_string(),
-            _ if self.offload_threshold.is_some() || !self.offload_prefix.is_empty() => {
+            _ if self.offload_threshold.is_some() || !prefix.is_empty() => {
                 return Err(
                     "--offload-threshold and --offload-prefix need --offload-bucket (the S3 bucket large bodies go to)"
                         .to_string(),
@@ -804,10 +805,10 @@ impl RunArgs {
                 "--offload-bucket {bucket:?} is a bucket name, not a URL or path: put key prefixes in --offload-prefix"
             ));
         }
-        if self.offload_prefix.len() > 1024 - 64 {
+        if prefix.len() > 1024 - 64 {
             return Err(format!(
                 "--offload-prefix is {} bytes; S3 keys hold 1024 and the relay adds 64",
-                self.offload_prefix.len()
+                prefix.len()
             ));
         }
         if let Some(threshold) = self.offload_threshold {
@@ -827,7 +828,7 @@ impl RunArgs {
         }
         Ok(Some(OffloadPlan {
             bucket,
-            prefix: self.offload_prefix.clone(),
+            prefix,
             threshold: self.offload_threshold,
         }))
     }
