@@ -361,3 +361,31 @@ async fn check_writes_a_probe_object_to_the_bucket_and_names_a_missing_one() {
         "{output}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_fifo_queue_a_large_event_keeps_its_place_in_its_group() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("large.fifo", &[]).await;
+    let bucket = create_bucket("large-fifo").await;
+    let mut rows = events("fifo", 5, 1);
+    rows[2] = large_event("fifo-2", 2 * 1024 * 1024);
+    for e in &mut rows {
+        e.aggregate_id = "one-group".into();
+    }
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 5, Duration::from_secs(60)).await;
+    let messages = receive_all(&queue, 5, Duration::from_secs(30)).await;
+    let order: Vec<&str> = messages
+        .iter()
+        .map(|m| attr(m, "event_id").unwrap().1)
+        .collect();
+    assert_eq!(order, ["fifo-0", "fifo-1", "fifo-2", "fifo-3", "fifo-4"]);
+    let (_, key) = pointer(&messages[2]);
+    let expected = payload_text(&client, "fifo-2").await;
+    assert!(object(&bucket, &key).await == expected.as_bytes());
+    drop(relay);
+}
