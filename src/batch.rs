@@ -44,6 +44,55 @@ pub struct PlanConfig {
     pub max_request_bytes: usize,
     /// Ordered delivery, when on: a group's rows of one claim travel in one request, in order.
     pub ordering: Option<PlanOrdering>,
+    /// Large bodies through S3 (`--offload-bucket`): what does not fit goes as a pointer.
+    pub offload: Option<OffloadPlan>,
+}
+
+/// Where and above which size message bodies go to S3 instead of into the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffloadPlan {
+    pub bucket: String,
+    /// Put in front of every object key (`--offload-prefix`), e.g. `outbox/`.
+    pub prefix: String,
+    /// A message larger than this (body and attributes, as SQS counts it) goes through S3;
+    /// `None`: only what would not fit its queue.
+    pub threshold: Option<usize>,
+}
+
+/// The SQS Extended Client's reserved attribute: the offloaded body's size in bytes. Its
+/// presence is what tells a consumer's library to fetch the body from S3.
+pub const EXTENDED_PAYLOAD_SIZE: &str = "ExtendedPayloadSize";
+/// The pointer class name the Extended Client libraries (Java 2.x, Python, JavaScript) expect
+/// as the first element of the pointer body.
+const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
+/// `ExtendedPayloadSize` is a `Number` attribute; its type name counts toward size.
+const NUMBER_TYPE: &str = "Number";
+
+/// A message body that goes to S3 before its pointer goes to SQS.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Offload {
+    /// Object key: the prefix and a digest of the event ID, so a resend of the event writes the
+    /// same object whatever characters the ID holds.
+    pub key: String,
+    /// The body as it would have been sent (raw payload or CloudEvents envelope).
+    pub body: bytes::Bytes,
+}
+
+/// The object key of an event's offloaded body.
+pub fn offload_key(prefix: &str, event_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(event_id.as_bytes());
+    let mut key = String::with_capacity(prefix.len() + 64);
+    key.push_str(prefix);
+    for byte in digest {
+        key.push_str(&format!("{byte:02x}"));
+    }
+    key
+}
+
+/// The Extended Client's pointer body: `[class, {"s3BucketName": .., "s3Key": ..}]`.
+fn pointer_body(bucket: &str, key: &str) -> String {
+    serde_json::json!([POINTER_CLASS, {"s3BucketName": bucket, "s3Key": key}]).to_string()
 }
 
 /// What the planner must keep for ordered delivery.
@@ -89,6 +138,9 @@ pub struct Entry {
     pub dedup_id: Option<String>,
     /// Size as SQS counts it: body plus attribute names, types and values.
     pub size: usize,
+    /// Set when `body` is a pointer: what must be in S3 before the message is sent. The
+    /// message then carries the `ExtendedPayloadSize` attribute too (a `Number`).
+    pub offload: Option<Offload>,
 }
 
 /// One SendMessageBatch call.
@@ -341,11 +393,35 @@ fn entry_for(
             bad as u32
         )));
     }
-    let size = body.len()
-        + attributes
-            .iter()
-            .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
-            .sum::<usize>();
+    let attributes_size = attributes
+        .iter()
+        .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
+        .sum::<usize>();
+    let mut size = body.len() + attributes_size;
+    let mut body = body;
+    let mut offload = None;
+    if let Some(plan) = &config.offload {
+        if size > plan.threshold.unwrap_or(max_bytes).min(max_bytes) {
+            if attributes.len() >= MAX_ATTRIBUTES {
+                return Err(invalid(format!(
+                    "{} message attributes leave no room for {EXTENDED_PAYLOAD_SIZE}, which a message through S3 needs; SQS allows {MAX_ATTRIBUTES}",
+                    attributes.len()
+                )));
+            }
+            let key = offload_key(&plan.prefix, &row.event_id);
+            let pointer = pointer_body(&plan.bucket, &key);
+            let payload_size = body.len().to_string();
+            size = pointer.len()
+                + attributes_size
+                + EXTENDED_PAYLOAD_SIZE.len()
+                + NUMBER_TYPE.len()
+                + payload_size.len();
+            offload = Some(Offload {
+                key,
+                body: bytes::Bytes::from(std::mem::replace(&mut body, pointer)),
+            });
+        }
+    }
     if size > max_bytes {
         return Err(Rejected {
             row: index,
@@ -382,6 +458,7 @@ fn entry_for(
         group_id,
         dedup_id,
         size,
+        offload,
     })
 }
 
@@ -510,6 +587,7 @@ mod tests {
             format: MessageFormat::Raw,
             max_request_bytes: 1024 * 1024,
             ordering: None,
+            offload: None,
         }
     }
 
@@ -1008,5 +1086,102 @@ mod tests {
         }
         let plan = super::plan(&rows, &cfg);
         assert_eq!(plan.released, vec![1, 2]);
+    }
+
+    fn offloading(threshold: Option<usize>) -> PlanConfig {
+        let mut cfg = config();
+        cfg.offload = Some(OffloadPlan {
+            bucket: "events".into(),
+            prefix: "outbox/".into(),
+            threshold,
+        });
+        cfg
+    }
+
+    #[test]
+    fn a_body_too_large_for_the_queue_goes_as_an_extended_client_pointer() {
+        let big = format!("\"{}\"", "x".repeat(3 * 1024 * 1024));
+        let mut r = row(1, &big);
+        r.headers = json!({"tenant": "t1"});
+        let plan = plan(&[r.clone(), row(2, "{}")], &offloading(None));
+        assert!(plan.rejected.is_empty(), "{:?}", plan.rejected);
+        let entries = &plan.requests[0].entries;
+        let pointer = &entries[0];
+        let offload = pointer.offload.as_ref().expect("offloaded");
+        assert_eq!(offload.body.as_ref(), big.as_bytes());
+        assert_eq!(offload.key, offload_key("outbox/", "ev-1"));
+        let body: serde_json::Value = serde_json::from_str(&pointer.body).unwrap();
+        assert_eq!(
+            body,
+            json!([
+                "software.amazon.payloadoffloading.PayloadS3Pointer",
+                {"s3BucketName": "events", "s3Key": offload.key}
+            ])
+        );
+        // event_id and the headers stay on the pointer message.
+        assert_eq!(pointer.attributes[0], ("event_id".into(), "ev-1".into()));
+        assert!(pointer
+            .attributes
+            .contains(&("tenant".to_string(), "t1".to_string())));
+        let digits = big.len().to_string().len();
+        assert_eq!(
+            pointer.size,
+            pointer.body.len()
+                + pointer
+                    .attributes
+                    .iter()
+                    .map(|(n, v)| n.len() + STRING_TYPE.len() + v.len())
+                    .sum::<usize>()
+                + "ExtendedPayloadSize".len()
+                + "Number".len()
+                + digits
+        );
+        // A small row goes inline.
+        assert_eq!(entries[1].offload, None);
+        assert_eq!(entries[1].body, "{}");
+    }
+
+    #[test]
+    fn the_threshold_offloads_smaller_bodies_and_without_a_bucket_they_are_too_large() {
+        let body = format!("\"{}\"", "x".repeat(2000));
+        let plan_with = plan(&[row(1, &body), row(2, "{}")], &offloading(Some(1024)));
+        let entries = &plan_with.requests[0].entries;
+        assert!(entries[0].offload.is_some());
+        assert!(entries[1].offload.is_none());
+        let mut cfg = config();
+        cfg.max_request_bytes = 1024;
+        let plan_without = plan(&[row(1, &body)], &cfg);
+        assert_eq!(plan_without.rejected[0].reason, QuarantineReason::TooLarge);
+    }
+
+    #[test]
+    fn offload_keys_are_stable_valid_and_distinct_for_any_event_id() {
+        let key = offload_key("p/", "ev/../ü \u{7}*?");
+        assert_eq!(key, offload_key("p/", "ev/../ü \u{7}*?"));
+        assert_eq!(key.len(), 2 + 64);
+        assert!(key[2..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(key, offload_key("p/", "ev-2"));
+    }
+
+    #[test]
+    fn a_pointer_needs_room_for_its_reserved_attribute() {
+        let big = format!("\"{}\"", "x".repeat(2 * 1024 * 1024));
+        let mut r = row(1, &big);
+        r.headers = json!({"a": "1", "b": "2", "c": "3", "d": "4", "e": "5", "f": "6"});
+        let plan = plan(&[r], &offloading(None));
+        assert_eq!(plan.rejected[0].reason, QuarantineReason::Invalid);
+        assert!(plan.rejected[0].error.contains("ExtendedPayloadSize"));
+    }
+
+    #[test]
+    fn fifo_pointers_keep_their_group_and_deduplication_ids() {
+        let big = format!("\"{}\"", "x".repeat(2 * 1024 * 1024));
+        let mut cfg = ordered_fifo();
+        cfg.offload = offloading(None).offload;
+        let plan = plan(&[row(1, &big)], &cfg);
+        let e = &plan.requests[0].entries[0];
+        assert!(e.offload.is_some());
+        assert_eq!(e.dedup_id, Some(fifo_id("ev-1")));
+        assert!(e.group_id.is_some());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Takes exactly `run`'s flags, so it checks the configuration that will run. Each check
 //! prints one line as it completes, `ok   <what>` or `FAIL <what>: <how to fix>`. The facts
-//! come from `outbox` (the catalog) and `sqs` (GetQueueAttributes); the verdicts on them are
+//! come from `outbox` (the catalog), `sqs` (GetQueueAttributes) and `s3` (a probe object,
+//! with `--offload-bucket`); the verdicts on them are
 //! the pure `judge_*` functions here, unit-tested without a server.
 
 use std::fmt;
@@ -13,6 +14,7 @@ use crate::config::{Retention, RunArgs, RunConfig};
 use crate::outbox::inspect::{ColumnFacts, TableFacts, RELAY_COLUMNS};
 use crate::outbox::{quote_ident, Outbox, OutboxError};
 use crate::retry::{RequestFailure, Transport};
+use crate::s3::S3;
 use crate::sns::{Sns, TopicInfo};
 use crate::sqs::{QueueInfo, Sqs};
 
@@ -79,6 +81,7 @@ pub async fn run(args: &RunArgs) -> bool {
     }
     check_database(&config, &mut report).await;
     check_queues(&config, &mut report).await;
+    check_offload(&config, &mut report).await;
     report.failed == 0
 }
 
@@ -306,6 +309,59 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
             judge_fifo(url, &info, &flag),
         );
     }
+}
+
+/// `--offload-bucket`: one PutObject of a small probe object under the prefix, the only call
+/// and permission the relay needs (it never reads, lists or deletes). The probe stays, and the
+/// next check overwrites it.
+async fn check_offload(config: &RunConfig, report: &mut Report) {
+    let Some(offload) = &config.plan.offload else {
+        return;
+    };
+    let s3 = S3::new(
+        &offload.bucket,
+        config.s3_endpoint.as_deref(),
+        config.send_timeout.max(Duration::from_secs(1)),
+    )
+    .await;
+    let what = format!(
+        "bucket {} takes objects under {:?}",
+        offload.bucket, offload.prefix
+    );
+    let result = match s3.probe(&offload.prefix).await {
+        Ok(()) => Ok(Some(format!(
+            "wrote {}{}",
+            offload.prefix,
+            crate::s3::PROBE_KEY
+        ))),
+        Err(failure) => Err(explain_bucket_failure(&failure)),
+    };
+    report.add(what, result);
+}
+
+/// How to fix a failed probe PutObject, by what S3 said.
+pub fn explain_bucket_failure(failure: &RequestFailure) -> String {
+    let fix = match (failure.transport, failure.code.as_deref().unwrap_or("")) {
+        (Transport::Construction, _) => {
+            "no usable AWS credentials or region: set AWS_REGION and credentials (environment, profile, web identity or instance role)"
+        }
+        (Transport::Timeout | Transport::Connection, _) => {
+            "cannot reach S3: check --s3-endpoint-url (AWS_ENDPOINT_URL_S3), the network path and proxies"
+        }
+        (_, "NoSuchBucket") => {
+            "the bucket does not exist: create it (with a lifecycle rule, docs/large-events.md), or fix --offload-bucket and the region"
+        }
+        (_, "AccessDenied" | "AllAccessDisabled") => {
+            "access denied: allow s3:PutObject on arn:aws:s3:::BUCKET/PREFIX* for the relay's credentials (and kms:GenerateDataKey if the bucket uses SSE-KMS)"
+        }
+        _ => "S3 refused PutObject",
+    };
+    let said = match (&failure.code, failure.status) {
+        (Some(code), _) => format!(" [{code}]"),
+        (None, Some(status)) => format!(" [HTTP {status}]"),
+        (None, None) => String::new(),
+    };
+    format!("{fix}{said}")
 }
 
 /// How to fix a failed GetQueueAttributes, by what SQS said.

@@ -11,7 +11,9 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::batch::{is_fifo, is_topic, KeyColumn, MessageFormat, PlanConfig, PlanOrdering};
+use crate::batch::{
+    is_fifo, is_topic, KeyColumn, MessageFormat, OffloadPlan, PlanConfig, PlanOrdering,
+};
 use crate::dbauth::PasswordSource;
 use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
 
@@ -401,6 +403,24 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_MESSAGE_FORMAT", value_enum, default_value_t = Format::Raw)]
     pub message_format: Format,
 
+    /// Large events through S3: message bodies above --offload-threshold are stored in this
+    /// bucket and sent as a pointer in the SQS Extended Client format (docs/large-events.md).
+    #[arg(long, env = "OUTBOX_OFFLOAD_BUCKET")]
+    pub offload_bucket: Option<String>,
+
+    /// Put in front of every object key in --offload-bucket, e.g. `outbox/`.
+    #[arg(long, env = "OUTBOX_OFFLOAD_PREFIX")]
+    pub offload_prefix: Option<String>,
+
+    /// Messages larger than this (body and attributes) go through S3; default: those that do
+    /// not fit their queue. Bytes, or with a KiB/MiB suffix.
+    #[arg(long, env = "OUTBOX_OFFLOAD_THRESHOLD", value_parser = parse_bytes)]
+    pub offload_threshold: Option<usize>,
+
+    /// S3 endpoint override (local servers, S3-compatible stores); addressed path-style.
+    #[arg(long, env = "AWS_ENDPOINT_URL_S3")]
+    pub s3_endpoint_url: Option<String>,
+
     /// CloudEvents `source` attribute (a URI reference naming the producer).
     #[arg(
         long,
@@ -534,6 +554,8 @@ pub struct RunConfig {
     pub sqs_endpoint: Option<String>,
     /// For topic destinations (SNS); `None`: the SDK's own resolution.
     pub sns_endpoint: Option<String>,
+    /// Where S3 is reached when large bodies are offloaded; `None`: AWS's own endpoint.
+    pub s3_endpoint: Option<String>,
     pub metrics_addr: SocketAddr,
     pub relay_id: String,
     pub lease: Duration,
@@ -748,6 +770,7 @@ impl RunArgs {
                 source: self.cloudevents_source.clone(),
             },
         };
+        let offload = self.offload()?;
         let ordered = scope.map(|scope| Ordered {
             key: self.group_by.clone(),
             skip_poison: self.on_poison == OnPoison::Skip,
@@ -767,6 +790,7 @@ impl RunArgs {
             format,
             max_request_bytes: self.max_request_bytes,
             ordering: plan_ordering,
+            offload,
         };
         let relay_id = match self.relay_id.as_deref().map(str::trim) {
             Some("") => return Err("--relay-id must not be empty".to_string()),
@@ -778,6 +802,7 @@ impl RunArgs {
             queue_url,
             sqs_endpoint: self.sqs_endpoint_url.clone(),
             sns_endpoint: self.sns_endpoint_url.clone(),
+            s3_endpoint: self.s3_endpoint_url.clone(),
             metrics_addr,
             relay_id,
             lease: self.lease,
@@ -799,6 +824,55 @@ impl RunArgs {
             claim,
             plan,
         })
+    }
+}
+
+impl RunArgs {
+    /// `--offload-*`: where large bodies go. The object key is the prefix and a 64-character
+    /// digest, within S3's 1024 bytes.
+    fn offload(&self) -> Result<Option<OffloadPlan>, String> {
+        let prefix = self.offload_prefix.clone().unwrap_or_default();
+        let bucket = match self.offload_bucket.as_deref().map(str::trim) {
+            Some(bucket) if !bucket.is_empty() => bucket.to_string(),
+            _ if self.offload_threshold.is_some() || !prefix.is_empty() => {
+                return Err(
+                    "--offload-threshold and --offload-prefix need --offload-bucket (the S3 bucket large bodies go to)"
+                        .to_string(),
+                )
+            }
+            _ => return Ok(None),
+        };
+        if bucket.contains('/') {
+            return Err(format!(
+                "--offload-bucket {bucket:?} is a bucket name, not a URL or path: put key prefixes in --offload-prefix"
+            ));
+        }
+        if prefix.len() > 1024 - 64 {
+            return Err(format!(
+                "--offload-prefix is {} bytes; S3 keys hold 1024 and the relay adds 64",
+                prefix.len()
+            ));
+        }
+        if let Some(threshold) = self.offload_threshold {
+            if threshold == 0 || threshold > self.max_request_bytes {
+                return Err(format!(
+                    "--offload-threshold {threshold} is out of range: use 1 to --max-request-bytes ({})",
+                    self.max_request_bytes
+                ));
+            }
+        }
+        if let Some(endpoint) = &self.s3_endpoint_url {
+            if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+                return Err(format!(
+                    "--s3-endpoint-url {endpoint:?} must start with http:// or https://"
+                ));
+            }
+        }
+        Ok(Some(OffloadPlan {
+            bucket,
+            prefix,
+            threshold: self.offload_threshold,
+        }))
     }
 }
 
@@ -849,6 +923,34 @@ mod tests {
             Command::Run(args) => args.validate(),
             other => panic!("parsed {other:?}"),
         }
+    }
+
+    #[test]
+    fn offload_is_off_by_default_and_its_flags_need_a_bucket() {
+        assert_eq!(run_args(&[]).unwrap().plan.offload, None);
+        let c = run_args(&[
+            "--offload-bucket",
+            "events",
+            "--offload-prefix",
+            "outbox/",
+            "--offload-threshold",
+            "256KiB",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.plan.offload,
+            Some(OffloadPlan {
+                bucket: "events".into(),
+                prefix: "outbox/".into(),
+                threshold: Some(256 * 1024),
+            })
+        );
+        let err = run_args(&["--offload-threshold", "1KiB"]).unwrap_err();
+        assert!(err.contains("need --offload-bucket"), "{err}");
+        let err = run_args(&["--offload-bucket", "s3://events/x"]).unwrap_err();
+        assert!(err.contains("--offload-prefix"), "{err}");
+        let err = run_args(&["--offload-bucket", "e", "--offload-threshold", "2MiB"]).unwrap_err();
+        assert!(err.contains("out of range"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
 //! - [`sqs`]: the only owner of the SQS SDK: one request in, one outcome per entry out.
 //! - [`sns`]: the only owner of the SNS SDK: the same for a topic destination (PublishBatch).
+//! - [`s3`]: the only owner of the S3 SDK: large message bodies stored before their pointer is sent.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
 //! - [`destination`]: which queues refuse us and until when their rows wait (per-queue back-off).
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
@@ -38,6 +39,7 @@ pub mod outbox;
 pub mod relay;
 pub mod retry;
 pub mod row;
+pub mod s3;
 pub mod sns;
 pub mod sqs;
 pub mod tls;

@@ -17,6 +17,8 @@ pub const OLDEST_QUARANTINED_AGE: &str = "outbox_oldest_quarantined_age_seconds"
 pub const BLOCKED_ROWS: &str = "outbox_blocked_rows";
 pub const EVENTS_SENT: &str = "outbox_events_sent_total";
 pub const SEND_FAILURES: &str = "outbox_send_failures_total";
+pub const OFFLOADED: &str = "outbox_offloaded_total";
+pub const OFFLOAD_FAILURES: &str = "outbox_offload_failures_total";
 pub const EVENTS_QUARANTINED: &str = "outbox_events_quarantined_total";
 pub const LEASE_LOST: &str = "outbox_lease_lost_total";
 pub const SEND_DURATION: &str = "outbox_send_duration_seconds";
@@ -69,6 +71,14 @@ fn describe() {
     describe_counter!(SEND_FAILURES, "failed sends per entry, by kind");
     describe_counter!(EVENTS_QUARANTINED, "rows quarantined, by reason");
     describe_counter!(
+        OFFLOADED,
+        "rows sent with their body in S3 (upload and SQS acknowledgement both done)"
+    );
+    describe_counter!(
+        OFFLOAD_FAILURES,
+        "failed S3 uploads of large bodies, by kind"
+    );
+    describe_counter!(
         LEASE_LOST,
         "settlements refused because another replica owns the row now"
     );
@@ -92,6 +102,7 @@ fn describe() {
         "destination",
     ] {
         metrics::counter!(SEND_FAILURES, "kind" => kind).absolute(0);
+        metrics::counter!(OFFLOAD_FAILURES, "kind" => kind).absolute(0);
     }
     for reason in [
         "too_large",
@@ -105,6 +116,7 @@ fn describe() {
         metrics::counter!(EVENTS_QUARANTINED, "reason" => reason).absolute(0);
     }
     metrics::counter!(EVENTS_SENT).absolute(0);
+    metrics::counter!(OFFLOADED).absolute(0);
     metrics::counter!(LEASE_LOST).absolute(0);
 }
 

@@ -543,6 +543,7 @@ mod tests {
                 format: MessageFormat::Raw,
                 max_request_bytes,
                 ordering: None,
+                offload: None,
             };
             plan(std::slice::from_ref(r), &config)
         };

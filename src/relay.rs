@@ -27,6 +27,7 @@ use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestRea
 use crate::row::{
     Claimed, ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
+use crate::s3::S3;
 use crate::sns::Sns;
 use crate::sqs::{EntryOutcome, Sqs};
 
@@ -45,6 +46,8 @@ struct Relay {
     sqs: Sqs,
     /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
     sns: Sns,
+    /// Where large message bodies go first (`--offload-bucket`), when set.
+    s3: Option<S3>,
     health: Arc<Health>,
     /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
     /// modes; a stored permit coalesces bursts.
@@ -136,6 +139,17 @@ pub async fn run(
     health.tick();
     let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
     let sns = Sns::new(config.sns_endpoint.as_deref(), config.send_timeout).await;
+    let s3 = match &config.plan.offload {
+        Some(offload) => Some(
+            S3::new(
+                &offload.bucket,
+                config.s3_endpoint.as_deref(),
+                config.send_timeout,
+            )
+            .await,
+        ),
+        None => None,
+    };
     let mut configured_queues = vec![config.plan.default_queue_url.clone()];
     for (_, url) in &config.plan.routes {
         if !configured_queues.contains(url) {
@@ -149,6 +163,7 @@ pub async fn run(
         outbox,
         sqs,
         sns,
+        s3,
         health,
         wake: Notify::new(),
         pressure: Pressure::default(),
@@ -381,6 +396,9 @@ impl Relay {
                         if let EntryOutcome::Failed { code, .. } = &outcome {
                             spans.refused(rows[entry.row].id, Some(code));
                         }
+                        if entry.offload.is_some() && matches!(outcome, EntryOutcome::Sent { .. }) {
+                            metrics::counter!(names::OFFLOADED).increment(1);
+                        }
                         self.settle_entry(&mut settlement, &rows[entry.row], outcome);
                     }
                 }
@@ -560,9 +578,22 @@ impl Relay {
                 Err(Unsent::NotSent("lease too short for another send")),
             );
         }
-        let started = Instant::now();
         // The SDK enforces the send timeout; this guard only covers a stuck future.
         let hard_limit = c.send_timeout + Duration::from_secs(1);
+        if request.entries.iter().any(|e| e.offload.is_some()) {
+            if let Err(failure) = self.offload(&request, hard_limit).await {
+                return (request, Err(Unsent::Failed(failure)));
+            }
+            if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
+                return (
+                    request,
+                    Err(Unsent::NotSent(
+                        "lease too short for the send after the upload",
+                    )),
+                );
+            }
+        }
+        let started = Instant::now();
         let sent = async {
             if batch::is_topic(&request.queue_url) {
                 self.sns.publish(&request).await
@@ -584,6 +615,40 @@ impl Relay {
         };
         metrics::histogram!(names::SEND_DURATION).record(started.elapsed().as_secs_f64());
         (request, result)
+    }
+
+    /// Stores the request's large bodies in S3 before their pointers are sent; all or nothing,
+    /// so a failure is the request's and follows SQS's rules (split to find a bad entry, park
+    /// the destination when the bucket is missing or denied, back off otherwise). An object
+    /// stored for a request that then fails stays, and a resend overwrites it. The uploads go
+    /// one after the other: each body may be large, and the byte budget already bounds memory.
+    /// An upload may outlive the lease harmlessly: a replica that took the row over writes the
+    /// same bytes under the same key; only the SQS call is held to the lease.
+    async fn offload(&self, request: &BatchRequest, limit: Duration) -> Result<(), RequestFailure> {
+        let Some(s3) = &self.s3 else { return Ok(()) };
+        for entry in &request.entries {
+            let Some(offload) = &entry.offload else {
+                continue;
+            };
+            let result = match tokio::time::timeout(limit, s3.put(offload)).await {
+                Ok(result) => result,
+                Err(_) => Err(RequestFailure {
+                    status: None,
+                    code: None,
+                    message: format!(
+                        "S3 PutObject: no answer within {}",
+                        humantime::format_duration(limit)
+                    ),
+                    transport: Transport::Timeout,
+                }),
+            };
+            if let Err(failure) = result {
+                let kind = retry::classify(&failure).metric_kind();
+                metrics::counter!(names::OFFLOAD_FAILURES, "kind" => kind).increment(1);
+                return Err(failure);
+            }
+        }
+        Ok(())
     }
 
     /// Decides one entry's fate from SQS's per-entry answer.

@@ -125,6 +125,10 @@ const DESTINATION_CODES: &[&str] = &[
     "KMSNotFound",
     "KMSInvalidState",
     "KMSOptInRequired",
+    // S3, for large bodies (--offload-bucket): the bucket is missing or its owner's rules
+    // refuse us; its rows wait like a missing queue's.
+    "NoSuchBucket",
+    "AllAccessDisabled",
 ];
 
 const BAD_REQUEST_CODES: &[&str] = &[
@@ -146,6 +150,10 @@ const BAD_REQUEST_CODES: &[&str] = &[
     "InvalidParameter",
     "InvalidParameterException",
     "InvalidParameterValueException",
+    // S3: the object itself is refused.
+    "EntityTooLarge",
+    "KeyTooLongError",
+    "InvalidArgument",
 ];
 
 /// Strips the namespaces SQS puts in front of codes (`AWS.SimpleQueueService.NonExistentQueue`,

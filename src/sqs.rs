@@ -7,7 +7,7 @@ use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 
 use crate::aws::request_failure;
-use crate::batch::BatchRequest;
+use crate::batch::{BatchRequest, EXTENDED_PAYLOAD_SIZE};
 use crate::retry::RequestFailure;
 
 /// What SQS said about one entry of a batch.
@@ -70,6 +70,16 @@ impl Sqs {
                         MessageAttributeValue::builder()
                             .data_type("String")
                             .string_value(value)
+                            .build()
+                            .expect("data_type is set"),
+                    );
+                }
+                if let Some(offload) = &e.offload {
+                    entry = entry.message_attributes(
+                        EXTENDED_PAYLOAD_SIZE,
+                        MessageAttributeValue::builder()
+                            .data_type("Number")
+                            .string_value(offload.body.len().to_string())
                             .build()
                             .expect("data_type is set"),
                     );

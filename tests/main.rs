@@ -13,6 +13,7 @@ mod dbauth;
 mod destination;
 mod faults;
 mod fifo;
+mod large_events;
 mod liveness;
 mod matrix;
 mod migrate_online;

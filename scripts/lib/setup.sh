@@ -3,6 +3,8 @@
 
 readonly MOTO_REQUIREMENT='moto[server]==5.2.5'
 readonly SQUAWK_REQUIREMENT='squawk-cli==2.70.0'
+# The consumer side of large events (tests/large_events.rs): AWS's own Extended Client library.
+readonly EXTENDED_CLIENT_REQUIREMENT='amazon-sqs-extended-client==1.0.1'
 readonly KUBERNETES_VALIDATE_REQUIREMENT='kubernetes-validate==1.37.0'
 readonly MIN_NODE_MAJOR=20 # fauxqs 1.9.x and its AWS SDK dependencies need Node.js 20
 
@@ -191,6 +193,20 @@ ensure_squawk() {
 	step "pip install $SQUAWK_REQUIREMENT into .tools/venv"
 	.tools/venv/bin/pip install --disable-pip-version-check -q "$SQUAWK_REQUIREMENT"
 	squawk_ready || die "squawk is still not runnable from .tools/venv"
+}
+
+extended_client_ready() {
+	.tools/venv/bin/python -c 'import importlib.metadata as m, sqs_extended_client; assert m.version("amazon-sqs-extended-client") == "1.0.1"' \
+		2>/dev/null
+}
+
+# The SQS Extended Client library reads the relay's large events back in tests/large_events.rs.
+# It goes into the venv ensure_moto made (it only needs boto3, which moto already brings).
+ensure_extended_client() {
+	extended_client_ready && return 0
+	step "pip install $EXTENDED_CLIENT_REQUIREMENT into .tools/venv"
+	.tools/venv/bin/pip install --disable-pip-version-check -q "$EXTENDED_CLIENT_REQUIREMENT"
+	extended_client_ready || die "amazon-sqs-extended-client is still not importable from .tools/venv"
 }
 
 kubernetes_validate_ready() {

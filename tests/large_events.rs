@@ -1,0 +1,391 @@
+//! Large events through S3 (`--offload-bucket`): the body goes to the bucket, the message
+//! carries the SQS Extended Client's pointer, and a real Extended Client library reads the
+//! event back whole. The local SQS server serves S3 on the same endpoint (path-style).
+
+use std::time::Duration;
+
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::types::Message;
+use sha2::{Digest, Sha256};
+
+use crate::scenario::{events, insert, migrated_db, run_args, wait_count, Event};
+use crate::support::{
+    create_queue, receive_all, repo_root, run_to_end, sqs, unique, RelayProcess,
+    TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
+};
+
+const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
+
+fn s3_client() -> aws_sdk_s3::Client {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new(
+            TEST_ACCESS_KEY_ID,
+            TEST_SECRET_ACCESS_KEY,
+            None,
+            None,
+            "outbox-relay-tests",
+        ))
+        .endpoint_url(sqs().endpoint())
+        .force_path_style(true)
+        .build();
+    aws_sdk_s3::Client::from_conf(config)
+}
+
+async fn create_bucket(prefix: &str) -> String {
+    let name = format!("{prefix}-{}-{}", unique(), std::process::id());
+    s3_client()
+        .create_bucket()
+        .bucket(&name)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("CreateBucket {name}: {e:?}"));
+    name
+}
+
+/// A payload of about `bytes` bytes.
+fn large_event(id: &str, bytes: usize) -> Event {
+    let mut e = events(id, 1, 1).remove(0);
+    e.event_id = id.to_string();
+    // Not one repeated character: a body cut or shifted anywhere would not compare equal.
+    let blob: String = (0..bytes)
+        .map(|i| (b'a' + (i % 23) as u8) as char)
+        .collect();
+    e.payload = serde_json::json!({"document": blob, "note": "caf\u{e9} \u{1F600}"});
+    e
+}
+
+/// The payload as the relay reads it (PostgreSQL's text of the jsonb).
+async fn payload_text(client: &tokio_postgres::Client, event_id: &str) -> String {
+    client
+        .query_one(
+            "SELECT payload::text FROM outbox WHERE event_id = $1",
+            &[&event_id],
+        )
+        .await
+        .expect("payload")
+        .get(0)
+}
+
+fn attr<'a>(m: &'a Message, name: &str) -> Option<(&'a str, &'a str)> {
+    let a = m.message_attributes()?.get(name)?;
+    Some((a.data_type(), a.string_value()?))
+}
+
+/// The pointer's (bucket, key).
+fn pointer(m: &Message) -> (String, String) {
+    let body: serde_json::Value = serde_json::from_str(m.body().unwrap()).expect("JSON pointer");
+    assert_eq!(body[0], POINTER_CLASS, "{body}");
+    (
+        body[1]["s3BucketName"].as_str().unwrap().to_string(),
+        body[1]["s3Key"].as_str().unwrap().to_string(),
+    )
+}
+
+async fn object(bucket: &str, key: &str) -> Vec<u8> {
+    let out = s3_client()
+        .get_object()
+        .bucket(bucket)
+        .key(key)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GetObject {bucket}/{key}: {e:?}"));
+    out.body.collect().await.expect("object body").to_vec()
+}
+
+async fn keys(bucket: &str) -> Vec<String> {
+    let out = s3_client()
+        .list_objects_v2()
+        .bucket(bucket)
+        .send()
+        .await
+        .expect("ListObjectsV2");
+    out.contents()
+        .iter()
+        .filter_map(|o| o.key().map(str::to_string))
+        .collect()
+}
+
+fn offload_args(bucket: &str) -> Vec<String> {
+    [
+        "--offload-bucket",
+        bucket,
+        "--offload-prefix",
+        "events/",
+        "--s3-endpoint-url",
+        sqs().endpoint(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_3_mib_event_arrives_as_a_pointer_to_its_exact_bytes_and_small_ones_inline() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("large", &[]).await;
+    let bucket = create_bucket("large").await;
+    let big = large_event("big-1", 3 * 1024 * 1024);
+    let mut small = events("small", 3, 1);
+    small[0].headers = serde_json::json!({"tenant": "t1"});
+    let mut rows = vec![big.clone()];
+    rows.extend(small.clone());
+    rows[0].headers = serde_json::json!({"tenant": "t1"});
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 4, Duration::from_secs(60)).await;
+
+    let messages = receive_all(&queue, 4, Duration::from_secs(30)).await;
+    assert_eq!(messages.len(), 4);
+    let expected = payload_text(&client, "big-1").await;
+    let large: Vec<&Message> = messages
+        .iter()
+        .filter(|m| attr(m, "event_id").map(|a| a.1) == Some("big-1"))
+        .collect();
+    assert_eq!(large.len(), 1);
+    let m = large[0];
+    let size = expected.len().to_string();
+    assert_eq!(
+        attr(m, "ExtendedPayloadSize"),
+        Some(("Number", size.as_str()))
+    );
+    assert_eq!(attr(m, "tenant"), Some(("String", "t1")));
+    assert_eq!(attr(m, "event_type").map(|a| a.1), Some("order.placed"));
+    let (in_bucket, key) = pointer(m);
+    assert_eq!(in_bucket, bucket);
+    assert!(key.starts_with("events/"), "{key}");
+    assert!(
+        object(&bucket, &key).await == expected.as_bytes(),
+        "object differs from the payload"
+    );
+    for m in messages
+        .iter()
+        .filter(|m| attr(m, "event_id").map(|a| a.1) != Some("big-1"))
+    {
+        assert_eq!(attr(m, "ExtendedPayloadSize"), None);
+        let id = attr(m, "event_id").unwrap().1;
+        assert_eq!(m.body().unwrap(), payload_text(&client, id).await);
+    }
+    assert_eq!(keys(&bucket).await, vec![key.clone()]);
+    let offloaded = relay.metric("outbox_offloaded_total").await;
+    assert_eq!(offloaded, Some(1.0));
+
+    // A resend (a re-drive, or a crash between the ack and the settlement) writes the same
+    // object again: one object per event, never a leaked copy.
+    client
+        .execute(
+            "UPDATE outbox SET sent_at = NULL, attempts = 0 WHERE event_id = 'big-1'",
+            &[],
+        )
+        .await
+        .unwrap();
+    wait_count(&client, "sent_at IS NOT NULL", 4, Duration::from_secs(60)).await;
+    let again = receive_all(&queue, 1, Duration::from_secs(30)).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(pointer(&again[0]), (bucket.clone(), key.clone()));
+    assert_eq!(keys(&bucket).await, vec![key]);
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_aws_extended_client_library_reads_a_3_mib_event_back_whole() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("extended", &[]).await;
+    let bucket = create_bucket("extended").await;
+    let rows = vec![
+        large_event("xl-1", 3 * 1024 * 1024),
+        events("xs", 1, 1).remove(0),
+    ];
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 2, Duration::from_secs(60)).await;
+    drop(relay);
+
+    let python = repo_root().join(".tools/venv/bin/python");
+    let script = repo_root().join("tests/consumers/extended_client_receive.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(&script)
+        .args([queue.as_str(), "2", "60"])
+        .env("AWS_ENDPOINT_URL_SQS", sqs().endpoint())
+        .env("AWS_ENDPOINT_URL_S3", sqs().endpoint())
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_DEFAULT_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", TEST_ACCESS_KEY_ID)
+        .env("AWS_SECRET_ACCESS_KEY", TEST_SECRET_ACCESS_KEY)
+        .env("AWS_CONFIG_FILE", "/dev/null")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .output()
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} (scripts/test installs amazon-sqs-extended-client into .tools/venv): {e}",
+                python.display()
+            )
+        });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "consumer failed: {stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let received: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON line per message"))
+        .collect();
+    assert_eq!(received.len(), 2, "{stdout}");
+    for id in ["xl-1", "xs-0"] {
+        let expected = payload_text(&client, id).await;
+        let got = received
+            .iter()
+            .find(|r| r["event_id"] == id)
+            .unwrap_or_else(|| panic!("{id} not received: {stdout}"));
+        assert_eq!(got["bytes"], expected.len(), "{id}");
+        assert_eq!(
+            got["sha256"],
+            format!("{:x}", Sha256::digest(expected.as_bytes())),
+            "{id}"
+        );
+        assert_eq!(got["from_s3"], id == "xl-1", "{id}");
+        // The library hides its reserved attribute; the relay's own stay.
+        let names: Vec<&str> = got["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"event_id"), "{names:?}");
+        assert!(!names.contains(&"ExtendedPayloadSize"), "{names:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_bucket_parks_large_rows_like_a_missing_queue_and_they_follow_once_it_exists() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("nobucket", &[]).await;
+    let bucket = format!("created-later-{}-{}", unique(), std::process::id());
+    let rows = vec![large_event("later-1", 2 * 1024 * 1024)];
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(
+        &client,
+        "quarantine_reason = 'destination'",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    // NoSuchBucket is classified like a missing queue.
+    let failures = relay
+        .metric("outbox_offload_failures_total{kind=\"destination\"}")
+        .await;
+    assert!(failures >= Some(1.0), "{failures:?}");
+    assert_eq!(keys_or_none(&bucket).await, None);
+    s3_client()
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("CreateBucket");
+    wait_count(&client, "sent_at IS NOT NULL", 1, Duration::from_secs(60)).await;
+    let messages = receive_all(&queue, 1, Duration::from_secs(30)).await;
+    assert_eq!(messages.len(), 1);
+    let (_, key) = pointer(&messages[0]);
+    let expected = payload_text(&client, "later-1").await;
+    assert!(object(&bucket, &key).await == expected.as_bytes());
+    drop(relay);
+}
+
+async fn keys_or_none(bucket: &str) -> Option<Vec<String>> {
+    match s3_client().list_objects_v2().bucket(bucket).send().await {
+        Ok(out) => Some(
+            out.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_string))
+                .collect(),
+        ),
+        Err(_) => None,
+    }
+}
+
+async fn check_with(db_url: &str, queue: &str, bucket: &str) -> (Option<i32>, String) {
+    let mut a: Vec<String> = [
+        "check",
+        "--database-url",
+        db_url,
+        "--queue-url",
+        queue,
+        "--sqs-endpoint-url",
+        sqs().endpoint(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.extend(offload_args(bucket));
+    let (status, output) = run_to_end(&a, &[], Duration::from_secs(60)).await;
+    assert!(!output.contains(TEST_SECRET_ACCESS_KEY), "{output}");
+    (status.code(), output)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_writes_a_probe_object_to_the_bucket_and_names_a_missing_one() {
+    let db = migrated_db().await;
+    let queue = create_queue("check-offload", &[]).await;
+    let bucket = create_bucket("check-offload").await;
+    let (code, output) = check_with(&db.url, &queue, &bucket).await;
+    assert_eq!(code, Some(0), "{output}");
+    assert!(
+        output.contains(&format!(
+            "ok   bucket {bucket} takes objects under \"events/\""
+        )),
+        "{output}"
+    );
+    assert_eq!(keys(&bucket).await, vec!["events/outbox-relay-check"]);
+
+    let missing = format!("never-created-{}", unique());
+    let (code, output) = check_with(&db.url, &queue, &missing).await;
+    assert_eq!(code, Some(1), "{output}");
+    let failed: Vec<&str> = output.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(failed.len(), 1, "{output}");
+    assert!(
+        failed[0].contains("the bucket does not exist") && failed[0].contains("NoSuchBucket"),
+        "{output}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_fifo_queue_a_large_event_keeps_its_place_in_its_group() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("large.fifo", &[]).await;
+    let bucket = create_bucket("large-fifo").await;
+    let mut rows = events("fifo", 5, 1);
+    rows[2] = large_event("fifo-2", 2 * 1024 * 1024);
+    for e in &mut rows {
+        e.aggregate_id = "one-group".into();
+    }
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 5, Duration::from_secs(60)).await;
+    let messages = receive_all(&queue, 5, Duration::from_secs(30)).await;
+    let order: Vec<&str> = messages
+        .iter()
+        .map(|m| attr(m, "event_id").unwrap().1)
+        .collect();
+    assert_eq!(order, ["fifo-0", "fifo-1", "fifo-2", "fifo-3", "fifo-4"]);
+    let (_, key) = pointer(&messages[2]);
+    let expected = payload_text(&client, "fifo-2").await;
+    assert!(object(&bucket, &key).await == expected.as_bytes());
+    drop(relay);
+}
