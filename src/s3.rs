@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
-use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
 use crate::batch::Offload;
-use crate::retry::{RequestFailure, Transport};
+use crate::retry::RequestFailure;
 
 /// The key `check` writes to prove the bucket takes objects; the only object that is not an
 /// event's, overwritten by every check.
@@ -81,38 +81,13 @@ impl S3 {
     }
 }
 
-/// Flattens the SDK's error into the facts `retry::classify` decides on, as `sqs.rs` does for
-/// SQS: S3's codes (`SlowDown`, `NoSuchBucket`, `AccessDenied`, `EntityTooLarge`) sit in the
-/// same lists.
+/// The shared classification (`aws::request_failure`: S3's codes `SlowDown`, `NoSuchBucket`,
+/// `AccessDenied`, `EntityTooLarge` sit in the same lists as SQS's), naming the call.
 fn request_failure<E>(err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> RequestFailure
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
-    let message = match &err {
-        SdkError::ServiceError(s) => match s.err().message() {
-            Some(m) => m.to_string(),
-            None => DisplayErrorContext(&err).to_string(),
-        },
-        _ => DisplayErrorContext(&err).to_string(),
-    };
-    let (transport, status, code) = match &err {
-        SdkError::ConstructionFailure(_) => (Transport::Construction, None, None),
-        SdkError::TimeoutError(_) => (Transport::Timeout, None, None),
-        SdkError::DispatchFailure(d) if d.is_timeout() => (Transport::Timeout, None, None),
-        SdkError::DispatchFailure(d) if d.is_user() => (Transport::Construction, None, None),
-        SdkError::DispatchFailure(_) => (Transport::Connection, None, None),
-        SdkError::ResponseError(r) => (Transport::Response, Some(r.raw().status().as_u16()), None),
-        SdkError::ServiceError(s) => (
-            Transport::Response,
-            Some(s.raw().status().as_u16()),
-            s.err().code().map(str::to_string),
-        ),
-        _ => (Transport::Connection, None, None),
-    };
-    RequestFailure {
-        status,
-        code,
-        message: format!("S3 PutObject: {message}"),
-        transport,
-    }
+    let mut failure = crate::aws::request_failure(err);
+    failure.message = format!("S3 PutObject: {}", failure.message);
+    failure
 }
