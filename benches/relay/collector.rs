@@ -1,5 +1,5 @@
-//! A minimal OTLP/HTTP trace collector: answers `200` to every `POST /v1/traces` at once and
-//! keeps the bodies. It does no work while the relay drains (no decoding, no allocation per
+//! A minimal OTLP/HTTP trace collector: answers `200` to every `POST /v1/traces`, at once or
+//! after a fixed delay (a collector across a network, or a busy one), and keeps the bodies. It does no work while the relay drains (no decoding, no allocation per
 //! span), so a tracing drain against it shows what exporting costs the relay, not what a
 //! collector costs the machine. The bodies are decoded after the run to count the spans
 //! exactly (the OTLP protobuf messages, as the test harness's receiver decodes them).
@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
@@ -28,6 +29,8 @@ pub struct Collector {
 
 #[derive(Default)]
 struct State {
+    /// How long each answer waits.
+    delay: Duration,
     requests: AtomicU64,
     /// Body bytes of the export requests (protobuf, uncompressed).
     bytes: AtomicU64,
@@ -51,13 +54,16 @@ pub struct Received {
 }
 
 impl Collector {
-    /// Listens on a loopback port the OS picks.
-    pub async fn start() -> Collector {
+    /// Listens on a loopback port the OS picks; answers each request after `delay`.
+    pub async fn start(delay: Duration) -> Collector {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the OTLP collector");
         let addr: SocketAddr = listener.local_addr().expect("collector address");
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            delay,
+            ..State::default()
+        });
         let accept_state = Arc::clone(&state);
         let accept = tokio::spawn(async move {
             loop {
@@ -175,6 +181,9 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
             "404 Not Found"
         };
         buf.drain(..head_len + content_length);
+        if !state.delay.is_zero() {
+            tokio::time::sleep(state.delay).await;
+        }
         if respond(&mut stream, status).await.is_err() {
             return;
         }

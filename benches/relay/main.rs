@@ -230,10 +230,58 @@ pub struct DrainSpec {
 /// Where a tracing drain's relays send their spans.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Traces {
-    /// The benchmark's OTLP/HTTP collector ([`collector::Collector`]), answering at once.
-    Collector,
+    /// The benchmark's OTLP/HTTP collector ([`collector::Collector`]), answering each export
+    /// after this delay.
+    Collector(Duration),
     /// An address where nothing listens: the collector is down.
     CollectorDown,
+}
+
+impl Traces {
+    /// How a run is told apart in the tables: where spans went, and any batch settings.
+    pub fn label(&self, env: &[(String, String)]) -> String {
+        let mut label = match self {
+            Traces::Collector(d) if d.is_zero() => "tracing on".to_string(),
+            Traces::Collector(d) => format!("tracing on, collector {} ms", d.as_millis()),
+            Traces::CollectorDown => "tracing on, collector down".to_string(),
+        };
+        for (k, v) in env {
+            label.push_str(&format!(", {k}={v}"));
+        }
+        label
+    }
+}
+
+/// A collector that answers an export of 512 spans in this long keeps up with at most
+/// 512 / 0.05 s ≈ 10,000 spans/s (the SDK exports one batch at a time): less than a drain.
+/// A collector across a network, or a busy one, is this slow.
+const SLOW_COLLECTOR: Duration = Duration::from_millis(50);
+
+/// Environment variables given to a relay, in order.
+type RelayEnv = Vec<(String, String)>;
+
+/// The tracing group's runs: off, then where the spans go and the batch processor's
+/// settings (`OTEL_BSP_*`; none: the SDK's defaults, as a relay gets them).
+fn tracing_variants() -> Vec<(Option<Traces>, RelayEnv)> {
+    let bsp = |pairs: &[(&str, &str)]| -> RelayEnv {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    vec![
+        (None, Vec::new()),
+        (Some(Traces::Collector(Duration::ZERO)), Vec::new()),
+        (Some(Traces::CollectorDown), Vec::new()),
+        (Some(Traces::Collector(SLOW_COLLECTOR)), Vec::new()),
+        (
+            Some(Traces::Collector(SLOW_COLLECTOR)),
+            bsp(&[
+                ("OTEL_BSP_MAX_QUEUE_SIZE", "8192"),
+                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2048"),
+            ]),
+        ),
+    ]
 }
 
 fn main() {
@@ -505,16 +553,11 @@ async fn run(settings: Settings) {
         // carries a sampled traceparent in every row) with tracing off, exporting to a
         // collector that answers at once, and exporting to none (collector down). Each round
         // runs every variant, the order rotated, so drift of the machine falls on each alike.
-        let variants: [Option<Traces>; 3] =
-            [None, Some(Traces::Collector), Some(Traces::CollectorDown)];
+        let variants = tracing_variants();
         for round in 1..=settings.tracing_rounds {
             for i in 0..variants.len() {
-                let traces = variants[(i + round - 1) % variants.len()];
-                let label = match traces {
-                    None => "tracing off",
-                    Some(Traces::Collector) => "tracing on",
-                    Some(Traces::CollectorDown) => "tracing on, collector down",
-                };
+                let (traces, env) = &variants[(i + round - 1) % variants.len()];
+                let label = traces.map_or("tracing off".to_string(), |t| t.label(env));
                 let mut s = spec(
                     &settings,
                     &format!("{label}, round {round}"),
@@ -522,7 +565,8 @@ async fn run(settings: Settings) {
                     1,
                     settings.in_flight,
                 );
-                s.traces = traces;
+                s.traces = *traces;
+                s.env = env.clone();
                 let run = drain(&settings, s).await;
                 say_drain(&run);
                 if let Some(tr) = &run.traces {
@@ -808,12 +852,12 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         }
     };
     let collector = match spec.traces {
-        Some(Traces::Collector) => Some(Collector::start().await),
+        Some(Traces::Collector(delay)) => Some(Collector::start(delay).await),
         _ => None,
     };
     let mut env = spec.env.clone();
     match (spec.traces, &collector) {
-        (Some(Traces::Collector), Some(c)) => {
+        (Some(Traces::Collector(_)), Some(c)) => {
             env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), c.endpoint.clone()))
         }
         (Some(Traces::CollectorDown), _) => env.push((

@@ -131,16 +131,9 @@ impl TraceRun {
         }
     }
 
-    /// How the run is told apart in the tables: where spans went, and any batch settings.
+    /// How the run is told apart in the tables.
     pub fn label(&self) -> String {
-        let mut label = match self.export {
-            Traces::Collector => "tracing on".to_string(),
-            Traces::CollectorDown => "tracing on, collector down".to_string(),
-        };
-        for (k, v) in &self.settings {
-            let _ = write!(label, ", {k}={v}");
-        }
-        label
+        self.export.label(&self.settings)
     }
 
     /// One line for the progress output.
@@ -167,8 +160,12 @@ impl TraceRun {
     fn to_json(&self) -> Value {
         json!({
             "export": match self.export {
-                Traces::Collector => "collector",
+                Traces::Collector(_) => "collector",
                 Traces::CollectorDown => "collector down",
+            },
+            "collector_delay_ms": match self.export {
+                Traces::Collector(d) => Some(d.as_millis() as u64),
+                Traces::CollectorDown => None,
             },
             "settings": self.settings.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
             "collector_requests": self.received.as_ref().map(|r| r.requests),
