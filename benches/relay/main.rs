@@ -15,7 +15,8 @@
 //! | `OUTBOX_BENCH_HARM_ROUNDS` | 3 (quick: 1) | without/with alternations per writer count |
 //! | `OUTBOX_BENCH_IDLE_SECONDS` | 60 (quick: 10) | measured idle window |
 //! | `OUTBOX_BENCH_STORAGE_SECONDS` | 600 (quick: 60) | producer time of the storage run |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,steady,harm,idle,storage,adopt` (adopt: see adopt.rs) |
+//! | `OUTBOX_BENCH_TRACING_ROUNDS` | 3 (quick: 1) | rounds of the tracing group (each runs every variant once) |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,idle,storage,adopt` (adopt: see adopt.rs) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -24,6 +25,7 @@
 mod support;
 
 mod adopt;
+mod collector;
 mod harm;
 mod procstat;
 mod report;
@@ -36,8 +38,9 @@ mod workload;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use collector::Collector;
 use procstat::Snapshot;
-use report::{CeilingRun, DrainRun, Report, SteadyInput, SteadyRun};
+use report::{CeilingRun, DrainRun, Report, SteadyInput, SteadyRun, TraceRun, TracingDrain};
 use sampler::Sampler;
 use sink::Sink;
 use support::RelayProcess;
@@ -60,6 +63,8 @@ pub struct Settings {
     /// Writer time of one harm cell, and how many times without and with alternate.
     pub harm_seconds: Duration,
     pub harm_rounds: usize,
+    /// Rounds of the tracing group; each round drains once per variant, in rotated order.
+    pub tracing_rounds: usize,
     /// Idle relays run this long before the measured window, so that a wait that stretches
     /// with idleness has stretched.
     pub idle_settle: Duration,
@@ -133,6 +138,8 @@ impl Settings {
                 if quick { 5 } else { 15 },
             )),
             harm_rounds: number("OUTBOX_BENCH_HARM_ROUNDS", if quick { 1 } else { 3 }) as usize,
+            tracing_rounds: number("OUTBOX_BENCH_TRACING_ROUNDS", if quick { 1 } else { 3 })
+                as usize,
             idle_settle: Duration::from_secs(if quick { 3 } else { 10 }),
             idle_window: Duration::from_secs(number(
                 "OUTBOX_BENCH_IDLE_SECONDS",
@@ -213,6 +220,68 @@ pub struct DrainSpec {
     pub flags: Vec<String>,
     /// Stop after this long and report the rate reached.
     pub window: Option<Duration>,
+    /// Where the relays export spans; `None`: tracing off (no OTLP endpoint set).
+    pub traces: Option<Traces>,
+    /// Extra environment of the relays (e.g. `OTEL_BSP_MAX_QUEUE_SIZE`): the harness scrubs
+    /// the benchmark's own `OTEL_*` variables, so settings reach a relay only from here.
+    pub env: Vec<(String, String)>,
+}
+
+/// Where a tracing drain's relays send their spans.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Traces {
+    /// The benchmark's OTLP/HTTP collector ([`collector::Collector`]), answering each export
+    /// after this delay.
+    Collector(Duration),
+    /// An address where nothing listens: the collector is down.
+    CollectorDown,
+}
+
+impl Traces {
+    /// How a run is told apart in the tables: where spans went, and any batch settings.
+    pub fn label(&self, env: &[(String, String)]) -> String {
+        let mut label = match self {
+            Traces::Collector(d) if d.is_zero() => "tracing on".to_string(),
+            Traces::Collector(d) => format!("tracing on, collector {} ms", d.as_millis()),
+            Traces::CollectorDown => "tracing on, collector down".to_string(),
+        };
+        for (k, v) in env {
+            label.push_str(&format!(", {k}={v}"));
+        }
+        label
+    }
+}
+
+/// A collector that answers an export of 512 spans in this long keeps up with at most
+/// 512 / 0.05 s ≈ 10,000 spans/s (the SDK exports one batch at a time): less than a drain.
+/// A collector across a network, or a busy one, is this slow.
+const SLOW_COLLECTOR: Duration = Duration::from_millis(50);
+
+/// Environment variables given to a relay, in order.
+type RelayEnv = Vec<(String, String)>;
+
+/// The tracing group's runs: off, then where the spans go and the batch processor's
+/// settings (`OTEL_BSP_*`; none: the SDK's defaults, as a relay gets them).
+fn tracing_variants() -> Vec<(Option<Traces>, RelayEnv)> {
+    let bsp = |pairs: &[(&str, &str)]| -> RelayEnv {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    vec![
+        (None, Vec::new()),
+        (Some(Traces::Collector(Duration::ZERO)), Vec::new()),
+        (Some(Traces::CollectorDown), Vec::new()),
+        (Some(Traces::Collector(SLOW_COLLECTOR)), Vec::new()),
+        (
+            Some(Traces::Collector(SLOW_COLLECTOR)),
+            bsp(&[
+                ("OTEL_BSP_MAX_QUEUE_SIZE", "8192"),
+                ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "2048"),
+            ]),
+        ),
+    ]
 }
 
 fn main() {
@@ -479,6 +548,35 @@ async fn run(settings: Settings) {
         }
     }
 
+    if settings.runs("tracing") {
+        // What exporting a span per event costs a drain: the standard drain (its backlog
+        // carries a sampled traceparent in every row) with tracing off, exporting to a
+        // collector that answers at once, and exporting to none (collector down). Each round
+        // runs every variant, the order rotated, so drift of the machine falls on each alike.
+        let variants = tracing_variants();
+        for round in 1..=settings.tracing_rounds {
+            for i in 0..variants.len() {
+                let (traces, env) = &variants[(i + round - 1) % variants.len()];
+                let label = traces.map_or("tracing off".to_string(), |t| t.label(env));
+                let mut s = spec(
+                    &settings,
+                    &format!("{label}, round {round}"),
+                    sink0,
+                    1,
+                    settings.in_flight,
+                );
+                s.traces = *traces;
+                s.env = env.clone();
+                let run = drain(&settings, s).await;
+                say_drain(&run);
+                if let Some(tr) = &run.traces {
+                    say(&format!("{}: {}", run.name, tr.summary(run.sent)));
+                }
+                report.tracing.push(TracingDrain { round, run });
+            }
+        }
+    }
+
     let help = relay_run_help();
     let modes = harm::Wakeup::modes(&help);
     let mut clusters = harm::Clusters::default();
@@ -597,6 +695,8 @@ fn spec(
         ordered: false,
         flags: Vec::new(),
         window: None,
+        traces: None,
+        env: Vec::new(),
     }
 }
 
@@ -709,13 +809,19 @@ async fn sent_total(relays: &[RelayProcess]) -> u64 {
     sum as u64
 }
 
+/// Panics on a relay's first error line.
 fn check_alive(relays: &[RelayProcess]) {
+    check_alive_traced(relays, false);
+}
+
+/// [`check_alive`]; with `traced`, the trace exporter's own error lines (a collector that is
+/// down) are expected: the run counts them instead.
+fn check_alive_traced(relays: &[RelayProcess], traced: bool) {
     for relay in relays {
-        if let Some(line) = relay
-            .output()
-            .lines()
-            .find(|l| l.contains("ERROR") || l.starts_with("error:"))
-        {
+        if let Some(line) = relay.output().lines().find(|l| {
+            (l.contains("ERROR") || l.starts_with("error:"))
+                && !(traced && l.contains(report::EXPORTER_LOG_TARGET))
+        }) {
             panic!(
                 "{} reported an error: {line}\n{}",
                 relay.name(),
@@ -745,7 +851,22 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
             (Some(sink), url, endpoint)
         }
     };
-    let tag = spec.name.replace([' ', ',', '-', '.'], "");
+    let collector = match spec.traces {
+        Some(Traces::Collector(delay)) => Some(Collector::start(delay).await),
+        _ => None,
+    };
+    let mut env = spec.env.clone();
+    match (spec.traces, &collector) {
+        (Some(Traces::Collector(_)), Some(c)) => {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".into(), c.endpoint.clone()))
+        }
+        (Some(Traces::CollectorDown), _) => env.push((
+            "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+            collector::down_endpoint(),
+        )),
+        _ => {}
+    }
+    let tag = spec.name.replace([' ', ',', '-', '.', '=', '(', ')'], "");
     let before = Snapshot::take();
     let started = Instant::now();
     let relays: Vec<RelayProcess> = (0..spec.replicas)
@@ -760,7 +881,7 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
                 spec.max_in_flight,
             );
             args.extend(spec.flags.iter().cloned());
-            RelayProcess::spawn_named(&id, &args, &[])
+            RelayProcess::spawn_named(&id, &args, &env)
         })
         .collect();
     let sampler = Sampler::start(&database.db).await;
@@ -785,7 +906,7 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
             cut = true;
             break;
         }
-        check_alive(&relays);
+        check_alive_traced(&relays, spec.traces.is_some());
         if elapsed >= DRAIN_TIMEOUT {
             let outputs: Vec<String> = relays.iter().map(|r| r.output()).collect();
             panic!(
@@ -806,6 +927,7 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         .fold(0.0, f64::max);
     let cpu = Snapshot::take().since(&before);
     let activity = sampler.finish().await;
+    let stopping = Instant::now();
     for relay in &relays {
         relay.sigterm();
     }
@@ -814,6 +936,12 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
             relay.kill9();
         }
     }
+    let exit_seconds = stopping.elapsed().as_secs_f64();
+    let traces = spec.traces.map(|export| {
+        let logs: Vec<String> = relays.iter().map(RelayProcess::output).collect();
+        TraceRun::new(export, &spec.env, collector.as_ref(), &logs.join("\n"))
+    });
+    drop(collector);
     let unsent_after = if cut {
         None
     } else {
@@ -852,6 +980,8 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         payload_bytes,
         table_mib_before,
         table_mib_after,
+        exit_seconds,
+        traces,
     }
 }
 

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::collector::{Collector, Received};
 use crate::harm::{self, HarmRun, IdleClusterCpu, IdleRun};
 use crate::procstat::Snapshot;
 use crate::sampler::Activity;
 use crate::storage::StorageRun;
 use crate::timeline::{self, Second};
 use crate::workload::Ceiling;
-use crate::{support, Destination, Settings, SQS_LATENCY};
+use crate::{support, Destination, Settings, Traces, SQS_LATENCY};
 
 /// Entries per SendMessageBatch request (SQS's limit, and what the relay packs).
 const ENTRIES_PER_REQUEST: f64 = 10.0;
@@ -61,6 +62,122 @@ pub struct DrainRun {
     pub payload_bytes: f64,
     pub table_mib_before: f64,
     pub table_mib_after: f64,
+    /// From SIGTERM until every replica exited (a traced relay flushes its spans then).
+    pub exit_seconds: f64,
+    /// Tracing drains only (`None`: no OTLP endpoint set).
+    pub traces: Option<TraceRun>,
+}
+
+/// One drain of the tracing group.
+pub struct TracingDrain {
+    /// 1-based; each round drains once per variant.
+    pub round: usize,
+    pub run: DrainRun,
+}
+
+impl TracingDrain {
+    /// `tracing off`, or what [`TraceRun::label`] says.
+    pub fn variant(&self) -> String {
+        self.run
+            .traces
+            .as_ref()
+            .map_or("tracing off".to_string(), TraceRun::label)
+    }
+}
+
+/// Log lines of OpenTelemetry's own crates carry their crate name as the target
+/// (`opentelemetry_sdk`, `opentelemetry-otlp`, ...).
+pub const EXPORTER_LOG_TARGET: &str = "opentelemetry";
+
+/// What became of a tracing drain's spans.
+pub struct TraceRun {
+    pub export: Traces,
+    /// The batch processor's settings given to the relay (`OTEL_BSP_*`); empty: its defaults.
+    pub settings: Vec<(String, String)>,
+    /// What the collector received, decoded (`None` when it was down).
+    pub received: Option<Received>,
+    /// Spans the batch processor dropped because its queue was full: the SDK's own count,
+    /// logged at shutdown (`dropped_span_count`), summed over the replicas.
+    pub dropped: u64,
+    /// Exports that failed (one error line each from the SDK).
+    pub export_errors: u64,
+}
+
+impl TraceRun {
+    pub fn new(
+        export: Traces,
+        settings: &[(String, String)],
+        collector: Option<&Collector>,
+        logs: &str,
+    ) -> TraceRun {
+        let dropped = logs
+            .lines()
+            .filter_map(|l| {
+                let rest = l.split("dropped_span_count=").nth(1)?;
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse::<u64>().ok()
+            })
+            .sum();
+        let export_errors = logs
+            .lines()
+            .filter(|l| l.contains("BatchSpanProcessor.ExportError"))
+            .count() as u64;
+        TraceRun {
+            export,
+            settings: settings.to_vec(),
+            received: collector.map(Collector::received),
+            dropped,
+            export_errors,
+        }
+    }
+
+    /// How the run is told apart in the tables.
+    pub fn label(&self) -> String {
+        self.export.label(&self.settings)
+    }
+
+    /// One line for the progress output.
+    pub fn summary(&self, events: u64) -> String {
+        let received = self.received.as_ref().map_or(
+            "collector down, nothing received".to_string(),
+            |r| {
+                format!(
+                    "{} spans received for {events} events ({} distinct events, {} in their row's trace) in {} requests, {:.0} bytes per span",
+                    r.spans,
+                    r.events,
+                    r.in_row_trace,
+                    r.requests,
+                    r.bytes as f64 / r.spans.max(1) as f64
+                )
+            },
+        );
+        format!(
+            "{received}; {} dropped (queue full), {} export errors",
+            self.dropped, self.export_errors
+        )
+    }
+
+    fn to_json(&self) -> Value {
+        json!({
+            "export": match self.export {
+                Traces::Collector(_) => "collector",
+                Traces::CollectorDown => "collector down",
+            },
+            "collector_delay_ms": match self.export {
+                Traces::Collector(d) => Some(d.as_millis() as u64),
+                Traces::CollectorDown => None,
+            },
+            "settings": self.settings.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
+            "collector_requests": self.received.as_ref().map(|r| r.requests),
+            "collector_bytes": self.received.as_ref().map(|r| r.bytes),
+            "spans_received": self.received.as_ref().map(|r| r.spans),
+            "events_with_a_span_received": self.received.as_ref().map(|r| r.events),
+            "spans_in_their_rows_trace": self.received.as_ref().map(|r| r.in_row_trace),
+            "undecodable_requests": self.received.as_ref().map(|r| r.undecodable),
+            "spans_dropped_queue_full": self.dropped,
+            "export_errors": self.export_errors,
+        })
+    }
 }
 
 impl DrainRun {
@@ -160,6 +277,8 @@ impl DrainRun {
             "payload_bytes_mean": self.payload_bytes,
             "table_mib_before": self.table_mib_before,
             "table_mib_after": self.table_mib_after,
+            "exit_seconds": self.exit_seconds,
+            "traces": self.traces.as_ref().map(TraceRun::to_json),
         })
     }
 }
@@ -312,6 +431,8 @@ pub struct Report {
     pub long_group: Vec<DrainRun>,
     /// Drains of events near SQS's size limit under byte budgets (`large-events`).
     pub large_events: Vec<DrainRun>,
+    /// The same drain with tracing off and on, rounds in rotated order (`tracing`).
+    pub tracing: Vec<TracingDrain>,
     pub steady: Vec<SteadyRun>,
     pub harm: Vec<HarmRun>,
     pub idle: Vec<IdleRun>,
@@ -386,6 +507,7 @@ impl Report {
             drains: Vec::new(),
             long_group: Vec::new(),
             large_events: Vec::new(),
+            tracing: Vec::new(),
             steady: Vec::new(),
             harm: Vec::new(),
             idle: Vec::new(),
@@ -877,10 +999,12 @@ impl Report {
         }
         self.long_group_table(&mut t);
         self.large_events_table(&mut t);
+        self.tracing_tables(&mut t);
         if !(self.ceilings.is_empty()
             && self.drains.is_empty()
             && self.long_group.is_empty()
             && self.large_events.is_empty()
+            && self.tracing.is_empty()
             && self.steady.is_empty())
         {
             let _ = writeln!(
@@ -903,6 +1027,7 @@ impl Report {
                 .iter()
                 .chain(&self.long_group)
                 .chain(&self.large_events)
+                .chain(self.tracing.iter().map(|t| &t.run))
             {
                 let _ = writeln!(t, "| {} | {} |", d.name, d.activity.summary());
             }
@@ -1066,6 +1191,144 @@ impl Report {
         }
     }
 
+    fn tracing_tables(&self, t: &mut String) {
+        if self.tracing.is_empty() {
+            return;
+        }
+        let rows = self.tracing[0].run.rows;
+        let _ = writeln!(
+            t,
+            "\n### Tracing: the same drain with spans exported (sink 0 ms, {rows} events each with a sampled traceparent, --batch-size {}, --max-in-flight {}; fsync=off cluster)\n",
+            self.batch, self.in_flight
+        );
+        let mut variants: Vec<String> = Vec::new();
+        for d in &self.tracing {
+            if !variants.contains(&d.variant()) {
+                variants.push(d.variant());
+            }
+        }
+        let off: Vec<&TracingDrain> = self
+            .tracing
+            .iter()
+            .filter(|d| d.run.traces.is_none())
+            .collect();
+        let off_rates: Vec<f64> = off.iter().map(|d| d.run.events_per_second()).collect();
+        let off_median = harm::median(&off_rates);
+        let _ = writeln!(
+            t,
+            "| variant | events/s, median (each round) | ÷ tracing off, medians | ÷ tracing off, each round | relay CPU s / 10k, median | relay peak RSS MiB, max | spans received ÷ events | spans dropped, queue full | export errors |"
+        );
+        let _ = writeln!(t, "|---|---|---:|---|---:|---:|---:|---:|---:|");
+        for variant in &variants {
+            let runs: Vec<&TracingDrain> = self
+                .tracing
+                .iter()
+                .filter(|d| &d.variant() == variant)
+                .collect();
+            let rates: Vec<f64> = runs.iter().map(|d| d.run.events_per_second()).collect();
+            let rate = harm::median(&rates);
+            let each_round = runs
+                .iter()
+                .map(|d| {
+                    let same_round_off = off.iter().find(|o| o.round == d.round);
+                    fmt_ratio(
+                        same_round_off
+                            .map(|o| d.run.events_per_second() / o.run.events_per_second()),
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            let traced: Vec<&TraceRun> =
+                runs.iter().filter_map(|d| d.run.traces.as_ref()).collect();
+            let received: Option<u64> = traced
+                .iter()
+                .map(|tr| tr.received.as_ref().map(|r| r.spans))
+                .sum();
+            let sent: u64 = runs.iter().map(|d| d.run.sent).sum();
+            let _ =
+                writeln!(
+                t,
+                "| {variant} | {rate:.0} ({}) | {} | {each_round} | {:.2} | {:.1} | {} | {} | {} |",
+                rates
+                    .iter()
+                    .map(|r| format!("{r:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                fmt_ratio(Some(rate / off_median)),
+                harm::median(&runs.iter().map(|d| d.run.relay_cpu_per_10k()).collect::<Vec<_>>()),
+                runs.iter()
+                    .map(|d| d.run.relay_peak_rss_mib)
+                    .fold(0.0, f64::max),
+                if traced.is_empty() {
+                    "—".to_string()
+                } else {
+                    received.map_or("— (down)".to_string(), |r| {
+                        format!("{:.3} ({r} / {sent})", r as f64 / sent.max(1) as f64)
+                    })
+                },
+                if traced.is_empty() {
+                    "—".to_string()
+                } else {
+                    traced.iter().map(|tr| tr.dropped).sum::<u64>().to_string()
+                },
+                if traced.is_empty() {
+                    "—".to_string()
+                } else {
+                    traced
+                        .iter()
+                        .map(|tr| tr.export_errors)
+                        .sum::<u64>()
+                        .to_string()
+                },
+            );
+        }
+        let _ = writeln!(t);
+        let _ = writeln!(
+            t,
+            "| run | events/s | seconds | relay CPU s / 10k | relay peak RSS MiB | spans received | events with a span | spans in their row's trace | dropped, queue full | export requests | spans per request | bytes per span | export errors | exit s | CPU s relay / postgres / bench+sink / others | cores busy |"
+        );
+        let _ = writeln!(
+            t,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        );
+        for d in &self.tracing {
+            let r = &d.run;
+            let received = r.traces.as_ref().and_then(|tr| tr.received.as_ref());
+            let dash = || "—".to_string();
+            let _ = writeln!(
+                t,
+                "| {} | {:.0} | {:.1} | {:.2} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2} | {:.1} / {:.1} / {:.1} / {:.1} | {:.2} |",
+                r.name,
+                r.events_per_second(),
+                r.seconds,
+                r.relay_cpu_per_10k(),
+                r.relay_peak_rss_mib,
+                received.map_or_else(dash, |x| x.spans.to_string()),
+                received.map_or_else(dash, |x| x.events.to_string()),
+                received.map_or_else(dash, |x| x.in_row_trace.to_string()),
+                r.traces.as_ref().map_or_else(dash, |tr| tr.dropped.to_string()),
+                received.map_or_else(dash, |x| x.requests.to_string()),
+                received.map_or_else(dash, |x| format!(
+                    "{:.0}",
+                    x.spans as f64 / x.requests.max(1) as f64
+                )),
+                received.map_or_else(dash, |x| format!(
+                    "{:.0}",
+                    x.bytes as f64 / x.spans.max(1) as f64
+                )),
+                r.traces
+                    .as_ref()
+                    .map_or_else(dash, |tr| tr.export_errors.to_string()),
+                r.exit_seconds,
+                r.relay_cpu,
+                r.cpu.postgres,
+                r.cpu.bench,
+                r.cpu.others(r.relay_cpu),
+                r.busy_cores()
+            );
+        }
+    }
+
     fn large_events_table(&self, t: &mut String) {
         if self.large_events.is_empty() {
             return;
@@ -1129,6 +1392,12 @@ impl Report {
             "drains": self.drains.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
             "long_group": self.long_group.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
             "large_events": self.large_events.iter().map(DrainRun::to_json).collect::<Vec<_>>(),
+            "tracing": self.tracing.iter().map(|t| {
+                let mut run = t.run.to_json();
+                run["round"] = json!(t.round);
+                run["variant"] = json!(t.variant());
+                run
+            }).collect::<Vec<_>>(),
             "steady": self.steady.iter().map(SteadyRun::to_json).collect::<Vec<_>>(),
             "harm": self.harm.iter().map(HarmRun::to_json).collect::<Vec<_>>(),
             "idle": self.idle.iter().map(IdleRun::to_json).collect::<Vec<_>>(),
