@@ -2,11 +2,15 @@
 //! database authentication use the same one, so all act as the same principal. And the one
 //! place an SDK error becomes the facts `retry::classify` decides on, for every AWS service.
 
+use std::time::Duration;
+
 use aws_config::SdkConfig;
 use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
 use aws_smithy_runtime_api::client::result::SdkError;
 use aws_smithy_types::error::display::DisplayErrorContext;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use aws_smithy_types::retry::RetryConfig;
+use aws_smithy_types::timeout::TimeoutConfig;
 use tokio::sync::OnceCell;
 
 use crate::retry::{RequestFailure, Transport};
@@ -18,6 +22,18 @@ pub async fn shared_config() -> SdkConfig {
         .get_or_init(|| aws_config::defaults(aws_config::BehaviorVersion::latest()).load())
         .await
         .clone()
+}
+
+/// What every AWS client of the relay is built with: the SDK's own retries off (the relay
+/// decides what a failure means for each row, and a hidden SDK retry after a timeout would only
+/// add duplicates and delay that decision), each call bounded by `timeout`, a connection by at
+/// most 3 s of it.
+pub fn client_limits(timeout: Duration) -> (RetryConfig, TimeoutConfig) {
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(timeout.min(Duration::from_secs(3)))
+        .operation_timeout(timeout)
+        .build();
+    (RetryConfig::disabled(), timeouts)
 }
 
 /// Flattens the SDK's error into the facts `retry::classify` decides on.

@@ -143,6 +143,22 @@ pub struct Entry {
     pub offload: Option<Offload>,
 }
 
+impl Entry {
+    /// The message attributes as (name, data type, value), as both SQS and SNS take them: the
+    /// string attributes, then `ExtendedPayloadSize` (a `Number`) when the body went to S3.
+    pub fn typed_attributes(&self) -> impl Iterator<Item = (&str, &'static str, String)> + '_ {
+        let strings = self
+            .attributes
+            .iter()
+            .map(|(name, value)| (name.as_str(), STRING_TYPE, value.clone()));
+        let size = self
+            .offload
+            .as_ref()
+            .map(|o| (EXTENDED_PAYLOAD_SIZE, NUMBER_TYPE, o.body.len().to_string()));
+        strings.chain(size)
+    }
+}
+
 /// One SendMessageBatch call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchRequest {
@@ -1136,9 +1152,18 @@ mod tests {
                 + "Number".len()
                 + digits
         );
+        // What SQS and SNS are given: the strings, then the size as a Number, last.
+        let typed: Vec<_> = pointer.typed_attributes().collect();
+        assert_eq!(typed.len(), pointer.attributes.len() + 1);
+        assert_eq!(typed[0], ("event_id", "String", "ev-1".to_string()));
+        assert_eq!(
+            typed.last().unwrap(),
+            &("ExtendedPayloadSize", "Number", big.len().to_string())
+        );
         // A small row goes inline.
         assert_eq!(entries[1].offload, None);
         assert_eq!(entries[1].body, "{}");
+        assert!(entries[1].typed_attributes().all(|(_, t, _)| t == "String"));
     }
 
     #[test]

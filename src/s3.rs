@@ -7,8 +7,6 @@
 
 use std::time::Duration;
 
-use aws_sdk_s3::config::retry::RetryConfig;
-use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
@@ -34,14 +32,10 @@ impl S3 {
     /// `sqs.rs`: the relay classifies failures itself.
     pub async fn new(bucket: &str, endpoint: Option<&str>, timeout: Duration) -> S3 {
         let shared = crate::aws::shared_config().await;
+        let (retry, timeouts) = crate::aws::client_limits(timeout);
         let mut config = aws_sdk_s3::config::Builder::from(&shared)
-            .retry_config(RetryConfig::disabled())
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(timeout.min(Duration::from_secs(3)))
-                    .operation_timeout(timeout)
-                    .build(),
-            );
+            .retry_config(retry)
+            .timeout_config(timeouts);
         if let Some(endpoint) = endpoint {
             config = config.endpoint_url(endpoint).force_path_style(true);
         }

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use aws_sdk_sns::config::retry::RetryConfig;
-use aws_sdk_sns::config::timeout::TimeoutConfig;
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 
 use crate::aws::request_failure;
@@ -23,14 +21,10 @@ impl Sns {
     /// (the relay decides each row's fate), `endpoint` for local emulators.
     pub async fn new(endpoint: Option<&str>, send_timeout: Duration) -> Sns {
         let shared = crate::aws::shared_config().await;
+        let (retry, timeouts) = crate::aws::client_limits(send_timeout);
         let mut config = aws_sdk_sns::config::Builder::from(&shared)
-            .retry_config(RetryConfig::disabled())
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(send_timeout.min(Duration::from_secs(3)))
-                    .operation_timeout(send_timeout)
-                    .build(),
-            );
+            .retry_config(retry)
+            .timeout_config(timeouts);
         if let Some(endpoint) = endpoint {
             config = config.endpoint_url(endpoint);
         }
@@ -55,11 +49,11 @@ impl Sns {
                     .message(&e.body)
                     .set_message_group_id(e.group_id.clone())
                     .set_message_deduplication_id(e.dedup_id.clone());
-                for (name, value) in &e.attributes {
+                for (name, data_type, value) in e.typed_attributes() {
                     entry = entry.message_attributes(
                         name,
                         MessageAttributeValue::builder()
-                            .data_type("String")
+                            .data_type(data_type)
                             .string_value(value)
                             .build()
                             .expect("data_type is set"),

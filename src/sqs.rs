@@ -2,12 +2,10 @@
 
 use std::time::Duration;
 
-use aws_sdk_sqs::config::retry::RetryConfig;
-use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 
 use crate::aws::request_failure;
-use crate::batch::{BatchRequest, EXTENDED_PAYLOAD_SIZE};
+use crate::batch::BatchRequest;
 use crate::retry::RequestFailure;
 
 /// What SQS said about one entry of a batch.
@@ -36,14 +34,10 @@ impl Sqs {
     /// add duplicates and delay that decision.
     pub async fn new(endpoint: Option<&str>, send_timeout: Duration) -> Sqs {
         let shared = crate::aws::shared_config().await;
+        let (retry, timeouts) = crate::aws::client_limits(send_timeout);
         let mut config = aws_sdk_sqs::config::Builder::from(&shared)
-            .retry_config(RetryConfig::disabled())
-            .timeout_config(
-                TimeoutConfig::builder()
-                    .connect_timeout(send_timeout.min(Duration::from_secs(3)))
-                    .operation_timeout(send_timeout)
-                    .build(),
-            );
+            .retry_config(retry)
+            .timeout_config(timeouts);
         if let Some(endpoint) = endpoint {
             config = config.endpoint_url(endpoint);
         }
@@ -64,22 +58,12 @@ impl Sqs {
                     .message_body(&e.body)
                     .set_message_group_id(e.group_id.clone())
                     .set_message_deduplication_id(e.dedup_id.clone());
-                for (name, value) in &e.attributes {
+                for (name, data_type, value) in e.typed_attributes() {
                     entry = entry.message_attributes(
                         name,
                         MessageAttributeValue::builder()
-                            .data_type("String")
+                            .data_type(data_type)
                             .string_value(value)
-                            .build()
-                            .expect("data_type is set"),
-                    );
-                }
-                if let Some(offload) = &e.offload {
-                    entry = entry.message_attributes(
-                        EXTENDED_PAYLOAD_SIZE,
-                        MessageAttributeValue::builder()
-                            .data_type("Number")
-                            .string_value(offload.body.len().to_string())
                             .build()
                             .expect("data_type is set"),
                     );
