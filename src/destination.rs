@@ -129,20 +129,32 @@ impl Destinations {
         state.remove(queue_url).is_some()
     }
 
-    /// Why the relay is not ready because of its own queues: the first configured queue still
+    /// Why the relay is not ready because of its own destinations: the first configured queue still
     /// refused (its last error), or `None`.
     pub fn readiness_error(&self) -> Option<String> {
         let state = self.state.lock().expect("destinations lock");
         self.configured.iter().find_map(|url| {
-            state.get(url).map(|r| {
-                let kind = if crate::batch::is_topic(url) {
-                    "topic"
-                } else {
-                    "queue"
-                };
-                format!("{kind} {url} refused: {}", r.error)
-            })
+            state
+                .get(url)
+                .map(|r| format!("{} {url} refused: {}", describe(url).1, r.error))
         })
+    }
+}
+
+/// The key an S3 bucket (`--offload-bucket`) is parked under, beside queue URLs and topic
+/// ARNs: a bucket that refuses us holds only the rows whose bodies must go to it.
+pub fn bucket_key(bucket: &str) -> String {
+    format!("s3://{bucket}")
+}
+
+/// What a destination is, for log lines and row errors: the service that refused, and the noun.
+pub fn describe(destination: &str) -> (&'static str, &'static str) {
+    if destination.starts_with("s3://") {
+        ("S3", "bucket")
+    } else if crate::batch::is_topic(destination) {
+        ("SNS", "topic")
+    } else {
+        ("SQS", "queue")
     }
 }
 
@@ -260,5 +272,31 @@ mod tests {
             "forgotten: its next refusal starts at the first step"
         );
         assert!(d.reached(DEFAULT));
+    }
+
+    #[test]
+    fn a_bucket_is_parked_under_a_key_no_queue_or_topic_can_have() {
+        let key = bucket_key("events");
+        assert_eq!(describe(&key), ("S3", "bucket"));
+        assert_eq!(describe(DEFAULT), ("SQS", "queue"));
+        assert_eq!(
+            describe("arn:aws:sns:eu-west-1:123456789012:orders"),
+            ("SNS", "topic")
+        );
+        let d = Destinations::new(
+            vec![key.clone()],
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        );
+        let now = Instant::now();
+        d.refused(&key, "NoSuchBucket: gone", now, 0.5);
+        assert!(
+            d.parked(DEFAULT, now).is_none(),
+            "the queue is not the bucket"
+        );
+        assert_eq!(
+            d.readiness_error().as_deref(),
+            Some("bucket s3://events refused: NoSuchBucket: gone")
+        );
     }
 }

@@ -16,9 +16,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{self, BatchRequest, PlanConfig};
+use crate::batch::{self, BatchRequest, Entry, PlanConfig};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
-use crate::destination::{Destinations, Park};
+use crate::destination::{bucket_key, describe, Destinations, Park};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::{ClaimSpans, Tracing};
@@ -155,6 +155,11 @@ pub async fn run(
         if !configured_queues.contains(url) {
             configured_queues.push(url.clone());
         }
+    }
+    // The bucket is the relay's own configuration too: while it refuses us, large rows wait and
+    // the relay is not ready.
+    if let Some(offload) = &config.plan.offload {
+        configured_queues.push(bucket_key(&offload.bucket));
     }
     let relay = Arc::new(Relay {
         destinations: Destinations::new(configured_queues, config.retry_base, config.retry_max),
@@ -454,6 +459,13 @@ impl Relay {
                         "queue parked; rows parked without a request"
                     );
                 }
+                Err(Unsent::Offload(failed)) => {
+                    if let Some(rest) =
+                        self.offload_failed(&mut settlement, &rows, &request, failed, &mut spans)
+                    {
+                        sends.push(self.send(rest, lease_deadline, &shutdown));
+                    }
+                }
                 Err(Unsent::NotSent(why)) => {
                     for entry in &request.entries {
                         release(&mut settlement, &rows[entry.row], Duration::ZERO, None);
@@ -581,8 +593,8 @@ impl Relay {
         // The SDK enforces the send timeout; this guard only covers a stuck future.
         let hard_limit = c.send_timeout + Duration::from_secs(1);
         if request.entries.iter().any(|e| e.offload.is_some()) {
-            if let Err(failure) = self.offload(&request, hard_limit).await {
-                return (request, Err(Unsent::Failed(failure)));
+            if let Err(failed) = self.offload(&request, hard_limit).await {
+                return (request, Err(Unsent::Offload(failed)));
             }
             if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
                 return (
@@ -617,16 +629,20 @@ impl Relay {
         (request, result)
     }
 
-    /// Stores the request's large bodies in S3 before their pointers are sent; all or nothing,
-    /// so a failure is the request's and follows SQS's rules (split to find a bad entry, park
-    /// the destination when the bucket is missing or denied, back off otherwise). An object
-    /// stored for a request that then fails stays, and a resend overwrites it. The uploads go
-    /// one after the other: each body may be large, and the byte budget already bounds memory.
-    /// An upload may outlive the lease harmlessly: a replica that took the row over writes the
-    /// same bytes under the same key; only the SQS call is held to the lease.
-    async fn offload(&self, request: &BatchRequest, limit: Duration) -> Result<(), RequestFailure> {
+    /// Stores the request's large bodies in S3 before their pointers are sent. The first
+    /// upload that fails stops the request (see [`Relay::offload_failed`] for what happens to
+    /// its entries); a bucket that refused us lately is not asked again before its park ends.
+    /// An object stored for a request that then fails stays, and a resend overwrites it. The
+    /// uploads go one after the other: each body may be large, and the byte budget already
+    /// bounds memory. An upload may outlive the lease harmlessly: a replica that took the row
+    /// over writes the same bytes under the same key; only the SQS call is held to the lease.
+    async fn offload(&self, request: &BatchRequest, limit: Duration) -> Result<(), OffloadFailed> {
         let Some(s3) = &self.s3 else { return Ok(()) };
-        for entry in &request.entries {
+        let bucket = bucket_key(s3.bucket());
+        if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
+            return Err(OffloadFailed::Parked(park));
+        }
+        for (index, entry) in request.entries.iter().enumerate() {
             let Some(offload) = &entry.offload else {
                 continue;
             };
@@ -645,10 +661,118 @@ impl Relay {
             if let Err(failure) = result {
                 let kind = retry::classify(&failure).metric_kind();
                 metrics::counter!(names::OFFLOAD_FAILURES, "kind" => kind).increment(1);
-                return Err(failure);
+                return Err(OffloadFailed::Refused { index, failure });
             }
+            self.destinations.reached(&bucket);
         }
         Ok(())
+    }
+
+    /// A request's uploads failed, so nothing of it was sent. The failure is S3's, counted in
+    /// `outbox_offload_failures_total` only, and it holds only the entries it concerns: a bad
+    /// body is quarantined alone (`rejected`); a bucket that refuses us (missing, denied) parks
+    /// the large rows on the bucket's own back-off, and readiness fails, as for the relay's own
+    /// queue; throttling, outages and credentials pause the relay and release the large rows.
+    /// The other entries go on in a request of their own (returned), unless the destination
+    /// keeps order: then they are given back unsent, so no group overtakes its held row.
+    fn offload_failed(
+        &self,
+        settlement: &mut Settlement,
+        rows: &[ClaimedRow],
+        request: &BatchRequest,
+        failed: OffloadFailed,
+        spans: &mut ClaimSpans,
+    ) -> Option<BatchRequest> {
+        let bucket = match &self.s3 {
+            Some(s3) => bucket_key(s3.bucket()),
+            None => unreachable!("entries are offloaded only with a bucket"),
+        };
+        let now = Instant::now();
+        let large = |entry: &&Entry| entry.offload.is_some();
+        let large_ones = || -> Vec<usize> {
+            (0..request.entries.len())
+                .filter(|&i| request.entries[i].offload.is_some())
+                .collect()
+        };
+        let held: Vec<usize> = match failed {
+            OffloadFailed::Parked(park) => {
+                for entry in request.entries.iter().filter(large) {
+                    park_row(settlement, &rows[entry.row], &bucket, &park, now);
+                }
+                tracing::debug!(bucket = %bucket, "bucket parked; large rows parked without an upload");
+                large_ones()
+            }
+            OffloadFailed::Refused { index, failure } => {
+                let class = retry::classify(&failure);
+                let what = match &failure.code {
+                    Some(code) => format!("{code}: {}", failure.message),
+                    None => failure.message.clone(),
+                };
+                let culprit = &request.entries[index];
+                match retry::request_reaction(class, 1, false) {
+                    RequestReaction::QuarantineTheEntry => {
+                        spans.refused(rows[culprit.row].id, failure.code.as_deref());
+                        quarantine(
+                            settlement,
+                            &rows[culprit.row],
+                            QuarantineReason::Rejected,
+                            what,
+                        );
+                        vec![index]
+                    }
+                    RequestReaction::ParkTheQueue => {
+                        let park = self
+                            .destinations
+                            .refused(&bucket, &what, now, fastrand::f64());
+                        self.health
+                            .set_config_error(self.destinations.readiness_error());
+                        if park.started {
+                            tracing::error!(error = %what, bucket = %bucket, retry_in = ?park.remaining(now),
+                                "S3 refused the relay's offload bucket; rows too large for their destination are parked (quarantine reason destination) and retried by themselves, the others flow; fix the bucket name or its permissions");
+                        }
+                        for entry in request.entries.iter().filter(large) {
+                            spans.refused(rows[entry.row].id, failure.code.as_deref());
+                            park_row(settlement, &rows[entry.row], &bucket, &park, now);
+                        }
+                        large_ones()
+                    }
+                    reaction => {
+                        let delay = self.pressure.push(&self.config);
+                        if reaction == (RequestReaction::PauseAndRelease { not_ready: true }) {
+                            self.health.set_config_error(Some(format!("S3: {what}")));
+                            tracing::error!(error = %what, retry_in = ?delay, bucket = %bucket,
+                                "S3 refused the relay's credentials; large rows stay unsent, fix the credentials, region or clock");
+                        } else {
+                            tracing::warn!(error = %what, kind = class.metric_kind(), retry_in = ?delay,
+                                "S3 PutObject failed; large rows released, relay backing off");
+                        }
+                        let error = format!("S3 PutObject: {what}");
+                        for entry in request.entries.iter().filter(large) {
+                            spans.refused(rows[entry.row].id, failure.code.as_deref());
+                            release(settlement, &rows[entry.row], delay, Some(error.clone()));
+                        }
+                        large_ones()
+                    }
+                }
+            }
+        };
+        let rest = request
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !held.contains(i))
+            .map(|(_, e)| e.clone());
+        if self.keeps_order(&request.queue_url) {
+            for entry in rest {
+                release(settlement, &rows[entry.row], Duration::ZERO, None);
+            }
+            return None;
+        }
+        let entries: Vec<Entry> = rest.collect();
+        (!entries.is_empty()).then(|| BatchRequest {
+            queue_url: request.queue_url.clone(),
+            entries,
+        })
     }
 
     /// Decides one entry's fate from SQS's per-entry answer.
@@ -729,13 +853,19 @@ impl Relay {
         }
         // Splitting is the caller's; whatever else is left pauses the relay and releases the rows.
         let delay = self.pressure.push(&self.config);
+        let (service, _) = describe(&request.queue_url);
         if reaction == (RequestReaction::PauseAndRelease { not_ready: true }) {
             self.health.set_config_error(Some(what.clone()));
             tracing::error!(error = %what, retry_in = ?delay, queue_url = %request.queue_url,
-                "SQS refused the relay's credentials; rows stay unsent, fix the credentials, region or clock");
+                "{service} refused the relay's credentials; rows stay unsent, fix the credentials, region or clock");
         } else {
+            let call = if service == "SNS" {
+                "PublishBatch"
+            } else {
+                "SendMessageBatch"
+            };
             tracing::warn!(error = %what, kind = class.metric_kind(), retry_in = ?delay,
-                "SendMessageBatch failed; rows released, relay backing off");
+                "{call} failed; rows released, relay backing off");
         }
         for entry in &request.entries {
             release(settlement, &rows[entry.row], delay, Some(what.clone()));
@@ -766,12 +896,19 @@ impl Relay {
         metrics::counter!(names::SEND_FAILURES, "kind" => kind)
             .increment(request.entries.len() as u64);
         let retry_in = park.remaining(now);
+        // "SQS refused the relay's configured queue", or "SNS ... topic" for a topic ARN.
+        let (service, noun) = describe(&request.queue_url);
+        let fix = if noun == "topic" {
+            "topic ARN"
+        } else {
+            "queue URL"
+        };
         if park.started && park.configured {
             tracing::error!(error = %what, queue_url = %request.queue_url, retry_in = ?retry_in,
-                "SQS refused the relay's configured queue; its rows are parked (quarantine reason destination) and retried by themselves, fix the queue URL or its permissions");
+                "{service} refused the relay's configured {noun}; its rows are parked (quarantine reason destination) and retried by themselves, fix the {fix} or its permissions");
         } else if park.started {
             tracing::warn!(error = %what, queue_url = %request.queue_url, retry_in = ?retry_in,
-                "SQS refused a row's own queue; its rows are parked (quarantine reason destination) and retried by themselves, other queues are unaffected");
+                "{service} refused a row's own {noun}; its rows are parked (quarantine reason destination) and retried by themselves, other {noun}s are unaffected");
         }
         for entry in &request.entries {
             park_row(settlement, &rows[entry.row], &request.queue_url, &park, now);
@@ -1053,6 +1190,19 @@ enum Unsent {
     NotSent(&'static str),
     /// Its queue refused us lately and is not asked again before the park ends.
     Parked(Park),
+    /// A large body could not be stored in S3, so nothing was sent.
+    Offload(OffloadFailed),
+}
+
+/// Why a request's large bodies are not all in S3.
+enum OffloadFailed {
+    /// The bucket refused us lately and is not asked again before its park ends.
+    Parked(Park),
+    /// S3 refused the upload of the entry at `index`; the uploads after it were not tried.
+    Refused {
+        index: usize,
+        failure: RequestFailure,
+    },
 }
 
 fn quarantine(
@@ -1075,14 +1225,6 @@ fn quarantine(
 /// queue's park ends, then unsent again by itself with its attempt refunded. Logged once per
 /// park by the caller, not per row.
 /// How logs and `last_error` name a destination: `queue` or `topic`.
-fn destination_kind(destination: &str) -> &'static str {
-    if batch::is_topic(destination) {
-        "topic"
-    } else {
-        "queue"
-    }
-}
-
 fn park_row(
     settlement: &mut Settlement,
     row: &ClaimedRow,
@@ -1094,11 +1236,7 @@ fn park_row(
         id: row.id,
         lease_token: row.lease_token,
         reason: QuarantineReason::Destination,
-        error: format!(
-            "{} {queue_url}: {}",
-            destination_kind(queue_url),
-            park.error
-        ),
+        error: format!("{} {queue_url}: {}", describe(queue_url).1, park.error),
         retry_in: Some(park.remaining(now)),
     });
 }

@@ -45,6 +45,11 @@ impl S3 {
         }
     }
 
+    /// The bucket bodies go to.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
     /// Stores one message body under its event's key; a second call for the same event
     /// replaces the object with the same bytes.
     pub async fn put(&self, offload: &Offload) -> Result<(), RequestFailure> {

@@ -8,7 +8,7 @@ use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::Message;
 use sha2::{Digest, Sha256};
 
-use crate::scenario::{events, insert, migrated_db, run_args, wait_count, Event};
+use crate::scenario::{count, events, insert, migrated_db, run_args, wait_count, Event};
 use crate::support::{
     create_queue, receive_all, repo_root, run_to_end, sqs, unique, RelayProcess,
     TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
@@ -266,29 +266,60 @@ async fn the_aws_extended_client_library_reads_a_3_mib_event_back_whole() {
     }
 }
 
+/// A missing bucket holds only the rows that need it: the large rows are parked on the
+/// bucket's own back-off (quarantine reason `destination`, the bucket named), the small rows of
+/// the same queue and the same claims flow, the failure is S3's alone in the metrics, and the
+/// relay is not ready until the bucket exists; then the large rows follow by themselves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_missing_bucket_parks_large_rows_like_a_missing_queue_and_they_follow_once_it_exists() {
+async fn a_missing_bucket_parks_only_the_large_rows_and_they_follow_once_it_exists() {
     let db = migrated_db().await;
     let client = db.client().await;
     let queue = create_queue("nobucket", &[]).await;
     let bucket = format!("created-later-{}-{}", unique(), std::process::id());
-    let rows = vec![large_event("later-1", 2 * 1024 * 1024)];
+    let mut rows = vec![
+        large_event("later-1", 2 * 1024 * 1024),
+        large_event("later-2", 1536 * 1024),
+    ];
+    rows.extend(events("small", 30, 5));
     insert(&client, &rows, Duration::ZERO).await;
     let extra = offload_args(&bucket);
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 30, Duration::from_secs(60)).await;
     wait_count(
         &client,
-        "quarantine_reason = 'destination'",
-        1,
+        &format!("quarantine_reason = 'destination' AND last_error LIKE '%bucket s3://{bucket}%'"),
+        2,
         Duration::from_secs(60),
     )
     .await;
-    // NoSuchBucket is classified like a missing queue.
+    let small = receive_all(&queue, 30, Duration::from_secs(30)).await;
+    assert_eq!(
+        small.len(),
+        30,
+        "the small rows went while the bucket was missing"
+    );
+    assert!(small
+        .iter()
+        .all(|m| !m.body().unwrap().contains("PayloadS3Pointer")));
+    // NoSuchBucket is classified like a missing queue, and counted once, as S3's.
     let failures = relay
         .metric("outbox_offload_failures_total{kind=\"destination\"}")
         .await;
     assert!(failures >= Some(1.0), "{failures:?}");
+    let scrape = relay.scrape().await;
+    let send_failures: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("outbox_send_failures_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        send_failures, 0.0,
+        "an S3 failure is not a send failure:\n{scrape}"
+    );
+    let (ready, why) = relay.http_get("/readyz").await;
+    assert_eq!(ready, 503, "the relay's own bucket refuses it: {why}");
+    assert!(why.contains(&bucket), "{why}");
     assert_eq!(keys_or_none(&bucket).await, None);
     s3_client()
         .create_bucket()
@@ -296,12 +327,21 @@ async fn a_missing_bucket_parks_large_rows_like_a_missing_queue_and_they_follow_
         .send()
         .await
         .expect("CreateBucket");
-    wait_count(&client, "sent_at IS NOT NULL", 1, Duration::from_secs(60)).await;
-    let messages = receive_all(&queue, 1, Duration::from_secs(30)).await;
-    assert_eq!(messages.len(), 1);
-    let (_, key) = pointer(&messages[0]);
-    let expected = payload_text(&client, "later-1").await;
-    assert!(object(&bucket, &key).await == expected.as_bytes());
+    wait_count(&client, "sent_at IS NOT NULL", 32, Duration::from_secs(90)).await;
+    assert_eq!(
+        count(&client, "attempts <> 1").await,
+        0,
+        "a park costs no attempt"
+    );
+    let messages = receive_all(&queue, 2, Duration::from_secs(30)).await;
+    assert_eq!(messages.len(), 2);
+    for m in &messages {
+        let (_, key) = pointer(m);
+        let event_id = attr(m, "event_id").expect("event_id").1;
+        let expected = payload_text(&client, event_id).await;
+        assert!(object(&bucket, &key).await == expected.as_bytes());
+    }
+    assert_eq!(relay.http_status("/readyz").await, 200);
     drop(relay);
 }
 
@@ -386,6 +426,81 @@ async fn on_a_fifo_queue_a_large_event_keeps_its_place_in_its_group() {
     assert_eq!(order, ["fifo-0", "fifo-1", "fifo-2", "fifo-3", "fifo-4"]);
     let (_, key) = pointer(&messages[2]);
     let expected = payload_text(&client, "fifo-2").await;
+    assert!(object(&bucket, &key).await == expected.as_bytes());
+    drop(relay);
+}
+
+/// Ordered delivery with the bucket missing: the large event's group stops at it (nothing of
+/// the group overtakes it), other groups flow, and once the bucket exists the group resumes in
+/// order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_fifo_queue_a_missing_bucket_holds_only_the_large_events_group_in_order() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("held.fifo", &[]).await;
+    let bucket = format!("fifo-later-{}-{}", unique(), std::process::id());
+    let mut rows = events("held", 5, 1);
+    rows[2] = large_event("held-2", 2 * 1024 * 1024);
+    for e in &mut rows {
+        e.aggregate_id = "held-group".into();
+    }
+    let mut free = events("free", 6, 1);
+    for e in &mut free {
+        e.aggregate_id = "free-group".into();
+    }
+    // Interleaved, so the groups share claims and requests.
+    let mut all = Vec::new();
+    for (i, f) in free.iter().enumerate() {
+        all.extend(rows.get(i).cloned());
+        all.push(f.clone());
+    }
+    insert(&client, &all, Duration::ZERO).await;
+    let extra = offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &extra), &[]);
+    wait_count(
+        &client,
+        "event_id LIKE 'free-%' AND sent_at IS NOT NULL",
+        6,
+        Duration::from_secs(60),
+    )
+    .await;
+    wait_count(
+        &client,
+        "event_id = 'held-2' AND quarantine_reason = 'destination'",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    let first = receive_all(&queue, 8, Duration::from_secs(30)).await;
+    let ids = |ms: &[Message]| -> Vec<String> {
+        ms.iter()
+            .map(|m| attr(m, "event_id").unwrap().1.to_string())
+            .collect()
+    };
+    let first_ids = ids(&first);
+    let held: Vec<&String> = first_ids.iter().filter(|i| i.starts_with("held")).collect();
+    assert_eq!(
+        held,
+        ["held-0", "held-1"],
+        "nothing overtakes the held event"
+    );
+    assert_eq!(
+        first_ids.iter().filter(|i| i.starts_with("free")).count(),
+        6,
+        "the other group flowed: {first_ids:?}"
+    );
+    s3_client()
+        .create_bucket()
+        .bucket(&bucket)
+        .send()
+        .await
+        .expect("CreateBucket");
+    wait_count(&client, "sent_at IS NOT NULL", 11, Duration::from_secs(90)).await;
+    let rest = receive_all(&queue, 3, Duration::from_secs(30)).await;
+    assert_eq!(ids(&rest), ["held-2", "held-3", "held-4"]);
+    let (_, key) = pointer(&rest[0]);
+    let expected = payload_text(&client, "held-2").await;
     assert!(object(&bucket, &key).await == expected.as_bytes());
     drop(relay);
 }
