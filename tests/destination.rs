@@ -126,7 +126,9 @@ async fn a_missing_row_queue_parks_only_its_rows_the_rest_flow_and_they_follow_o
         ready, 200,
         "a row's own queue is the application's data, not the relay's configuration: {why}"
     );
-    assert!(failures(&relay, "destination").await >= 20.0);
+    // Counted per entry of each refused request; how many requests reach the queue before it
+    // is parked (the rest are parked without one) depends on timing, so at least one did.
+    assert!(failures(&relay, "destination").await >= 1.0);
     assert_eq!(failures(&relay, "config").await, 0.0);
 
     // Visible where operators look. The rows come back for a moment each time their queue is
