@@ -34,14 +34,23 @@ fn s3_client() -> aws_sdk_s3::Client {
 }
 
 async fn create_bucket(prefix: &str) -> String {
-    let name = format!("{prefix}-{}-{}", unique(), std::process::id());
+    let name = bucket_name(prefix);
+    create_named_bucket(&name).await;
+    name
+}
+
+/// A bucket name no other test uses, for a bucket created later (or never).
+fn bucket_name(prefix: &str) -> String {
+    format!("{prefix}-{}-{}", unique(), std::process::id())
+}
+
+async fn create_named_bucket(name: &str) {
     s3_client()
         .create_bucket()
-        .bucket(&name)
+        .bucket(name)
         .send()
         .await
         .unwrap_or_else(|e| panic!("CreateBucket {name}: {e:?}"));
-    name
 }
 
 /// A payload of about `bytes` bytes.
@@ -275,7 +284,7 @@ async fn a_missing_bucket_parks_only_the_large_rows_and_they_follow_once_it_exis
     let db = migrated_db().await;
     let client = db.client().await;
     let queue = create_queue("nobucket", &[]).await;
-    let bucket = format!("created-later-{}-{}", unique(), std::process::id());
+    let bucket = bucket_name("created-later");
     let mut rows = vec![
         large_event("later-1", 2 * 1024 * 1024),
         large_event("later-2", 1536 * 1024),
@@ -321,12 +330,7 @@ async fn a_missing_bucket_parks_only_the_large_rows_and_they_follow_once_it_exis
     assert_eq!(ready, 503, "the relay's own bucket refuses it: {why}");
     assert!(why.contains(&bucket), "{why}");
     assert_eq!(keys_or_none(&bucket).await, None);
-    s3_client()
-        .create_bucket()
-        .bucket(&bucket)
-        .send()
-        .await
-        .expect("CreateBucket");
+    create_named_bucket(&bucket).await;
     wait_count(&client, "sent_at IS NOT NULL", 32, Duration::from_secs(90)).await;
     assert_eq!(
         count(&client, "attempts <> 1").await,
@@ -438,7 +442,7 @@ async fn on_a_fifo_queue_a_missing_bucket_holds_only_the_large_events_group_in_o
     let db = migrated_db().await;
     let client = db.client().await;
     let queue = create_queue("held.fifo", &[]).await;
-    let bucket = format!("fifo-later-{}-{}", unique(), std::process::id());
+    let bucket = bucket_name("fifo-later");
     let mut rows = events("held", 5, 1);
     rows[2] = large_event("held-2", 2 * 1024 * 1024);
     for e in &mut rows {
@@ -490,12 +494,7 @@ async fn on_a_fifo_queue_a_missing_bucket_holds_only_the_large_events_group_in_o
         6,
         "the other group flowed: {first_ids:?}"
     );
-    s3_client()
-        .create_bucket()
-        .bucket(&bucket)
-        .send()
-        .await
-        .expect("CreateBucket");
+    create_named_bucket(&bucket).await;
     wait_count(&client, "sent_at IS NOT NULL", 11, Duration::from_secs(90)).await;
     let rest = receive_all(&queue, 3, Duration::from_secs(30)).await;
     assert_eq!(ids(&rest), ["held-2", "held-3", "held-4"]);
