@@ -4,30 +4,19 @@
 
 use std::time::Duration;
 
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::Message;
 use sha2::{Digest, Sha256};
 
 use crate::scenario::{count, events, insert, migrated_db, run_args, wait_count, Event};
 use crate::support::{
-    create_queue, receive_all, repo_root, run_to_end, sqs, unique, RelayProcess,
+    create_queue, receive_all, repo_root, run_to_end, sqs, test_sdk_config, unique, RelayProcess,
     TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
 
 const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
 
 fn s3_client() -> aws_sdk_s3::Client {
-    let config = aws_sdk_s3::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
-            TEST_ACCESS_KEY_ID,
-            TEST_SECRET_ACCESS_KEY,
-            None,
-            None,
-            "outbox-relay-tests",
-        ))
-        .endpoint_url(sqs().endpoint())
+    let config = aws_sdk_s3::config::Builder::from(&test_sdk_config(sqs().endpoint()))
         .force_path_style(true)
         .build();
     aws_sdk_s3::Client::from_conf(config)

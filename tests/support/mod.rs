@@ -33,8 +33,8 @@ pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
 pub use sns::{create_topic, create_topic_named, sns_client, subscribe_queue, topic_name};
 pub use sqs::{
-    create_queue, receive_all, set_max_message_size, sqs, sqs_client, sqs_client_at, SqsKind,
-    SqsServer, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
+    create_queue, receive_all, set_max_message_size, sqs, sqs_client, sqs_client_at,
+    test_sdk_config, SqsKind, SqsServer, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
 
 use std::future::Future;

@@ -1,28 +1,13 @@
 //! Topics on the same local server as the queues (fauxqs serves SNS too), each test its own,
 //! with SQS queues subscribed the way consumers subscribe them.
 
-use super::sqs::{sqs, sqs_client, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
+use super::sqs::{sqs, sqs_client, test_sdk_config};
 use super::unique;
-use aws_sdk_sns::config::retry::RetryConfig;
-use aws_sdk_sns::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_sqs::types::QueueAttributeName;
 
 /// SDK client for the test side, talking straight to the server.
 pub fn sns_client() -> aws_sdk_sns::Client {
-    let config = aws_sdk_sns::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
-            TEST_ACCESS_KEY_ID,
-            TEST_SECRET_ACCESS_KEY,
-            None,
-            None,
-            "outbox-relay-tests",
-        ))
-        .endpoint_url(sqs().endpoint())
-        .retry_config(RetryConfig::disabled())
-        .build();
-    aws_sdk_sns::Client::from_conf(config)
+    aws_sdk_sns::Client::new(&test_sdk_config(sqs().endpoint()))
 }
 
 /// A topic name unique in this run; a `.fifo` prefix makes a FIFO topic name.

@@ -5,6 +5,7 @@
 //! port the OS picks and print `LISTENING http://127.0.0.1:PORT`.
 
 use super::{log_tail, make_temp_dir, repo_root, spawn_kept, stop_at_exit, unique};
+use aws_credential_types::provider::SharedCredentialsProvider;
 use aws_sdk_sqs::config::retry::RetryConfig;
 use aws_sdk_sqs::config::timeout::TimeoutConfig;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
@@ -143,19 +144,25 @@ pub async fn sqs_client() -> aws_sdk_sqs::Client {
     sqs_client_at(sqs().endpoint())
 }
 
-/// SDK client for any endpoint (e.g. a [`super::FaultProxy`]); no retries, so every injected
-/// fault surfaces as exactly one error.
+/// SDK client for any endpoint (e.g. a [`super::FaultProxy`]).
 pub fn sqs_client_at(endpoint: &str) -> aws_sdk_sqs::Client {
-    let config = aws_sdk_sqs::Config::builder()
+    aws_sdk_sqs::Client::new(&test_sdk_config(endpoint))
+}
+
+/// What every test-side AWS client (SQS, SNS, S3) is built from: the test credentials,
+/// `us-east-1`, `endpoint`, and no retries, so every injected fault surfaces as exactly one
+/// error.
+pub fn test_sdk_config(endpoint: &str) -> aws_config::SdkConfig {
+    aws_config::SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new(
+        .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
             TEST_ACCESS_KEY_ID,
             TEST_SECRET_ACCESS_KEY,
             None,
             None,
             "outbox-relay-tests",
-        ))
+        )))
         .endpoint_url(endpoint)
         .retry_config(RetryConfig::disabled())
         .timeout_config(
@@ -164,8 +171,7 @@ pub fn sqs_client_at(endpoint: &str) -> aws_sdk_sqs::Client {
                 .operation_timeout(Duration::from_secs(60))
                 .build(),
         )
-        .build();
-    aws_sdk_sqs::Client::from_conf(config)
+        .build()
 }
 
 /// Raises (or lowers) a queue's `MaximumMessageSize`: the fix of a row refused for its size.
