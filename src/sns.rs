@@ -8,7 +8,7 @@ use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use crate::aws::request_failure;
 use crate::batch::BatchRequest;
 use crate::retry::RequestFailure;
-use crate::sqs::EntryOutcome;
+use crate::sqs::{outcomes, refused, sent, EntryOutcome};
 
 /// An SNS client set up for the relay.
 #[derive(Debug, Clone)]
@@ -70,36 +70,15 @@ impl Sns {
             .send()
             .await
             .map_err(request_failure)?;
-        let outcomes = request
-            .entries
+        let accepted = output
+            .successful()
             .iter()
-            .map(|e| {
-                if let Some(ok) = output
-                    .successful()
-                    .iter()
-                    .find(|s| s.id() == Some(e.id.as_str()))
-                {
-                    EntryOutcome::Sent {
-                        message_id: ok.message_id().unwrap_or_default().to_string(),
-                    }
-                } else if let Some(failed) = output.failed().iter().find(|f| f.id() == e.id) {
-                    EntryOutcome::Failed {
-                        sender_fault: failed.sender_fault(),
-                        code: failed.code().to_string(),
-                        message: failed.message().unwrap_or_default().to_string(),
-                    }
-                } else {
-                    // Not in either list: we cannot know, so treat it as retryable; a resend
-                    // carries the same event_id.
-                    EntryOutcome::Failed {
-                        sender_fault: false,
-                        code: "MissingFromResponse".to_string(),
-                        message: "entry absent from the PublishBatch response".to_string(),
-                    }
-                }
-            })
-            .collect();
-        Ok(outcomes)
+            .filter_map(|ok| Some((ok.id()?, sent(ok.message_id().unwrap_or_default()))));
+        let failed = output.failed().iter().map(|f| {
+            let outcome = refused(f.sender_fault(), f.code(), f.message());
+            (f.id(), outcome)
+        });
+        Ok(outcomes(request, accepted.chain(failed), "PublishBatch"))
     }
 
     /// Reads the topic's attributes; fails like a publish would when the topic is missing or

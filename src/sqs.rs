@@ -79,33 +79,56 @@ impl Sqs {
             .send()
             .await
             .map_err(request_failure)?;
-        let outcomes = request
-            .entries
+        let sent = output
+            .successful()
             .iter()
-            .map(|e| {
-                if let Some(ok) = output.successful().iter().find(|s| s.id() == e.id) {
-                    EntryOutcome::Sent {
-                        message_id: ok.message_id().to_string(),
-                    }
-                } else if let Some(failed) = output.failed().iter().find(|f| f.id() == e.id) {
-                    EntryOutcome::Failed {
-                        sender_fault: failed.sender_fault(),
-                        code: failed.code().to_string(),
-                        message: failed.message().unwrap_or_default().to_string(),
-                    }
-                } else {
-                    // Not in either list: we cannot know, so treat it as retryable; a resend
-                    // carries the same event_id.
-                    EntryOutcome::Failed {
-                        sender_fault: false,
-                        code: "MissingFromResponse".to_string(),
-                        message: "entry absent from the SendMessageBatch response".to_string(),
-                    }
-                }
-            })
-            .collect();
-        Ok(outcomes)
+            .map(|ok| (ok.id(), sent(ok.message_id())));
+        let failed = output.failed().iter().map(|f| {
+            let outcome = refused(f.sender_fault(), f.code(), f.message());
+            (f.id(), outcome)
+        });
+        Ok(outcomes(request, sent.chain(failed), "SendMessageBatch"))
     }
+}
+
+/// An accepted entry's outcome.
+pub fn sent(message_id: &str) -> EntryOutcome {
+    EntryOutcome::Sent {
+        message_id: message_id.to_string(),
+    }
+}
+
+/// A refused entry's outcome, as the batch call's result lists it.
+pub fn refused(sender_fault: bool, code: &str, message: Option<&str>) -> EntryOutcome {
+    EntryOutcome::Failed {
+        sender_fault,
+        code: code.to_string(),
+        message: message.unwrap_or_default().to_string(),
+    }
+}
+
+/// Each entry's outcome, in the request's order, from a batch call's answers by entry ID
+/// (SQS's and SNS's results read alike). An entry in neither list is retryable: we cannot know
+/// whether it went, and a resend carries the same event_id.
+pub fn outcomes<'a>(
+    request: &BatchRequest,
+    answers: impl IntoIterator<Item = (&'a str, EntryOutcome)>,
+    call: &str,
+) -> Vec<EntryOutcome> {
+    let mut answers: std::collections::HashMap<&str, EntryOutcome> = answers.into_iter().collect();
+    request
+        .entries
+        .iter()
+        .map(|e| {
+            answers
+                .remove(e.id.as_str())
+                .unwrap_or_else(|| EntryOutcome::Failed {
+                    sender_fault: false,
+                    code: "MissingFromResponse".to_string(),
+                    message: format!("entry absent from the {call} response"),
+                })
+        })
+        .collect()
 }
 
 /// The attributes of a queue that must agree with the relay's configuration.
@@ -143,5 +166,50 @@ impl Sqs {
             content_based_deduplication: attribute(QueueAttributeName::ContentBasedDeduplication)
                 == Some("true"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Entry;
+
+    fn request(ids: &[&str]) -> BatchRequest {
+        BatchRequest {
+            queue_url: "http://q".into(),
+            entries: ids
+                .iter()
+                .enumerate()
+                .map(|(row, id)| Entry {
+                    row,
+                    id: id.to_string(),
+                    body: "{}".into(),
+                    attributes: Vec::new(),
+                    group_id: None,
+                    dedup_id: None,
+                    size: 2,
+                    offload: None,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn answers_in_any_order_are_paired_by_id_and_a_missing_one_is_retryable() {
+        let answers = vec![
+            ("3", refused(true, "InvalidParameterValue", Some("bad"))),
+            ("1", sent("m-1")),
+        ];
+        let got = outcomes(&request(&["1", "2", "3"]), answers, "PublishBatch");
+        assert_eq!(got[0], sent("m-1"));
+        assert_eq!(
+            got[1],
+            EntryOutcome::Failed {
+                sender_fault: false,
+                code: "MissingFromResponse".into(),
+                message: "entry absent from the PublishBatch response".into(),
+            }
+        );
+        assert_eq!(got[2], refused(true, "InvalidParameterValue", Some("bad")));
     }
 }
