@@ -2,6 +2,8 @@
 //! carries the SQS Extended Client's pointer, and a real Extended Client library reads the
 //! event back whole. The local SQS server serves S3 on the same endpoint (path-style).
 
+mod faults;
+
 use std::time::Duration;
 
 use aws_sdk_sqs::types::Message;

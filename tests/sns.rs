@@ -3,6 +3,8 @@
 //! SNS JSON envelope); a FIFO topic keeps each group's order in every FIFO queue subscribed; a
 //! row a topic cannot take is quarantined, and a missing topic parks only its own rows.
 
+mod faults;
+
 use std::collections::HashMap;
 use std::time::Duration;
 

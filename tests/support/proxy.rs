@@ -1,10 +1,12 @@
-//! An HTTP/1.1 fault injector between the relay and the SQS server.
+//! An HTTP/1.1 fault injector between the relay and the AWS server (SQS, SNS or S3).
 //!
 //! It understands just enough HTTP for the SDK's requests: a head plus a `Content-Length` body,
 //! several requests per client connection. Each request goes upstream on a fresh connection
 //! with `Connection: close`, so the upstream response is simply read to EOF; it is then passed
 //! back unchanged except for its `Connection` header. The mode in force when a request has
-//! arrived decides its fate.
+//! arrived decides its fate. An injected error is answered in the protocol of the request it
+//! refuses (SQS's JSON, SNS's query XML, S3's REST XML), so the SDK reads the code the
+//! service itself would send.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +24,8 @@ pub enum Mode {
     Delay(Duration),
     /// Answer 500 `InternalError` without forwarding.
     Error500,
-    /// Answer 400 `ThrottlingException` without forwarding.
+    /// Answer the service's throttle without forwarding: SQS 400 `ThrottlingException`, SNS
+    /// 400 `Throttling`, S3 503 `SlowDown`.
     Throttle,
     /// Close the client connection with a TCP RST without forwarding.
     Reset,
@@ -32,6 +35,17 @@ pub enum Mode {
     DropResponse,
     /// Forward, then keep the response until `release_held()` or the next `set_mode()`.
     Hold,
+}
+
+/// The wire protocol of a request, which its injected error must speak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    /// `X-Amz-Target` names the operation; errors are JSON (`__type`, `x-amzn-query-error`).
+    SqsJson,
+    /// A form-encoded `Action=...` body (SNS); errors are `<ErrorResponse>` XML.
+    Query,
+    /// REST with the operation in method and path (S3); errors are `<Error>` XML.
+    S3Rest,
 }
 
 /// Body of the injected 500; `__type` is what the SDK reads as the error code.
@@ -71,7 +85,7 @@ struct Shared {
     forwarded: AtomicU64,
     faulted: AtomicU64,
     held: AtomicUsize,
-    /// `X-Amz-Target` of every request, in arrival order.
+    /// What every request asked for, in arrival order (see `FaultProxy::actions`).
     actions: Mutex<Vec<String>>,
 }
 
@@ -178,7 +192,10 @@ impl FaultProxy {
         self.shared.held.load(Ordering::SeqCst)
     }
 
-    /// `X-Amz-Target` of every request so far (e.g. `AmazonSQS.SendMessageBatch`).
+    /// What every request so far asked for: SQS's `X-Amz-Target` (`AmazonSQS.SendMessageBatch`),
+    /// a query request's `SNS.` + its `Action` (`SNS.PublishBatch`), an S3 request's `S3.` + its
+    /// operation and path (`S3.PutObject /bucket/key`; `S3.PUT /bucket/key` without the SDK's
+    /// `x-id`).
     pub fn actions(&self) -> Vec<String> {
         self.shared.actions.lock().unwrap().clone()
     }
@@ -198,6 +215,7 @@ struct Request {
     head: String,
     body: Vec<u8>,
     action: String,
+    protocol: Protocol,
     /// The client asked to close after this exchange.
     close: bool,
 }
@@ -231,12 +249,22 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
                 tokio::time::sleep(delay).await;
                 forward(&shared, &request).await
             }
-            Mode::Error500 => canned("500 Internal Server Error", &[], INTERNAL_ERROR_BODY),
-            Mode::Throttle => canned(
-                "400 Bad Request",
-                &["x-amzn-query-error: ThrottlingException;Sender"],
-                THROTTLE_BODY,
-            ),
+            Mode::Error500 => match request.protocol {
+                Protocol::SqsJson => canned("500 Internal Server Error", &[], INTERNAL_ERROR_BODY),
+                Protocol::Query => {
+                    query_error("500 Internal Server Error", "Receiver", "InternalError")
+                }
+                Protocol::S3Rest => s3_error("500 Internal Server Error", "InternalError"),
+            },
+            Mode::Throttle => match request.protocol {
+                Protocol::SqsJson => canned(
+                    "400 Bad Request",
+                    &["x-amzn-query-error: ThrottlingException;Sender"],
+                    THROTTLE_BODY,
+                ),
+                Protocol::Query => query_error("400 Bad Request", "Sender", "Throttling"),
+                Protocol::S3Rest => s3_error("503 Slow Down", "SlowDown"),
+            },
             Mode::Reset => {
                 // Zero linger turns close into RST, as a crashed load balancer would send.
                 let _ = client.set_zero_linger();
@@ -316,14 +344,40 @@ async fn read_request(
     }
     let body = buffered[head_end + 4..total].to_vec();
     buffered.drain(..total);
-    let action = header(&head, "x-amz-target").unwrap_or("").to_string();
+    let (protocol, action) = operation(&head, &body);
     let close = header(&head, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
     Ok(Some(Request {
         head,
         body,
         action,
+        protocol,
         close,
     }))
+}
+
+/// The request's protocol and what it asks for (see `FaultProxy::actions`).
+fn operation(head: &str, body: &[u8]) -> (Protocol, String) {
+    if let Some(target) = header(head, "x-amz-target") {
+        return (Protocol::SqsJson, target.to_string());
+    }
+    let form = header(head, "content-type")
+        .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+    if form || body.starts_with(b"Action=") {
+        let action = String::from_utf8_lossy(body)
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("Action=").map(str::to_string))
+            .unwrap_or_default();
+        return (Protocol::Query, format!("SNS.{action}"));
+    }
+    let mut line = head.split("\r\n").next().unwrap_or("").split(' ');
+    let method = line.next().unwrap_or("");
+    let target = line.next().unwrap_or("");
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let operation = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("x-id="))
+        .unwrap_or(method);
+    (Protocol::S3Rest, format!("S3.{operation} {path}"))
 }
 
 async fn read_more(stream: &mut TcpStream, buffered: &mut Vec<u8>) -> std::io::Result<usize> {
@@ -405,6 +459,36 @@ fn canned(status: &str, extra_headers: &[&str], body: &str) -> (Vec<u8>, bool) {
     head.push_str("\r\n");
     head.push_str(body);
     (head.into_bytes(), true)
+}
+
+/// An error as the query protocol (SNS) answers it; the SDK reads `Code`.
+fn query_error(status: &str, fault: &str, code: &str) -> (Vec<u8>, bool) {
+    let request_id = format!("fault-proxy-{}", super::random_hex(8));
+    let body = format!(
+        "<ErrorResponse xmlns=\"http://sns.amazonaws.com/doc/2010-03-31/\"><Error>\
+         <Type>{fault}</Type><Code>{code}</Code><Message>injected {code}</Message></Error>\
+         <RequestId>{request_id}</RequestId></ErrorResponse>"
+    );
+    xml(status, &request_id, &body)
+}
+
+/// An error as S3 answers it; the SDK reads `Code`.
+fn s3_error(status: &str, code: &str) -> (Vec<u8>, bool) {
+    let request_id = format!("fault-proxy-{}", super::random_hex(8));
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>\
+         <Message>injected {code}</Message><RequestId>{request_id}</RequestId></Error>"
+    );
+    xml(status, &request_id, &body)
+}
+
+fn xml(status: &str, request_id: &str, body: &str) -> (Vec<u8>, bool) {
+    let bytes = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\
+         x-amzn-RequestId: {request_id}\r\nx-amz-request-id: {request_id}\r\n\r\n{body}",
+        body.len()
+    );
+    (bytes.into_bytes(), true)
 }
 
 fn canned_close(status: &str, message: &str) -> (Vec<u8>, bool) {
