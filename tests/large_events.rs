@@ -307,16 +307,7 @@ async fn a_missing_bucket_parks_only_the_large_rows_and_they_follow_once_it_exis
         .metric("outbox_offload_failures_total{kind=\"destination\"}")
         .await;
     assert!(failures >= Some(1.0), "{failures:?}");
-    let scrape = relay.scrape().await;
-    let send_failures: f64 = scrape
-        .lines()
-        .filter(|l| l.starts_with("outbox_send_failures_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert_eq!(
-        send_failures, 0.0,
-        "an S3 failure is not a send failure:\n{scrape}"
-    );
+    assert_no_send_failure(&relay).await;
     let (ready, why) = relay.http_get("/readyz").await;
     assert_eq!(ready, 503, "the relay's own bucket refuses it: {why}");
     assert!(why.contains(&bucket), "{why}");
@@ -338,6 +329,20 @@ async fn a_missing_bucket_parks_only_the_large_rows_and_they_follow_once_it_exis
     }
     assert_eq!(relay.http_status("/readyz").await, 200);
     drop(relay);
+}
+
+/// An S3 failure is counted in `outbox_offload_failures_total` only: nothing was sent.
+async fn assert_no_send_failure(relay: &RelayProcess) {
+    let scrape = relay.scrape().await;
+    let send_failures: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("outbox_send_failures_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(
+        send_failures, 0.0,
+        "an S3 failure is not a send failure:\n{scrape}"
+    );
 }
 
 async fn keys_or_none(bucket: &str) -> Option<Vec<String>> {

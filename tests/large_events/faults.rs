@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio_postgres::Client;
 
-use super::{create_bucket, keys, large_event, object, payload_text, pointer};
+use super::{
+    assert_no_send_failure, create_bucket, keys, large_event, object, payload_text, pointer,
+};
 use crate::scenario::{attr, copies, count, events, insert, migrated_db, run_args, wait_count};
 use crate::support::{
     create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess, TestDb,
@@ -148,6 +150,15 @@ async fn s3_throttling_then_500s_hold_the_large_rows_count_each_kind_and_they_ar
         keys(&s.bucket).await.is_empty(),
         "nothing was stored meanwhile"
     );
+    // The small rows, batch-mates of the large ones, do not wait for S3.
+    wait_count(
+        &s.client,
+        &format!("NOT ({large}) AND sent_at IS NOT NULL"),
+        (s.rows - s.large.len()) as i64,
+        WAIT,
+    )
+    .await;
+    assert_no_send_failure(&relay).await;
 
     // S3 fails (500 InternalError): the same, counted as transient.
     s.proxy.set_mode(Mode::Error500);
