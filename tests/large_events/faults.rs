@@ -10,7 +10,9 @@ use tokio_postgres::Client;
 use super::{
     assert_no_send_failure, create_bucket, keys, large_event, object, payload_text, pointer,
 };
-use crate::scenario::{attr, copies, count, events, insert, migrated_db, run_args, wait_count};
+use crate::scenario::{
+    attr, copies, count, events, insert, migrated_db, relay_command, run_args, wait_count,
+};
 use crate::support::{
     create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess, TestDb,
 };
@@ -206,5 +208,60 @@ async fn a_lost_upload_answer_is_uploaded_again_under_the_same_key_and_the_event
     );
     assert!(offload_failures(&relay, "transient").await >= 1.0);
     assert_eq!(count(&s.client, "attempts <> 1").await, 0);
+    assert_arrived_intact(&s).await;
+}
+
+/// S3 refuses one body as bad input: only that row is quarantined (`rejected`, S3's code in
+/// `last_error`), never retried by itself; the other large row and the small ones are sent.
+/// An operator's re-drive sends it, under the key it would always have had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_s3_refuses_as_bad_input_is_quarantined_alone_and_a_redrive_sends_it() {
+    let s = setup("lf-bad", 2, Mode::Pass).await;
+    s.proxy.fault_next(Mode::BadInput, 1);
+    let relay = spawn_relay(&s);
+    let others = s.rows as i64 - 1;
+    wait_count(&s.client, "sent_at IS NOT NULL", others, WAIT).await;
+    wait_count(
+        &s.client,
+        "quarantine_reason = 'rejected' AND last_error LIKE '%InvalidArgument%'",
+        1,
+        WAIT,
+    )
+    .await;
+    let refused: String = s
+        .client
+        .query_one(
+            "SELECT event_id FROM outbox WHERE quarantined_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(s.large.contains(&refused), "{refused} is a large row");
+    assert_eq!(offload_failures(&relay, "permanent").await, 1.0);
+    assert_no_send_failure(&relay).await;
+    assert_eq!(
+        keys(&s.bucket).await.len(),
+        1,
+        "only the other body is stored"
+    );
+    // Quarantined means not retried: the fault was one-shot, yet the row stays put.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        count(&s.client, "quarantined_at IS NOT NULL AND sent_at IS NULL").await,
+        1
+    );
+
+    relay_command(&[
+        "quarantine",
+        "retry",
+        "--all",
+        "--reason",
+        "rejected",
+        "--database-url",
+        &s.db.url,
+    ])
+    .await;
+    wait_count(&s.client, "sent_at IS NOT NULL", s.rows as i64, WAIT).await;
     assert_arrived_intact(&s).await;
 }

@@ -27,6 +27,10 @@ pub enum Mode {
     /// Answer the service's throttle without forwarding: SQS 400 `ThrottlingException`, SNS
     /// 400 `Throttling`, S3 503 `SlowDown`.
     Throttle,
+    /// Answer the service's bad-input error without forwarding, as if the request's content
+    /// were refused: SQS 400 `InvalidParameterValue`, SNS 400 `InvalidParameter`, S3 400
+    /// `InvalidArgument`.
+    BadInput,
     /// Close the client connection with a TCP RST without forwarding.
     Reset,
     /// Read the request, never answer, keep the connection open.
@@ -50,6 +54,9 @@ enum Protocol {
 
 /// Body of the injected 500; `__type` is what the SDK reads as the error code.
 const INTERNAL_ERROR_BODY: &str = r#"{"__type":"InternalError","message":"injected"}"#;
+/// Body of the injected bad-input error (the code also goes in `x-amzn-query-error`).
+const BAD_INPUT_BODY: &str =
+    r#"{"__type":"com.amazonaws.sqs#InvalidParameterValue","message":"Invalid value (injected)"}"#;
 /// Body of the injected throttle. The SQS JSON protocol is "query compatible": the SDK takes the
 /// code from `x-amzn-query-error` (sent too) over `__type`, so both say `ThrottlingException`.
 const THROTTLE_BODY: &str =
@@ -264,6 +271,15 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
                 ),
                 Protocol::Query => query_error("400 Bad Request", "Sender", "Throttling"),
                 Protocol::S3Rest => s3_error("503 Slow Down", "SlowDown"),
+            },
+            Mode::BadInput => match request.protocol {
+                Protocol::SqsJson => canned(
+                    "400 Bad Request",
+                    &["x-amzn-query-error: InvalidParameterValue;Sender"],
+                    BAD_INPUT_BODY,
+                ),
+                Protocol::Query => query_error("400 Bad Request", "Sender", "InvalidParameter"),
+                Protocol::S3Rest => s3_error("400 Bad Request", "InvalidArgument"),
             },
             Mode::Reset => {
                 // Zero linger turns close into RST, as a crashed load balancer would send.
