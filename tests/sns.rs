@@ -10,7 +10,7 @@ use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use serde_json::Value;
 
 use crate::scenario::{
-    attr, count, events, insert, insert_to, migrated_db, run_args, wait_count, Event,
+    attr, count, events, insert, insert_to, migrate_with, migrated_db, run_args, wait_count, Event,
 };
 use crate::support::{
     create_queue, create_topic, create_topic_named, receive_all, run_to_end, sqs, subscribe_queue,
@@ -324,22 +324,26 @@ enum Combo {
     DeleteOnAck,
     /// An adopted Debezium outbox table (`migrate --adopt`) relayed to a topic.
     AdoptedTable,
+    /// Fair claiming (`--fair-by`, with `--fair-group-id`, which a FIFO topic accepts) to a
+    /// FIFO topic: claims take turns across aggregates, each group stays in order.
+    FairToFifoTopic,
 }
 
-const COMBOS: [Combo; 6] = [
+const COMBOS: [Combo; 7] = [
     Combo::OrderedStandardTopic,
     Combo::RowsOwnFifoTopic,
     Combo::RouteByEventType,
     Combo::CloudEvents,
     Combo::DeleteOnAck,
     Combo::AdoptedTable,
+    Combo::FairToFifoTopic,
 ];
 
 /// Runs one combination end to end and checks what arrives at a raw subscription of the topic:
 /// each expected event once, with its body (payload, or CloudEvents envelope) and attributes,
 /// and per-group order where the topic is FIFO.
 async fn deliver_through_topic(combo: Combo) {
-    let fifo = combo == Combo::RowsOwnFifoTopic;
+    let fifo = matches!(combo, Combo::RowsOwnFifoTopic | Combo::FairToFifoTopic);
     let name = format!("{combo:?}").to_lowercase();
     let topic = create_topic(&format!("c-{name}{}", if fifo { ".fifo" } else { "" })).await;
     let subscribed = create_queue(
@@ -465,6 +469,22 @@ async fn deliver_through_topic(combo: Combo) {
                         all(&written),
                     )
                 }
+                Combo::FairToFifoTopic => {
+                    migrate_with(&db, &["--fair-by", "aggregate_id"]).await;
+                    insert(&client, &written, Duration::ZERO).await;
+                    let flags = [
+                        "--fair-by",
+                        "aggregate_id",
+                        "--fair-group-id",
+                        "--batch-size",
+                        "4",
+                    ];
+                    (
+                        flags.map(String::from).to_vec(),
+                        topic.clone(),
+                        all(&written),
+                    )
+                }
                 Combo::AdoptedTable => unreachable!(),
             };
             (db, "outbox", flags, destination, expected)
@@ -552,7 +572,7 @@ async fn deliver_through_topic(combo: Combo) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn topics_combine_with_ordering_row_destinations_routes_cloudevents_delete_on_ack_and_adopted_tables(
+async fn topics_combine_with_ordering_row_destinations_routes_cloudevents_delete_on_ack_adopted_tables_and_fair_claims(
 ) {
     // Side by side: each combination has its own database, topic and queues.
     let results = futures_util::future::join_all(
