@@ -1180,6 +1180,42 @@ mod tests {
     }
 
     #[test]
+    fn for_a_topic_the_threshold_is_held_to_snss_limit() {
+        // 300 KiB: inline to a queue even under a 512 KiB threshold, through S3 to a topic,
+        // where SNS's 256 KiB is the most a message may carry.
+        let body = format!("\"{}\"", "m".repeat(300 * 1024));
+        let mut to_topic = row(1, &body);
+        to_topic.queue_url = Some(TOPIC.into());
+        for threshold in [None, Some(512 * 1024)] {
+            let plan = plan(&[to_topic.clone(), row(2, &body)], &offloading(threshold));
+            assert!(
+                plan.rejected.is_empty(),
+                "{threshold:?}: {:?}",
+                plan.rejected
+            );
+            let entry = |to: &str| {
+                plan.requests
+                    .iter()
+                    .find(|r| r.queue_url == to)
+                    .map(|r| &r.entries[0])
+                    .unwrap()
+            };
+            assert!(entry(TOPIC).offload.is_some(), "{threshold:?}");
+            assert!(entry(TOPIC).size <= SNS_MAX_REQUEST_BYTES);
+            assert!(
+                entry("http://q/standard").offload.is_none(),
+                "{threshold:?}"
+            );
+        }
+        // A lower threshold applies to topics as to queues.
+        let small = row(3, &format!("\"{}\"", "s".repeat(2000)));
+        let mut small_to_topic = small.clone();
+        small_to_topic.queue_url = Some(TOPIC.into());
+        let plan = plan(&[small_to_topic, small], &offloading(Some(1024)));
+        assert!(plan.requests.iter().all(|r| r.entries[0].offload.is_some()));
+    }
+
+    #[test]
     fn offload_keys_are_stable_valid_and_distinct_for_any_event_id() {
         let key = offload_key("p/", "ev/../ü \u{7}*?");
         assert_eq!(key, offload_key("p/", "ev/../ü \u{7}*?"));

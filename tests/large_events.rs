@@ -1,6 +1,7 @@
 //! Large events through S3 (`--offload-bucket`): the body goes to the bucket, the message
 //! carries the SQS Extended Client's pointer, and a real Extended Client library reads the
-//! event back whole. The local SQS server serves S3 on the same endpoint (path-style).
+//! event back whole, from a queue or from a topic's raw subscription. The local SQS server
+//! serves S3 (and SNS) on the same endpoint (path-style).
 
 mod faults;
 
@@ -11,8 +12,8 @@ use sha2::{Digest, Sha256};
 
 use crate::scenario::{count, events, insert, migrated_db, run_args, wait_count, Event};
 use crate::support::{
-    create_queue, receive_all, repo_root, run_to_end, sqs, test_sdk_config, unique, RelayProcess,
-    TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
+    create_queue, create_topic, receive_all, repo_root, run_to_end, sqs, subscribe_queue,
+    test_sdk_config, unique, RelayProcess, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
 
 const POINTER_CLASS: &str = "software.amazon.payloadoffloading.PayloadS3Pointer";
@@ -208,11 +209,41 @@ async fn the_aws_extended_client_library_reads_a_3_mib_event_back_whole() {
     wait_count(&client, "sent_at IS NOT NULL", 2, Duration::from_secs(60)).await;
     drop(relay);
 
+    let (received, stdout) = extended_client_receive(&queue, 2).await;
+    assert_eq!(received.len(), 2, "{stdout}");
+    for id in ["xl-1", "xs-0"] {
+        let expected = payload_text(&client, id).await;
+        let got = received
+            .iter()
+            .find(|r| r["event_id"] == id)
+            .unwrap_or_else(|| panic!("{id} not received: {stdout}"));
+        assert_eq!(got["bytes"], expected.len(), "{id}");
+        assert_eq!(
+            got["sha256"],
+            format!("{:x}", Sha256::digest(expected.as_bytes())),
+            "{id}"
+        );
+        assert_eq!(got["from_s3"], id == "xl-1", "{id}");
+        // The library hides its reserved attribute; the relay's own stay.
+        let names: Vec<&str> = got["attributes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert!(names.contains(&"event_id"), "{names:?}");
+        assert!(!names.contains(&"ExtendedPayloadSize"), "{names:?}");
+    }
+}
+
+/// What the real Extended Client library (tests/consumers/extended_client_receive.py) resolves
+/// from `queue`: one JSON object per message, and the consumer's whole output for messages.
+async fn extended_client_receive(queue: &str, count: usize) -> (Vec<serde_json::Value>, String) {
     let python = repo_root().join(".tools/venv/bin/python");
     let script = repo_root().join("tests/consumers/extended_client_receive.py");
     let output = tokio::process::Command::new(&python)
         .arg(&script)
-        .args([queue.as_str(), "2", "60"])
+        .args([queue, &count.to_string(), "60"])
         .env("AWS_ENDPOINT_URL_SQS", sqs().endpoint())
         .env("AWS_ENDPOINT_URL_S3", sqs().endpoint())
         .env("AWS_REGION", "us-east-1")
@@ -240,30 +271,7 @@ async fn the_aws_extended_client_library_reads_a_3_mib_event_back_whole() {
         .lines()
         .map(|l| serde_json::from_str(l).expect("one JSON line per message"))
         .collect();
-    assert_eq!(received.len(), 2, "{stdout}");
-    for id in ["xl-1", "xs-0"] {
-        let expected = payload_text(&client, id).await;
-        let got = received
-            .iter()
-            .find(|r| r["event_id"] == id)
-            .unwrap_or_else(|| panic!("{id} not received: {stdout}"));
-        assert_eq!(got["bytes"], expected.len(), "{id}");
-        assert_eq!(
-            got["sha256"],
-            format!("{:x}", Sha256::digest(expected.as_bytes())),
-            "{id}"
-        );
-        assert_eq!(got["from_s3"], id == "xl-1", "{id}");
-        // The library hides its reserved attribute; the relay's own stay.
-        let names: Vec<&str> = got["attributes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
-        assert!(names.contains(&"event_id"), "{names:?}");
-        assert!(!names.contains(&"ExtendedPayloadSize"), "{names:?}");
-    }
+    (received, stdout.into_owned())
 }
 
 /// A missing bucket holds only the rows that need it: the large rows are parked on the
@@ -498,4 +506,186 @@ async fn on_a_fifo_queue_a_missing_bucket_holds_only_the_large_events_group_in_o
     let expected = payload_text(&client, "held-2").await;
     assert!(object(&bucket, &key).await == expected.as_bytes());
     drop(relay);
+}
+
+/// The relay's flags for a topic destination with offloading on.
+fn topic_offload_args(bucket: &str) -> Vec<String> {
+    let mut a = offload_args(bucket);
+    a.extend([
+        "--sns-endpoint-url".to_string(),
+        sqs().endpoint().to_string(),
+    ]);
+    a
+}
+
+/// The SNS envelope a subscription without raw message delivery receives.
+fn envelope(m: &Message) -> serde_json::Value {
+    serde_json::from_str(m.body().expect("a body")).expect("the SNS envelope is JSON")
+}
+
+/// An attribute as the envelope carries it: (`Type`, `Value`).
+fn envelope_attr<'a>(envelope: &'a serde_json::Value, name: &str) -> Option<(&'a str, &'a str)> {
+    let a = &envelope["MessageAttributes"][name];
+    Some((a["Type"].as_str()?, a["Value"].as_str()?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_topic_the_extended_client_reads_a_raw_subscription_whole_and_an_enveloped_one_gets_the_pointer(
+) {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let topic = create_topic("xl-topic").await;
+    let raw = create_queue("xl-topic-raw", &[]).await;
+    let wrapped = create_queue("xl-topic-wrapped", &[]).await;
+    subscribe_queue(&topic, &raw, true).await;
+    subscribe_queue(&topic, &wrapped, false).await;
+    let bucket = create_bucket("xl-topic").await;
+    // 3 MiB is beyond SQS too; 300 KiB fits SQS's 1 MiB but not SNS's 256 KiB, so it goes
+    // through S3 only because its destination is a topic; the small one goes inline.
+    let rows = vec![
+        large_event("xlt-big", 3 * 1024 * 1024),
+        large_event("xlt-mid", 300 * 1024),
+        events("xlt-small", 1, 1).remove(0),
+    ];
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = topic_offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &topic, sqs().endpoint(), &extra), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 3, Duration::from_secs(60)).await;
+    assert_eq!(relay.metric("outbox_offloaded_total").await, Some(2.0));
+    drop(relay);
+    let offloaded = |id: &str| id != "xlt-small-0";
+
+    let (received, stdout) = extended_client_receive(&raw, 3).await;
+    assert_eq!(received.len(), 3, "{stdout}");
+    for id in ["xlt-big", "xlt-mid", "xlt-small-0"] {
+        let expected = payload_text(&client, id).await;
+        let got = received
+            .iter()
+            .find(|r| r["event_id"] == id)
+            .unwrap_or_else(|| panic!("{id} not received: {stdout}"));
+        assert_eq!(got["bytes"], expected.len(), "{id}");
+        assert_eq!(
+            got["sha256"],
+            format!("{:x}", Sha256::digest(expected.as_bytes())),
+            "{id}"
+        );
+        assert_eq!(got["from_s3"], offloaded(id), "{id}");
+    }
+
+    // Without raw delivery the library cannot see the pointer (it is inside the envelope):
+    // the envelope's Message is the pointer, its MessageAttributes carry the size as a Number.
+    let got = receive_all(&wrapped, 3, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 3);
+    for m in &got {
+        let envelope = envelope(m);
+        assert_eq!(envelope["TopicArn"], topic.as_str());
+        let id = envelope_attr(&envelope, "event_id").expect("event_id").1;
+        let expected = payload_text(&client, id).await;
+        let message = envelope["Message"].as_str().expect("Message is text");
+        if !offloaded(id) {
+            assert_eq!(message, expected);
+            assert_eq!(envelope_attr(&envelope, "ExtendedPayloadSize"), None);
+            continue;
+        }
+        let size = expected.len().to_string();
+        assert_eq!(
+            envelope_attr(&envelope, "ExtendedPayloadSize"),
+            Some(("Number", size.as_str())),
+            "{id}"
+        );
+        let pointer: serde_json::Value = serde_json::from_str(message).expect("a JSON pointer");
+        assert_eq!(pointer[0], POINTER_CLASS, "{pointer}");
+        assert_eq!(pointer[1]["s3BucketName"], bucket.as_str());
+        let key = pointer[1]["s3Key"].as_str().expect("s3Key");
+        assert!(
+            object(&bucket, key).await == expected.as_bytes(),
+            "{id}: object differs from the payload"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_fifo_topic_a_large_event_keeps_its_place_in_its_group() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let topic = create_topic("xl-order.fifo").await;
+    let queue = create_queue("xl-order-sub.fifo", &[]).await;
+    subscribe_queue(&topic, &queue, true).await;
+    let bucket = create_bucket("xl-order").await;
+    let mut rows = events("tfifo", 5, 1);
+    rows[2] = large_event("tfifo-2", 1024 * 1024);
+    for e in &mut rows {
+        e.aggregate_id = "one-group".into();
+    }
+    insert(&client, &rows, Duration::ZERO).await;
+    let extra = topic_offload_args(&bucket);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &topic, sqs().endpoint(), &extra), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 5, Duration::from_secs(60)).await;
+    drop(relay);
+    let messages = receive_all(&queue, 5, Duration::from_secs(30)).await;
+    let order: Vec<&str> = messages
+        .iter()
+        .map(|m| attr(m, "event_id").unwrap().1)
+        .collect();
+    assert_eq!(
+        order,
+        ["tfifo-0", "tfifo-1", "tfifo-2", "tfifo-3", "tfifo-4"]
+    );
+    let expected = payload_text(&client, "tfifo-2").await;
+    let size = expected.len().to_string();
+    assert_eq!(
+        attr(&messages[2], "ExtendedPayloadSize"),
+        Some(("Number", size.as_str()))
+    );
+    let (_, key) = pointer(&messages[2]);
+    assert!(object(&bucket, &key).await == expected.as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_verifies_the_bucket_and_a_routed_topic_each_on_its_own_line() {
+    let db = migrated_db().await;
+    let queue = create_queue("check-xl-topic", &[]).await;
+    let topic = create_topic("check-xl-topic").await;
+    let bucket = create_bucket("check-xl-topic").await;
+    let check = |bucket: String| {
+        let mut a: Vec<String> = [
+            "check",
+            "--database-url",
+            &db.url,
+            "--queue-url",
+            &queue,
+            "--sqs-endpoint-url",
+            sqs().endpoint(),
+            "--route",
+            &format!("order={topic}"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.extend(topic_offload_args(&bucket));
+        async move { run_to_end(&a, &[], Duration::from_secs(60)).await }
+    };
+    let (status, output) = check(bucket.clone()).await;
+    assert_eq!(status.code(), Some(0), "{output}");
+    assert!(
+        output.contains(&format!("ok   topic {topic} reachable")),
+        "{output}"
+    );
+    assert!(
+        output.contains(&format!("ok   bucket {bucket} takes objects")),
+        "{output}"
+    );
+
+    // A missing bucket fails on its own line; the topic's line stays ok.
+    let (status, output) = check(format!("never-created-{}", unique())).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    let failed: Vec<&str> = output.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert_eq!(failed.len(), 1, "{output}");
+    assert!(failed[0].contains("the bucket does not exist"), "{output}");
+    assert!(
+        output.contains(&format!("ok   topic {topic} reachable")),
+        "{output}"
+    );
 }

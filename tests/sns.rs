@@ -12,11 +12,11 @@ use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use serde_json::Value;
 
 use crate::scenario::{
-    attr, count, events, insert, insert_to, migrated_db, run_args, wait_count, Event,
+    attr, count, events, insert, insert_to, migrate_with, migrated_db, run_args, wait_count, Event,
 };
 use crate::support::{
-    create_queue, create_topic, create_topic_named, receive_all, sqs, subscribe_queue, topic_name,
-    RelayProcess,
+    create_queue, create_topic, create_topic_named, receive_all, run_to_end, sqs, subscribe_queue,
+    topic_name, RelayProcess, DEBEZIUM_COLUMNS,
 };
 
 /// Generous for a loaded 2-core machine; a bound on waiting only, never a measured time.
@@ -308,4 +308,346 @@ async fn check_verifies_each_topic_and_names_a_missing_one_with_its_fix() {
         "{}",
         failed[0]
     );
+}
+
+/// A documented mode combined with a topic destination.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Combo {
+    /// `--ordered on` with a standard topic as the default destination.
+    OrderedStandardTopic,
+    /// Rows name a FIFO topic in their own `queue_url`; the default queue is standard, so
+    /// `--ordered auto` must order exactly those rows.
+    RowsOwnFifoTopic,
+    /// `--route-by event_type`: one event type to the topic, the other to the default queue.
+    RouteByEventType,
+    /// `--message-format cloudevents` to a topic.
+    CloudEvents,
+    /// `--retention 0`: rows deleted once SNS acknowledged them.
+    DeleteOnAck,
+    /// An adopted Debezium outbox table (`migrate --adopt`) relayed to a topic.
+    AdoptedTable,
+    /// Fair claiming (`--fair-by`, with `--fair-group-id`, which a FIFO topic accepts) to a
+    /// FIFO topic: claims take turns across aggregates, each group stays in order.
+    FairToFifoTopic,
+}
+
+const COMBOS: [Combo; 7] = [
+    Combo::OrderedStandardTopic,
+    Combo::RowsOwnFifoTopic,
+    Combo::RouteByEventType,
+    Combo::CloudEvents,
+    Combo::DeleteOnAck,
+    Combo::AdoptedTable,
+    Combo::FairToFifoTopic,
+];
+
+/// Runs one combination end to end and checks what arrives at a raw subscription of the topic:
+/// each expected event once, with its body (payload, or CloudEvents envelope) and attributes,
+/// and per-group order where the topic is FIFO.
+async fn deliver_through_topic(combo: Combo) {
+    let fifo = matches!(combo, Combo::RowsOwnFifoTopic | Combo::FairToFifoTopic);
+    let name = format!("{combo:?}").to_lowercase();
+    let topic = create_topic(&format!("c-{name}{}", if fifo { ".fifo" } else { "" })).await;
+    let subscribed = create_queue(
+        &format!("c-{name}-sub{}", if fifo { ".fifo" } else { "" }),
+        &[],
+    )
+    .await;
+    subscribe_queue(&topic, &subscribed, true).await;
+    let default = create_queue(&format!("c-{name}-default"), &[]).await;
+    let sns = ["--sns-endpoint-url", sqs().endpoint()];
+    let written = events(&format!("c-{name}"), 12, 3);
+
+    // (database, table, flags, default destination, the events expected at the topic)
+    let (db, table, mut flags, destination, expected): (
+        _,
+        _,
+        Vec<String>,
+        _,
+        HashMap<String, Value>,
+    ) = match combo {
+        Combo::AdoptedTable => {
+            let db = crate::support::fresh_db().await;
+            let client = db.client().await;
+            client
+                .batch_execute(crate::support::DEBEZIUM_OUTBOX_DDL)
+                .await
+                .unwrap();
+            let mut migrate = crate::scenario::args(&[
+                "migrate",
+                "--adopt",
+                "--database-url",
+                &db.url,
+                "--table",
+                "outboxevent",
+            ]);
+            migrate.extend(DEBEZIUM_COLUMNS.iter().map(|s| s.to_string()));
+            let (status, output) = run_to_end(&migrate, &[], WAIT).await;
+            assert!(status.success(), "{output}");
+            client
+                .execute(
+                    "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
+                         SELECT gen_random_uuid(), 'order', (g % 3)::text, 'OrderCreated',
+                                jsonb_build_object('order', g)
+                         FROM generate_series(1, 12) g",
+                    &[],
+                )
+                .await
+                .unwrap();
+            let expected = client
+                .query("SELECT id::text, payload::text FROM outboxevent", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    let payload: String = r.get(1);
+                    (r.get(0), serde_json::from_str(&payload).unwrap())
+                })
+                .collect();
+            let mut flags = vec!["--table".to_string(), "outboxevent".to_string()];
+            flags.extend(DEBEZIUM_COLUMNS.iter().map(|s| s.to_string()));
+            (db, "outboxevent", flags, topic.clone(), expected)
+        }
+        _ => {
+            let db = migrated_db().await;
+            let client = db.client().await;
+            let all = |events: &[Event]| {
+                events
+                    .iter()
+                    .map(|e| (e.event_id.clone(), e.payload.clone()))
+                    .collect()
+            };
+            let (flags, destination, expected): (Vec<String>, _, _) = match combo {
+                Combo::OrderedStandardTopic => {
+                    insert(&client, &written, Duration::ZERO).await;
+                    (
+                        vec!["--ordered".into(), "on".into()],
+                        topic.clone(),
+                        all(&written),
+                    )
+                }
+                Combo::RowsOwnFifoTopic => {
+                    let to = vec![Some(topic.clone()); written.len()];
+                    insert_to(&client, &written, &to).await;
+                    (Vec::new(), default.clone(), all(&written))
+                }
+                Combo::RouteByEventType => {
+                    insert(&client, &written, Duration::ZERO).await;
+                    let paid: Vec<Event> = written
+                        .iter()
+                        .filter(|e| e.event_type == "order.paid")
+                        .cloned()
+                        .collect();
+                    (
+                        vec![
+                            "--route-by".into(),
+                            "event_type".into(),
+                            "--route".into(),
+                            format!("order.paid={topic}"),
+                        ],
+                        default.clone(),
+                        all(&paid),
+                    )
+                }
+                Combo::CloudEvents => {
+                    insert(&client, &written, Duration::ZERO).await;
+                    let flags = [
+                        "--message-format",
+                        "cloudevents",
+                        "--cloudevents-source",
+                        "/shop/orders",
+                    ];
+                    (
+                        flags.map(String::from).to_vec(),
+                        topic.clone(),
+                        all(&written),
+                    )
+                }
+                Combo::DeleteOnAck => {
+                    insert(&client, &written, Duration::ZERO).await;
+                    (
+                        vec!["--retention".into(), "0".into()],
+                        topic.clone(),
+                        all(&written),
+                    )
+                }
+                Combo::FairToFifoTopic => {
+                    migrate_with(&db, &["--fair-by", "aggregate_id"]).await;
+                    insert(&client, &written, Duration::ZERO).await;
+                    let flags = [
+                        "--fair-by",
+                        "aggregate_id",
+                        "--fair-group-id",
+                        "--batch-size",
+                        "4",
+                    ];
+                    (
+                        flags.map(String::from).to_vec(),
+                        topic.clone(),
+                        all(&written),
+                    )
+                }
+                Combo::AdoptedTable => unreachable!(),
+            };
+            (db, "outbox", flags, destination, expected)
+        }
+    };
+    flags.extend(sns.map(String::from));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let relay = RelayProcess::spawn(&run_args(&db, &destination, sqs().endpoint(), &flags), &[]);
+    let client = db.client().await;
+    let settled = if combo == Combo::DeleteOnAck {
+        "true"
+    } else {
+        "sent_at IS NOT NULL"
+    };
+    let goal = if combo == Combo::DeleteOnAck { 0 } else { 12 };
+    crate::support::wait_until(&format!("{combo:?}: rows settled"), WAIT, || async {
+        client
+            .query_one(
+                &format!("SELECT count(*) FROM {table} WHERE {settled}"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == goal
+    })
+    .await;
+
+    let got = receive_all(&subscribed, expected.len(), WAIT).await;
+    let mut seen: Vec<String> = Vec::new();
+    let mut by_group: HashMap<String, Vec<usize>> = HashMap::new();
+    for m in &got {
+        let id = attr(m, "event_id").expect("event_id").to_string();
+        let payload = expected
+            .get(&id)
+            .unwrap_or_else(|| panic!("{combo:?}: {id} should not reach the topic"));
+        let body: Value = serde_json::from_str(m.body().unwrap()).expect("a JSON body");
+        if combo == Combo::CloudEvents {
+            assert_eq!(body["specversion"], "1.0", "{combo:?}");
+            assert_eq!(body["id"], id.as_str(), "{combo:?}");
+            assert_eq!(body["source"], "/shop/orders", "{combo:?}");
+            assert_eq!(&body["data"], payload, "{combo:?}");
+        } else {
+            assert_eq!(&body, payload, "{combo:?}: the body is the payload");
+        }
+        assert_eq!(attr(m, "aggregate_type"), Some("order"), "{combo:?}");
+        if fifo {
+            let group = m
+                .attributes()
+                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+                .expect("a FIFO message has its group");
+            let index: usize = id.rsplit('-').next().unwrap().parse().unwrap();
+            by_group.entry(group.clone()).or_default().push(index);
+        }
+        seen.push(id);
+    }
+    seen.sort();
+    let mut want: Vec<String> = expected.keys().cloned().collect();
+    want.sort();
+    assert_eq!(
+        seen, want,
+        "{combo:?}: each expected event once at the topic"
+    );
+    for (group, seq) in &by_group {
+        assert!(
+            seq.windows(2).all(|w| w[0] < w[1]),
+            "{combo:?}: group {group} out of order: {seq:?}"
+        );
+    }
+    if fifo {
+        assert_eq!(by_group.len(), 3, "{combo:?}");
+    }
+    let elsewhere = receive_all(&default, 12 - expected.len(), Duration::from_secs(5)).await;
+    assert_eq!(
+        elsewhere.len(),
+        12 - expected.len(),
+        "{combo:?}: the default queue gets the rest"
+    );
+    assert_eq!(
+        relay.metric("outbox_events_sent_total").await,
+        Some(12.0),
+        "{combo:?}: {}",
+        relay.output()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_combine_with_ordering_row_destinations_routes_cloudevents_delete_on_ack_adopted_tables_and_fair_claims(
+) {
+    // Side by side: each combination has its own database, topic and queues.
+    let results = futures_util::future::join_all(
+        COMBOS.map(|combo| tokio::spawn(deliver_through_topic(combo))),
+    )
+    .await;
+    let failed: Vec<String> = results
+        .into_iter()
+        .zip(COMBOS)
+        .filter_map(|(result, combo)| {
+            let panic = result.err()?.into_panic();
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Some(format!("{combo:?}: {text}"))
+        })
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// What topics cannot do is refused before any data is touched: exit 2, one line naming the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn combinations_a_topic_cannot_take_are_refused_at_start_up_with_one_line() {
+    let topic = "arn:aws:sns:us-east-1:000000000000:orders";
+    let fifo_topic = "arn:aws:sns:us-east-1:000000000000:orders.fifo";
+    let queue = "http://127.0.0.1:1/000000000000/q";
+    let route = format!("order={topic}");
+    let fair = ["--fair-by", "aggregate_type", "--fair-group-id"];
+    for (destination, extra, fix) in [
+        (
+            topic,
+            &fair[..],
+            format!("--fair-group-id is for SQS fair queues; the standard topic {topic} takes no MessageGroupId"),
+        ),
+        (
+            queue,
+            &[&fair[..], &["--route", route.as_str()]].concat()[..],
+            format!("the standard topic {topic} takes no MessageGroupId: route it without --fair-group-id, or use a FIFO topic"),
+        ),
+        (
+            topic,
+            &["--route", "x=arn:aws:sns:us-east-1:orders"][..],
+            "not a topic ARN: expected arn:aws:sns:<region>:<account>:<name>".to_string(),
+        ),
+    ] {
+        let mut command = crate::scenario::args(&[
+            "run",
+            "--database-url",
+            "postgres://relay@127.0.0.1:1/app",
+            "--queue-url",
+            destination,
+        ]);
+        command.extend(extra.iter().map(|s| s.to_string()));
+        let (status, output) = run_to_end(&command, &[], WAIT).await;
+        assert_eq!(status.code(), Some(2), "{extra:?}: {output}");
+        crate::startup::assert_one_clear_line(&output, &fix);
+        assert_eq!(output.lines().count(), 1, "{extra:?}: {output}");
+    }
+    // A FIFO topic takes the fair key as its group: the same flags pass validation and the
+    // relay goes on to its (unreachable) database.
+    let mut command = crate::scenario::args(&[
+        "run",
+        "--database-url",
+        "postgres://relay@127.0.0.1:1/app",
+        "--queue-url",
+        fifo_topic,
+        "--connect-timeout",
+        "1s",
+    ]);
+    command.extend(fair.iter().map(|s| s.to_string()));
+    let (status, output) = run_to_end(&command, &[], WAIT).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    crate::startup::assert_one_clear_line(&output, "cannot connect to PostgreSQL");
 }
