@@ -17,7 +17,8 @@ use crate::support::{
 };
 
 const ROWS: usize = 30;
-const KINDS: [&str; 5] = [
+/// Every `kind` of `outbox_send_failures_total`.
+pub const KINDS: [&str; 5] = [
     "transient",
     "throttled",
     "permanent",

@@ -212,18 +212,7 @@ async fn the_aws_extended_client_library_reads_a_3_mib_event_back_whole() {
     let (received, stdout) = extended_client_receive(&queue, 2).await;
     assert_eq!(received.len(), 2, "{stdout}");
     for id in ["xl-1", "xs-0"] {
-        let expected = payload_text(&client, id).await;
-        let got = received
-            .iter()
-            .find(|r| r["event_id"] == id)
-            .unwrap_or_else(|| panic!("{id} not received: {stdout}"));
-        assert_eq!(got["bytes"], expected.len(), "{id}");
-        assert_eq!(
-            got["sha256"],
-            format!("{:x}", Sha256::digest(expected.as_bytes())),
-            "{id}"
-        );
-        assert_eq!(got["from_s3"], id == "xl-1", "{id}");
+        let got = read_back_whole(&client, &received, &stdout, id, id == "xl-1").await;
         // The library hides its reserved attribute; the relay's own stay.
         let names: Vec<&str> = got["attributes"]
             .as_array()
@@ -337,6 +326,30 @@ async fn a_missing_bucket_parks_only_the_large_rows_and_they_follow_once_it_exis
     }
     assert_eq!(relay.http_status("/readyz").await, 200);
     drop(relay);
+}
+
+/// What the Extended Client read for `id` (of `received`, its output `stdout`): the row's
+/// payload, byte for byte (length and SHA-256), from S3 or not as `from_s3` says.
+async fn read_back_whole<'a>(
+    client: &tokio_postgres::Client,
+    received: &'a [serde_json::Value],
+    stdout: &str,
+    id: &str,
+    from_s3: bool,
+) -> &'a serde_json::Value {
+    let expected = payload_text(client, id).await;
+    let got = received
+        .iter()
+        .find(|r| r["event_id"] == id)
+        .unwrap_or_else(|| panic!("{id} not received: {stdout}"));
+    assert_eq!(got["bytes"], expected.len(), "{id}");
+    assert_eq!(
+        got["sha256"],
+        format!("{:x}", Sha256::digest(expected.as_bytes())),
+        "{id}"
+    );
+    assert_eq!(got["from_s3"], from_s3, "{id}");
+    got
 }
 
 /// An S3 failure is counted in `outbox_offload_failures_total` only: nothing was sent.
@@ -559,18 +572,7 @@ async fn through_a_topic_the_extended_client_reads_a_raw_subscription_whole_and_
     let (received, stdout) = extended_client_receive(&raw, 3).await;
     assert_eq!(received.len(), 3, "{stdout}");
     for id in ["xlt-big", "xlt-mid", "xlt-small-0"] {
-        let expected = payload_text(&client, id).await;
-        let got = received
-            .iter()
-            .find(|r| r["event_id"] == id)
-            .unwrap_or_else(|| panic!("{id} not received: {stdout}"));
-        assert_eq!(got["bytes"], expected.len(), "{id}");
-        assert_eq!(
-            got["sha256"],
-            format!("{:x}", Sha256::digest(expected.as_bytes())),
-            "{id}"
-        );
-        assert_eq!(got["from_s3"], offloaded(id), "{id}");
+        read_back_whole(&client, &received, &stdout, id, offloaded(id)).await;
     }
 
     // Without raw delivery the library cannot see the pointer (it is inside the envelope):

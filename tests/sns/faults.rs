@@ -9,6 +9,7 @@ use std::time::Duration;
 use aws_sdk_sqs::types::MessageSystemAttributeName;
 use tokio_postgres::Client;
 
+use crate::faults::KINDS;
 use crate::scenario::{attr, copies, count, events, insert, migrated_db, run_args, wait_count};
 use crate::support::{
     create_queue, create_topic, receive_all, sqs, subscribe_queue, wait_until, FaultProxy, Mode,
@@ -16,13 +17,6 @@ use crate::support::{
 };
 
 const ROWS: usize = 30;
-const KINDS: [&str; 5] = [
-    "transient",
-    "throttled",
-    "permanent",
-    "config",
-    "destination",
-];
 /// Generous for a loaded 2-core machine; a bound on waiting only, never a measured time.
 const WAIT: Duration = Duration::from_secs(60);
 
