@@ -629,43 +629,60 @@ impl Relay {
         (request, result)
     }
 
-    /// Stores the request's large bodies in S3 before their pointers are sent. The first
-    /// upload that fails stops the request (see [`Relay::offload_failed`] for what happens to
-    /// its entries); a bucket that refused us lately is not asked again before its park ends.
-    /// An object stored for a request that then fails stays, and a resend overwrites it. The
-    /// uploads go one after the other: each body may be large, and the byte budget already
-    /// bounds memory. An upload may outlive the lease harmlessly: a replica that took the row
-    /// over writes the same bytes under the same key; only the SQS call is held to the lease.
+    /// Stores the request's large bodies in S3 before their pointers are sent; if an upload
+    /// fails, nothing is sent and the first failed entry decides (see
+    /// [`Relay::offload_failed`]); a bucket that refused us lately is not asked again before its
+    /// park ends. The uploads of a request go at once, each in its own round trip: their bodies
+    /// are in memory already (the byte budget bounds them), and one after the other a request
+    /// of ten would wait ten round trips. An object stored for a request that then fails stays,
+    /// and a resend overwrites it. An upload may outlive the lease harmlessly: a replica that
+    /// took the row over writes the same bytes under the same key; only the SQS call is held to
+    /// the lease.
     async fn offload(&self, request: &BatchRequest, limit: Duration) -> Result<(), OffloadFailed> {
         let Some(s3) = &self.s3 else { return Ok(()) };
         let bucket = bucket_key(s3.bucket());
         if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
         }
-        for (index, entry) in request.entries.iter().enumerate() {
-            let Some(offload) = &entry.offload else {
-                continue;
-            };
-            let result = match tokio::time::timeout(limit, s3.put(offload)).await {
-                Ok(result) => result,
-                Err(_) => Err(RequestFailure {
-                    status: None,
-                    code: None,
-                    message: format!(
-                        "S3 PutObject: no answer within {}",
-                        humantime::format_duration(limit)
-                    ),
-                    transport: Transport::Timeout,
-                }),
-            };
-            if let Err(failure) = result {
-                let kind = retry::classify(&failure).metric_kind();
-                metrics::counter!(names::OFFLOAD_FAILURES, "kind" => kind).increment(1);
-                return Err(OffloadFailed::Refused { index, failure });
+        let uploads = request
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(index, entry)| {
+                let offload = entry.offload.as_ref()?;
+                Some(async move {
+                    let result = match tokio::time::timeout(limit, s3.put(offload)).await {
+                        Ok(result) => result,
+                        Err(_) => Err(RequestFailure {
+                            status: None,
+                            code: None,
+                            message: format!(
+                                "S3 PutObject: no answer within {}",
+                                humantime::format_duration(limit)
+                            ),
+                            transport: Transport::Timeout,
+                        }),
+                    };
+                    (index, result)
+                })
+            });
+        let mut first_failed = None;
+        for (index, result) in futures_util::future::join_all(uploads).await {
+            match result {
+                Ok(()) => {
+                    self.destinations.reached(&bucket);
+                }
+                Err(failure) => {
+                    let kind = retry::classify(&failure).metric_kind();
+                    metrics::counter!(names::OFFLOAD_FAILURES, "kind" => kind).increment(1);
+                    // join_all keeps the entries' order: the first failure is the first entry's.
+                    if first_failed.is_none() {
+                        first_failed = Some(OffloadFailed::Refused { index, failure });
+                    }
+                }
             }
-            self.destinations.reached(&bucket);
         }
-        Ok(())
+        first_failed.map_or(Ok(()), Err)
     }
 
     /// A request's uploads failed, so nothing of it was sent. The failure is S3's, counted in
@@ -1198,7 +1215,7 @@ enum Unsent {
 enum OffloadFailed {
     /// The bucket refused us lately and is not asked again before its park ends.
     Parked(Park),
-    /// S3 refused the upload of the entry at `index`; the uploads after it were not tried.
+    /// S3 refused the upload of the entry at `index`, the first of the request that failed.
     Refused {
         index: usize,
         failure: RequestFailure,

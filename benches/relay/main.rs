@@ -100,6 +100,9 @@ const LONG_GROUP_ROWS: u64 = 5_000;
 /// up to 1 MiB of body and attributes together).
 const LARGE_EVENTS: u64 = 300;
 const LARGE_EVENT_BYTES: usize = 900_000;
+/// The offloaded large-events run sends every body above this many bytes through S3: all of
+/// them.
+const OFFLOAD_ABOVE: usize = 65_536;
 /// A budget that bounds nothing here: the relay as it was before the byte budget (rows only).
 const UNBOUNDED_BUDGET: &str = "1GiB";
 /// The unbounded large-event run is skipped when its relay could come near this.
@@ -196,7 +199,7 @@ impl Settings {
 }
 
 /// Where a drain's relays send.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Destination {
     /// The local SQS-compatible server (fauxqs).
     Fauxqs,
@@ -225,6 +228,9 @@ pub struct DrainSpec {
     /// Extra environment of the relays (e.g. `OTEL_BSP_MAX_QUEUE_SIZE`): the harness scrubs
     /// the benchmark's own `OTEL_*` variables, so settings reach a relay only from here.
     pub env: Vec<(String, String)>,
+    /// Sink only: bodies above this many bytes go through S3 first (`--offload-bucket`,
+    /// `--offload-threshold`), to the sink's PutObject.
+    pub offload_above: Option<usize>,
 }
 
 /// Where a tracing drain's relays send their spans.
@@ -500,13 +506,27 @@ async fn run(settings: Settings) {
 
     if settings.runs("large-events") {
         // Payloads near SQS's limit: what the relay holds with the default byte budget, a
-        // smaller one, and one that bounds nothing (rows only, as before the budget).
-        let default_budget = help_value(&relay_run_help(), "--max-bytes-in-flight");
-        let mut budgets: Vec<Option<&str>> = vec![None];
-        if default_budget.is_some() {
-            budgets.extend([Some("8MiB"), Some(UNBOUNDED_BUDGET)]);
+        // smaller one, and one that bounds nothing (rows only, as before the budget); and with
+        // the default budget, every body through S3 first (the sink's PutObject), against the
+        // same events sent inline.
+        let help = relay_run_help();
+        let default_budget = help_value(&help, "--max-bytes-in-flight");
+        let mut budgets: Vec<(Option<&str>, bool, Duration)> = vec![(None, false, Duration::ZERO)];
+        if help.contains("--offload-bucket") {
+            budgets.push((None, true, Duration::ZERO));
         }
-        for budget in budgets {
+        if default_budget.is_some() {
+            budgets.extend([
+                (Some("8MiB"), false, Duration::ZERO),
+                (Some(UNBOUNDED_BUDGET), false, Duration::ZERO),
+            ]);
+        }
+        // With a round trip per call, as in a region: S3 takes each body in its own call.
+        budgets.push((None, false, SQS_LATENCY));
+        if help.contains("--offload-bucket") {
+            budgets.push((None, true, SQS_LATENCY));
+        }
+        for (budget, offload, delay) in budgets {
             let backlog = Backlog {
                 rows: LARGE_EVENTS,
                 groups: workload::GROUPS,
@@ -525,15 +545,20 @@ async fn run(settings: Settings) {
                 ));
                 continue;
             }
-            let label = match (budget, &default_budget) {
+            let mut label = match (budget, &default_budget) {
                 (Some(b), _) => format!("--max-bytes-in-flight {b}"),
                 (None, Some(d)) => format!("--max-bytes-in-flight {d} (default)"),
                 (None, None) => "no byte budget in this build".to_string(),
             };
+            if offload {
+                label.push_str(&format!(
+                    ", bodies through S3 (--offload-threshold {OFFLOAD_ABOVE})"
+                ));
+            }
             let mut s = spec(
                 &settings,
-                &format!("large events, sink 0 ms, {label}"),
-                sink0,
+                &format!("large events, sink {} ms, {label}", delay.as_millis()),
+                Destination::Sink(delay),
                 1,
                 settings.in_flight,
             );
@@ -542,6 +567,7 @@ async fn run(settings: Settings) {
             if let Some(b) = budget {
                 s.flags = vec!["--max-bytes-in-flight".to_string(), b.to_string()];
             }
+            s.offload_above = offload.then_some(OFFLOAD_ABOVE);
             let run = drain(&settings, s).await;
             say_drain(&run);
             report.large_events.push(run);
@@ -697,6 +723,7 @@ fn spec(
         window: None,
         traces: None,
         env: Vec::new(),
+        offload_above: None,
     }
 }
 
@@ -881,6 +908,19 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
                 spec.max_in_flight,
             );
             args.extend(spec.flags.iter().cloned());
+            if let Some(threshold) = spec.offload_above {
+                args.extend(
+                    [
+                        "--offload-bucket",
+                        "bench-large-events",
+                        "--offload-threshold",
+                        &threshold.to_string(),
+                        "--s3-endpoint-url",
+                        &endpoint,
+                    ]
+                    .map(String::from),
+                );
+            }
             RelayProcess::spawn_named(&id, &args, &env)
         })
         .collect();
@@ -951,6 +991,7 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
     let (fifo_behind, fifo_missing_group) = sink.as_ref().map_or((0, 0), Sink::fifo_violations);
     let received = sink.as_ref().map(Sink::entries);
     let requests = sink.as_ref().map(Sink::requests);
+    let objects = sink.as_ref().map(Sink::objects);
     drop(sink);
     database.drop_now().await;
     DrainRun {
@@ -975,6 +1016,7 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         unsent_after,
         received,
         requests,
+        objects,
         fifo_behind,
         fifo_missing_group,
         payload_bytes,

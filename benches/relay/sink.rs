@@ -1,5 +1,6 @@
 //! A minimal SQS endpoint that only answers SendMessageBatch and GetQueueAttributes (JSON
-//! protocol), at once or after a fixed delay. It costs next to nothing, so what a drain against it shows is the relay's and
+//! protocol), and S3's PutObject (any `PUT`, body counted and dropped, for offloaded bodies),
+//! at once or after a fixed delay. It costs next to nothing, so what a drain against it shows is the relay's and
 //! the database's own limit, and the delay stands in for SQS's in-region round trip.
 //!
 //! Every entry is accepted. The Rust SDK (aws-sdk-sqs 1.119) does not check MD5 digests, and
@@ -31,6 +32,8 @@ struct State {
     /// Entries received, duplicates included.
     entries: AtomicU64,
     requests: AtomicU64,
+    /// PutObject requests (offloaded bodies), answered without keeping the body.
+    objects: AtomicU64,
     next_message_id: AtomicU64,
     /// Steady runs only: when each event arrived, keyed by the number in its `event_id`.
     arrivals: Option<Mutex<Vec<(u64, Instant)>>>,
@@ -89,6 +92,7 @@ impl Sink {
             delay,
             entries: AtomicU64::new(0),
             requests: AtomicU64::new(0),
+            objects: AtomicU64::new(0),
             next_message_id: AtomicU64::new(1),
             arrivals: record_arrivals.then(|| Mutex::new(Vec::with_capacity(1 << 16))),
             fifo_order: Mutex::new(FifoOrder::default()),
@@ -121,6 +125,11 @@ impl Sink {
 
     pub fn requests(&self) -> u64 {
         self.state.requests.load(Ordering::Relaxed)
+    }
+
+    /// PutObject requests served (an offloaded body each, resends included).
+    pub fn objects(&self) -> u64 {
+        self.state.objects.load(Ordering::Relaxed)
     }
 
     /// Entries that reached a FIFO queue behind a later event of the same group, and entries
@@ -182,6 +191,10 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
                 Ok(batch) => (200, accept(&state, &batch, received)),
                 Err(e) => (400, error_body(&format!("bad SendMessageBatch body: {e}"))),
             }
+        } else if target == PUT_OBJECT {
+            // S3 answers PutObject with headers only; the SDK needs nothing from the body.
+            state.objects.fetch_add(1, Ordering::Relaxed);
+            (200, String::new())
         } else if target == "AmazonSQS.GetQueueAttributes" {
             // The relay reads each queue's MaximumMessageSize before planning requests and asks
             // again with every claim until it gets an answer: a refusal here would add a round
@@ -297,16 +310,25 @@ fn find_head_end(buf: &[u8]) -> Option<usize> {
     buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
 }
 
-/// Content-Length and X-Amz-Target of a request head. The SDK always sends a sized body.
+/// What a `PUT` (S3's PutObject, path-style) is called here, beside SQS's `X-Amz-Target`s.
+const PUT_OBJECT: &str = "S3.PutObject";
+
+/// Content-Length and X-Amz-Target of a request head (a `PUT` is [`PUT_OBJECT`]). The SDK
+/// always sends a sized body.
 fn parse_head(head: &[u8]) -> Option<(usize, String)> {
     let text = std::str::from_utf8(head).ok()?;
     let mut lines = text.split("\r\n");
     let request_line = lines.next()?;
-    if !request_line.starts_with("POST ") {
+    let put = request_line.starts_with("PUT ");
+    if !request_line.starts_with("POST ") && !put {
         return None;
     }
     let mut length = None;
-    let mut target = String::new();
+    let mut target = if put {
+        PUT_OBJECT.to_string()
+    } else {
+        String::new()
+    };
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             continue;
@@ -314,7 +336,7 @@ fn parse_head(head: &[u8]) -> Option<(usize, String)> {
         let value = value.trim();
         if name.eq_ignore_ascii_case("content-length") {
             length = value.parse().ok();
-        } else if name.eq_ignore_ascii_case("x-amz-target") {
+        } else if name.eq_ignore_ascii_case("x-amz-target") && !put {
             target = value.to_string();
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             // Not produced by the SDK for these requests; refusing beats misreading.
