@@ -13,12 +13,11 @@ use std::time::Duration;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use prost::Message as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-/// Request heads larger than this are refused; the exporter's are a few hundred bytes.
-const MAX_HEAD: usize = 16 * 1024;
+use crate::http;
 
 pub struct Collector {
     /// For `OTEL_EXPORTER_OTLP_ENDPOINT` (the exporter appends `/v1/traces`).
@@ -150,26 +149,16 @@ pub fn down_endpoint() -> String {
 async fn serve(mut stream: TcpStream, state: Arc<State>) {
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     loop {
-        let (head_len, content_length, is_export) = loop {
-            if let Some(end) = find_head_end(&buf) {
-                match parse_head(&buf[..end]) {
-                    Some((len, is_export)) => break (end, len, is_export),
-                    None => {
-                        let _ = respond(&mut stream, "400 Bad Request").await;
-                        return;
-                    }
-                }
-            }
-            if buf.len() > MAX_HEAD || !read_more(&mut stream, &mut buf).await {
+        let (head, head_len) = match http::next_request(&mut stream, &mut buf, 64 * 1024).await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(()) => {
+                let _ = respond(&mut stream, "400 Bad Request").await;
                 return;
             }
         };
-        while buf.len() < head_len + content_length {
-            if !read_more(&mut stream, &mut buf).await {
-                return;
-            }
-        }
-        let status = if is_export {
+        let content_length = head.content_length;
+        let status = if head.method == "POST" && head.path == "/v1/traces" {
             state.requests.fetch_add(1, Ordering::Relaxed);
             state
                 .bytes
@@ -188,46 +177,6 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
             return;
         }
     }
-}
-
-async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
-    let start = buf.len();
-    buf.resize(start + 64 * 1024, 0);
-    match stream.read(&mut buf[start..]).await {
-        Ok(0) | Err(_) => {
-            buf.truncate(start);
-            false
-        }
-        Ok(n) => {
-            buf.truncate(start + n);
-            true
-        }
-    }
-}
-
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
-}
-
-/// Content-Length of a POST, and whether it is an export (`/v1/traces`). The exporter sends
-/// a sized body.
-fn parse_head(head: &[u8]) -> Option<(usize, bool)> {
-    let text = std::str::from_utf8(head).ok()?;
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next()?;
-    let path = request_line.strip_prefix("POST ")?.split(' ').next()?;
-    let mut length = None;
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        if name.eq_ignore_ascii_case("content-length") {
-            length = value.trim().parse().ok();
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            return None;
-        }
-    }
-    Some((length?, path == "/v1/traces"))
 }
 
 /// An empty body is an empty `ExportTraceServiceResponse`: everything accepted.

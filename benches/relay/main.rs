@@ -27,6 +27,7 @@ mod support;
 mod adopt;
 mod collector;
 mod harm;
+mod http;
 mod procstat;
 mod report;
 mod sampler;

@@ -14,12 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::http;
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-
-/// Request heads larger than this are refused; the SDK's are well under 2 KiB.
-const MAX_HEAD: usize = 16 * 1024;
 
 pub struct Sink {
     pub endpoint: String,
@@ -165,37 +164,31 @@ impl Drop for Sink {
 async fn serve(mut stream: TcpStream, state: Arc<State>) {
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     loop {
-        let (head_len, content_length, target) = loop {
-            if let Some(end) = find_head_end(&buf) {
-                match parse_head(&buf[..end]) {
-                    Some((len, target)) => break (end, len, target),
-                    None => {
-                        let _ = respond(&mut stream, 400, &error_body("malformed request")).await;
-                        return;
-                    }
-                }
-            }
-            if buf.len() > MAX_HEAD || !read_more(&mut stream, &mut buf).await {
+        let (head, head_len) = match http::next_request(&mut stream, &mut buf, 16 * 1024).await {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(()) => {
+                let _ = respond(&mut stream, 400, &error_body("malformed request")).await;
                 return;
             }
         };
-        while buf.len() < head_len + content_length {
-            if !read_more(&mut stream, &mut buf).await {
-                return;
-            }
-        }
         let received = Instant::now();
-        let body = &buf[head_len..head_len + content_length];
-        let (status, answer) = if target == "AmazonSQS.SendMessageBatch" {
+        let body = &buf[head_len..head_len + head.content_length];
+        let (status, answer) = if head.method == "PUT" {
+            // S3's PutObject (path-style): headers only in the answer; the SDK needs no body.
+            state.objects.fetch_add(1, Ordering::Relaxed);
+            (200, String::new())
+        } else if head.method != "POST" {
+            (
+                400,
+                error_body(&format!("{} is not served here", head.method)),
+            )
+        } else if head.target == "AmazonSQS.SendMessageBatch" {
             match serde_json::from_slice::<SendMessageBatch>(body) {
                 Ok(batch) => (200, accept(&state, &batch, received)),
                 Err(e) => (400, error_body(&format!("bad SendMessageBatch body: {e}"))),
             }
-        } else if target == PUT_OBJECT {
-            // S3 answers PutObject with headers only; the SDK needs nothing from the body.
-            state.objects.fetch_add(1, Ordering::Relaxed);
-            (200, String::new())
-        } else if target == "AmazonSQS.GetQueueAttributes" {
+        } else if head.target == "AmazonSQS.GetQueueAttributes" {
             // The relay reads each queue's MaximumMessageSize before planning requests and asks
             // again with every claim until it gets an answer: a refusal here would add a round
             // trip to every claim that SQS does not.
@@ -207,9 +200,12 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
                 ),
             }
         } else {
-            (400, error_body(&format!("{target} is not served here")))
+            (
+                400,
+                error_body(&format!("{} is not served here", head.target)),
+            )
         };
-        buf.drain(..head_len + content_length);
+        buf.drain(..head_len + head.content_length);
         if !state.delay.is_zero() {
             tokio::time::sleep(state.delay).await;
         }
@@ -289,61 +285,6 @@ fn event_number(event_id: &str) -> Option<u64> {
 fn error_body(message: &str) -> String {
     serde_json::json!({"__type": "com.amazonaws.sqs#InvalidParameterValue", "message": message})
         .to_string()
-}
-
-async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
-    let start = buf.len();
-    buf.resize(start + 16 * 1024, 0);
-    match stream.read(&mut buf[start..]).await {
-        Ok(0) | Err(_) => {
-            buf.truncate(start);
-            false
-        }
-        Ok(n) => {
-            buf.truncate(start + n);
-            true
-        }
-    }
-}
-
-fn find_head_end(buf: &[u8]) -> Option<usize> {
-    buf.windows(4).position(|w| w == b"\r\n\r\n").map(|p| p + 4)
-}
-
-/// What a `PUT` (S3's PutObject, path-style) is called here, beside SQS's `X-Amz-Target`s.
-const PUT_OBJECT: &str = "S3.PutObject";
-
-/// Content-Length and X-Amz-Target of a request head (a `PUT` is [`PUT_OBJECT`]). The SDK
-/// always sends a sized body.
-fn parse_head(head: &[u8]) -> Option<(usize, String)> {
-    let text = std::str::from_utf8(head).ok()?;
-    let mut lines = text.split("\r\n");
-    let request_line = lines.next()?;
-    let put = request_line.starts_with("PUT ");
-    if !request_line.starts_with("POST ") && !put {
-        return None;
-    }
-    let mut length = None;
-    let mut target = if put {
-        PUT_OBJECT.to_string()
-    } else {
-        String::new()
-    };
-    for line in lines {
-        let Some((name, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("content-length") {
-            length = value.parse().ok();
-        } else if name.eq_ignore_ascii_case("x-amz-target") && !put {
-            target = value.to_string();
-        } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            // Not produced by the SDK for these requests; refusing beats misreading.
-            return None;
-        }
-    }
-    Some((length?, target))
 }
 
 async fn respond(stream: &mut TcpStream, status: u16, body: &str) -> std::io::Result<()> {
