@@ -1,8 +1,9 @@
 //! Proves the harness itself: databases, queues and every fault-proxy mode.
 
+use crate::scenario::message_group;
 use crate::support::*;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
+use aws_sdk_sqs::types::MessageAttributeValue;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -135,10 +136,7 @@ async fn fifo_queue_deduplicates_and_keeps_group_order() {
     let got = receive_all(&url, 2, WAIT).await;
     let bodies: Vec<_> = got.iter().map(|m| m.body().unwrap()).collect();
     assert_eq!(bodies, ["first", "second"]);
-    let group = got[0]
-        .attributes()
-        .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId));
-    assert_eq!(group.map(String::as_str), Some("order-17"));
+    assert_eq!(message_group(&got[0]), Some("order-17"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

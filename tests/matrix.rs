@@ -19,7 +19,8 @@ use serde_json::json;
 
 use crate::fifo::order_violations;
 use crate::scenario::{
-    args, attr, copies, events, insert, migrate_with, relay_args_for, set_arg, Event, EventColumns,
+    args, attr, copies, events, insert, message_group, migrate_with, relay_args_for, set_arg,
+    Event, EventColumns,
 };
 use crate::startup::assert_one_clear_line;
 use crate::support::{
@@ -648,10 +649,11 @@ fn check_message(cell: Cell, m: &aws_sdk_sqs::types::Message, e: &Event, fifo: b
     let attributes = m.message_attributes().map_or(0, |a| a.len());
     assert_eq!(attributes, 4 + headers.len(), "{cell}: {id}: attributes");
     if fifo {
-        let group = m
-            .attributes()
-            .and_then(|a| a.get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId));
-        assert_eq!(group, Some(&e.aggregate_id), "{cell}: {id}: MessageGroupId");
+        assert_eq!(
+            message_group(m),
+            Some(e.aggregate_id.as_str()),
+            "{cell}: {id}: MessageGroupId"
+        );
     }
     let body: serde_json::Value =
         serde_json::from_str(m.body().unwrap_or_default()).expect("the body is JSON");

@@ -220,6 +220,13 @@ pub fn attr<'a>(m: &'a Message, name: &str) -> Option<&'a str> {
     m.message_attributes()?.get(name)?.string_value()
 }
 
+/// A FIFO message's `MessageGroupId` (received with system attribute `All`).
+pub fn message_group(m: &Message) -> Option<&str> {
+    m.attributes()?
+        .get(&aws_sdk_sqs::types::MessageSystemAttributeName::MessageGroupId)
+        .map(String::as_str)
+}
+
 /// How many copies of each event_id arrived.
 pub fn copies(messages: &[Message]) -> HashMap<String, usize> {
     let mut by_id = HashMap::new();

@@ -8,11 +8,12 @@ mod faults;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+use aws_sdk_sqs::types::Message;
 use serde_json::Value;
 
 use crate::scenario::{
-    attr, count, events, insert, insert_to, migrate_with, migrated_db, run_args, wait_count, Event,
+    attr, count, events, insert, insert_to, message_group, migrate_with, migrated_db, run_args,
+    wait_count, Event,
 };
 use crate::support::{
     create_queue, create_topic, create_topic_named, receive_all, run_to_end, sqs, subscribe_queue,
@@ -164,11 +165,9 @@ async fn a_fifo_topic_keeps_each_groups_order_in_every_subscribed_fifo_queue() {
         assert_eq!(got.len(), 120, "{queue}: each event once");
         let mut by_group: HashMap<String, Vec<usize>> = HashMap::new();
         for m in &got {
-            let group = m
-                .attributes()
-                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+            let group = message_group(m)
                 .expect("a FIFO message has its group")
-                .clone();
+                .to_string();
             let event_id = if is_raw {
                 attr(m, "event_id").expect("event_id").to_string()
             } else {
@@ -534,12 +533,9 @@ async fn deliver_through_topic(combo: Combo) {
         }
         assert_eq!(attr(m, "aggregate_type"), Some("order"), "{combo:?}");
         if fifo {
-            let group = m
-                .attributes()
-                .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
-                .expect("a FIFO message has its group");
+            let group = message_group(m).expect("a FIFO message has its group");
             let index: usize = id.rsplit('-').next().unwrap().parse().unwrap();
-            by_group.entry(group.clone()).or_default().push(index);
+            by_group.entry(group.to_string()).or_default().push(index);
         }
         seen.push(id);
     }

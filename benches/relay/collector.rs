@@ -63,16 +63,7 @@ impl Collector {
             delay,
             ..State::default()
         });
-        let accept_state = Arc::clone(&state);
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve(stream, Arc::clone(&accept_state)));
-            }
-        });
+        let accept = http::accept_all(listener, Arc::clone(&state), serve);
         Collector {
             endpoint: format!("http://{addr}"),
             state,

@@ -2,8 +2,12 @@
 //! keep-alive requests with a head and a `Content-Length` body, as the AWS SDK and the OTLP
 //! exporter send them. Chunked bodies are refused rather than misread.
 
+use std::future::Future;
+use std::sync::Arc;
+
 use tokio::io::AsyncReadExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 
 /// Request heads larger than this are refused; the clients' are well under 2 KiB.
 const MAX_HEAD: usize = 16 * 1024;
@@ -16,6 +20,28 @@ pub struct Head {
     /// `X-Amz-Target` (SQS's JSON protocol names the operation there), or empty.
     pub target: String,
     pub content_length: usize,
+}
+
+/// Accepts connections until aborted, each served by `serve` on a task of its own with the
+/// endpoint's shared `state`. No Nagle delay: answers are small and go at once.
+pub fn accept_all<S, F>(
+    listener: TcpListener,
+    state: Arc<S>,
+    serve: fn(TcpStream, Arc<S>) -> F,
+) -> JoinHandle<()>
+where
+    S: Send + Sync + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(serve(stream, Arc::clone(&state)));
+        }
+    })
 }
 
 /// The next request read into `buf` (reading `chunk` bytes at a time): its head, and where its

@@ -96,16 +96,7 @@ impl Sink {
             arrivals: record_arrivals.then(|| Mutex::new(Vec::with_capacity(1 << 16))),
             fifo_order: Mutex::new(FifoOrder::default()),
         });
-        let accept_state = Arc::clone(&state);
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(serve(stream, Arc::clone(&accept_state)));
-            }
-        });
+        let accept = http::accept_all(listener, Arc::clone(&state), serve);
         Sink {
             endpoint: format!("http://{addr}"),
             state,

@@ -6,11 +6,12 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use aws_sdk_sqs::types::MessageSystemAttributeName;
 use tokio_postgres::Client;
 
 use crate::faults::KINDS;
-use crate::scenario::{attr, copies, count, events, insert, migrated_db, run_args, wait_count};
+use crate::scenario::{
+    attr, copies, count, events, insert, message_group, migrated_db, run_args, wait_count,
+};
 use crate::support::{
     create_queue, create_topic, receive_all, sqs, subscribe_queue, wait_until, FaultProxy, Mode,
     RelayProcess, TestDb,
@@ -171,11 +172,9 @@ async fn a_lost_publish_answer_is_resent_with_its_event_id_and_a_fifo_topic_drop
     let got = assert_each_arrives_once(&s).await;
     let mut by_group: HashMap<String, Vec<usize>> = HashMap::new();
     for m in &got {
-        let group = m
-            .attributes()
-            .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+        let group = message_group(m)
             .expect("a FIFO message has its group")
-            .clone();
+            .to_string();
         let index: usize = attr(m, "event_id")
             .and_then(|id| id.rsplit('-').next())
             .and_then(|i| i.parse().ok())
