@@ -348,6 +348,17 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_RETRY_MAX", default_value = "60s", value_parser = humantime::parse_duration)]
     pub retry_max: Duration,
 
+    /// Give up on one database round trip after this long: the connection is dropped and a new
+    /// one replaces it (a connection gone dark answers nothing, ever). Also the TCP keepalive
+    /// idle time and `tcp_user_timeout` of the relay's sockets, where the URL sets none.
+    #[arg(long, env = "OUTBOX_DB_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub db_timeout: Duration,
+
+    /// Longest wait between database reconnects and retried settlements (full jitter from
+    /// --retry-base), kept well below --retry-max so the relay is back soon after the database.
+    #[arg(long, env = "OUTBOX_DB_RETRY_MAX", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub db_retry_max: Duration,
+
     /// How often the table gauges (oldest unsent age, counts) are refreshed.
     #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stats_interval: Duration,
@@ -572,6 +583,10 @@ pub struct RunConfig {
     pub max_bytes_in_flight: usize,
     pub retry_base: Duration,
     pub retry_max: Duration,
+    /// The client-side deadline of every database round trip of `run` (`--db-timeout`).
+    pub db_timeout: Duration,
+    /// The cap of the database reconnect back-off (`--db-retry-max`).
+    pub db_retry_max: Duration,
     pub stats_interval: Duration,
     pub retention: Retention,
     pub retention_interval: Duration,
@@ -714,6 +729,7 @@ impl RunArgs {
             ));
         }
         check_lease(self.lease, self.send_timeout, self.settle_margin)?;
+        check_db_timeouts(self.db_timeout, self.db_retry_max, self.lease)?;
         let retention = match (self.delete_on_ack, self.retention) {
             (false, retention) | (true, retention @ Retention::OnAck) => retention,
             (true, _) => {
@@ -819,6 +835,8 @@ impl RunArgs {
             max_bytes_in_flight: self.max_bytes_in_flight,
             retry_base: self.retry_base,
             retry_max: self.retry_max,
+            db_timeout: self.db_timeout,
+            db_retry_max: self.db_retry_max,
             stats_interval: self.stats_interval,
             retention,
             retention_interval: self.retention_interval,
@@ -891,6 +909,26 @@ pub fn check_lease(
             humantime::format_duration(lease),
             humantime::format_duration(send_timeout),
             humantime::format_duration(settle_margin)
+        ));
+    }
+    Ok(())
+}
+
+/// A round trip allowed to outlast the lease could never protect what it settles; a zero
+/// deadline or back-off cap would spin.
+pub fn check_db_timeouts(
+    db_timeout: Duration,
+    db_retry_max: Duration,
+    lease: Duration,
+) -> Result<(), String> {
+    if db_timeout.is_zero() || db_retry_max.is_zero() {
+        return Err("--db-timeout and --db-retry-max must be above zero".to_string());
+    }
+    if db_timeout >= lease {
+        return Err(format!(
+            "--db-timeout ({}) must be shorter than --lease ({}): a settlement must be able to finish while the lease holds",
+            humantime::format_duration(db_timeout),
+            humantime::format_duration(lease)
         ));
     }
     Ok(())
@@ -1008,6 +1046,12 @@ mod tests {
                 "--retry-max",
             ),
             (vec!["--table", "a.b.c"], "--table"),
+            (vec!["--db-timeout", "0s"], "--db-timeout"),
+            (vec!["--db-retry-max", "0s"], "--db-retry-max"),
+            (
+                vec!["--db-timeout", "30s", "--lease", "30s"],
+                "--db-timeout (30s)",
+            ),
             (
                 vec!["--sqs-endpoint-url", "localhost:4566"],
                 "--sqs-endpoint-url",

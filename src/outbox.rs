@@ -12,6 +12,7 @@
 //! - `session`: a connection with the relay's prepared statements; claims and settlements.
 //! - `decode`: a claimed row read column by column; what cannot be read is `Unreadable`.
 //! - `listen`: `--wakeup notify`'s LISTEN connection.
+//! - `liveness`: round-trip deadlines, keepalives, and which failures replace a connection.
 //! - `admin`: `quarantine list` and `quarantine retry`.
 //! - `columns`: an adopted table's column map.
 //! - [`schema`]: `migrate` and `migrate --adopt`, online (lock timeouts, concurrent indexes).
@@ -37,6 +38,7 @@ mod error;
 mod ident;
 pub mod inspect;
 mod listen;
+pub(crate) mod liveness;
 pub mod schema;
 mod session;
 mod status;
@@ -52,6 +54,7 @@ pub use columns::ColumnMap;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use ident::{quote_ident, KeyIndex, TableName};
+pub use liveness::{reconnect_delay, replacement, Replace};
 pub use schema::LockPolicy;
 pub use session::{Session, SharedSession, Stats};
 pub use status::TableStatus;
@@ -100,6 +103,11 @@ pub struct Outbox {
     strategy: ClaimStrategy,
     /// How `migrate` takes the locks that block the application's writes.
     locks: LockPolicy,
+    /// `run`'s deadline for one round trip (`--db-timeout`); `None` for the one-shot commands.
+    round_trip: Option<Duration>,
+    /// Set once a server refused a write as read-only (SQLSTATE 25006): from then on new
+    /// connections skip read-only hosts, as `target_session_attrs=read-write` would.
+    writable_only: std::sync::atomic::AtomicBool,
 }
 
 impl Outbox {
@@ -154,6 +162,8 @@ impl Outbox {
             delete_on_ack: false,
             strategy: ClaimStrategy::Plain,
             locks: LockPolicy::default(),
+            round_trip: None,
+            writable_only: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -209,6 +219,14 @@ impl Outbox {
     /// The relay reads `table`, a view over this adopted table (`migrate --adopt`).
     pub fn adopted_from(mut self, base: Option<TableName>) -> Self {
         self.base = base;
+        self
+    }
+
+    /// Every round trip of `run` gets this deadline, and the relay's sockets keepalives and a
+    /// `tcp_user_timeout` derived from it where the URL sets none (see `liveness`).
+    pub fn round_trip_deadline(mut self, deadline: Duration) -> Self {
+        liveness::apply_keepalives(&mut self.pg, deadline);
+        self.round_trip = Some(deadline);
         self
     }
 
@@ -279,13 +297,24 @@ impl Outbox {
     async fn connect_settings(
         &self,
     ) -> Result<std::borrow::Cow<'_, tokio_postgres::Config>, OutboxError> {
-        self.passwords
+        let mut pg = self
+            .passwords
             .apply(&self.pg)
             .await
             .map_err(|e| OutboxError::Connect {
                 target: self.target(),
                 reason: e.to_string(),
-            })
+            })?;
+        use tokio_postgres::config::TargetSessionAttrs;
+        if self
+            .writable_only
+            .load(std::sync::atomic::Ordering::Relaxed)
+            && pg.get_target_session_attrs() == TargetSessionAttrs::Any
+        {
+            pg.to_mut()
+                .target_session_attrs(TargetSessionAttrs::ReadWrite);
+        }
+        Ok(pg)
     }
 
     async fn raw_connect(&self) -> Result<Client, OutboxError> {

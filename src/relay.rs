@@ -95,6 +95,7 @@ pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
     )
     .password_source(config.database.password.clone())
     .delete_on_ack(config.retention.deletes_on_ack())
+    .round_trip_deadline(config.db_timeout)
     .claim_strategy(config.claim.clone())
 }
 
@@ -254,7 +255,10 @@ impl Relay {
                 floor: self.claim_floor.load(Ordering::Relaxed),
                 cursor: cursor.clone(),
             };
-            let claim = async { self.session.get().await?.claim(&request).await };
+            let request = &request;
+            let claim = self
+                .session
+                .run("claiming rows", |s| async move { s.claim(request).await });
             match claim.await {
                 Ok(mut claimed) => {
                     db_failures = 0;
@@ -294,8 +298,12 @@ impl Relay {
                 Err(e) => {
                     db_failures += 1;
                     self.health.set_database_ok(false);
-                    let delay = self.backoff(db_failures);
-                    if e.is_transient() {
+                    let replaced = crate::outbox::replacement(&e).is_some();
+                    let delay = self.db_backoff(db_failures, replaced);
+                    if replaced {
+                        // The session logged what happened when it dropped the connection.
+                        tracing::debug!(error = %e, retry_in = ?delay, "claim failed on a replaced connection");
+                    } else if e.is_transient() {
                         tracing::warn!(error = %e, retry_in = ?delay, "claim failed; backing off");
                     } else {
                         tracing::error!(error = %e, retry_in = ?delay,
@@ -941,11 +949,13 @@ impl Relay {
         }
         let mut attempt = 0u32;
         loop {
-            let result = async {
-                let session = self.session.get().await?;
-                session.settle(&self.config.relay_id, &settlement).await
-            }
-            .await;
+            let (owner, settlement) = (&self.config.relay_id, &settlement);
+            let result = self
+                .session
+                .run("recording outcomes", |s| async move {
+                    s.settle(owner, settlement).await
+                })
+                .await;
             match result {
                 Ok(settled) => {
                     self.health.set_database_ok(true);
@@ -966,7 +976,7 @@ impl Relay {
                 Err(e) => {
                     self.health.set_database_ok(false);
                     attempt += 1;
-                    let delay = self.backoff(attempt);
+                    let delay = self.db_backoff(attempt, crate::outbox::replacement(&e).is_some());
                     if Instant::now() + delay >= lease_deadline {
                         tracing::error!(error = %e, rows = settlement.sent.len() + settlement.reschedule.len() + settlement.quarantine.len(),
                             "could not record outcomes before the lease ends; the rows will be sent again with the same event_id");
@@ -1012,7 +1022,7 @@ impl Relay {
                 } else {
                     failures + 1
                 };
-                let delay = self.backoff(failures);
+                let delay = self.db_backoff(failures, false);
                 tracing::warn!(error = %e, retry_in = ?delay, "wake-up connection lost; polling until it is back");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -1035,7 +1045,13 @@ impl Relay {
             // same pass.
             self.unpark_destinations().await;
             self.maintain_blocked_groups().await;
-            let stats = async { self.session.get().await?.stats().await }.await;
+            let stats = self
+                .session
+                .run(
+                    "reading outbox statistics",
+                    |s| async move { s.stats().await },
+                )
+                .await;
             match stats {
                 Ok(s) => {
                     self.health.set_database_ok(true);
@@ -1074,13 +1090,11 @@ impl Relay {
             }
             let mut deleted = 0u64;
             loop {
-                let pass = async {
-                    self.session
-                        .get()
-                        .await?
-                        .delete_expired(retention, RETENTION_BATCH)
-                        .await
-                };
+                let pass = self
+                    .session
+                    .run("deleting sent rows past retention", |s| async move {
+                        s.delete_expired(retention, RETENTION_BATCH).await
+                    });
                 match pass.await {
                     Ok(n) => {
                         deleted += n;
@@ -1105,7 +1119,12 @@ impl Relay {
     /// Rows parked for their destination whose time has come become unsent again, and the
     /// claim loop is woken to send them.
     async fn unpark_destinations(&self) {
-        let result = async { self.session.get().await?.unpark_destinations().await }.await;
+        let result = self
+            .session
+            .run("unparking rows", |s| async move {
+                s.unpark_destinations().await
+            })
+            .await;
         match result {
             Ok(0) => {}
             Ok(rows) => {
@@ -1120,7 +1139,12 @@ impl Relay {
     /// stop walking them and operators see them) and release groups whose head was re-driven.
     /// Runs with the gauges; every replica may run it, the statements are idempotent.
     async fn maintain_blocked_groups(&self) {
-        let result = async { self.session.get().await?.maintain_blocked_groups().await }.await;
+        let result = self
+            .session
+            .run("maintaining blocked groups", |s| async move {
+                s.maintain_blocked_groups().await
+            })
+            .await;
         match result {
             Ok((parked, unparked)) => {
                 if parked > 0 {
@@ -1160,7 +1184,11 @@ impl Relay {
                 _ = shutdown.cancelled() => return,
             }
             self.health.tick();
-            let probe = async { self.session.get().await?.probe().await };
+            let probe =
+                self.session.run(
+                    "looking for claimable rows",
+                    |s| async move { s.probe().await },
+                );
             match probe.await {
                 Ok(false) => {}
                 // Found work, or the database failed: the claim finds the rows, or meets the
@@ -1187,6 +1215,18 @@ impl Relay {
                 _ = shutdown.cancelled() => return,
             }
         }
+    }
+
+    /// The wait before a database retry: capped by `--db-retry-max`, at once after the
+    /// session replaced a dark or read-only connection.
+    fn db_backoff(&self, failures: u32, replaced: bool) -> Duration {
+        crate::outbox::reconnect_delay(
+            failures,
+            replaced,
+            self.config.retry_base,
+            self.config.db_retry_max,
+            fastrand::f64(),
+        )
     }
 
     fn backoff(&self, attempt: u32) -> Duration {

@@ -29,13 +29,14 @@ use stream::{Decoder, ServerMessage};
 use wire::{Wire, WireError};
 
 /// How often the doorbell confirms its position and asks the server for a sign of life;
-/// pg_recvlogical's default status interval.
+/// pg_recvlogical's default status interval, or `--db-timeout` when shorter.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Silence after which the connection counts as dead (a server that went away without
-/// closing the socket). The server answers each status update at once, so a live one is
-/// never this quiet; the figure is PostgreSQL's default `wal_sender_timeout`, the time after
-/// which the server would give up on us in the same situation.
+/// closing the socket) when `run` set no round-trip deadline: PostgreSQL's default
+/// `wal_sender_timeout`, the time after which the server would give up on us in the same
+/// situation. With a deadline, the server answers each status update at once, so a live one
+/// is never quieter than a status interval plus one deadline.
 const SILENCE_LIMIT: Duration = Duration::from_secs(60);
 
 /// Keepalives that do not ask for an answer are answered at most this often: the server sends
@@ -66,19 +67,26 @@ impl Outbox {
         let mut position = 0u64;
         let mut heard = Instant::now();
         let mut answered = Instant::now();
+        let (status_interval, silence_limit) = match self.round_trip() {
+            Some(deadline) => {
+                let every = STATUS_INTERVAL.min(deadline);
+                (every, every + deadline)
+            }
+            None => (STATUS_INTERVAL, SILENCE_LIMIT),
+        };
         let mut tick = tokio::time::interval_at(
-            tokio::time::Instant::now() + STATUS_INTERVAL,
-            STATUS_INTERVAL,
+            tokio::time::Instant::now() + status_interval,
+            status_interval,
         );
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let frame = tokio::select! {
                 frame = wire.receive() => frame,
                 _ = tick.tick() => {
-                    if heard.elapsed() >= SILENCE_LIMIT {
+                    if heard.elapsed() >= silence_limit {
                         return Err(self.lost(format!(
                             "no word from the server in {}",
-                            humantime::format_duration(SILENCE_LIMIT)
+                            humantime::format_duration(silence_limit)
                         )));
                     }
                     self.confirm(&mut wire, position, true).await?;

@@ -58,6 +58,13 @@ pub enum OutboxError {
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A round trip that got no answer within `--db-timeout`: its connection was dropped (a
+    /// connection gone dark answers nothing, ever) and the next round trip opens a new one.
+    #[error("no answer from the database within {} ({what}; --db-timeout)", humantime::format_duration(*after))]
+    Unanswered {
+        what: &'static str,
+        after: std::time::Duration,
+    },
     /// A failure on the logical-decoding doorbell's replication connection.
     #[error("{context}: {detail}")]
     Replication {
@@ -76,6 +83,7 @@ impl OutboxError {
     pub fn is_transient(&self) -> bool {
         match self {
             OutboxError::Connect { .. } => true,
+            OutboxError::Unanswered { .. } => true,
             OutboxError::Query { source, .. } => match source.code() {
                 Some(code) => sqlstate_is_transient(code.code()),
                 // No SQLSTATE: the failure is on the connection, not in the statement.

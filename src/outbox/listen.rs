@@ -1,5 +1,7 @@
 //! `--wakeup notify`: a connection that LISTENs on the table's channel.
 
+use std::time::Duration;
+
 use futures_util::StreamExt;
 use tokio_postgres::AsyncMessage;
 
@@ -43,8 +45,30 @@ impl Outbox {
             .await
             .map_err(query_err("subscribing to wake-ups"))?;
         on_listening();
-        while rx.recv().await.is_some() {
-            wake();
+        // An idle LISTEN connection sends nothing, so a path that went dark would go unnoticed
+        // (keepalives only catch a peer whose kernel stopped answering): with a round-trip
+        // deadline, a round trip every deadline proves the connection still answers.
+        let every = self
+            .round_trip()
+            .unwrap_or(Duration::from_secs(24 * 60 * 60));
+        let mut check = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                woken = rx.recv() => match woken {
+                    Some(()) => wake(),
+                    None => break,
+                },
+                _ = check.tick() => {
+                    if tokio::time::timeout(every, client.simple_query("")).await.is_err() {
+                        driver.abort();
+                        return Err(OutboxError::Unanswered {
+                            what: "checking the wake-up connection",
+                            after: every,
+                        });
+                    }
+                }
+            }
         }
         driver.abort();
         Err(OutboxError::Connect {

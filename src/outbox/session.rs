@@ -8,6 +8,7 @@ use tokio_postgres::{Client, Statement};
 
 use super::claim::{Bound, ClaimRequest, ClaimStrategy, OrderScope};
 use super::decode::decode;
+use super::liveness::{replacement, Replace};
 use super::{query_err, Outbox, OutboxError};
 use crate::row::{Claimed, Settled, Settlement};
 
@@ -337,6 +338,20 @@ impl Session {
         Ok(row.get(0))
     }
 
+    /// The server's own address and port as it sees them, for messages naming the host that
+    /// refused us; `None` over a Unix socket or when it does not say.
+    pub async fn server_address(&self) -> Option<String> {
+        let row = self
+            .client
+            .query_one(
+                "SELECT host(inet_server_addr()) || ':' || inet_server_port()",
+                &[],
+            )
+            .await
+            .ok()?;
+        row.get(0)
+    }
+
     /// Gauges for `/metrics`, from partial indexes only.
     pub async fn stats(&self) -> Result<Stats, OutboxError> {
         let row = self
@@ -415,9 +430,96 @@ impl SharedSession {
             }
         }
         *current = None;
-        let session = Arc::new(self.outbox.connect().await?);
+        // A connection can go dark while its statements are prepared too, and this lock is held
+        // meanwhile: every caller would wait with it.
+        let session = match self.outbox.round_trip() {
+            Some(deadline) => {
+                let limit = self
+                    .outbox
+                    .pg
+                    .get_connect_timeout()
+                    .copied()
+                    .unwrap_or_default()
+                    + deadline;
+                tokio::time::timeout(limit, self.outbox.connect())
+                    .await
+                    .map_err(|_| OutboxError::Unanswered {
+                        what: "setting up a new connection",
+                        after: limit,
+                    })??
+            }
+            None => self.outbox.connect().await?,
+        };
+        let session = Arc::new(session);
         *current = Some(Arc::clone(&session));
         tracing::info!(target = %self.outbox.target(), "database connection established");
         Ok(session)
+    }
+}
+
+impl SharedSession {
+    /// Runs `op` (one round trip, or a few pipelined) on the live session within `run`'s
+    /// deadline. A connection that gave no answer in time, or whose server takes no writes, is
+    /// dropped here, with one WARN line, and the next call opens a new one; the caller gets the
+    /// error back and retries as it does after any database failure. What the round trip was
+    /// doing when the connection went is the lease's to settle: a claim's rows stay leased until
+    /// their lease ends, then any replica takes them; a settlement retried on the new
+    /// connection meets its rows unchanged, or changed by its own first try (every settlement
+    /// is fenced by owner and lease token, and only ever applies to a row still unsent and
+    /// unquarantined, so applying it twice changes nothing the second time).
+    pub async fn run<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T, OutboxError>
+    where
+        F: FnOnce(Arc<Session>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, OutboxError>>,
+    {
+        let session = self.get().await?;
+        let result = match self.outbox.round_trip() {
+            Some(deadline) => tokio::time::timeout(deadline, op(Arc::clone(&session)))
+                .await
+                .unwrap_or(Err(OutboxError::Unanswered {
+                    what,
+                    after: deadline,
+                })),
+            None => op(Arc::clone(&session)).await,
+        };
+        if let Err(e) = &result {
+            if let Some(why) = replacement(e) {
+                self.replace(&session, why, what, e).await;
+            }
+        }
+        result
+    }
+
+    /// Drops `session` if it is still the current one; of the callers that met the same dark
+    /// connection only the first logs.
+    async fn replace(&self, session: &Arc<Session>, why: Replace, what: &str, e: &OutboxError) {
+        {
+            let mut current = self.current.lock().await;
+            match current.as_ref() {
+                Some(live) if Arc::ptr_eq(live, session) => *current = None,
+                _ => return,
+            }
+        }
+        match why {
+            Replace::Unanswered => tracing::warn!(
+                target = %self.outbox.target(),
+                "database connection dropped: {e}; the next round trip opens a new one"
+            ),
+            Replace::ReadOnly => {
+                self.outbox.skip_read_only_hosts();
+                let deadline = self.outbox.round_trip().unwrap_or(Duration::from_secs(5));
+                let server = tokio::time::timeout(deadline, session.server_address())
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or_else(|| "(address not known)".to_string());
+                tracing::warn!(
+                    server = %server,
+                    hosts = %self.outbox.hosts(),
+                    error = %e,
+                    "database server {server} takes no writes (a standby, or a demoted primary) while {what}; dropped the connection, connecting to the next host that does"
+                );
+            }
+        }
     }
 }

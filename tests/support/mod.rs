@@ -7,6 +7,7 @@
 //!   `OUTBOX_TEST_SQS=moto`); [`create_queue`] gives each test its own queue.
 //! - [`sns`]: topics on the same server, [`create_topic`] and [`subscribe_queue`] per test.
 //! - [`proxy`]: [`FaultProxy`], an HTTP fault injector in front of the SQS server.
+//! - [`tcp_proxy`]: [`TcpProxy`], a TCP fault injector in front of PostgreSQL (dark, reset, slow).
 //! - [`iam_proxy`]: [`IamProxy`], a PostgreSQL front that checks RDS IAM auth tokens.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
 //! - [`otlp`]: [`OtlpReceiver`], an OTLP/HTTP trace receiver that decodes the spans it gets.
@@ -25,6 +26,7 @@ pub mod proxy;
 pub mod relay;
 pub mod sns;
 pub mod sqs;
+pub mod tcp_proxy;
 
 pub use iam_proxy::IamProxy;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
@@ -36,6 +38,7 @@ pub use sqs::{
     create_queue, receive_all, set_max_message_size, sqs, sqs_client, sqs_client_at,
     test_sdk_config, SqsKind, SqsServer, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,
 };
+pub use tcp_proxy::TcpProxy;
 
 use std::future::Future;
 use std::io::{self, Read};

@@ -364,6 +364,92 @@ impl PrivatePg {
     }
 }
 
+/// A streaming standby and its promotion, for failover tests.
+impl PrivatePg {
+    /// A hot standby of this cluster, streaming from it, on a port of its own. Made with
+    /// `pg_basebackup -R -X stream` where the cluster's binaries have it; PostgreSQL builds
+    /// without client tools get a copy of the cleanly stopped cluster instead, which is a base
+    /// backup too (this cluster is restarted for it).
+    pub async fn standby(&self) -> PrivatePg {
+        let primary = &self.pg;
+        let root = make_temp_dir("pg-standby");
+        if let Some((uid, gid)) = primary.run_as {
+            std::os::unix::fs::chown(&root, Some(uid), Some(gid)).expect("chown standby dir");
+        }
+        let data_dir = root.join("data");
+        let basebackup = primary.bin_dir.join("pg_basebackup");
+        if basebackup.is_file() {
+            let mut cmd = Command::new(basebackup);
+            cmd.arg("-D")
+                .arg(&data_dir)
+                .args(["-R", "-X", "stream", "--no-sync", "-U", "postgres"])
+                .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
+                .env("PGPASSWORD", &primary.password);
+            as_user(&mut cmd, primary.run_as, &root);
+            let out = tokio::task::spawn_blocking(move || cmd.output())
+                .await
+                .unwrap()
+                .expect("run pg_basebackup");
+            assert!(
+                out.status.success(),
+                "pg_basebackup failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            self.stop_fast().await;
+            let out = Command::new("cp")
+                .arg("-a")
+                .arg(&primary.data_dir)
+                .arg(&data_dir)
+                .output()
+                .expect("run cp");
+            assert!(out.status.success(), "copy the data directory: {out:?}");
+            self.start_again().await;
+        }
+        // Written here whichever way the copy was made, so the standby surely logs in.
+        let auto_conf = data_dir.join("postgresql.auto.conf");
+        let mut conf = std::fs::read_to_string(&auto_conf).unwrap_or_default();
+        conf.push_str(&format!(
+            "\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres password={}'\n",
+            primary.port, primary.password
+        ));
+        std::fs::write(&auto_conf, conf).expect("write postgresql.auto.conf");
+        std::fs::write(data_dir.join("standby.signal"), "").expect("write standby.signal");
+        if let Some((uid, gid)) = primary.run_as {
+            for file in ["postgresql.auto.conf", "standby.signal"] {
+                std::os::unix::fs::chown(data_dir.join(file), Some(uid), Some(gid))
+                    .expect("chown standby files");
+            }
+        }
+        let pg = Pg {
+            bin_dir: primary.bin_dir.clone(),
+            data_dir,
+            log_path: root.join("postgres.log"),
+            socket_dir: root,
+            port: free_port(),
+            password: primary.password.clone(),
+            run_as: primary.run_as,
+            // The same max_connections: a standby with fewer refuses to start.
+            settings: primary.settings.clone(),
+            child: Mutex::new(None),
+        };
+        pg.spawn_server(false);
+        pg.until_ready().await;
+        PrivatePg { pg }
+    }
+
+    /// Promotes this standby; returns once it takes writes.
+    pub async fn promote(&self) {
+        let admin = connect(&self.admin_url()).await;
+        let promoted: bool = admin
+            .query_one("SELECT pg_promote(true, 60)", &[])
+            .await
+            .expect("pg_promote")
+            .get(0);
+        assert!(promoted, "the standby was not promoted:\n{}", self.log());
+    }
+}
+
 impl Drop for PrivatePg {
     fn drop(&mut self) {
         let slot = self.pg.child.get_mut().unwrap_or_else(|e| e.into_inner());

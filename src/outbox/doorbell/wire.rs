@@ -184,6 +184,8 @@ impl Wire {
             Host::Tcp(host) => {
                 let tcp = TcpStream::connect((host.as_str(), port)).await?;
                 tcp.set_nodelay(true)?;
+                // This connection idles between status updates; the kernel watches it too.
+                crate::outbox::liveness::set_socket_keepalives(&tcp, pg)?;
                 negotiate_tls(tcp, pg, tls, name).await?
             }
             Host::Unix(dir) => {

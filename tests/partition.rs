@@ -1,0 +1,225 @@
+//! The relay's database connection through a TCP fault proxy (gone dark, reset) and a database
+//! that stops and comes back: the relay replaces what it lost and delivers every row, and no
+//! row is settled twice. Times are printed for docs/benchmarks.md, never asserted.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use crate::scenario::{copies, events, insert, migrate, migrated_db, run_args, set_arg, Producer};
+use crate::support::pg::PrivatePg;
+use crate::support::{create_queue, pg, receive_all, sqs, RelayProcess, TcpProxy, TestDb};
+
+const BATCHES: usize = 40;
+const BATCH_SIZE: usize = 10;
+
+/// Short leases so rows held on a lost connection come back within seconds; a one-second
+/// round-trip deadline so a dark connection is given up quickly.
+const TIMINGS: [&str; 8] = [
+    "--lease",
+    "4s",
+    "--send-timeout",
+    "1s",
+    "--settle-margin",
+    "1s",
+    "--db-timeout",
+    "1s",
+];
+
+/// Records every change of a row's settlement (sent or quarantined), so a test can tell that
+/// each row was settled once.
+async fn log_settlements(client: &tokio_postgres::Client) {
+    client
+        .batch_execute(
+            "CREATE TABLE settle_log (id bigint NOT NULL);
+             CREATE FUNCTION log_settlement() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN INSERT INTO settle_log VALUES (NEW.id); RETURN NEW; END $$;
+             CREATE TRIGGER log_settlement AFTER UPDATE ON outbox FOR EACH ROW
+             WHEN (OLD.sent_at IS DISTINCT FROM NEW.sent_at
+                   OR OLD.quarantined_at IS DISTINCT FROM NEW.quarantined_at)
+             EXECUTE FUNCTION log_settlement();",
+        )
+        .await
+        .expect("install the settlement log");
+}
+
+/// Rows settled more than once, and rows settled at all.
+async fn settlements(client: &tokio_postgres::Client) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT (SELECT count(*) FROM (SELECT id FROM settle_log GROUP BY id HAVING count(*) > 1) AS twice),
+                    (SELECT count(DISTINCT id) FROM settle_log)",
+            &[],
+        )
+        .await
+        .expect("read the settlement log");
+    (row.get(0), row.get(1))
+}
+
+async fn sent_at_set(client: &tokio_postgres::Client, event_id: &str) -> bool {
+    client
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE event_id = $1 AND sent_at IS NOT NULL",
+            &[&event_id],
+        )
+        .await
+        .map(|r| r.get::<_, i64>(0) == 1)
+        .unwrap_or(false)
+}
+
+/// Waits until the row is sent; returns how long that took.
+async fn time_to_send(client: &tokio_postgres::Client, event_id: &str, since: Instant) -> Duration {
+    crate::support::wait_until(
+        &format!("{event_id} is sent"),
+        Duration::from_secs(60),
+        || sent_at_set(client, event_id),
+    )
+    .await;
+    since.elapsed()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// The relay's connections stop forwarding both ways and stay open.
+    Dark,
+    /// The relay's connections are reset.
+    Reset,
+}
+
+/// A producer writes while the relay delivers through the proxy; the fault hits the relay's
+/// connections mid-run. Afterwards every row is sent once in the table and on the queue
+/// (copies only with the same event_id, counted), and the relay opened new connections.
+async fn delivers_through(fault: Fault) {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    log_settlements(&client).await;
+    let queue = create_queue("partition", &[]).await;
+    let proxy = TcpProxy::start(pg().port());
+    let through = TestDb {
+        name: db.name.clone(),
+        url: proxy.url_through(&db.url),
+    };
+    let relay = RelayProcess::spawn(&run_args(&through, &queue, sqs().endpoint(), &TIMINGS), &[]);
+    let producer = Producer::start(
+        &db.url,
+        "partition",
+        BATCHES,
+        BATCH_SIZE,
+        Duration::from_millis(50),
+    );
+    crate::support::wait_until("the relay sends", Duration::from_secs(30), || async {
+        crate::scenario::count(&client, "sent_at IS NOT NULL").await >= 50
+    })
+    .await;
+    let before = proxy.accepted();
+    match fault {
+        Fault::Dark => proxy.blackhole_existing(),
+        Fault::Reset => proxy.reset_existing(),
+    }
+    let faulted = Instant::now();
+    let marker = events(&format!("after-{fault:?}"), 1, 1);
+    insert(&client, &marker, Duration::ZERO).await;
+    let took = time_to_send(&client, &marker[0].event_id, faulted).await;
+    eprintln!("partition {fault:?}: first row written after the fault sent {took:?} after it");
+    let report = producer.finish().await;
+    let total = report.events.len() + 1;
+    crate::scenario::wait_count(
+        &client,
+        "sent_at IS NOT NULL",
+        total as i64,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        crate::scenario::count(&client, "quarantined_at IS NOT NULL").await,
+        0
+    );
+    assert!(
+        proxy.accepted() > before,
+        "the relay opened no new connection after the fault"
+    );
+    let (twice, settled) = settlements(&client).await;
+    assert_eq!(twice, 0, "rows settled more than once");
+    assert_eq!(settled, total as i64);
+
+    let messages = receive_all(&queue, total, Duration::from_secs(60)).await;
+    let by_id = copies(&messages);
+    let wanted: HashSet<String> = report
+        .events
+        .iter()
+        .chain(&marker)
+        .map(|e| e.event_id.clone())
+        .collect();
+    let arrived: HashSet<String> = by_id.keys().cloned().collect();
+    assert_eq!(arrived, wanted, "every row arrives, and nothing else");
+    let extra: usize = by_id.values().map(|n| n - 1).sum();
+    eprintln!("partition {fault:?}: {total} rows, {extra} copies (same event_id)");
+
+    let output = relay.output();
+    if let Fault::Dark = fault {
+        let warn = output
+            .lines()
+            .find(|l| l.contains("database connection dropped"))
+            .unwrap_or_else(|| panic!("no WARN about the dark connection:\n{output}"));
+        assert!(warn.contains("WARN"), "{warn}");
+        assert!(
+            warn.contains("no answer from the database within 1s"),
+            "{warn}"
+        );
+    }
+    assert!(
+        output.contains("database connection established"),
+        "no new connection logged:\n{output}"
+    );
+    assert!(!output.contains(db.url.as_str()) && !output.contains(pg().password()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dark_connection_is_replaced_and_every_row_delivered_once() {
+    delivers_through(Fault::Dark).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_connection_is_replaced_and_every_row_delivered_once() {
+    delivers_through(Fault::Reset).await;
+}
+
+/// The database stops for a while and comes back; the relay's reconnect back-off is capped by
+/// `--db-retry-max`, not by SQS's `--retry-max` (60 s here), so a row written after the
+/// database came back is delivered within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_written_after_the_database_came_back_is_delivered() {
+    let cluster = PrivatePg::start().await;
+    let db = cluster.create_db().await;
+    migrate(&db, "outbox").await;
+    let queue = create_queue("db-back", &[]).await;
+    let mut args = run_args(&db, &queue, sqs().endpoint(), &TIMINGS);
+    set_arg(&mut args, "--retry-max", "60s");
+    let relay = RelayProcess::spawn(&args, &[]);
+    let first = events("before", 10, 3);
+    insert(&db.client().await, &first, Duration::ZERO).await;
+    crate::scenario::wait_count(
+        &db.client().await,
+        "sent_at IS NOT NULL",
+        10,
+        Duration::from_secs(30),
+    )
+    .await;
+    cluster.stop_fast().await;
+    // Long enough for the back-off to reach its cap several times over.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.start_again().await;
+    let back = Instant::now();
+    let client = db.client().await;
+    let later = events("after-restart", 1, 1);
+    insert(&client, &later, Duration::ZERO).await;
+    let took = time_to_send(&client, &later[0].event_id, back).await;
+    eprintln!("database restart: row written after the database came back sent {took:?} after it");
+    let messages = receive_all(&queue, 11, Duration::from_secs(30)).await;
+    let by_id = copies(&messages);
+    assert!(by_id.contains_key(&later[0].event_id));
+    assert_eq!(by_id.len(), 11);
+    assert!(
+        relay.wait_exit(Duration::ZERO).await.is_none(),
+        "the relay ended"
+    );
+}
