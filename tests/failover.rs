@@ -61,10 +61,16 @@ async fn every_committed_row_arrives_across_a_promotion() {
     // Synchronous, so every commit the application saw is on the standby when the primary
     // dies; set only now, or the standby would inherit it and wait for a standby of its own.
     let admin = connect(&primary.admin_url()).await;
-    admin
-        .batch_execute("ALTER SYSTEM SET synchronous_standby_names = '*'; SELECT pg_reload_conf()")
-        .await
-        .expect("make the standby synchronous");
+    // Two statements: ALTER SYSTEM refuses to run in the implicit transaction of a batch.
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin
+            .batch_execute(sql)
+            .await
+            .expect("make the standby synchronous");
+    }
     crate::support::wait_until(
         "the standby is synchronous",
         Duration::from_secs(30),

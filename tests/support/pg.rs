@@ -383,6 +383,8 @@ impl PrivatePg {
             cmd.arg("-D")
                 .arg(&data_dir)
                 .args(["-R", "-X", "stream", "--no-sync", "-U", "postgres"])
+                // A spread checkpoint would make the backup wait minutes.
+                .arg("--checkpoint=fast")
                 .args(["-h", "127.0.0.1", "-p", &primary.port.to_string()])
                 .env("PGPASSWORD", &primary.password);
             as_user(&mut cmd, primary.run_as, &root);
