@@ -223,3 +223,87 @@ async fn a_row_written_after_the_database_came_back_is_delivered() {
         "the relay ended"
     );
 }
+
+/// The wake-up connection (`notify`'s LISTEN, `logical`'s replication stream) idles, so only
+/// its own check notices it went dark: the relay says so, connects it anew, and keeps
+/// delivering.
+async fn wakeups_survive_the_dark(wakeup: &str, db: &TestDb, upstream_port: u16, lost: &str) {
+    let client = db.client().await;
+    let queue = create_queue("dark-wakeup", &[]).await;
+    let proxy = TcpProxy::start(upstream_port);
+    let through = TestDb {
+        name: db.name.clone(),
+        url: proxy.url_through(&db.url),
+    };
+    let mut timings = TIMINGS.to_vec();
+    timings.extend(["--wakeup", wakeup]);
+    // "wake-ups connected" is logged at debug level.
+    let debug = [(
+        "RUST_LOG".to_string(),
+        "info,outbox_relay::relay=debug".to_string(),
+    )];
+    let relay = RelayProcess::spawn(
+        &run_args(&through, &queue, sqs().endpoint(), &timings),
+        &debug,
+    );
+    let first = events("before-dark", 1, 1);
+    insert(&client, &first, Duration::ZERO).await;
+    time_to_send(&client, &first[0].event_id, Instant::now()).await;
+    relay
+        .wait_for_line("wake-ups connected", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("the wake-ups never connected:\n{}", relay.output()));
+    let before = proxy.accepted();
+    let seen = relay.output().lines().count();
+    proxy.blackhole_existing();
+    let mut line = None;
+    crate::support::wait_until("the relay notices", Duration::from_secs(30), || {
+        line = relay
+            .output()
+            .lines()
+            .skip(seen)
+            .find(|l| l.contains("wake-up connection lost"))
+            .map(str::to_string);
+        std::future::ready(line.is_some())
+    })
+    .await;
+    let line = line.unwrap();
+    assert!(line.contains("WARN") && line.contains(lost), "{line}");
+    let later = events("after-dark", 1, 1);
+    insert(&client, &later, Duration::ZERO).await;
+    time_to_send(&client, &later[0].event_id, Instant::now()).await;
+    assert!(
+        proxy.accepted() > before,
+        "no new connection after the fault"
+    );
+    let messages = receive_all(&queue, 2, Duration::from_secs(30)).await;
+    assert_eq!(copies(&messages).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dark_listen_connection_is_replaced() {
+    let db = crate::support::fresh_db().await;
+    crate::scenario::migrate_with(&db, &["--wakeup", "notify"]).await;
+    wakeups_survive_the_dark(
+        "notify",
+        &db,
+        pg().port(),
+        "no answer from the database within 1s (checking the wake-up connection",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dark_doorbell_connection_is_replaced() {
+    let cluster = PrivatePg::start_with(&["wal_level=logical"]).await;
+    let db = cluster.create_db().await;
+    crate::scenario::migrate_with(&db, &["--wakeup", "logical"]).await;
+    // A status update every second (the deadline), dead after one more without an answer.
+    wakeups_survive_the_dark(
+        "logical",
+        &db,
+        cluster.port(),
+        "no word from the server in 2s",
+    )
+    .await;
+}
