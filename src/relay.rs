@@ -104,7 +104,15 @@ pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
 /// before anything else is started.
 pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
     let outbox = Arc::new(outbox_for(&config)?);
-    let first = outbox.connect().await?;
+    // As for every later connection (SharedSession::get): the handshake has its own bound, the
+    // statements prepared after it one round-trip deadline more.
+    let limit = config.database.connect_timeout + config.db_timeout;
+    let first = tokio::time::timeout(limit, outbox.connect())
+        .await
+        .map_err(|_| OutboxError::Unanswered {
+            what: "setting up the first connection",
+            after: limit,
+        })??;
     let installed = outbox.installed_wakeup().await?;
     match (config.wakeup, installed.judge(config.wakeup)) {
         (_, Ok(())) => {}
