@@ -351,8 +351,9 @@ pub struct RunArgs {
     /// Give up on one database round trip after this long: the connection is dropped and a new
     /// one replaces it (a connection gone dark answers nothing, ever). Also the TCP keepalive
     /// idle time and `tcp_user_timeout` of the relay's sockets, where the URL sets none.
-    #[arg(long, env = "OUTBOX_DB_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub db_timeout: Duration,
+    /// Default: --settle-margin, the time a settlement has anyway.
+    #[arg(long, env = "OUTBOX_DB_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub db_timeout: Option<Duration>,
 
     /// Longest wait between database reconnects and retried settlements (full jitter from
     /// --retry-base), kept well below --retry-max so the relay is back soon after the database.
@@ -729,7 +730,9 @@ impl RunArgs {
             ));
         }
         check_lease(self.lease, self.send_timeout, self.settle_margin)?;
-        check_db_timeouts(self.db_timeout, self.db_retry_max, self.lease)?;
+        // A settlement slower than the margin kept for it could not protect its lease anyway.
+        let db_timeout = self.db_timeout.unwrap_or(self.settle_margin);
+        check_db_timeouts(db_timeout, self.db_retry_max, self.lease)?;
         let retention = match (self.delete_on_ack, self.retention) {
             (false, retention) | (true, retention @ Retention::OnAck) => retention,
             (true, _) => {
@@ -835,7 +838,7 @@ impl RunArgs {
             max_bytes_in_flight: self.max_bytes_in_flight,
             retry_base: self.retry_base,
             retry_max: self.retry_max,
-            db_timeout: self.db_timeout,
+            db_timeout,
             db_retry_max: self.db_retry_max,
             stats_interval: self.stats_interval,
             retention,
@@ -922,7 +925,10 @@ pub fn check_db_timeouts(
     lease: Duration,
 ) -> Result<(), String> {
     if db_timeout.is_zero() || db_retry_max.is_zero() {
-        return Err("--db-timeout and --db-retry-max must be above zero".to_string());
+        return Err(
+            "--db-timeout (default: --settle-margin) and --db-retry-max must be above zero"
+                .to_string(),
+        );
     }
     if db_timeout >= lease {
         return Err(format!(
@@ -1053,6 +1059,10 @@ mod tests {
                 "--db-timeout (30s)",
             ),
             (
+                vec!["--settle-margin", "0s"],
+                "--db-timeout (default: --settle-margin)",
+            ),
+            (
                 vec!["--sqs-endpoint-url", "localhost:4566"],
                 "--sqs-endpoint-url",
             ),
@@ -1061,6 +1071,15 @@ mod tests {
             assert!(err.contains(needle), "{flags:?}: {err}");
             assert!(!err.contains('\n'), "one line: {err}");
         }
+    }
+
+    #[test]
+    fn the_database_deadline_defaults_to_the_settle_margin() {
+        let c = run_args(&["--settle-margin", "3s"]).unwrap();
+        assert_eq!(c.db_timeout, Duration::from_secs(3));
+        assert_eq!(c.db_retry_max, Duration::from_secs(2));
+        let c = run_args(&["--db-timeout", "7s"]).unwrap();
+        assert_eq!(c.db_timeout, Duration::from_secs(7));
     }
 
     #[test]
