@@ -118,6 +118,19 @@ async fn delivers_through(fault: Fault) {
     let faulted = Instant::now();
     let marker = events(&format!("after-{fault:?}"), 1, 1);
     insert(&client, &marker, Duration::ZERO).await;
+    // The loop is never stuck past one round-trip deadline, so liveness holds throughout.
+    let mut unhealthy = 0;
+    while !sent_at_set(&client, &marker[0].event_id).await {
+        if relay.http_status("/healthz").await != 200 {
+            unhealthy += 1;
+        }
+        assert!(
+            faulted.elapsed() < Duration::from_secs(60),
+            "the row after the fault was not sent"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(unhealthy, 0, "/healthz failed after the fault");
     let took = time_to_send(&client, &marker[0].event_id, faulted).await;
     eprintln!("partition {fault:?}: first row written after the fault sent {took:?} after it");
     let report = producer.finish().await;
