@@ -320,3 +320,44 @@ async fn a_dark_doorbell_connection_is_replaced() {
     )
     .await;
 }
+
+/// A slow connection is not a dead one: with every chunk delayed well inside the deadline, the
+/// relay keeps its connection and delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_connection_within_the_deadline_is_kept() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("slow-db", &[]).await;
+    let proxy = TcpProxy::start(pg().port());
+    proxy.set_delay(Duration::from_millis(100));
+    let through = TestDb {
+        name: db.name.clone(),
+        url: proxy.url_through(&db.url),
+    };
+    let timings = [
+        "--lease",
+        "6s",
+        "--send-timeout",
+        "1s",
+        "--settle-margin",
+        "1s",
+        "--db-timeout",
+        "3s",
+    ];
+    let relay = RelayProcess::spawn(&run_args(&through, &queue, sqs().endpoint(), &timings), &[]);
+    let rows = events("slow-db", 50, 5);
+    insert(&client, &rows, Duration::ZERO).await;
+    crate::scenario::wait_count(&client, "sent_at IS NOT NULL", 50, Duration::from_secs(60)).await;
+    let messages = receive_all(&queue, 50, Duration::from_secs(30)).await;
+    assert_eq!(copies(&messages).len(), 50);
+    let output = relay.output();
+    assert!(
+        !output.contains("database connection dropped"),
+        "a slow connection was taken for a dead one:\n{output}"
+    );
+    // Logged only when the shared session connects anew.
+    assert!(
+        !output.contains("database connection established"),
+        "the relay replaced its connection:\n{output}"
+    );
+}
