@@ -216,6 +216,30 @@ mod tests {
         assert_eq!(pg.get_keepalives_interval(), Some(Duration::from_secs(1)));
     }
 
+    #[tokio::test]
+    async fn after_a_read_only_server_new_connections_skip_read_only_hosts() {
+        use tokio_postgres::config::TargetSessionAttrs;
+        let outbox = Outbox::new(
+            "postgres://u:pw@10.0.0.1:5432,10.0.0.2:5433/app",
+            "outbox".parse().unwrap(),
+            Duration::from_secs(1),
+        )
+        .unwrap()
+        .round_trip_deadline(Duration::from_secs(4));
+        assert_eq!(outbox.hosts(), "10.0.0.1:5432,10.0.0.2:5433");
+        assert_eq!(outbox.round_trip(), Some(Duration::from_secs(4)));
+        let before = outbox.connect_settings().await.unwrap();
+        assert_eq!(before.get_target_session_attrs(), TargetSessionAttrs::Any);
+        assert_eq!(before.get_keepalives_idle(), Duration::from_secs(4));
+        drop(before);
+        outbox.skip_read_only_hosts();
+        let after = outbox.connect_settings().await.unwrap();
+        assert_eq!(
+            after.get_target_session_attrs(),
+            TargetSessionAttrs::ReadWrite
+        );
+    }
+
     #[test]
     fn a_timeout_or_a_read_only_server_replaces_the_connection() {
         let unanswered = OutboxError::Unanswered {
