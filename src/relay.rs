@@ -22,7 +22,9 @@ use crate::destination::{bucket_key, describe, Destinations, Park};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::{ClaimSpans, Tracing};
-use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
+use crate::outbox::{
+    ClaimLimits, ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup,
+};
 use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestReaction, Transport};
 use crate::row::{
     Claimed, ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
@@ -95,6 +97,10 @@ pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
     )
     .password_source(config.database.password.clone())
     .delete_on_ack(config.retention.deletes_on_ack())
+    .claim_limits(ClaimLimits {
+        max_payload_bytes: i64::try_from(config.max_payload_bytes).unwrap_or(i64::MAX),
+        max_attempts: i32::try_from(config.max_attempts).unwrap_or(i32::MAX),
+    })
     .claim_strategy(config.claim.clone())
 }
 
@@ -260,6 +266,7 @@ impl Relay {
                     db_failures = 0;
                     self.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
+                    record_quarantined_at_claim(&claimed);
                     let full = claimed.len() == c.batch_size;
                     let rows_claimed = !claimed.is_empty();
                     if rows_claimed {
@@ -593,7 +600,7 @@ impl Relay {
         // The SDK enforces the send timeout; this guard only covers a stuck future.
         let hard_limit = c.send_timeout + Duration::from_secs(1);
         if request.entries.iter().any(|e| e.offload.is_some()) {
-            if let Err(failed) = self.offload(&request, hard_limit).await {
+            if let Err(failed) = self.offload(&request, lease_deadline).await {
                 return (request, Err(Unsent::Offload(failed)));
             }
             if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
@@ -636,10 +643,17 @@ impl Relay {
     /// are in memory already (the byte budget bounds them), and one after the other a request
     /// of ten would wait ten round trips. An object stored for a request that then fails stays,
     /// and a resend overwrites it. An upload may outlive the lease harmlessly: a replica that
-    /// took the row over writes the same bytes under the same key; only the SQS call is held to
-    /// the lease.
-    async fn offload(&self, request: &BatchRequest, limit: Duration) -> Result<(), OffloadFailed> {
+    /// took the row over writes the same bytes under the same key. Each upload's deadline grows
+    /// with its body, within what the lease leaves for the send after it (`s3::upload_deadline`).
+    async fn offload(
+        &self,
+        request: &BatchRequest,
+        lease_deadline: Instant,
+    ) -> Result<(), OffloadFailed> {
         let Some(s3) = &self.s3 else { return Ok(()) };
+        let c = &self.config;
+        let lease_left = lease_deadline
+            .saturating_duration_since(Instant::now() + c.send_timeout + c.settle_margin);
         let bucket = bucket_key(s3.bucket());
         if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
@@ -650,8 +664,13 @@ impl Relay {
             .enumerate()
             .filter_map(|(index, entry)| {
                 let offload = entry.offload.as_ref()?;
+                let deadline =
+                    crate::s3::upload_deadline(offload.body.len(), c.send_timeout, lease_left);
+                // The SDK enforces the deadline; this guard only covers a stuck future.
+                let limit = deadline + Duration::from_secs(1);
                 Some(async move {
-                    let result = match tokio::time::timeout(limit, s3.put(offload)).await {
+                    let result = match tokio::time::timeout(limit, s3.put(offload, deadline)).await
+                    {
                         Ok(result) => result,
                         Err(_) => Err(RequestFailure {
                             status: None,
@@ -663,6 +682,17 @@ impl Relay {
                             transport: Transport::Timeout,
                         }),
                     };
+                    let result = result.map_err(|mut failure| {
+                        if failure.transport == Transport::Timeout {
+                            failure.message = format!(
+                                "{} (a {}-byte body gets {}: --send-timeout and 1 s per MiB, within the lease)",
+                                failure.message,
+                                offload.body.len(),
+                                humantime::format_duration(deadline)
+                            );
+                        }
+                        failure
+                    });
                     (index, result)
                 })
             });
@@ -719,12 +749,19 @@ impl Relay {
                 tracing::debug!(bucket = %bucket, "bucket parked; large rows parked without an upload");
                 large_ones()
             }
+            OffloadFailed::Refused { failure, .. } if retry::upload_spends_attempt(&failure) => {
+                let error = retry::describe(&failure);
+                tracing::warn!(error = %error, bucket = %bucket,
+                    "S3 PutObject timed out; the large rows spend an attempt and retry after their own back-off");
+                for entry in request.entries.iter().filter(large) {
+                    spans.refused(rows[entry.row].id, None);
+                    self.spend_attempt(settlement, &rows[entry.row], error.clone());
+                }
+                large_ones()
+            }
             OffloadFailed::Refused { index, failure } => {
                 let class = retry::classify(&failure);
-                let what = match &failure.code {
-                    Some(code) => format!("{code}: {}", failure.message),
-                    None => failure.message.clone(),
-                };
+                let what = retry::describe(&failure);
                 let culprit = &request.entries[index];
                 match retry::request_reaction(class, 1, false) {
                     RequestReaction::QuarantineTheEntry => {
@@ -745,7 +782,7 @@ impl Relay {
                             .set_config_error(self.destinations.readiness_error());
                         if park.started {
                             tracing::error!(error = %what, bucket = %bucket, retry_in = ?park.remaining(now),
-                                "S3 refused the relay's offload bucket; rows too large for their destination are parked (quarantine reason destination) and retried by themselves, the others flow; fix the bucket name or its permissions");
+                                "S3 refused the relay's offload bucket; rows too large for their destination are parked (quarantine reason destination) and retried by themselves, the others flow; fix the bucket name, its region or its permissions");
                         }
                         for entry in request.entries.iter().filter(large) {
                             spans.refused(rows[entry.row].id, failure.code.as_deref());
@@ -790,6 +827,25 @@ impl Relay {
             queue_url: request.queue_url.clone(),
             entries,
         })
+    }
+
+    /// A failure that counts against the row: retried after the row's own back-off with the
+    /// attempt kept, or quarantined (`max_attempts`) once `--max-attempts` are spent.
+    fn spend_attempt(&self, settlement: &mut Settlement, row: &ClaimedRow, error: String) {
+        let attempts = row.attempts as u32;
+        match retry::entry_decision(false, "", attempts, self.config.max_attempts) {
+            EntryDecision::OutOfAttempts => {
+                let error = format!("{attempts} attempts; last: {error}");
+                quarantine(settlement, row, QuarantineReason::MaxAttempts, error);
+            }
+            _ => settlement.reschedule.push(RescheduledRow {
+                id: row.id,
+                lease_token: row.lease_token,
+                delay: self.backoff(attempts),
+                error: Some(error),
+                refund: false,
+            }),
+        }
     }
 
     /// Decides one entry's fate from SQS's per-entry answer.
@@ -854,10 +910,7 @@ impl Relay {
         failure: &RequestFailure,
     ) {
         let entries = request.entries.len() as u64;
-        let what = match &failure.code {
-            Some(code) => format!("{code}: {}", failure.message),
-            None => failure.message.clone(),
-        };
+        let what = retry::describe(failure);
         if reaction == RequestReaction::ParkTheQueue {
             self.destination_refused(settlement, rows, request, &what);
             return;
@@ -1267,6 +1320,16 @@ fn release(settlement: &mut Settlement, row: &ClaimedRow, delay: Duration, error
         error,
         refund: true,
     });
+}
+
+/// The claim quarantined these rows itself (too large to hold, or out of attempts after
+/// relays died holding them): nothing to send or settle, only to count and say.
+fn record_quarantined_at_claim(claimed: &Claimed) {
+    for row in &claimed.quarantined {
+        metrics::counter!(names::EVENTS_QUARANTINED, "reason" => row.reason.as_str()).increment(1);
+        tracing::warn!(event_id = row.event_id.as_deref().unwrap_or(""), id = row.id,
+            reason = row.reason.as_str(), error = %row.error, "row quarantined at claim");
+    }
 }
 
 fn reap(deliveries: &mut JoinSet<()>) {
