@@ -28,6 +28,7 @@ mod ops_tls_client;
 mod otel;
 mod outbox_sql;
 mod retention;
+mod rows_that_kill;
 mod sns;
 mod sqs_contract;
 mod startup;
