@@ -642,9 +642,10 @@ impl Relay {
     /// park ends. The uploads of a request go at once, each in its own round trip: their bodies
     /// are in memory already (the byte budget bounds them), and one after the other a request
     /// of ten would wait ten round trips. An object stored for a request that then fails stays,
-    /// and a resend overwrites it. An upload may outlive the lease harmlessly: a replica that
-    /// took the row over writes the same bytes under the same key. Each upload's deadline grows
-    /// with its body, within what the lease leaves for the send after it (`s3::upload_deadline`).
+    /// and a resend overwrites it (a replica that took the row over writes the same bytes under
+    /// the same key). Each upload's deadline grows with its body, within what the lease leaves
+    /// for the send after it (`s3::upload_deadline`): an upload that outlived the lease could
+    /// never be followed by its send, and would be given back for ever.
     async fn offload(
         &self,
         request: &BatchRequest,

@@ -356,16 +356,18 @@ pub(crate) fn fifo_bound(scope: &OrderScope, alias: &str, routes: &str) -> Strin
 }
 
 /// The payload's size in bytes as the relay will hold it: its JSON text. A jsonb value's
-/// stored form is not its text: the text adds a space after every `:` and `,` and escapes
-/// (a control character takes 6 bytes as `\u0001`), the stored form adds 4-byte entry headers
-/// and binary numerics, and a compressed value (PostgreSQL compresses values of a few KB and
-/// more) is many times larger than it is stored. Reading an uncompressed value's stored size
-/// costs nothing; rendering the text costs the server a pass over the value. So the stored size
-/// stands for the text where the text cannot be near the limit `max_payload` (stored under an
-/// eighth of it: ordinary JSON text is at most about 6 times its stored form), which is every
-/// ordinary row, and the text is measured everywhere else: the size that decides `too_large`
-/// is exact, and the byte budget is close. Either way the server measures; the relay never
-/// reads what it refuses.
+/// stored form is not its text: the text adds a space after every `:` and `,` and escapes (a
+/// control character takes 6 bytes as `\u0001`), the stored form adds 4-byte entry headers; a
+/// number is stored in a few bytes however long it is written (measured: `[1e-1000]` is 22
+/// bytes stored and 1,004 as text; an array of `1e131071`, the worst we found, 8,162 text bytes
+/// per stored byte); and a compressed value (PostgreSQL compresses values of a few KB and more)
+/// says nothing of its text. Reading an uncompressed value's stored size costs nothing;
+/// rendering the text costs the server a pass over the value. So the stored size stands for
+/// the text only where twice that worst expansion keeps the text within the limit
+/// `max_payload` (stored in at most 1/16384 of it: 2 KiB at the default 32 MiB, every ordinary
+/// row), and the text is measured everywhere else: the size that decides `too_large` is exact,
+/// and the byte budget close. Either way the server measures; the relay never reads what it
+/// refuses.
 fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
     let payload = match alias {
         Some(a) => format!("{a}.payload"),
@@ -375,7 +377,7 @@ fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
     // NULL it would make every running sum after it NULL and stop the claim there.
     format!(
         "coalesce(CASE WHEN pg_column_compression({payload}) IS NULL \
-         AND pg_column_size({payload}) <= {max_payload} / 8 \
+         AND pg_column_size({payload}) <= {max_payload} / 16384 \
          THEN pg_column_size({payload}) ELSE octet_length({payload}::text) END, 0)"
     )
 }
