@@ -20,8 +20,8 @@ SET lease_owner = $2,
             'payload of %s bytes is larger than the relay can hold (%s bytes, --max-payload-bytes); quarantined at claim without being read',
             candidates.bytes, {max_payload})
         WHEN 'max_attempts' THEN format(
-            '%s claims ended without an outcome (the relays holding it stopped or lost their lease); quarantined at claim, not sent again',
-            o.attempts)
+            'claimed %s times (--max-attempts %s) and the last claim ended without an outcome: the relay holding it stopped or lost its lease; quarantined at claim, not sent again',
+            o.attempts, {max_attempts})
         ELSE o.last_error END
 FROM candidates
 WHERE o.id = candidates.id

@@ -294,8 +294,9 @@ async fn a_row_whose_claims_keep_ending_without_an_outcome_is_quarantined_by_the
     );
     assert!(row.get::<_, bool>(2));
     assert!(
-        row.get::<_, String>(3)
-            .starts_with("3 claims ended without an outcome"),
+        row.get::<_, String>(3).starts_with(
+            "claimed 3 times (--max-attempts 3) and the last claim ended without an outcome"
+        ),
         "{}",
         row.get::<_, String>(3)
     );
@@ -451,7 +452,9 @@ async fn relays_killed_while_holding_a_row_again_and_again_end_with_the_row_quar
         .unwrap()
         .get(0);
     assert!(
-        error.starts_with("3 claims ended without an outcome"),
+        error.starts_with(
+            "claimed 3 times (--max-attempts 3) and the last claim ended without an outcome"
+        ),
         "{error}"
     );
     wait_until("the quarantine is counted", WAIT, || async {

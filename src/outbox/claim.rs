@@ -470,6 +470,31 @@ mod tests {
     }
 
     #[test]
+    fn every_strategy_quarantines_with_the_one_weighed_fragment_and_its_last_two_parameters() {
+        let table: TableName = "outbox".parse().unwrap();
+        for strategy in strategies() {
+            let sql = strategy.sql(&table).unwrap();
+            let (max_payload, max_attempts) = strategy.limit_params();
+            let n = strategy.param_count();
+            assert_eq!(max_payload, format!("${}::bigint", n - 1), "{strategy:?}");
+            assert_eq!(max_attempts, format!("${n}::int"), "{strategy:?}");
+            let fragment = weighed(&max_payload, &max_attempts);
+            assert_eq!(sql.matches(&fragment).count(), 1, "{strategy:?}");
+            assert_eq!(
+                sql.matches(&payload_bytes(Some("c"), &max_payload)).count(),
+                1,
+                "{strategy:?}"
+            );
+            // The doomed row's payload is not returned.
+            assert!(
+                sql.contains("CASE WHEN candidates.doom IS NULL THEN o.payload::text END"),
+                "{strategy:?}"
+            );
+            assert!(!sql.contains("o.payload::text,"), "{strategy:?}");
+        }
+    }
+
+    #[test]
     fn strategies_follow_from_ordering_and_fairness() {
         let o = Ordered {
             key: KeyColumn::AggregateId,
