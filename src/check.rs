@@ -403,6 +403,10 @@ pub fn explain_queue_failure(failure: &RequestFailure, flag: &str) -> String {
         (_, "AccessDenied" | "AccessDeniedException" | "KmsAccessDenied") => {
             "access denied: allow sqs:GetQueueAttributes (for check) and sqs:SendMessage on this queue for the relay's credentials".to_string()
         }
+        // What SQS says of a queue URL of another region than the endpoint the request reached.
+        (_, "InvalidAddress") => {
+            format!("this endpoint does not serve the queue URL: set AWS_REGION to the region in the URL (or --sqs-endpoint-url to its endpoint), or fix {flag}")
+        }
         (
             _,
             "InvalidClientTokenId" | "UnrecognizedClientException" | "SignatureDoesNotMatch"
@@ -666,6 +670,14 @@ mod tests {
             explain_queue_failure(&failure(Transport::Connection, None), "")
                 .contains("--sqs-endpoint-url")
         );
+        assert!(explain_queue_failure(
+            &failure(
+                Transport::Response,
+                Some("AWS.SimpleQueueService.InvalidAddress")
+            ),
+            "--queue-url"
+        )
+        .starts_with("this endpoint does not serve the queue URL: set AWS_REGION"));
     }
 
     #[test]
