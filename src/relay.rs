@@ -645,7 +645,8 @@ impl Relay {
     /// and a resend overwrites it (a replica that took the row over writes the same bytes under
     /// the same key). Each upload's deadline grows with its body, within what the lease leaves
     /// for the send after it (`s3::upload_deadline`): an upload that outlived the lease could
-    /// never be followed by its send, and would be given back for ever.
+    /// never be followed by its send, and would be given back for ever. No upload starts unless
+    /// every large body of the request has its time.
     async fn offload(
         &self,
         request: &BatchRequest,
@@ -653,20 +654,40 @@ impl Relay {
     ) -> Result<(), OffloadFailed> {
         let Some(s3) = &self.s3 else { return Ok(()) };
         let c = &self.config;
-        let lease_left = lease_deadline
-            .saturating_duration_since(Instant::now() + c.send_timeout + c.settle_margin);
+        let after = c.send_timeout + c.settle_margin;
+        let lease_left = lease_deadline.saturating_duration_since(Instant::now() + after);
+        let lease_window = c.lease.saturating_sub(after);
         let bucket = bucket_key(s3.bucket());
         if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
         }
+        let mut deadlines = Vec::with_capacity(request.entries.len());
+        for entry in &request.entries {
+            let deadline = match &entry.offload {
+                Some(offload) => {
+                    let bytes = offload.body.len();
+                    match crate::s3::upload_deadline(
+                        bytes,
+                        c.send_timeout,
+                        lease_left,
+                        lease_window,
+                    ) {
+                        Some(deadline) => Some(deadline),
+                        None => return Err(OffloadFailed::NoTime),
+                    }
+                }
+                None => None,
+            };
+            deadlines.push(deadline);
+        }
         let uploads = request
             .entries
             .iter()
+            .zip(deadlines)
             .enumerate()
-            .filter_map(|(index, entry)| {
+            .filter_map(|(index, (entry, deadline))| {
                 let offload = entry.offload.as_ref()?;
-                let deadline =
-                    crate::s3::upload_deadline(offload.body.len(), c.send_timeout, lease_left);
+                let deadline = deadline?;
                 // The SDK enforces the deadline; this guard only covers a stuck future.
                 let limit = deadline + Duration::from_secs(1);
                 Some(async move {
@@ -743,6 +764,15 @@ impl Relay {
                 .collect()
         };
         let held: Vec<usize> = match failed {
+            OffloadFailed::NoTime => {
+                for entry in request.entries.iter().filter(large) {
+                    release(settlement, &rows[entry.row], Duration::ZERO, None);
+                }
+                tracing::debug!(
+                    "lease too short for the uploads; large rows released for a fresh claim"
+                );
+                large_ones()
+            }
             OffloadFailed::Parked(park) => {
                 for entry in request.entries.iter().filter(large) {
                     park_row(settlement, &rows[entry.row], &bucket, &park, now);
@@ -1269,6 +1299,8 @@ enum Unsent {
 enum OffloadFailed {
     /// The bucket refused us lately and is not asked again before its park ends.
     Parked(Park),
+    /// What the lease has left is too short for an upload a fresh claim would have time for.
+    NoTime,
     /// S3 refused the upload of the entry at `index`, the first of the request that failed.
     Refused {
         index: usize,
