@@ -31,7 +31,7 @@ ranked AS (
     WHERE keys.k IS NOT NULL
 ),
 locked AS (
-    SELECT c.id, {payload_bytes} AS bytes
+    SELECT c.id, c.attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key whatever the
     -- statistics say, never by a join over the table.
@@ -43,8 +43,11 @@ locked AS (
     ORDER BY c.id
     FOR UPDATE OF c SKIP LOCKED
 ),
+weighed AS (
+    {weighed}
+),
 candidates AS (
-    SELECT id
-    FROM (SELECT id, sum(bytes) OVER (ORDER BY id) - bytes AS before FROM locked) AS b
+    SELECT id, doom, bytes
+    FROM (SELECT id, doom, bytes, sum(held) OVER (ORDER BY id) - held AS before FROM weighed) AS b
     WHERE b.before < $4
 )

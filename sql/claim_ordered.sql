@@ -23,7 +23,8 @@
 -- The chosen rows are locked (SKIP LOCKED, so replicas never wait on each other) and a run
 -- is claimed only as a prefix: a row only together with every earlier row of its run, so a
 -- group never has rows in two claims at once. The rows that fit the byte budget $4 (in claim
--- order, the first always) are leased to $2 for $3 seconds, at most $1 of them.
+-- order, the first always) are leased to $2 for $3 seconds, at most $1 of them; rows too large
+-- to hold, or out of attempts, are quarantined by the same statement (claim.sql).
 --
 -- The statement returns one row even when it claims nothing: its last column is where the
 -- next claim's `others` starts (NULL: from the first key again).
@@ -120,7 +121,7 @@ picked AS (
     LIMIT $1
 ),
 locked AS (
-    SELECT c.id, {payload_bytes} AS bytes
+    SELECT c.id, c.attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
@@ -130,17 +131,23 @@ locked AS (
       AND (c.lease_until IS NULL OR c.lease_until < now())
     FOR UPDATE OF c SKIP LOCKED
 ),
+weighed AS (
+    {weighed}
+),
+-- A run stops at a row quarantined at claim (`doom`): the rows behind it wait for the next
+-- claim, where --on-poison decides whether it still holds its group.
 candidates AS (
-    SELECT b.id
-    FROM (SELECT p.id, sum(l.bytes) OVER (ORDER BY p.turn) - l.bytes AS before
+    SELECT b.id, b.doom, b.bytes
+    FROM (SELECT p.id, l.doom, l.bytes, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
           FROM picked AS p
-          JOIN locked AS l ON l.id = p.id
+          JOIN weighed AS l ON l.id = p.id
           WHERE NOT EXISTS (
               SELECT 1
               FROM picked AS q
               WHERE q.head = p.head
                 AND q.pos < p.pos
-                AND NOT EXISTS (SELECT 1 FROM locked AS m WHERE m.id = q.id))) AS b
+                AND NOT EXISTS (SELECT 1 FROM weighed AS m
+                                WHERE m.id = q.id AND m.doom IS NULL))) AS b
     WHERE b.before < $4
 ),
 claimed AS (

@@ -354,6 +354,17 @@ pub fn explain_bucket_failure(failure: &RequestFailure) -> String {
         (_, "AccessDenied" | "AllAccessDisabled") => {
             "access denied: allow s3:PutObject on arn:aws:s3:::BUCKET/PREFIX* for the relay's credentials (and kms:GenerateDataKey if the bucket uses SSE-KMS)"
         }
+        _ if crate::retry::is_wrong_region(failure) => {
+            let region = bucket_region(&failure.message).unwrap_or("the bucket's region");
+            return format!(
+                "the bucket is in another region than the relay: set AWS_REGION to {region} (or --s3-endpoint-url to its regional endpoint){}",
+                match (&failure.code, failure.status) {
+                    (Some(code), _) => format!(" [{code}]"),
+                    (None, Some(status)) => format!(" [HTTP {status}]"),
+                    (None, None) => String::new(),
+                }
+            );
+        }
         _ => "S3 refused PutObject",
     };
     let said = match (&failure.code, failure.status) {
@@ -362,6 +373,17 @@ pub fn explain_bucket_failure(failure: &RequestFailure) -> String {
         (None, None) => String::new(),
     };
     format!("{fix}{said}")
+}
+
+/// The bucket's region where S3 named it: the `x-amz-bucket-region` of a redirect (which
+/// `s3.rs` puts in the message), or the "expecting 'eu-west-1'" of a refused signature.
+fn bucket_region(message: &str) -> Option<&str> {
+    let after = |marker: &str, end: char| {
+        let start = message.find(marker)? + marker.len();
+        let rest = &message[start..];
+        Some(&rest[..rest.find(end)?])
+    };
+    after("(the bucket is in ", ')').or_else(|| after("expecting '", '\''))
 }
 
 /// How to fix a failed GetQueueAttributes, by what SQS said.
@@ -380,6 +402,10 @@ pub fn explain_queue_failure(failure: &RequestFailure, flag: &str) -> String {
         }
         (_, "AccessDenied" | "AccessDeniedException" | "KmsAccessDenied") => {
             "access denied: allow sqs:GetQueueAttributes (for check) and sqs:SendMessage on this queue for the relay's credentials".to_string()
+        }
+        // What SQS says of a queue URL of another region than the endpoint the request reached.
+        (_, "InvalidAddress") => {
+            format!("this endpoint does not serve the queue URL: set AWS_REGION to the region in the URL (or --sqs-endpoint-url to its endpoint), or fix {flag}")
         }
         (
             _,
@@ -422,6 +448,10 @@ pub fn explain_topic_failure(failure: &RequestFailure, flag: &str) -> String {
         }
         (_, "AuthorizationError" | "AuthorizationErrorException" | "KMSAccessDenied") => {
             "access denied: allow sns:GetTopicAttributes (for check) and sns:Publish on this topic for the relay's credentials".to_string()
+        }
+        // SNS says only "Invalid parameter: TopicArn" of a topic in another region.
+        _ if crate::retry::is_wrong_region(failure) => {
+            format!("the topic is not in the relay's region: set AWS_REGION to the region its ARN names (or --sns-endpoint-url to that region's endpoint), or fix {flag}")
         }
         // Credentials and region fail the same way whichever service is asked.
         _ => {
@@ -639,6 +669,54 @@ mod tests {
         assert!(
             explain_queue_failure(&failure(Transport::Connection, None), "")
                 .contains("--sqs-endpoint-url")
+        );
+        assert!(explain_queue_failure(
+            &failure(
+                Transport::Response,
+                Some("AWS.SimpleQueueService.InvalidAddress")
+            ),
+            "--queue-url"
+        )
+        .starts_with("this endpoint does not serve the queue URL: set AWS_REGION"));
+    }
+
+    #[test]
+    fn a_bucket_or_topic_in_another_region_is_named_with_the_region_to_set() {
+        let failure = |status, code: &str, message: &str| RequestFailure {
+            status: Some(status),
+            code: Some(code.to_string()),
+            message: message.into(),
+            transport: Transport::Response,
+        };
+        let redirect = explain_bucket_failure(&failure(
+            301,
+            "PermanentRedirect",
+            "S3 PutObject: The bucket you are attempting to access must be addressed using the specified endpoint. (the bucket is in eu-west-1)",
+        ));
+        assert_eq!(
+            redirect,
+            "the bucket is in another region than the relay: set AWS_REGION to eu-west-1 (or --s3-endpoint-url to its regional endpoint) [PermanentRedirect]"
+        );
+        let signed = explain_bucket_failure(&failure(
+            400,
+            "AuthorizationHeaderMalformed",
+            "S3 PutObject: The authorization header is malformed; the region 'us-east-1' is wrong; expecting 'ap-south-1'",
+        ));
+        assert!(signed.contains("set AWS_REGION to ap-south-1"), "{signed}");
+        let unnamed =
+            explain_bucket_failure(&failure(301, "PermanentRedirect", "S3 PutObject: moved"));
+        assert!(
+            unnamed.contains("set AWS_REGION to the bucket's region"),
+            "{unnamed}"
+        );
+        let topic = explain_topic_failure(
+            &failure(400, "InvalidParameter", "Invalid parameter: TopicArn"),
+            "--queue-url",
+        );
+        assert!(
+            topic.starts_with("the topic is not in the relay's region: set AWS_REGION")
+                && topic.ends_with("or fix --queue-url [InvalidParameter]"),
+            "{topic}"
         );
     }
 

@@ -340,6 +340,13 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_MAX_BYTES_IN_FLIGHT", default_value = "32MiB", value_parser = parse_bytes)]
     pub max_bytes_in_flight: usize,
 
+    /// The largest payload (its JSON text) the relay reads: a larger one is quarantined as
+    /// `too_large` by the claim, from its size measured in the database, without being read, so
+    /// a row bigger than the relay's memory cannot crash-loop it. Default: --max-bytes-in-flight,
+    /// which it must not exceed. Bytes, or with a KiB/MiB/GiB suffix.
+    #[arg(long, env = "OUTBOX_MAX_PAYLOAD_BYTES", value_parser = parse_bytes)]
+    pub max_payload_bytes: Option<usize>,
+
     /// First retry delay; doubles per attempt, with full jitter.
     #[arg(long, env = "OUTBOX_RETRY_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
     pub retry_base: Duration,
@@ -582,6 +589,8 @@ pub struct RunConfig {
     pub drain_timeout: Duration,
     pub max_request_bytes: usize,
     pub max_bytes_in_flight: usize,
+    /// Payloads above it are quarantined by the claim, unread.
+    pub max_payload_bytes: usize,
     pub retry_base: Duration,
     pub retry_max: Duration,
     /// The client-side deadline of every database round trip of `run` (`--db-timeout`).
@@ -751,6 +760,13 @@ impl RunArgs {
                 self.max_bytes_in_flight, self.max_request_bytes
             ));
         }
+        let max_payload_bytes = self.max_payload_bytes.unwrap_or(self.max_bytes_in_flight);
+        if max_payload_bytes == 0 || max_payload_bytes > self.max_bytes_in_flight {
+            return Err(format!(
+                "--max-payload-bytes {max_payload_bytes} is out of range: use 1 to --max-bytes-in-flight ({}), the most the relay holds at once",
+                self.max_bytes_in_flight
+            ));
+        }
         // Ordering is decided per destination queue: with `auto` and a standard default queue,
         // the rows whose own queue_url or route is a FIFO queue are ordered, the others not.
         let scope = match self.ordered {
@@ -836,6 +852,7 @@ impl RunArgs {
             drain_timeout: self.drain_timeout,
             max_request_bytes: self.max_request_bytes,
             max_bytes_in_flight: self.max_bytes_in_flight,
+            max_payload_bytes,
             retry_base: self.retry_base,
             retry_max: self.retry_max,
             db_timeout,
@@ -967,6 +984,24 @@ mod tests {
         match cli.command {
             Command::Run(args) => args.validate(),
             other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_largest_payload_read_defaults_to_the_bytes_in_flight_and_cannot_exceed_them() {
+        let c = run_args(&[]).unwrap();
+        assert_eq!(c.max_payload_bytes, c.max_bytes_in_flight);
+        let c = run_args(&["--max-bytes-in-flight", "8MiB"]).unwrap();
+        assert_eq!(c.max_payload_bytes, 8 * 1024 * 1024);
+        let c = run_args(&["--max-payload-bytes", "256KiB"]).unwrap();
+        assert_eq!(c.max_payload_bytes, 256 * 1024);
+        for bad in ["0", "64MiB"] {
+            let err = run_args(&["--max-payload-bytes", bad]).unwrap_err();
+            assert!(
+                err.starts_with("--max-payload-bytes") && err.contains("--max-bytes-in-flight"),
+                "{err}"
+            );
+            assert!(!err.contains('\n'), "one line: {err}");
         }
     }
 

@@ -49,7 +49,7 @@ use ident::key_sql;
 use template::{render, Value};
 
 pub use admin::{QuarantineEntry, RetrySelection};
-pub use claim::{ClaimRequest, ClaimStrategy, OrderScope, Ordered};
+pub use claim::{ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered};
 pub use columns::ColumnMap;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
@@ -101,6 +101,8 @@ pub struct Outbox {
     /// Acknowledged rows are deleted rather than marked sent.
     delete_on_ack: bool,
     strategy: ClaimStrategy,
+    /// Which rows claims quarantine instead of leasing (too large, out of attempts).
+    limits: claim::ClaimLimits,
     /// How `migrate` takes the locks that block the application's writes.
     locks: LockPolicy,
     /// `run`'s deadline for one round trip (`--db-timeout`); `None` for the one-shot commands.
@@ -161,6 +163,7 @@ impl Outbox {
             sql,
             delete_on_ack: false,
             strategy: ClaimStrategy::Plain,
+            limits: claim::ClaimLimits::default(),
             locks: LockPolicy::default(),
             round_trip: None,
             writable_only: std::sync::atomic::AtomicBool::new(false),
@@ -201,6 +204,12 @@ impl Outbox {
         }
         self.strategy = strategy;
         Ok(self)
+    }
+
+    /// Rows too large to hold, or out of attempts, are quarantined by the claim itself.
+    pub fn claim_limits(mut self, limits: ClaimLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Delete rows once SQS acknowledged them instead of marking them sent: no history, but no

@@ -22,7 +22,9 @@ use crate::destination::{bucket_key, describe, Destinations, Park};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::{ClaimSpans, Tracing};
-use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup};
+use crate::outbox::{
+    ClaimLimits, ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup,
+};
 use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestReaction, Transport};
 use crate::row::{
     Claimed, ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
@@ -96,6 +98,10 @@ pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
     .password_source(config.database.password.clone())
     .delete_on_ack(config.retention.deletes_on_ack())
     .round_trip_deadline(config.db_timeout)
+    .claim_limits(ClaimLimits {
+        max_payload_bytes: i64::try_from(config.max_payload_bytes).unwrap_or(i64::MAX),
+        max_attempts: i32::try_from(config.max_attempts).unwrap_or(i32::MAX),
+    })
     .claim_strategy(config.claim.clone())
 }
 
@@ -272,6 +278,7 @@ impl Relay {
                     db_failures = 0;
                     self.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
+                    record_quarantined_at_claim(&claimed);
                     let full = claimed.len() == c.batch_size;
                     let rows_claimed = !claimed.is_empty();
                     if rows_claimed {
@@ -609,7 +616,7 @@ impl Relay {
         // The SDK enforces the send timeout; this guard only covers a stuck future.
         let hard_limit = c.send_timeout + Duration::from_secs(1);
         if request.entries.iter().any(|e| e.offload.is_some()) {
-            if let Err(failed) = self.offload(&request, hard_limit).await {
+            if let Err(failed) = self.offload(&request, lease_deadline).await {
                 return (request, Err(Unsent::Offload(failed)));
             }
             if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
@@ -651,23 +658,57 @@ impl Relay {
     /// park ends. The uploads of a request go at once, each in its own round trip: their bodies
     /// are in memory already (the byte budget bounds them), and one after the other a request
     /// of ten would wait ten round trips. An object stored for a request that then fails stays,
-    /// and a resend overwrites it. An upload may outlive the lease harmlessly: a replica that
-    /// took the row over writes the same bytes under the same key; only the SQS call is held to
-    /// the lease.
-    async fn offload(&self, request: &BatchRequest, limit: Duration) -> Result<(), OffloadFailed> {
+    /// and a resend overwrites it (a replica that took the row over writes the same bytes under
+    /// the same key). Each upload's deadline grows with its body, within what the lease leaves
+    /// for the send after it (`s3::upload_deadline`): an upload that outlived the lease could
+    /// never be followed by its send, and would be given back for ever. No upload starts unless
+    /// every large body of the request has its time.
+    async fn offload(
+        &self,
+        request: &BatchRequest,
+        lease_deadline: Instant,
+    ) -> Result<(), OffloadFailed> {
         let Some(s3) = &self.s3 else { return Ok(()) };
+        let c = &self.config;
+        let after = c.send_timeout + c.settle_margin;
+        let lease_left = lease_deadline.saturating_duration_since(Instant::now() + after);
+        let lease_window = c.lease.saturating_sub(after);
         let bucket = bucket_key(s3.bucket());
         if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
         }
+        let mut deadlines = Vec::with_capacity(request.entries.len());
+        for entry in &request.entries {
+            let deadline = match &entry.offload {
+                Some(offload) => {
+                    let bytes = offload.body.len();
+                    match crate::s3::upload_deadline(
+                        bytes,
+                        c.send_timeout,
+                        lease_left,
+                        lease_window,
+                    ) {
+                        Some(deadline) => Some(deadline),
+                        None => return Err(OffloadFailed::NoTime),
+                    }
+                }
+                None => None,
+            };
+            deadlines.push(deadline);
+        }
         let uploads = request
             .entries
             .iter()
+            .zip(deadlines)
             .enumerate()
-            .filter_map(|(index, entry)| {
+            .filter_map(|(index, (entry, deadline))| {
                 let offload = entry.offload.as_ref()?;
+                let deadline = deadline?;
+                // The SDK enforces the deadline; this guard only covers a stuck future.
+                let limit = deadline + Duration::from_secs(1);
                 Some(async move {
-                    let result = match tokio::time::timeout(limit, s3.put(offload)).await {
+                    let result = match tokio::time::timeout(limit, s3.put(offload, deadline)).await
+                    {
                         Ok(result) => result,
                         Err(_) => Err(RequestFailure {
                             status: None,
@@ -679,6 +720,17 @@ impl Relay {
                             transport: Transport::Timeout,
                         }),
                     };
+                    let result = result.map_err(|mut failure| {
+                        if failure.transport == Transport::Timeout {
+                            failure.message = format!(
+                                "{} (a {}-byte body gets {}: --send-timeout and 1 s per MiB, within the lease)",
+                                failure.message,
+                                offload.body.len(),
+                                humantime::format_duration(deadline)
+                            );
+                        }
+                        failure
+                    });
                     (index, result)
                 })
             });
@@ -728,6 +780,15 @@ impl Relay {
                 .collect()
         };
         let held: Vec<usize> = match failed {
+            OffloadFailed::NoTime => {
+                for entry in request.entries.iter().filter(large) {
+                    release(settlement, &rows[entry.row], Duration::ZERO, None);
+                }
+                tracing::debug!(
+                    "lease too short for the uploads; large rows released for a fresh claim"
+                );
+                large_ones()
+            }
             OffloadFailed::Parked(park) => {
                 for entry in request.entries.iter().filter(large) {
                     park_row(settlement, &rows[entry.row], &bucket, &park, now);
@@ -735,12 +796,19 @@ impl Relay {
                 tracing::debug!(bucket = %bucket, "bucket parked; large rows parked without an upload");
                 large_ones()
             }
+            OffloadFailed::Refused { failure, .. } if retry::upload_spends_attempt(&failure) => {
+                let error = retry::describe(&failure);
+                tracing::warn!(error = %error, bucket = %bucket,
+                    "S3 PutObject timed out; the large rows spend an attempt and retry after their own back-off");
+                for entry in request.entries.iter().filter(large) {
+                    spans.refused(rows[entry.row].id, None);
+                    self.spend_attempt(settlement, &rows[entry.row], error.clone());
+                }
+                large_ones()
+            }
             OffloadFailed::Refused { index, failure } => {
                 let class = retry::classify(&failure);
-                let what = match &failure.code {
-                    Some(code) => format!("{code}: {}", failure.message),
-                    None => failure.message.clone(),
-                };
+                let what = retry::describe(&failure);
                 let culprit = &request.entries[index];
                 match retry::request_reaction(class, 1, false) {
                     RequestReaction::QuarantineTheEntry => {
@@ -761,7 +829,7 @@ impl Relay {
                             .set_config_error(self.destinations.readiness_error());
                         if park.started {
                             tracing::error!(error = %what, bucket = %bucket, retry_in = ?park.remaining(now),
-                                "S3 refused the relay's offload bucket; rows too large for their destination are parked (quarantine reason destination) and retried by themselves, the others flow; fix the bucket name or its permissions");
+                                "S3 refused the relay's offload bucket; rows too large for their destination are parked (quarantine reason destination) and retried by themselves, the others flow; fix the bucket name, its region or its permissions");
                         }
                         for entry in request.entries.iter().filter(large) {
                             spans.refused(rows[entry.row].id, failure.code.as_deref());
@@ -806,6 +874,25 @@ impl Relay {
             queue_url: request.queue_url.clone(),
             entries,
         })
+    }
+
+    /// A failure that counts against the row: retried after the row's own back-off with the
+    /// attempt kept, or quarantined (`max_attempts`) once `--max-attempts` are spent.
+    fn spend_attempt(&self, settlement: &mut Settlement, row: &ClaimedRow, error: String) {
+        let attempts = row.attempts as u32;
+        match retry::entry_decision(false, "", attempts, self.config.max_attempts) {
+            EntryDecision::OutOfAttempts => {
+                let error = format!("{attempts} attempts; last: {error}");
+                quarantine(settlement, row, QuarantineReason::MaxAttempts, error);
+            }
+            _ => settlement.reschedule.push(RescheduledRow {
+                id: row.id,
+                lease_token: row.lease_token,
+                delay: self.backoff(attempts),
+                error: Some(error),
+                refund: false,
+            }),
+        }
     }
 
     /// Decides one entry's fate from SQS's per-entry answer.
@@ -870,10 +957,7 @@ impl Relay {
         failure: &RequestFailure,
     ) {
         let entries = request.entries.len() as u64;
-        let what = match &failure.code {
-            Some(code) => format!("{code}: {}", failure.message),
-            None => failure.message.clone(),
-        };
+        let what = retry::describe(failure);
         if reaction == RequestReaction::ParkTheQueue {
             self.destination_refused(settlement, rows, request, &what);
             return;
@@ -1263,6 +1347,8 @@ enum Unsent {
 enum OffloadFailed {
     /// The bucket refused us lately and is not asked again before its park ends.
     Parked(Park),
+    /// What the lease has left is too short for an upload a fresh claim would have time for.
+    NoTime,
     /// S3 refused the upload of the entry at `index`, the first of the request that failed.
     Refused {
         index: usize,
@@ -1315,6 +1401,16 @@ fn release(settlement: &mut Settlement, row: &ClaimedRow, delay: Duration, error
         error,
         refund: true,
     });
+}
+
+/// The claim quarantined these rows itself (too large to hold, or out of attempts after
+/// relays died holding them): nothing to send or settle, only to count and say.
+fn record_quarantined_at_claim(claimed: &Claimed) {
+    for row in &claimed.quarantined {
+        metrics::counter!(names::EVENTS_QUARANTINED, "reason" => row.reason.as_str()).increment(1);
+        tracing::warn!(event_id = row.event_id.as_deref().unwrap_or(""), id = row.id,
+            reason = row.reason.as_str(), error = %row.error, "row quarantined at claim");
+    }
 }
 
 fn reap(deliveries: &mut JoinSet<()>) {

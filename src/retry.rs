@@ -131,6 +131,63 @@ const DESTINATION_CODES: &[&str] = &[
     "AllAccessDisabled",
 ];
 
+/// The destination is in another region than the relay's (AWS_REGION, or the endpoint): S3
+/// redirects to the bucket's region (301 `PermanentRedirect`), or refuses a signature made for
+/// the wrong one (`AuthorizationHeaderMalformed`: "the region 'us-east-1' is wrong; expecting
+/// 'eu-west-1'"). Retrying cannot help and the rows are not at fault: configuration, held like a
+/// missing bucket.
+const WRONG_REGION_CODES: &[&str] = &["PermanentRedirect", "AuthorizationHeaderMalformed"];
+
+/// SNS's `InvalidParameter` names the parameter it refuses: "Invalid parameter: TopicArn" is
+/// what a topic in another region (or a mistyped ARN) gets, whatever the entries hold; bad
+/// input in an entry names another parameter ("Invalid parameter: Message too long",
+/// "Invalid parameter: The MessageGroupId parameter is required for FIFO topics").
+fn refuses_the_topic(code: &str, message: &str) -> bool {
+    matches!(code, "InvalidParameter" | "InvalidParameterException")
+        && message
+            .trim_start()
+            .strip_prefix("Invalid parameter:")
+            .map(str::trim_start)
+            .is_some_and(|p| p.starts_with("TopicArn") || p.starts_with("TargetArn"))
+}
+
+/// Whether the failure says the destination is in another region than the relay (or, for a
+/// topic, that its ARN is not one this region knows): configuration to fix, not rows to retry.
+pub fn is_wrong_region(failure: &RequestFailure) -> bool {
+    if failure.transport != Transport::Response {
+        return false;
+    }
+    match failure.code.as_deref().map(bare_code) {
+        Some(code) => {
+            WRONG_REGION_CODES.contains(&code) || refuses_the_topic(code, &failure.message)
+        }
+        // A redirect without a body (S3 answers HEAD so): only a region does that.
+        None => failure.status == Some(301),
+    }
+}
+
+/// What an operator reads of a failure: the service's code and message, and where the failure
+/// is a misconfigured region, what to set.
+pub fn describe(failure: &RequestFailure) -> String {
+    let said = match &failure.code {
+        Some(code) => format!("{code}: {}", failure.message),
+        None => failure.message.clone(),
+    };
+    if is_wrong_region(failure) {
+        format!("{said} (the destination is in another region than the relay: set AWS_REGION to its region, or its endpoint)")
+    } else {
+        said
+    }
+}
+
+/// Whether a failed upload of a large body counts against its row. A timeout does: the body
+/// may be what outlasts every deadline, and given back unchanged it would be retried for ever;
+/// after `--max-attempts` of them the row is quarantined. Other failures are S3's or the
+/// path's, and keep the row's attempts.
+pub fn upload_spends_attempt(failure: &RequestFailure) -> bool {
+    failure.transport == Transport::Timeout
+}
+
 const BAD_REQUEST_CODES: &[&str] = &[
     "InvalidParameterValue",
     "InvalidParameterCombination",
@@ -184,7 +241,7 @@ pub fn classify(failure: &RequestFailure) -> FailureClass {
         if CREDENTIAL_CODES.contains(&code) {
             return FailureClass::Config;
         }
-        if DESTINATION_CODES.contains(&code) {
+        if DESTINATION_CODES.contains(&code) || is_wrong_region(failure) {
             return FailureClass::Destination;
         }
         if BAD_REQUEST_CODES.contains(&code) {
@@ -192,6 +249,7 @@ pub fn classify(failure: &RequestFailure) -> FailureClass {
         }
     }
     match failure.status {
+        Some(301) => FailureClass::Destination,
         Some(429) => FailureClass::Throttled,
         Some(401) | Some(403) => FailureClass::Config,
         Some(413) => FailureClass::BadRequest,
@@ -364,6 +422,85 @@ mod tests {
             entry_decision(true, "InvalidParameter", 1, 5),
             EntryDecision::SenderFault
         );
+    }
+
+    #[test]
+    fn a_destination_in_another_region_is_parked_not_retried_or_blamed_on_the_rows() {
+        let failure = |status: u16, code: Option<&str>, message: &str| RequestFailure {
+            status: Some(status),
+            code: code.map(str::to_string),
+            message: message.into(),
+            transport: Transport::Response,
+        };
+        let s3_redirect = failure(
+            301,
+            Some("PermanentRedirect"),
+            "The bucket you are attempting to access must be addressed using the specified endpoint. Please send all future requests to this endpoint.",
+        );
+        let s3_signed_for_another = failure(
+            400,
+            Some("AuthorizationHeaderMalformed"),
+            "The authorization header is malformed; the region 'us-east-1' is wrong; expecting 'eu-west-1'",
+        );
+        let head_redirect = failure(301, None, "moved");
+        let sns_topic = failure(400, Some("InvalidParameter"), "Invalid parameter: TopicArn");
+        for f in [
+            &s3_redirect,
+            &s3_signed_for_another,
+            &head_redirect,
+            &sns_topic,
+        ] {
+            assert_eq!(classify(f), FailureClass::Destination, "{f:?}");
+            assert!(is_wrong_region(f), "{f:?}");
+            assert!(describe(f).contains("set AWS_REGION"), "{}", describe(f));
+            assert_eq!(
+                request_reaction(classify(f), 10, false),
+                RequestReaction::ParkTheQueue,
+                "a batch is not split for it"
+            );
+        }
+        assert!(describe(&sns_topic).starts_with("InvalidParameter: Invalid parameter: TopicArn"));
+        let target = failure(
+            400,
+            Some("InvalidParameterException"),
+            "Invalid parameter: TargetArn",
+        );
+        assert_eq!(classify(&target), FailureClass::Destination);
+        // Bad input in an entry still splits the batch down to the entry and quarantines it.
+        for message in [
+            "Invalid parameter: Message too long",
+            "Invalid parameter: The MessageGroupId parameter is required for FIFO topics",
+            "Invalid parameter: MessageAttributes",
+            "Invalid parameter: Topic Name",
+        ] {
+            let f = failure(400, Some("InvalidParameter"), message);
+            assert_eq!(classify(&f), FailureClass::BadRequest, "{message}");
+            assert!(!is_wrong_region(&f));
+            assert!(!describe(&f).contains("AWS_REGION"));
+        }
+        // The same text from a timeout is no answer from the service.
+        let mut timeout = sns_topic.clone();
+        timeout.transport = Transport::Timeout;
+        assert!(!is_wrong_region(&timeout));
+    }
+
+    #[test]
+    fn only_an_upload_timeout_spends_the_rows_attempt() {
+        let with = |transport: Transport, code: Option<&str>| RequestFailure {
+            status: None,
+            code: code.map(str::to_string),
+            message: "m".into(),
+            transport,
+        };
+        assert!(upload_spends_attempt(&with(Transport::Timeout, None)));
+        for f in [
+            with(Transport::Connection, None),
+            with(Transport::Response, Some("SlowDown")),
+            with(Transport::Response, Some("InternalError")),
+            with(Transport::Construction, None),
+        ] {
+            assert!(!upload_spends_attempt(&f), "{f:?}");
+        }
     }
 
     #[test]

@@ -71,14 +71,16 @@ pub struct Claimed {
     pub rows: Vec<ClaimedRow>,
     /// Leased like the others, and quarantined as `invalid` in the same settlement.
     pub unreadable: Vec<Unreadable>,
+    /// Quarantined by the claim itself, not leased: nothing to send or settle.
+    pub quarantined: Vec<QuarantinedAtClaim>,
     /// Where the next ordered claim continues looking for groups (see claim_ordered.sql).
     pub cursor: Option<String>,
 }
 
 impl Claimed {
-    /// Rows leased by the claim, readable or not.
+    /// Rows the claim took: leased (readable or not) or quarantined by it.
     pub fn len(&self) -> usize {
-        self.rows.len() + self.unreadable.len()
+        self.rows.len() + self.unreadable.len() + self.quarantined.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -107,6 +109,18 @@ impl Unreadable {
             retry_in: None,
         }
     }
+}
+
+/// A row the claim quarantined instead of leasing it: its payload is larger than the relay
+/// can hold (`TooLarge`), or its claims kept ending without an outcome (`MaxAttempts`: the
+/// relays holding it died). Its payload was never read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuarantinedAtClaim {
+    pub id: i64,
+    pub event_id: Option<String>,
+    pub reason: QuarantineReason,
+    /// What the claim wrote to `last_error`.
+    pub error: String,
 }
 
 /// Outcomes of one claim, one statement per class.

@@ -50,15 +50,19 @@ impl S3 {
         &self.bucket
     }
 
-    /// Stores one message body under its event's key; a second call for the same event
-    /// replaces the object with the same bytes.
-    pub async fn put(&self, offload: &Offload) -> Result<(), RequestFailure> {
+    /// Stores one message body under its event's key within `deadline` (see
+    /// [`upload_deadline`]); a second call for the same event replaces the object with the
+    /// same bytes.
+    pub async fn put(&self, offload: &Offload, deadline: Duration) -> Result<(), RequestFailure> {
+        let (_, timeouts) = crate::aws::client_limits(deadline);
         self.client
             .put_object()
             .bucket(&self.bucket)
             .key(&offload.key)
             .content_type("application/json")
             .body(ByteStream::from(offload.body.clone()))
+            .customize()
+            .config_override(aws_sdk_s3::config::Builder::default().timeout_config(timeouts))
             .send()
             .await
             .map_err(request_failure)?;
@@ -80,13 +84,96 @@ impl S3 {
     }
 }
 
+/// The slowest upload the relay waits for: 1 MiB/s (8 Mbit/s), far below what S3 takes in a
+/// region, so only a path that is failing runs out of it.
+pub const MIN_UPLOAD_BYTES_PER_SECOND: u64 = 1024 * 1024;
+
+/// How long one upload of a `bytes`-byte body may take, or `None`: not now. It needs
+/// `--send-timeout` for the round trip and the body's time at [`MIN_UPLOAD_BYTES_PER_SECOND`]
+/// on top, and must end in time for the SQS send after it: `lease_left` is what the row's lease
+/// leaves now for the upload (once the send and the settlement are set aside), `lease_window`
+/// what a fresh claim's lease leaves. A claim that lost more than half of that waiting for a
+/// request slot gives the row back for a fresh one (`None`, not the row's fault); otherwise
+/// the upload gets at most what is left, and its timeout spends one of the row's attempts
+/// (`retry::upload_spends_attempt`), so a body that always outlasts its deadline ends in
+/// quarantine instead of going back for ever.
+pub fn upload_deadline(
+    bytes: usize,
+    send_timeout: Duration,
+    lease_left: Duration,
+    lease_window: Duration,
+) -> Option<Duration> {
+    let needed =
+        send_timeout + Duration::from_secs_f64(bytes as f64 / MIN_UPLOAD_BYTES_PER_SECOND as f64);
+    if needed <= lease_left {
+        Some(needed)
+    } else if lease_left < lease_window / 2 {
+        None
+    } else {
+        Some(lease_left)
+    }
+}
+
 /// The shared classification (`aws::request_failure`: S3's codes `SlowDown`, `NoSuchBucket`,
 /// `AccessDenied`, `EntityTooLarge` sit in the same lists as SQS's), naming the call.
 fn request_failure<E>(err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> RequestFailure
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
+    // S3 names the bucket's own region on a redirect (`PermanentRedirect` has no other
+    // hint that reaches the SDK's error): the operator's fix.
+    let region = err
+        .raw_response()
+        .and_then(|r| r.headers().get("x-amz-bucket-region"))
+        .map(str::to_string);
     let mut failure = crate::aws::request_failure(err);
-    failure.message = format!("S3 PutObject: {}", failure.message);
+    failure.message = match region {
+        Some(region) => format!(
+            "S3 PutObject: {} (the bucket is in {region})",
+            failure.message
+        ),
+        None => format!("S3 PutObject: {}", failure.message),
+    };
     failure
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upload_gets_the_send_timeout_and_a_second_per_mib_within_the_lease() {
+        let send = Duration::from_secs(10);
+        let long = Duration::from_secs(600);
+        let mib = |n: usize| n * 1024 * 1024;
+        assert_eq!(upload_deadline(0, send, long, long), Some(send));
+        assert_eq!(
+            upload_deadline(mib(32), send, long, long),
+            Some(Duration::from_secs(42))
+        );
+        assert_eq!(
+            upload_deadline(mib(1) / 2, send, long, long),
+            Some(Duration::from_millis(10_500))
+        );
+        // The lease leaves less than the body needs: what is left, and a timeout spends an
+        // attempt (a body no lease fits ends in quarantine)...
+        let window = Duration::from_secs(15);
+        let left = Duration::from_secs(14);
+        assert_eq!(upload_deadline(mib(32), send, left, window), Some(left));
+        assert_eq!(
+            upload_deadline(mib(5), send, left, window),
+            Some(left),
+            "a body needing 15 s of a 15 s window is tried, not given back for ever"
+        );
+        // ...unless this claim lost most of its window waiting for a slot: a fresh one gets more.
+        assert_eq!(
+            upload_deadline(mib(32), send, Duration::from_secs(5), window),
+            None
+        );
+        assert_eq!(
+            upload_deadline(0, send, Duration::from_secs(5), window),
+            None,
+            "not even the round trip fits"
+        );
+    }
 }

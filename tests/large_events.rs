@@ -4,6 +4,7 @@
 //! serves S3 (and SNS) on the same endpoint (path-style).
 
 mod faults;
+mod region;
 
 use std::time::Duration;
 

@@ -30,6 +30,7 @@ mod otel;
 mod outbox_sql;
 mod partition;
 mod retention;
+mod rows_that_kill;
 mod sns;
 mod sqs_contract;
 mod startup;

@@ -4,6 +4,7 @@
 //! row a topic cannot take is quarantined, and a missing topic parks only its own rows.
 
 mod faults;
+mod region;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -66,6 +66,27 @@ pub struct ClaimRequest {
     pub cursor: Option<String>,
 }
 
+/// Which rows a claim quarantines instead of leasing (see sql/claim.sql); fixed at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimLimits {
+    /// A payload larger than this is quarantined `too_large` from its size measured in SQL,
+    /// never read (`--max-payload-bytes`).
+    pub max_payload_bytes: i64,
+    /// A row whose attempts already reached this is quarantined `max_attempts` instead of being
+    /// claimed once more: its last claims ended without an outcome (`--max-attempts`).
+    pub max_attempts: i32,
+}
+
+impl Default for ClaimLimits {
+    /// No limit: what a library user who sets none gets.
+    fn default() -> Self {
+        ClaimLimits {
+            max_payload_bytes: i64::MAX,
+            max_attempts: i32::MAX,
+        }
+    }
+}
+
 /// The parameters, owned, in the types the statements declare.
 #[derive(Debug)]
 pub struct Bound {
@@ -78,10 +99,12 @@ pub struct Bound {
     cursor: Option<String>,
     keys_per_claim: i64,
     fifo_routes: Vec<String>,
+    max_payload_bytes: i64,
+    max_attempts: i32,
 }
 
 impl Bound {
-    pub fn new(request: &ClaimRequest, strategy: &ClaimStrategy) -> Bound {
+    pub fn new(request: &ClaimRequest, strategy: &ClaimStrategy, limits: &ClaimLimits) -> Bound {
         let fifo_routes = match strategy.ordered().map(|o| &o.scope) {
             Some(OrderScope::FifoDestinations { fifo_routes, .. }) => fifo_routes.clone(),
             _ => Vec::new(),
@@ -96,6 +119,8 @@ impl Bound {
             cursor: request.cursor.clone(),
             keys_per_claim: request.limit.clamp(1, 100),
             fifo_routes,
+            max_payload_bytes: limits.max_payload_bytes.max(1),
+            max_attempts: limits.max_attempts.max(1),
         }
     }
 }
@@ -147,15 +172,27 @@ impl ClaimStrategy {
 
     /// How many parameters [`ClaimStrategy::bind`] gives the statement.
     pub fn param_count(&self) -> usize {
+        self.mode_param_count() + 2
+    }
+
+    /// The parameters before the two limits every strategy ends with.
+    fn mode_param_count(&self) -> usize {
         if self.full_ordered() {
             return 8;
         }
         4 + usize::from(self.fair().is_some()) + usize::from(self.ordered().is_some())
     }
 
+    /// The placeholders of the limits ([`ClaimLimits`]): the last two parameters.
+    fn limit_params(&self) -> (String, String) {
+        let n = self.mode_param_count();
+        (format!("${}::bigint", n + 1), format!("${}::int", n + 2))
+    }
+
     /// The parameters of the statement, in order: limit, owner, lease, budget; then the floor
     /// (fair and full ordered claims); then the window, the cursor and the groups per claim
-    /// (full ordered), or the keys of the FIFO routes (rows bound for FIFO queues ordered).
+    /// (full ordered), or the keys of the FIFO routes (rows bound for FIFO queues ordered);
+    /// last the largest payload and the most attempts a row may have.
     pub fn bind<'a>(&self, b: &'a Bound) -> Vec<&'a (dyn ToSql + Sync)> {
         let mut params: Vec<&'a (dyn ToSql + Sync)> =
             vec![&b.limit, &b.owner, &b.lease_seconds, &b.budget_bytes];
@@ -174,6 +211,7 @@ impl ClaimStrategy {
                 params.push(&b.fifo_routes);
             }
         }
+        params.extend([&b.max_payload_bytes as &(dyn ToSql + Sync), &b.max_attempts]);
         debug_assert_eq!(params.len(), self.param_count());
         params
     }
@@ -181,7 +219,17 @@ impl ClaimStrategy {
     /// The claim statement for `table`.
     pub fn sql(&self, table: &TableName) -> Result<String, String> {
         let t = Value::Table(table);
-        let update = render(include_str!("../../sql/claim.sql"), &[("table", t)])?;
+        let (max_payload, max_attempts) = self.limit_params();
+        let update = render(
+            include_str!("../../sql/claim.sql"),
+            &[
+                ("table", t),
+                ("max_payload", Value::Sql(&max_payload)),
+                ("max_attempts", Value::Sql(&max_attempts)),
+            ],
+        )?;
+        let weighed = weighed(&max_payload, &max_attempts);
+        let payload = payload_bytes(Some("c"), &max_payload);
         let ordered = self.ordered();
         // "The row just before c in its group is done": one step back in the group's order
         // index, so the probe costs the same however many of the group's rows were sent before
@@ -213,7 +261,6 @@ impl ClaimStrategy {
                 }
                 _ => String::new(),
             };
-            let payload = payload_bytes(Some("c"));
             return match self.fair() {
                 None => Ok(format!(
                     "WITH {}\n{update}",
@@ -222,6 +269,7 @@ impl ClaimStrategy {
                         &[
                             ("table", t),
                             ("payload_bytes", Value::Sql(&payload)),
+                            ("weighed", Value::Sql(&weighed)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
                         ],
                     )?
@@ -235,6 +283,7 @@ impl ClaimStrategy {
                             ("key_bare", Value::Sql(&key_sql(key, None))),
                             ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                             ("payload_bytes", Value::Sql(&payload)),
+                            ("weighed", Value::Sql(&weighed)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
                         ],
                     )?
@@ -275,7 +324,8 @@ impl ClaimStrategy {
                 ("keys_anchor", Value::Sql(&keys_anchor)),
                 ("fair_h", Value::Sql(&fair_h)),
                 ("fair_turn", Value::Sql(&fair_turn)),
-                ("payload_bytes", Value::Sql(&payload_bytes(Some("c")))),
+                ("payload_bytes", Value::Sql(&payload)),
+                ("weighed", Value::Sql(&weighed)),
                 ("claim_update", Value::Sql(&update)),
             ],
         )
@@ -305,10 +355,20 @@ pub(crate) fn fifo_bound(scope: &OrderScope, alias: &str, routes: &str) -> Strin
     }
 }
 
-/// The payload's size in bytes as the relay will hold it. An uncompressed value's stored size
-/// is its size and costs nothing to read; a compressed one (PostgreSQL compresses values of a
-/// few KB and more) may be many times larger than it is stored, so its text is measured.
-fn payload_bytes(alias: Option<&str>) -> String {
+/// The payload's size in bytes as the relay will hold it: its JSON text. A jsonb value's
+/// stored form is not its text: the text adds a space after every `:` and `,` and escapes (a
+/// control character takes 6 bytes as `\u0001`), the stored form adds 4-byte entry headers; a
+/// number is stored in a few bytes however long it is written (measured: `[1e-1000]` is 22
+/// bytes stored and 1,004 as text; an array of `1e131071`, the worst we found, 8,162 text bytes
+/// per stored byte); and a compressed value (PostgreSQL compresses values of a few KB and more)
+/// says nothing of its text. Reading an uncompressed value's stored size costs nothing;
+/// rendering the text costs the server a pass over the value. So the stored size stands for
+/// the text only where twice that worst expansion keeps the text within the limit
+/// `max_payload` (stored in at most 1/16384 of it: 2 KiB at the default 32 MiB, every ordinary
+/// row), and the text is measured everywhere else: the size that decides `too_large` is exact,
+/// and the byte budget close. Either way the server measures; the relay never reads what it
+/// refuses.
+fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
     let payload = match alias {
         Some(a) => format!("{a}.payload"),
         None => "payload".to_string(),
@@ -317,7 +377,22 @@ fn payload_bytes(alias: Option<&str>) -> String {
     // NULL it would make every running sum after it NULL and stop the claim there.
     format!(
         "coalesce(CASE WHEN pg_column_compression({payload}) IS NULL \
+         AND pg_column_size({payload}) <= {max_payload} / 16384 \
          THEN pg_column_size({payload}) ELSE octet_length({payload}::text) END, 0)"
+    )
+}
+
+/// The `weighed` CTE of every claim: the locked rows (`id`, `attempts`, `bytes`) with their
+/// `doom`, the reason a row is quarantined by the claim instead of leased (sql/claim.sql), and
+/// what each holds of the byte budget (`held`: nothing for a doomed row, which is not read).
+/// One definition, rendered into each strategy's statement.
+fn weighed(max_payload: &str, max_attempts: &str) -> String {
+    format!(
+        "SELECT id, bytes, doom, CASE WHEN doom IS NULL THEN bytes ELSE 0 END AS held \
+         FROM (SELECT id, bytes, \
+                      CASE WHEN bytes > {max_payload} THEN 'too_large' \
+                           WHEN attempts >= {max_attempts} THEN 'max_attempts' END AS doom \
+               FROM locked) AS w"
     )
 }
 
@@ -388,9 +463,34 @@ mod tests {
             let expected: std::collections::BTreeSet<usize> =
                 (1..=strategy.param_count()).collect();
             assert_eq!(used, expected, "{strategy:?}");
-            let bound = Bound::new(&request, &strategy);
+            let bound = Bound::new(&request, &strategy, &ClaimLimits::default());
             assert_eq!(strategy.bind(&bound).len(), strategy.param_count());
             assert!(sql.contains("FROM \"app\".\"outbox\""), "{strategy:?}");
+        }
+    }
+
+    #[test]
+    fn every_strategy_quarantines_with_the_one_weighed_fragment_and_its_last_two_parameters() {
+        let table: TableName = "outbox".parse().unwrap();
+        for strategy in strategies() {
+            let sql = strategy.sql(&table).unwrap();
+            let (max_payload, max_attempts) = strategy.limit_params();
+            let n = strategy.param_count();
+            assert_eq!(max_payload, format!("${}::bigint", n - 1), "{strategy:?}");
+            assert_eq!(max_attempts, format!("${n}::int"), "{strategy:?}");
+            let fragment = weighed(&max_payload, &max_attempts);
+            assert_eq!(sql.matches(&fragment).count(), 1, "{strategy:?}");
+            assert_eq!(
+                sql.matches(&payload_bytes(Some("c"), &max_payload)).count(),
+                1,
+                "{strategy:?}"
+            );
+            // The doomed row's payload is not returned.
+            assert!(
+                sql.contains("CASE WHEN candidates.doom IS NULL THEN o.payload::text END"),
+                "{strategy:?}"
+            );
+            assert!(!sql.contains("o.payload::text,"), "{strategy:?}");
         }
     }
 

@@ -11,7 +11,7 @@ use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
 
 use super::OutboxError;
-use crate::row::{ClaimedRow, Unreadable};
+use crate::row::{ClaimedRow, QuarantineReason, QuarantinedAtClaim, Unreadable};
 
 /// Positions in the RETURNING list of sql/claim.sql.
 const ID: usize = 0;
@@ -26,20 +26,58 @@ const LEASE_TOKEN: usize = 8;
 const ATTEMPTS: usize = 9;
 const CREATED_AT_EPOCH: usize = 10;
 const CREATED_AT: usize = 11;
+/// Why the claim quarantined the row instead of leasing it; NULL for a leased row.
+const DOOM: usize = 12;
+const DOOM_ERROR: usize = 13;
+/// Full ordered claims: where the next claim's search for groups continues.
+pub(super) const CURSOR: usize = 14;
 
-/// One row of a claim: readable, or unreadable with the column that failed.
-pub(super) fn decode(row: &Row) -> Result<Result<ClaimedRow, Unreadable>, OutboxError> {
+/// One row of a claim.
+pub(super) enum Decoded {
+    Row(ClaimedRow),
+    /// Leased, with a column the relay cannot use.
+    Unreadable(Unreadable),
+    /// Quarantined by the claim itself; its payload was not read.
+    Quarantined(QuarantinedAtClaim),
+}
+
+/// One row of a claim: readable, unreadable with the column that failed, or quarantined by
+/// the claim.
+pub(super) fn decode(row: &Row) -> Result<Decoded, OutboxError> {
     let fenced = |index: usize, column: &'static str| {
         required::<i64>(row, index, column)
             .map_err(|detail| OutboxError::ClaimShape { column, detail })
     };
     let id = fenced(ID, "id")?;
     let lease_token = fenced(LEASE_TOKEN, "lease_token")?;
-    Ok(read(row, id, lease_token).map_err(|error| Unreadable {
-        id,
-        lease_token,
-        error,
-    }))
+    let doom: Option<String> =
+        optional(row, DOOM, "doom").map_err(|detail| OutboxError::ClaimShape {
+            column: "doom",
+            detail,
+        })?;
+    if let Some(doom) = doom {
+        let reason = match doom.as_str() {
+            "too_large" => QuarantineReason::TooLarge,
+            _ => QuarantineReason::MaxAttempts,
+        };
+        return Ok(Decoded::Quarantined(QuarantinedAtClaim {
+            id,
+            event_id: optional(row, EVENT_ID, "event_id").ok().flatten(),
+            reason,
+            error: optional(row, DOOM_ERROR, "last_error")
+                .ok()
+                .flatten()
+                .unwrap_or_default(),
+        }));
+    }
+    Ok(match read(row, id, lease_token) {
+        Ok(row) => Decoded::Row(row),
+        Err(error) => Decoded::Unreadable(Unreadable {
+            id,
+            lease_token,
+            error,
+        }),
+    })
 }
 
 /// Everything but the fencing columns; the first column that fails names the error.

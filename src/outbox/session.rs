@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_postgres::{Client, Statement};
 
-use super::claim::{Bound, ClaimRequest, ClaimStrategy, OrderScope};
-use super::decode::decode;
+use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope};
+use super::decode::{decode, Decoded, CURSOR};
 use super::liveness::{replacement, Replace};
 use super::{query_err, Outbox, OutboxError};
 use crate::row::{Claimed, Settled, Settlement};
@@ -108,6 +108,7 @@ impl Outbox {
             },
             delete_on_ack: self.delete_on_ack,
             strategy: self.strategy.clone(),
+            limits: self.limits,
         })
     }
 }
@@ -137,6 +138,8 @@ pub struct Session {
     delete_on_ack: bool,
     /// How `claim` binds its statement's parameters.
     strategy: ClaimStrategy,
+    /// The claim's last two parameters.
+    limits: ClaimLimits,
 }
 
 impl Session {
@@ -146,9 +149,10 @@ impl Session {
 
     /// Claims rows as the strategy chooses them. Commits before returning: nothing is sent
     /// while a row lock is held. A row whose columns cannot be read comes back among the
-    /// claim's `unreadable` rows instead of failing the claim.
+    /// claim's `unreadable` rows instead of failing the claim; one the claim quarantined
+    /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
-        let bound = Bound::new(request, &self.strategy);
+        let bound = Bound::new(request, &self.strategy, &self.limits);
         let rows = self
             .client
             .query(&self.statements.claim, &self.strategy.bind(&bound))
@@ -161,7 +165,7 @@ impl Session {
         for row in &rows {
             if self.strategy.returns_cursor() {
                 claimed.cursor = row
-                    .try_get(12)
+                    .try_get(CURSOR)
                     .map_err(query_err("reading the claim's cursor"))?;
                 // The one row of a claim that took nothing carries only the cursor.
                 let id: Option<i64> = row.try_get(0).map_err(query_err("reading a claimed id"))?;
@@ -170,8 +174,9 @@ impl Session {
                 }
             }
             match decode(row)? {
-                Ok(row) => claimed.rows.push(row),
-                Err(unreadable) => claimed.unreadable.push(unreadable),
+                Decoded::Row(row) => claimed.rows.push(row),
+                Decoded::Unreadable(unreadable) => claimed.unreadable.push(unreadable),
+                Decoded::Quarantined(row) => claimed.quarantined.push(row),
             }
         }
         // UPDATE ... RETURNING does not keep the CTE's order.

@@ -31,6 +31,14 @@ pub enum Mode {
     /// were refused: SQS 400 `InvalidParameterValue`, SNS 400 `InvalidParameter`, S3 400
     /// `InvalidArgument`.
     BadInput,
+    /// Answer as a service does a client configured for another region than the destination's,
+    /// without forwarding: S3 301 `PermanentRedirect` (with `x-amz-bucket-region: eu-west-1`),
+    /// SNS 400 `InvalidParameter` "Invalid parameter: TopicArn", SQS 400 `InvalidAddress`.
+    WrongRegion,
+    /// S3 400 `AuthorizationHeaderMalformed` ("the region 'us-east-1' is wrong; expecting
+    /// 'eu-west-1'"): a request signed for another region than the bucket's. SNS and SQS answer
+    /// as in `WrongRegion`.
+    WrongSigningRegion,
     /// Close the client connection with a TCP RST without forwarding.
     Reset,
     /// Read the request, never answer, keep the connection open.
@@ -61,6 +69,9 @@ const BAD_INPUT_BODY: &str =
 /// code from `x-amzn-query-error` (sent too) over `__type`, so both say `ThrottlingException`.
 const THROTTLE_BODY: &str =
     r#"{"__type":"com.amazonaws.sqs#ThrottlingException","message":"Rate exceeded (injected)"}"#;
+
+/// What SQS says of a queue URL in another region than the endpoint the request reached.
+const WRONG_REGION_SQS_BODY: &str = r#"{"__type":"com.amazonaws.sqs#InvalidAddress","message":"The address https://sqs.eu-west-1.amazonaws.com/ is not valid for this endpoint."}"#;
 
 pub struct FaultProxy {
     /// `http://127.0.0.1:PORT`, for `--sqs-endpoint-url`.
@@ -281,6 +292,31 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
                 Protocol::Query => query_error("400 Bad Request", "Sender", "InvalidParameter"),
                 Protocol::S3Rest => s3_error("400 Bad Request", "InvalidArgument"),
             },
+            Mode::WrongRegion | Mode::WrongSigningRegion => match request.protocol {
+                Protocol::SqsJson => canned(
+                    "400 Bad Request",
+                    &["x-amzn-query-error: InvalidAddress;Sender"],
+                    WRONG_REGION_SQS_BODY,
+                ),
+                Protocol::Query => query_error_saying(
+                    "400 Bad Request",
+                    "Sender",
+                    "InvalidParameter",
+                    "Invalid parameter: TopicArn",
+                ),
+                Protocol::S3Rest if control.mode == Mode::WrongRegion => s3_error_with(
+                    "301 Moved Permanently",
+                    "PermanentRedirect",
+                    "The bucket you are attempting to access must be addressed using the specified endpoint. Please send all future requests to this endpoint.",
+                    &["x-amz-bucket-region: eu-west-1"],
+                ),
+                Protocol::S3Rest => s3_error_with(
+                    "400 Bad Request",
+                    "AuthorizationHeaderMalformed",
+                    "The authorization header is malformed; the region 'us-east-1' is wrong; expecting 'eu-west-1'",
+                    &[],
+                ),
+            },
             Mode::Reset => {
                 // Zero linger turns close into RST, as a crashed load balancer would send.
                 let _ = client.set_zero_linger();
@@ -479,29 +515,38 @@ fn canned(status: &str, extra_headers: &[&str], body: &str) -> (Vec<u8>, bool) {
 
 /// An error as the query protocol (SNS) answers it; the SDK reads `Code`.
 fn query_error(status: &str, fault: &str, code: &str) -> (Vec<u8>, bool) {
+    query_error_saying(status, fault, code, &format!("injected {code}"))
+}
+
+fn query_error_saying(status: &str, fault: &str, code: &str, message: &str) -> (Vec<u8>, bool) {
     let request_id = format!("fault-proxy-{}", super::random_hex(8));
     let body = format!(
         "<ErrorResponse xmlns=\"http://sns.amazonaws.com/doc/2010-03-31/\"><Error>\
-         <Type>{fault}</Type><Code>{code}</Code><Message>injected {code}</Message></Error>\
+         <Type>{fault}</Type><Code>{code}</Code><Message>{message}</Message></Error>\
          <RequestId>{request_id}</RequestId></ErrorResponse>"
     );
-    xml(status, &request_id, &body)
+    xml(status, &request_id, &body, &[])
 }
 
 /// An error as S3 answers it; the SDK reads `Code`.
 fn s3_error(status: &str, code: &str) -> (Vec<u8>, bool) {
+    s3_error_with(status, code, &format!("injected {code}"), &[])
+}
+
+fn s3_error_with(status: &str, code: &str, message: &str, headers: &[&str]) -> (Vec<u8>, bool) {
     let request_id = format!("fault-proxy-{}", super::random_hex(8));
     let body = format!(
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>{code}</Code>\
-         <Message>injected {code}</Message><RequestId>{request_id}</RequestId></Error>"
+         <Message>{message}</Message><RequestId>{request_id}</RequestId></Error>"
     );
-    xml(status, &request_id, &body)
+    xml(status, &request_id, &body, headers)
 }
 
-fn xml(status: &str, request_id: &str, body: &str) -> (Vec<u8>, bool) {
+fn xml(status: &str, request_id: &str, body: &str, headers: &[&str]) -> (Vec<u8>, bool) {
+    let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
     let bytes = format!(
         "HTTP/1.1 {status}\r\nContent-Type: text/xml\r\nContent-Length: {}\r\n\
-         x-amzn-RequestId: {request_id}\r\nx-amz-request-id: {request_id}\r\n\r\n{body}",
+         x-amzn-RequestId: {request_id}\r\nx-amz-request-id: {request_id}\r\n{extra}\r\n{body}",
         body.len()
     );
     (bytes.into_bytes(), true)
