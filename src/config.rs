@@ -352,6 +352,12 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stats_interval: Duration,
 
+    /// Longest a statistics or maintenance statement (gauges, retention deletes, unparking) may
+    /// run: each runs on a connection of its own under this `statement_timeout`, so a large
+    /// backlog never delays claims and settlements.
+    #[arg(long, env = "OUTBOX_MAINTENANCE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub maintenance_timeout: Duration,
+
     /// How long sent rows stay in the table: `0` deletes each row when SQS acknowledged it
     /// (nothing accumulates in the application's database), a duration keeps them that long
     /// (an audit trail, deleted in small batches), `off` keeps them forever.
@@ -524,6 +530,9 @@ fn parse_retention(s: &str) -> Result<Retention, String> {
 /// for milliseconds, large enough that a busy table keeps up.
 pub const RETENTION_BATCH: i64 = 1000;
 
+/// The longest `--maintenance-timeout`: a day, well inside PostgreSQL's limit (~24.8 days).
+pub const MAX_MAINTENANCE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// A value that must never be printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(pub String);
@@ -573,6 +582,8 @@ pub struct RunConfig {
     pub retry_base: Duration,
     pub retry_max: Duration,
     pub stats_interval: Duration,
+    /// `statement_timeout` of each statistics and maintenance statement.
+    pub maintenance_timeout: Duration,
     pub retention: Retention,
     pub retention_interval: Duration,
     /// How claims choose rows.
@@ -701,10 +712,19 @@ impl RunArgs {
             ("--stats-interval", self.stats_interval),
             ("--retry-base", self.retry_base),
             ("--retention-interval", self.retention_interval),
+            ("--maintenance-timeout", self.maintenance_timeout),
         ] {
             if value.is_zero() {
                 return Err(format!("{name} must be above zero"));
             }
+        }
+        // PostgreSQL's statement_timeout is a 32-bit count of milliseconds.
+        if self.maintenance_timeout > MAX_MAINTENANCE_TIMEOUT {
+            return Err(format!(
+                "--maintenance-timeout {} is too long: use at most {}",
+                humantime::format_duration(self.maintenance_timeout),
+                humantime::format_duration(MAX_MAINTENANCE_TIMEOUT)
+            ));
         }
         if self.retry_max < self.retry_base {
             return Err(format!(
@@ -820,6 +840,7 @@ impl RunArgs {
             retry_base: self.retry_base,
             retry_max: self.retry_max,
             stats_interval: self.stats_interval,
+            maintenance_timeout: self.maintenance_timeout,
             retention,
             retention_interval: self.retention_interval,
             claim,

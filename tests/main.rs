@@ -31,5 +31,6 @@ mod retention;
 mod sns;
 mod sqs_contract;
 mod startup;
+mod upkeep;
 mod wakeup;
 mod wakeup_logical;
