@@ -264,7 +264,7 @@ mod tests {
             }
         );
         // Exactly the bound, and nothing above it: all of them were counted.
-        assert_eq!(extrapolate(100, 100, 1, 100, 100).estimated, false);
+        assert!(!extrapolate(100, 100, 1, 100, 100).estimated);
     }
 
     #[test]
