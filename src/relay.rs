@@ -258,7 +258,13 @@ impl Relay {
                 floor: self.claim_floor.load(Ordering::Relaxed),
                 cursor: cursor.clone(),
             };
-            let claim = async { self.session.get().await?.claim(&request).await };
+            let claim = async {
+                let session = self.session.get().await?;
+                let started = Instant::now();
+                let claimed = session.claim(&request).await;
+                metrics::histogram!(names::CLAIM_DURATION).record(started.elapsed().as_secs_f64());
+                claimed
+            };
             match claim.await {
                 Ok(mut claimed) => {
                     db_failures = 0;
