@@ -926,6 +926,29 @@ fn default_relay_id() -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_maintenance_timeout_is_above_zero_and_within_postgresqls_limit() {
+        assert_eq!(
+            run_args(&[]).unwrap().maintenance_timeout,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            run_args(&["--maintenance-timeout", "0s"]).unwrap_err(),
+            "--maintenance-timeout must be above zero"
+        );
+        let err = run_args(&["--maintenance-timeout", "30days"]).unwrap_err();
+        assert!(
+            err.starts_with("--maintenance-timeout 30days is too long: use at most 1day"),
+            "{err}"
+        );
+        assert_eq!(
+            run_args(&["--maintenance-timeout", "500ms"])
+                .unwrap()
+                .maintenance_timeout,
+            Duration::from_millis(500)
+        );
+    }
+
     fn run_args(extra: &[&str]) -> Result<RunConfig, String> {
         run_args_to("http://127.0.0.1:4566/000000000000/q", extra)
     }
