@@ -1,24 +1,37 @@
--- Gauges for /metrics. Each part walks a partial index, never the sent rows: the oldest
--- claimable row is the first entry of the unsent index, and everything about quarantined rows
--- comes from one pass over the quarantined index.
+-- Gauges for /metrics, in bounded time however large the backlog: each side reads at most $1
+-- entries of its partial index (never the sent rows), lowest ids first, and two index probes
+-- for the highest id. Up to $1 rows the counts are exact; past it the relay extrapolates them
+-- from the id span (src/outbox/upkeep.rs, `extrapolate`), and says so in the docs. The oldest
+-- unsent row and the claims' floor are the first index entry: always exact.
 --
 -- Rows the relay parked in quarantine are still unsent: `blocked` (waiting behind a
 -- quarantined row of their group) and `destination` (their queue is missing or refused
 -- access; retried on their own schedule). They count in the unsent gauges and in the
 -- quarantine gauges both, so an undelivered row is never missing from the age an operator
 -- alerts on. Only the claims' floor keeps to claimable rows.
-WITH unsent AS (
+WITH unsent_head AS (
+    SELECT id, created_at
+    FROM {table}
+    WHERE sent_at IS NULL AND quarantined_at IS NULL
+    ORDER BY id
+    LIMIT $1
+), unsent AS (
     SELECT
-        (SELECT created_at FROM {table}
-         WHERE sent_at IS NULL AND quarantined_at IS NULL
-         ORDER BY id
-         LIMIT 1) AS oldest,
-        (SELECT count(*) FROM {table} WHERE sent_at IS NULL AND quarantined_at IS NULL) AS n,
-        -- The claims' floor: no claimable row has a smaller id (0 when none is).
+        (SELECT created_at FROM unsent_head ORDER BY id LIMIT 1) AS oldest,
+        count(*) AS n,
+        coalesce(min(id), 0) AS floor,
+        coalesce(max(id), 0) AS head_last,
         coalesce((SELECT id FROM {table}
                   WHERE sent_at IS NULL AND quarantined_at IS NULL
-                  ORDER BY id
-                  LIMIT 1), 0) AS floor
+                  ORDER BY id DESC
+                  LIMIT 1), 0) AS top
+    FROM unsent_head
+), quarantined_head AS (
+    SELECT id, created_at, quarantined_at, quarantine_reason, sent_at
+    FROM {table}
+    WHERE quarantined_at IS NOT NULL
+    ORDER BY id
+    LIMIT $1
 ), quarantined AS (
     SELECT
         count(*) AS n,
@@ -28,16 +41,27 @@ WITH unsent AS (
         min(created_at) FILTER (WHERE sent_at IS NULL
                                   AND quarantine_reason IN ('blocked', 'destination'))
             AS oldest_parked,
-        min(quarantined_at) AS oldest
-    FROM {table}
-    WHERE quarantined_at IS NOT NULL
+        min(quarantined_at) AS oldest,
+        coalesce(min(id), 0) AS head_first,
+        coalesce(max(id), 0) AS head_last,
+        coalesce((SELECT id FROM {table}
+                  WHERE quarantined_at IS NOT NULL
+                  ORDER BY id DESC
+                  LIMIT 1), 0) AS top
+    FROM quarantined_head
 )
 -- least() skips a NULL side: the older of the two, whichever exists.
 SELECT
     coalesce(greatest(extract(epoch FROM now() - least(u.oldest, q.oldest_parked)), 0)::float8, 0),
-    u.n + q.parked,
+    u.n,
+    u.floor,
+    u.head_last,
+    u.top,
     q.n,
     q.blocked,
-    u.floor,
+    q.parked,
+    q.head_first,
+    q.head_last,
+    q.top,
     coalesce(greatest(extract(epoch FROM now() - q.oldest), 0)::float8, 0)
 FROM unsent AS u, quarantined AS q

@@ -371,6 +371,12 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stats_interval: Duration,
 
+    /// Longest a statistics or maintenance statement (gauges, retention deletes, unparking) may
+    /// run: each runs on a connection of its own under this `statement_timeout`, so a large
+    /// backlog never delays claims and settlements.
+    #[arg(long, env = "OUTBOX_MAINTENANCE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub maintenance_timeout: Duration,
+
     /// How long sent rows stay in the table: `0` deletes each row when SQS acknowledged it
     /// (nothing accumulates in the application's database), a duration keeps them that long
     /// (an audit trail, deleted in small batches), `off` keeps them forever.
@@ -543,6 +549,9 @@ fn parse_retention(s: &str) -> Result<Retention, String> {
 /// for milliseconds, large enough that a busy table keeps up.
 pub const RETENTION_BATCH: i64 = 1000;
 
+/// The longest `--maintenance-timeout`: a day, well inside PostgreSQL's limit (~24.8 days).
+pub const MAX_MAINTENANCE_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// A value that must never be printed.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(pub String);
@@ -598,6 +607,8 @@ pub struct RunConfig {
     /// The cap of the database reconnect back-off (`--db-retry-max`).
     pub db_retry_max: Duration,
     pub stats_interval: Duration,
+    /// `statement_timeout` of each statistics and maintenance statement.
+    pub maintenance_timeout: Duration,
     pub retention: Retention,
     pub retention_interval: Duration,
     /// How claims choose rows.
@@ -726,10 +737,19 @@ impl RunArgs {
             ("--stats-interval", self.stats_interval),
             ("--retry-base", self.retry_base),
             ("--retention-interval", self.retention_interval),
+            ("--maintenance-timeout", self.maintenance_timeout),
         ] {
             if value.is_zero() {
                 return Err(format!("{name} must be above zero"));
             }
+        }
+        // PostgreSQL's statement_timeout is a 32-bit count of milliseconds.
+        if self.maintenance_timeout > MAX_MAINTENANCE_TIMEOUT {
+            return Err(format!(
+                "--maintenance-timeout {} is too long: use at most {}",
+                humantime::format_duration(self.maintenance_timeout),
+                humantime::format_duration(MAX_MAINTENANCE_TIMEOUT)
+            ));
         }
         if self.retry_max < self.retry_base {
             return Err(format!(
@@ -858,6 +878,7 @@ impl RunArgs {
             db_timeout,
             db_retry_max: self.db_retry_max,
             stats_interval: self.stats_interval,
+            maintenance_timeout: self.maintenance_timeout,
             retention,
             retention_interval: self.retention_interval,
             claim,
@@ -965,6 +986,29 @@ fn default_relay_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_maintenance_timeout_is_above_zero_and_within_postgresqls_limit() {
+        assert_eq!(
+            run_args(&[]).unwrap().maintenance_timeout,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            run_args(&["--maintenance-timeout", "0s"]).unwrap_err(),
+            "--maintenance-timeout must be above zero"
+        );
+        let err = run_args(&["--maintenance-timeout", "30days"]).unwrap_err();
+        assert!(
+            err.starts_with("--maintenance-timeout 30days is too long: use at most 1day"),
+            "{err}"
+        );
+        assert_eq!(
+            run_args(&["--maintenance-timeout", "500ms"])
+                .unwrap()
+                .maintenance_timeout,
+            Duration::from_millis(500)
+        );
+    }
 
     fn run_args(extra: &[&str]) -> Result<RunConfig, String> {
         run_args_to("http://127.0.0.1:4566/000000000000/q", extra)

@@ -25,6 +25,7 @@
 //! - [`aws`]: the AWS configuration, loaded once, shared by SQS and IAM database auth.
 //! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
 //! - [`otel`]: OpenTelemetry: a span per event, parented on the row's `traceparent`, over OTLP.
+//! - [`redact`]: every log line on its way out: URL userinfo and secret settings masked.
 
 pub mod aws;
 pub mod batch;
@@ -36,6 +37,7 @@ pub mod idle;
 pub mod metrics;
 pub mod otel;
 pub mod outbox;
+pub mod redact;
 pub mod relay;
 pub mod retry;
 pub mod row;

@@ -62,7 +62,9 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        // Dependencies log what they were given (the OTLP exporter its endpoint with the
+        // userinfo in it); every line is redacted on its way out, at every level.
+        .with_writer(outbox_relay::redact::RedactedStderr)
         .with_ansi(
             std::env::var_os("NO_COLOR").is_none()
                 && std::io::IsTerminal::is_terminal(&std::io::stderr()),

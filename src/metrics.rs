@@ -23,6 +23,9 @@ pub const EVENTS_QUARANTINED: &str = "outbox_events_quarantined_total";
 pub const LEASE_LOST: &str = "outbox_lease_lost_total";
 pub const SEND_DURATION: &str = "outbox_send_duration_seconds";
 pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
+/// One claim statement, rows returned or none: what a growing backlog or a slow database
+/// costs each claim (docs/operations.md, "Big backlogs").
+pub const CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
 
 /// How often histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -39,6 +42,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(SEND_DURATION.into()), &latency_buckets)
         .and_then(|b| b.set_buckets_for_metric(Matcher::Full(DELIVERY_LAG.into()), &lag_buckets))
+        .and_then(|b| {
+            b.set_buckets_for_metric(Matcher::Full(CLAIM_DURATION.into()), &latency_buckets)
+        })
         .map_err(|e| e.to_string())?
         .install_recorder()
         .map_err(|e| e.to_string())?;
@@ -91,6 +97,11 @@ fn describe() {
         DELIVERY_LAG,
         Unit::Seconds,
         "created_at to acknowledged by SQS"
+    );
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "one claim statement (lease and read of up to --batch-size rows)"
     );
     // Counters with labels appear only once touched; zero them so dashboards and alerts see
     // the series from the start.

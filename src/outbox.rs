@@ -10,6 +10,7 @@
 //! - `template`: the one SQL template renderer.
 //! - `claim`: claim strategies (plain, fair, ordered, ordered + fair), their SQL and parameters.
 //! - `session`: a connection with the relay's prepared statements; claims and settlements.
+//! - `upkeep`: statistics and maintenance on a connection of their own, each under a timeout.
 //! - `decode`: a claimed row read column by column; what cannot be read is `Unreadable`.
 //! - `listen`: `--wakeup notify`'s LISTEN connection.
 //! - `liveness`: round-trip deadlines, keepalives, and which failures replace a connection.
@@ -43,6 +44,7 @@ pub mod schema;
 mod session;
 mod status;
 mod template;
+mod upkeep;
 mod wakeup;
 
 use ident::key_sql;
@@ -58,6 +60,7 @@ pub use liveness::{reconnect_delay, replacement, Replace};
 pub use schema::LockPolicy;
 pub use session::{Session, SharedSession, Stats};
 pub use status::TableStatus;
+pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
 
 /// Schema version this build creates and understands, recorded in `outbox_relay_schema` by

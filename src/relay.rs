@@ -23,7 +23,7 @@ use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::{ClaimSpans, Tracing};
 use crate::outbox::{
-    ClaimLimits, ClaimRequest, Outbox, OutboxError, Session, SharedSession, Wakeup,
+    ClaimLimits, ClaimRequest, Outbox, OutboxError, Session, SharedSession, Upkeep, Wakeup,
 };
 use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestReaction, Transport};
 use crate::row::{
@@ -45,6 +45,9 @@ struct Relay {
     plan_config: PlanConfig,
     outbox: Arc<Outbox>,
     session: SharedSession,
+    /// Statistics and maintenance, on a connection of their own so they never delay claims
+    /// and settlements.
+    upkeep: Upkeep,
     sqs: Sqs,
     /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
     sns: Sns,
@@ -180,6 +183,7 @@ pub async fn run(
         destinations: Destinations::new(configured_queues, config.retry_base, config.retry_max),
         plan_config: config.plan.clone(),
         session: SharedSession::new(Arc::clone(&outbox), first),
+        upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance_timeout),
         outbox,
         sqs,
         sns,
@@ -270,9 +274,15 @@ impl Relay {
                 cursor: cursor.clone(),
             };
             let request = &request;
-            let claim = self
-                .session
-                .run("claiming rows", |s| async move { s.claim(request).await });
+            let claim = async {
+                let started = Instant::now();
+                let claimed = self
+                    .session
+                    .run("claiming rows", |s| async move { s.claim(request).await })
+                    .await;
+                metrics::histogram!(names::CLAIM_DURATION).record(started.elapsed().as_secs_f64());
+                claimed
+            };
             match claim.await {
                 Ok(mut claimed) => {
                     db_failures = 0;
@@ -1137,14 +1147,7 @@ impl Relay {
             // same pass.
             self.unpark_destinations().await;
             self.maintain_blocked_groups().await;
-            let stats = self
-                .session
-                .run(
-                    "reading outbox statistics",
-                    |s| async move { s.stats().await },
-                )
-                .await;
-            match stats {
+            match self.upkeep.stats().await {
                 Ok(s) => {
                     self.health.set_database_ok(true);
                     metrics::gauge!(names::OLDEST_UNSENT_AGE).set(s.oldest_unsent_age_seconds);
@@ -1159,6 +1162,11 @@ impl Relay {
                         self.claim_floor.store(s.claim_floor, Ordering::Relaxed);
                     }
                 }
+                // A slow count is not a database that is down: readiness stays as claims find it.
+                Err(e) if e.timed_out() => tracing::warn!(
+                    error = %e,
+                    "reading outbox statistics took longer than --maintenance-timeout; the gauges keep their last values"
+                ),
                 Err(e) => {
                     self.health.set_database_ok(false);
                     tracing::warn!(error = %e, "could not read outbox statistics");
@@ -1182,12 +1190,7 @@ impl Relay {
             }
             let mut deleted = 0u64;
             loop {
-                let pass = self
-                    .session
-                    .run("deleting sent rows past retention", |s| async move {
-                        s.delete_expired(retention, RETENTION_BATCH).await
-                    });
-                match pass.await {
+                match self.upkeep.delete_expired(retention, RETENTION_BATCH).await {
                     Ok(n) => {
                         deleted += n;
                         if n < RETENTION_BATCH as u64 || stop.is_cancelled() {
@@ -1211,13 +1214,7 @@ impl Relay {
     /// Rows parked for their destination whose time has come become unsent again, and the
     /// claim loop is woken to send them.
     async fn unpark_destinations(&self) {
-        let result = self
-            .session
-            .run("unparking rows", |s| async move {
-                s.unpark_destinations().await
-            })
-            .await;
-        match result {
+        match self.upkeep.unpark_destinations().await {
             Ok(0) => {}
             Ok(rows) => {
                 tracing::info!(rows, "rows parked for their queue are tried again");
@@ -1231,13 +1228,7 @@ impl Relay {
     /// stop walking them and operators see them) and release groups whose head was re-driven.
     /// Runs with the gauges; every replica may run it, the statements are idempotent.
     async fn maintain_blocked_groups(&self) {
-        let result = self
-            .session
-            .run("maintaining blocked groups", |s| async move {
-                s.maintain_blocked_groups().await
-            })
-            .await;
-        match result {
+        match self.upkeep.maintain_blocked_groups().await {
             Ok((parked, unparked)) => {
                 if parked > 0 {
                     metrics::counter!(names::EVENTS_QUARANTINED, "reason" => "blocked")

@@ -34,5 +34,6 @@ mod rows_that_kill;
 mod sns;
 mod sqs_contract;
 mod startup;
+mod upkeep;
 mod wakeup;
 mod wakeup_logical;

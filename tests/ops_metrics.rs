@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::scenario::{events, insert, migrated_db, run_args, wait_count};
 use crate::support::{create_queue, metric_value, sqs, wait_until, RelayProcess};
 
-/// Every metric the relay exports (the product contract's eleven);
+/// Every metric the relay exports (the product contract's eleven, and the claim duration);
 /// the scrape must hold each one, so the lint below covers them all.
 const EXPORTED_METRICS: &[&str] = &[
     "outbox_oldest_unsent_age_seconds",
@@ -22,6 +22,7 @@ const EXPORTED_METRICS: &[&str] = &[
     "outbox_lease_lost_total",
     "outbox_send_duration_seconds",
     "outbox_delivery_lag_seconds",
+    "outbox_claim_duration_seconds",
 ];
 
 /// Runs `promtool check metrics` with the exposition on stdin; returns its exit status and
@@ -120,6 +121,7 @@ async fn a_live_metrics_scrape_passes_promtool_check_metrics() {
     for histogram in [
         "outbox_send_duration_seconds",
         "outbox_delivery_lag_seconds",
+        "outbox_claim_duration_seconds",
     ] {
         let count = metric_value(&scrape, &format!("{histogram}_count")).unwrap_or(0.0);
         assert!(count > 0.0, "{histogram} has no samples:\n{scrape}");

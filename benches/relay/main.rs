@@ -16,7 +16,9 @@
 //! | `OUTBOX_BENCH_IDLE_SECONDS` | 60 (quick: 10) | measured idle window |
 //! | `OUTBOX_BENCH_STORAGE_SECONDS` | 600 (quick: 60) | producer time of the storage run |
 //! | `OUTBOX_BENCH_TRACING_ROUNDS` | 3 (quick: 1) | rounds of the tracing group (each runs every variant once) |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,idle,storage,adopt` (adopt: see adopt.rs) |
+//! | `OUTBOX_BENCH_BACKLOG_ROWS` | 1000000 (quick: 100000) | backlog of the `big-backlog` group (the target: 10000000) |
+//! | `OUTBOX_BENCH_BACKLOG_BASELINE_SECONDS` | 30 (quick: 10) | the application's 500 commits/s without the relay, before it starts |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,idle,storage,adopt,big-backlog` (adopt: see adopt.rs; big-backlog: backlog.rs) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -25,6 +27,7 @@
 mod support;
 
 mod adopt;
+mod backlog;
 mod collector;
 mod harm;
 mod http;
@@ -70,6 +73,9 @@ pub struct Settings {
     /// with idleness has stretched.
     pub idle_settle: Duration,
     pub idle_window: Duration,
+    /// Backlog of the `big-backlog` group, and its time without the relay first.
+    pub backlog_rows: u64,
+    pub backlog_baseline: Duration,
     pub storage_rate: u64,
     pub storage_duration: Duration,
     /// Table size is read this often during the storage run.
@@ -137,6 +143,14 @@ impl Settings {
             window: Duration::from_secs(number("OUTBOX_BENCH_WINDOW", window)),
             steady: Duration::from_secs(number("OUTBOX_BENCH_STEADY_SECONDS", steady)),
             steady_rates: vec![500, 2_000, 5_000],
+            backlog_rows: number(
+                "OUTBOX_BENCH_BACKLOG_ROWS",
+                if quick { 100_000 } else { 1_000_000 },
+            ),
+            backlog_baseline: Duration::from_secs(number(
+                "OUTBOX_BENCH_BACKLOG_BASELINE_SECONDS",
+                if quick { 10 } else { 30 },
+            )),
             harm_seconds: Duration::from_secs(number(
                 "OUTBOX_BENCH_HARM_SECONDS",
                 if quick { 5 } else { 15 },
@@ -689,6 +703,13 @@ async fn run(settings: Settings) {
 
     if settings.runs("adopt") {
         adopt::run(&settings).await;
+    }
+
+    if settings.runs("big-backlog") {
+        let run = backlog::big_backlog(&settings, &mut clusters).await;
+        say(&run.summary());
+        report.big_backlog.push(run);
+        clusters.stop();
     }
 
     report.seconds = started.elapsed().as_secs_f64();

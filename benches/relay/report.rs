@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::backlog::BacklogRun;
 use crate::collector::{Collector, Received};
 use crate::harm::{self, HarmRun, IdleClusterCpu, IdleRun};
 use crate::procstat::Snapshot;
@@ -440,6 +441,8 @@ pub struct Report {
     pub idle: Vec<IdleRun>,
     pub idle_clusters: Vec<IdleClusterCpu>,
     pub storage: Vec<StorageRun>,
+    /// A large backlog drained while the application commits at a steady rate (`big-backlog`).
+    pub big_backlog: Vec<BacklogRun>,
     pub seconds: f64,
     ordered_flag: bool,
     batch: usize,
@@ -515,6 +518,7 @@ impl Report {
             idle: Vec::new(),
             idle_clusters: Vec::new(),
             storage: Vec::new(),
+            big_backlog: Vec::new(),
             seconds: 0.0,
             ordered_flag,
             batch: settings.batch,
@@ -1422,6 +1426,7 @@ impl Report {
                 "percent_of_a_core": c.cpu / c.seconds * 100.0,
             })).collect::<Vec<_>>(),
             "storage": self.storage.iter().map(StorageRun::to_json).collect::<Vec<_>>(),
+            "big_backlog": self.big_backlog.iter().map(BacklogRun::to_json).collect::<Vec<_>>(),
             "ratios": self.ratios().into_iter().map(|(what, v)| json!({"ratio": what, "value": v})).collect::<Vec<_>>(),
             "targets": self.targets().into_iter().map(|t| json!({
                 "target": t.what, "goal": t.goal, "value": t.value, "met": t.met, "note": t.note,

@@ -9,6 +9,7 @@ use tokio_postgres::{Client, Statement};
 use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope};
 use super::decode::{decode, Decoded, CURSOR};
 use super::liveness::{replacement, Replace};
+use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
 use super::{query_err, Outbox, OutboxError};
 use crate::row::{Claimed, Settled, Settlement};
 
@@ -27,6 +28,8 @@ pub struct Stats {
     pub claim_floor: i64,
     /// now − quarantined_at of the row longest in quarantine, any reason; 0 when none.
     pub oldest_quarantined_age_seconds: f64,
+    /// Some count was extrapolated past `upkeep::STATS_EXACT_UP_TO` rows rather than counted.
+    pub estimated: bool,
 }
 
 impl Outbox {
@@ -357,28 +360,22 @@ impl Session {
         row.get(0)
     }
 
-    /// Gauges for `/metrics`, from partial indexes only.
+    /// Gauges for `/metrics`, from partial indexes only; the relay reads them on its
+    /// maintenance connection (`Upkeep::stats`).
     pub async fn stats(&self) -> Result<Stats, OutboxError> {
         let row = self
             .client
-            .query_one(&self.statements.stats, &[])
+            .query_one(&self.statements.stats, &[&STATS_EXACT_UP_TO])
             .await
             .map_err(query_err("reading outbox statistics"))?;
-        Ok(Stats {
-            oldest_unsent_age_seconds: row.get(0),
-            unsent: row.get(1),
-            quarantined: row.get(2),
-            blocked: row.get(3),
-            claim_floor: row.get(4),
-            oldest_quarantined_age_seconds: row.get(5),
-        })
+        Ok(Stats::from_row(&row, STATS_EXACT_UP_TO))
     }
 
-    /// Makes rows parked for their destination unsent again once their time has come;
-    /// returns how many.
+    /// Makes up to `UNPARK_BATCH` rows parked for their destination unsent again once their
+    /// time has come; returns how many.
     pub async fn unpark_destinations(&self) -> Result<u64, OutboxError> {
         self.client
-            .execute(&self.statements.unpark_destination, &[])
+            .execute(&self.statements.unpark_destination, &[&UNPARK_BATCH])
             .await
             .map_err(query_err("unparking rows whose destination is due a retry"))
     }

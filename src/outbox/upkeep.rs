@@ -1,0 +1,301 @@
+//! Statistics and maintenance on a connection of their own, so that they never delay claims
+//! and settlements: the table gauges, retention deletes, unparking. Opened on first use.
+//!
+//! Each statement runs in a transaction of its own with a `statement_timeout` set for that
+//! transaction only (`set_config(…, true)`, which is `SET LOCAL`), so nothing stays behind on a
+//! server connection that a transaction pooler hands to the application next; statements are
+//! unnamed (`query_typed`), which a pooler cannot mix up between clients either. A client-side
+//! deadline a little past the server's catches a connection that stopped answering: it is
+//! dropped and the next pass opens another.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row};
+
+use super::claim::OrderScope;
+use super::{query_err, Outbox, OutboxError, Stats};
+
+/// Up to this many rows the gauges count exactly; past it they are extrapolated (see
+/// [`extrapolate`]). Counting this many index entries takes a few milliseconds.
+pub const STATS_EXACT_UP_TO: i64 = 10_000;
+
+/// Rows parked for their destination made unsent again per statement.
+pub const UNPARK_BATCH: i64 = 1_000;
+
+/// How long past the server's `statement_timeout` the client waits before it gives the
+/// connection up: the server's own cancellation normally answers first.
+const CLIENT_GRACE: Duration = Duration::from_secs(2);
+
+/// A count read from the lowest `bound` entries of an index over ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub rows: i64,
+    /// Extrapolated past the bound rather than counted.
+    pub estimated: bool,
+}
+
+/// How many entries an index over ids holds, from the `counted` lowest of them (at most
+/// `bound`), which lie between ids `first` and `last`, and the highest id in the index,
+/// `top`. Fewer than `bound` counted: that was all of them. Otherwise the rest, between `last`
+/// and `top`, is taken to be as dense as the part counted: a backlog is mostly consecutive ids
+/// (rows are claimed in id order), so the estimate is close to the truth, and it is as fresh
+/// as the index, unlike the planner's statistics, which wait for the next ANALYZE.
+pub fn extrapolate(counted: i64, bound: i64, first: i64, last: i64, top: i64) -> Count {
+    if counted < bound || top <= last {
+        return Count {
+            rows: counted,
+            estimated: false,
+        };
+    }
+    let span = (last - first + 1).max(counted) as f64;
+    let density = counted as f64 / span;
+    Count {
+        rows: counted + ((top - last) as f64 * density).round() as i64,
+        estimated: true,
+    }
+}
+
+/// `part` of the `counted` rows, scaled to an estimated `total`.
+fn scale(part: i64, counted: i64, total: Count) -> i64 {
+    if !total.estimated || counted == 0 {
+        return part;
+    }
+    (part as f64 * total.rows as f64 / counted as f64).round() as i64
+}
+
+impl Stats {
+    /// The gauges from a row of stats.sql run with `bound` ([`STATS_EXACT_UP_TO`]).
+    pub(super) fn from_row(row: &Row, bound: i64) -> Stats {
+        let unsent = extrapolate(row.get(1), bound, row.get(2), row.get(3), row.get(4));
+        let counted_q: i64 = row.get(5);
+        let quarantined = extrapolate(counted_q, bound, row.get(8), row.get(9), row.get(10));
+        let parked = scale(row.get(7), counted_q, quarantined);
+        Stats {
+            oldest_unsent_age_seconds: row.get(0),
+            unsent: unsent.rows + parked,
+            quarantined: quarantined.rows,
+            blocked: scale(row.get(6), counted_q, quarantined),
+            claim_floor: row.get(2),
+            oldest_quarantined_age_seconds: row.get(11),
+            estimated: unsent.estimated || quarantined.estimated,
+        }
+    }
+}
+
+impl OutboxError {
+    /// The server cancelled the statement at its `statement_timeout` (SQLSTATE 57014).
+    pub fn timed_out(&self) -> bool {
+        matches!(self, OutboxError::Query { source, .. }
+            if source.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED))
+    }
+}
+
+/// The statistics and maintenance connection, opened on first use and again after a failure.
+#[derive(Debug)]
+pub struct Upkeep {
+    outbox: Arc<Outbox>,
+    /// Every statement's `statement_timeout` (`--maintenance-timeout`).
+    timeout: Duration,
+    /// `None` until first used, and after a failure that may have left it unusable.
+    client: Mutex<Option<Client>>,
+}
+
+impl Upkeep {
+    pub fn new(outbox: Arc<Outbox>, timeout: Duration) -> Self {
+        Upkeep {
+            outbox,
+            timeout,
+            client: Mutex::new(None),
+        }
+    }
+
+    /// Runs one statement in a transaction of its own under the timeout.
+    async fn run(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        context: &'static str,
+    ) -> Result<Vec<Row>, OutboxError> {
+        let mut slot = self.client.lock().await;
+        let work = async {
+            if slot.as_ref().is_none_or(Client::is_closed) {
+                *slot = Some(self.outbox.raw_connect().await?);
+            }
+            let client = slot.as_mut().expect("connected above");
+            let tx = client.transaction().await.map_err(query_err(context))?;
+            let timeout_ms = self.timeout.as_millis().to_string();
+            tx.query_typed(
+                include_str!("../../sql/upkeep_settings.sql"),
+                &[(&timeout_ms, Type::TEXT)],
+            )
+            .await
+            .map_err(query_err("setting the maintenance statement timeout"))?;
+            let rows = tx
+                .query_typed(sql, params)
+                .await
+                .map_err(query_err(context))?;
+            tx.commit().await.map_err(query_err(context))?;
+            Ok::<_, OutboxError>(rows)
+        };
+        match tokio::time::timeout(self.timeout + CLIENT_GRACE, work).await {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => {
+                // A cancelled statement leaves the connection fine; anything else may not.
+                if !e.timed_out() {
+                    *slot = None;
+                }
+                Err(e)
+            }
+            Err(_) => {
+                *slot = None;
+                Err(OutboxError::Connect {
+                    target: self.outbox.target(),
+                    reason: format!(
+                        "{context}: no answer within {} (--maintenance-timeout); the connection was dropped",
+                        humantime::format_duration(self.timeout + CLIENT_GRACE)
+                    ),
+                })
+            }
+        }
+    }
+
+    /// The table gauges, exact up to [`STATS_EXACT_UP_TO`] rows and estimated past it.
+    pub async fn stats(&self) -> Result<Stats, OutboxError> {
+        let rows = self
+            .run(
+                &self.outbox.sql.stats,
+                &[(&STATS_EXACT_UP_TO, Type::INT8)],
+                "reading outbox statistics",
+            )
+            .await?;
+        let row = rows.first().expect("stats.sql returns one row");
+        Ok(Stats::from_row(row, STATS_EXACT_UP_TO))
+    }
+
+    /// Deletes up to `limit` sent rows older than `retention`; returns how many went.
+    pub async fn delete_expired(
+        &self,
+        retention: Duration,
+        limit: i64,
+    ) -> Result<u64, OutboxError> {
+        let rows = self
+            .run(
+                &self.outbox.sql.delete_expired,
+                &[
+                    (&retention.as_secs_f64(), Type::FLOAT8),
+                    (&limit, Type::INT8),
+                ],
+                "deleting sent rows past retention",
+            )
+            .await?;
+        Ok(rows.len() as u64)
+    }
+
+    /// Makes rows parked for their destination unsent again once their time has come, in
+    /// batches of [`UNPARK_BATCH`]; returns how many.
+    pub async fn unpark_destinations(&self) -> Result<u64, OutboxError> {
+        let mut total = 0;
+        loop {
+            let n = self
+                .run(
+                    &self.outbox.sql.unpark_destination,
+                    &[(&UNPARK_BATCH, Type::INT8)],
+                    "unparking rows whose destination is due a retry",
+                )
+                .await?
+                .len() as u64;
+            total += n;
+            if n < UNPARK_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Ordered delivery with poison blocking: parks rows behind quarantined heads and unparks
+    /// those whose head was re-driven. Returns (parked, unparked); (0, 0) in other modes.
+    pub async fn maintain_blocked_groups(&self) -> Result<(u64, u64), OutboxError> {
+        let (Some(park), Some(unpark)) = (
+            &self.outbox.sql.park_blocked,
+            &self.outbox.sql.unpark_blocked,
+        ) else {
+            return Ok((0, 0));
+        };
+        let unparked = self
+            .run(unpark, &[], "unparking rows of re-driven groups")
+            .await?
+            .len() as u64;
+        // Parking applies to ordered rows only: with a standard default queue, those bound for a
+        // FIFO queue (the FIFO routes' keys are the statement's one parameter).
+        let routes = match self.outbox.strategy.ordered().map(|o| &o.scope) {
+            Some(OrderScope::FifoDestinations { fifo_routes, .. }) => Some(fifo_routes),
+            _ => None,
+        };
+        let context = "parking rows behind quarantined heads";
+        let parked = match routes {
+            Some(routes) => self.run(park, &[(routes, Type::TEXT_ARRAY)], context).await,
+            None => self.run(park, &[], context).await,
+        }?
+        .len() as u64;
+        Ok((parked, unparked))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_below_the_bound_are_exact() {
+        assert_eq!(
+            extrapolate(0, 100, 0, 0, 0),
+            Count {
+                rows: 0,
+                estimated: false
+            }
+        );
+        assert_eq!(
+            extrapolate(99, 100, 5, 400, 400),
+            Count {
+                rows: 99,
+                estimated: false
+            }
+        );
+        // Exactly the bound, and nothing above it: all of them were counted.
+        assert!(!extrapolate(100, 100, 1, 100, 100).estimated);
+    }
+
+    #[test]
+    fn past_the_bound_the_rest_is_as_dense_as_the_counted_part() {
+        // Consecutive ids 1..=1,000,000, the lowest 100 counted.
+        assert_eq!(
+            extrapolate(100, 100, 1, 100, 1_000_000),
+            Count {
+                rows: 1_000_000,
+                estimated: true
+            }
+        );
+        // Every other id is unsent (the others were sent, or rolled back): 1,000 odd ids up
+        // to 2,000, the lowest 100 counted, the rest within 1 %.
+        let every_other = extrapolate(100, 100, 1, 199, 2_000);
+        assert!(every_other.estimated);
+        assert!((every_other.rows - 1_000).abs() <= 10, "{every_other:?}");
+    }
+
+    #[test]
+    fn parts_scale_with_an_estimated_total() {
+        let total = Count {
+            rows: 1_000,
+            estimated: true,
+        };
+        assert_eq!(scale(10, 100, total), 100);
+        let exact = Count {
+            rows: 100,
+            estimated: false,
+        };
+        assert_eq!(scale(10, 100, exact), 10);
+        assert_eq!(scale(0, 0, total), 0);
+    }
+}
