@@ -23,6 +23,7 @@ pub const EVENTS_QUARANTINED: &str = "outbox_events_quarantined_total";
 pub const LEASE_LOST: &str = "outbox_lease_lost_total";
 pub const SEND_DURATION: &str = "outbox_send_duration_seconds";
 pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
+pub const REQUEST_CONCURRENCY_LIMIT: &str = "outbox_request_concurrency_limit";
 
 /// How often histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -91,6 +92,10 @@ fn describe() {
         DELIVERY_LAG,
         Unit::Seconds,
         "created_at to acknowledged by SQS"
+    );
+    describe_gauge!(
+        REQUEST_CONCURRENCY_LIMIT,
+        "requests a destination may have in flight now (adaptive, at most --max-in-flight); destination: a configured queue, topic or s3://bucket, or other (the lowest of rows' own queues)"
     );
     // Counters with labels appear only once touched; zero them so dashboards and alerts see
     // the series from the start.

@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchRequest, Entry, PlanConfig};
+use crate::concurrency::{Limiter, Outcome};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::destination::{bucket_key, describe, Destinations, Park};
 use crate::idle;
@@ -59,6 +60,8 @@ struct Relay {
     destinations: Destinations,
     /// Bounds SendMessageBatch calls in flight.
     request_permits: Arc<Semaphore>,
+    /// Each destination's share of those, adapted to how it answers (taken before a permit).
+    concurrency: Limiter,
     /// No unsent row has a smaller id (as of the last statistics refresh): claims start
     /// there instead of walking the index entries of rows sent since the last VACUUM. A row
     /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
@@ -161,6 +164,11 @@ pub async fn run(
     if let Some(offload) = &config.plan.offload {
         configured_queues.push(bucket_key(&offload.bucket));
     }
+    let concurrency = Limiter::new(
+        config.request_concurrency,
+        config.max_in_flight,
+        configured_queues.clone(),
+    );
     let relay = Arc::new(Relay {
         destinations: Destinations::new(configured_queues, config.retry_base, config.retry_max),
         plan_config: config.plan.clone(),
@@ -173,6 +181,7 @@ pub async fn run(
         wake: Notify::new(),
         pressure: Pressure::default(),
         request_permits: Arc::new(Semaphore::new(config.max_in_flight)),
+        concurrency,
         claim_floor: AtomicI64::new(0),
         queue_limits: Mutex::new(HashMap::new()),
         tracing,
@@ -568,6 +577,24 @@ impl Relay {
         if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
             return (request, Err(Unsent::Parked(park)));
         }
+        // The destination's own slot first: a request waiting for a slow queue must not hold one
+        // of the permits every destination shares. The bucket's next, for the uploads.
+        let slot = tokio::select! {
+            slot = self.concurrency.acquire(&request.queue_url) => slot,
+            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+        };
+        let bucket = self
+            .s3
+            .as_ref()
+            .filter(|_| request.entries.iter().any(|e| e.offload.is_some()))
+            .map(|s3| bucket_key(s3.bucket()));
+        let upload_slot = match &bucket {
+            Some(bucket) => tokio::select! {
+                slot = self.concurrency.acquire(bucket) => Some(slot),
+                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+            },
+            None => None,
+        };
         let _permit = tokio::select! {
             permit = self.request_permits.acquire() => permit.expect("never closed"),
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
@@ -592,8 +619,11 @@ impl Relay {
         }
         // The SDK enforces the send timeout; this guard only covers a stuck future.
         let hard_limit = c.send_timeout + Duration::from_secs(1);
-        if request.entries.iter().any(|e| e.offload.is_some()) {
-            if let Err(failed) = self.offload(&request, hard_limit).await {
+        if let Some(upload_slot) = upload_slot {
+            let started = Instant::now();
+            let uploaded = self.offload(&request, hard_limit).await;
+            upload_slot.finish(upload_outcome(&uploaded, started.elapsed()));
+            if let Err(failed) = uploaded {
                 return (request, Err(Unsent::Offload(failed)));
             }
             if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
@@ -626,6 +656,7 @@ impl Relay {
             })),
         };
         metrics::histogram!(names::SEND_DURATION).record(started.elapsed().as_secs_f64());
+        slot.finish(send_outcome(&result, started.elapsed()));
         (request, result)
     }
 
@@ -1267,6 +1298,42 @@ fn release(settlement: &mut Settlement, row: &ClaimedRow, delay: Duration, error
         error,
         refund: true,
     });
+}
+
+/// What a send tells its destination's concurrency limit: an answer's round trip, or
+/// back-pressure (no answer in time, throttling of the request or of any entry, a server error).
+/// A refusal for configuration or input says nothing of load.
+fn send_outcome(result: &Result<Vec<EntryOutcome>, Unsent>, rtt: Duration) -> Outcome {
+    match result {
+        Ok(outcomes) => {
+            let throttled = outcomes.iter().any(
+                |o| matches!(o, EntryOutcome::Failed { code, .. } if retry::is_throttle_code(code)),
+            );
+            if throttled {
+                Outcome::BackPressure
+            } else {
+                Outcome::Answered(rtt)
+            }
+        }
+        Err(Unsent::Failed(failure)) => load_outcome(failure),
+        Err(_) => Outcome::Unmeasured,
+    }
+}
+
+/// The same for a request's uploads to the offload bucket (S3 `SlowDown` is its throttling).
+fn upload_outcome(result: &Result<(), OffloadFailed>, rtt: Duration) -> Outcome {
+    match result {
+        Ok(()) => Outcome::Answered(rtt),
+        Err(OffloadFailed::Refused { failure, .. }) => load_outcome(failure),
+        Err(OffloadFailed::Parked(_)) => Outcome::Unmeasured,
+    }
+}
+
+fn load_outcome(failure: &RequestFailure) -> Outcome {
+    match retry::classify(failure) {
+        FailureClass::Throttled | FailureClass::Transient => Outcome::BackPressure,
+        _ => Outcome::Unmeasured,
+    }
 }
 
 fn reap(deliveries: &mut JoinSet<()>) {

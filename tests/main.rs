@@ -28,6 +28,7 @@ mod ops_tls_client;
 mod otel;
 mod outbox_sql;
 mod retention;
+mod slow_destination;
 mod sns;
 mod sqs_contract;
 mod startup;
