@@ -19,7 +19,7 @@ import urllib.request
 import boto3
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RELAY = os.path.join(ROOT, "target/release/outbox-relay")
+RELAY = os.environ.get("OUTBOX_SLOW_RELAY", os.path.join(ROOT, "target/release/outbox-relay"))
 ROWS = int(os.environ.get("OUTBOX_SLOW_ROWS", "1000"))
 ROUNDS = int(os.environ.get("OUTBOX_SLOW_ROUNDS", "2"))
 MODES = os.environ.get("OUTBOX_SLOW_MODES", "fixed adaptive").split()
@@ -36,17 +36,21 @@ def free_port():
 
 def pg_bin(name):
     bindir = os.environ.get("OUTBOX_TEST_PG_BINDIR")
-    return os.path.join(bindir, name) if bindir else shutil.which(name)
+    path = os.path.join(bindir, name) if bindir else shutil.which(name)
+    # initdb and postgres refuse to run as root.
+    return ["runuser", "-u", "postgres", "--", path] if os.geteuid() == 0 else [path]
 
 
 class Postgres:
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="outbox-slow-pg-")
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
         self.port = free_port()
         data = os.path.join(self.dir, "data")
-        subprocess.run([pg_bin("initdb"), "-D", data, "-U", "postgres", "-A", "trust"],
+        subprocess.run(pg_bin("initdb") + ["-D", data, "-U", "postgres", "-A", "trust"],
                        check=True, stdout=subprocess.DEVNULL)
-        subprocess.run([pg_bin("pg_ctl"), "-D", data, "-l", os.path.join(self.dir, "log"), "-w",
+        subprocess.run(pg_bin("pg_ctl") + ["-D", data, "-l", os.path.join(self.dir, "log"), "-w",
                         "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 "
                               "-c fsync=off -c synchronous_commit=off", "start"],
                        check=True, stdout=subprocess.DEVNULL)
@@ -61,7 +65,7 @@ class Postgres:
         return out.stdout.strip()
 
     def stop(self):
-        subprocess.run([pg_bin("pg_ctl"), "-D", self.data, "-m", "immediate", "stop"],
+        subprocess.run(pg_bin("pg_ctl") + ["-D", self.data, "-m", "immediate", "stop"],
                        stdout=subprocess.DEVNULL)
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchRequest, Entry, PlanConfig};
-use crate::concurrency::{Limiter, Outcome};
+use crate::concurrency::{self, Limiter, Outcome};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::destination::{bucket_key, describe, Destinations, Park};
 use crate::idle;
@@ -1300,22 +1300,17 @@ fn release(settlement: &mut Settlement, row: &ClaimedRow, delay: Duration, error
     });
 }
 
-/// What a send tells its destination's concurrency limit: an answer's round trip, or
-/// back-pressure (no answer in time, throttling of the request or of any entry, a server error).
-/// A refusal for configuration or input says nothing of load.
+/// What a send tells its destination's concurrency limit (the rule: `concurrency`).
 fn send_outcome(result: &Result<Vec<EntryOutcome>, Unsent>, rtt: Duration) -> Outcome {
     match result {
-        Ok(outcomes) => {
-            let throttled = outcomes.iter().any(
-                |o| matches!(o, EntryOutcome::Failed { code, .. } if retry::is_throttle_code(code)),
-            );
-            if throttled {
-                Outcome::BackPressure
-            } else {
-                Outcome::Answered(rtt)
-            }
-        }
-        Err(Unsent::Failed(failure)) => load_outcome(failure),
+        Ok(outcomes) => concurrency::answer_outcome(
+            rtt,
+            outcomes.iter().filter_map(|o| match o {
+                EntryOutcome::Failed { code, .. } => Some(code.as_str()),
+                EntryOutcome::Sent { .. } => None,
+            }),
+        ),
+        Err(Unsent::Failed(failure)) => concurrency::failure_outcome(retry::classify(failure)),
         Err(_) => Outcome::Unmeasured,
     }
 }
@@ -1324,15 +1319,10 @@ fn send_outcome(result: &Result<Vec<EntryOutcome>, Unsent>, rtt: Duration) -> Ou
 fn upload_outcome(result: &Result<(), OffloadFailed>, rtt: Duration) -> Outcome {
     match result {
         Ok(()) => Outcome::Answered(rtt),
-        Err(OffloadFailed::Refused { failure, .. }) => load_outcome(failure),
+        Err(OffloadFailed::Refused { failure, .. }) => {
+            concurrency::failure_outcome(retry::classify(failure))
+        }
         Err(OffloadFailed::Parked(_)) => Outcome::Unmeasured,
-    }
-}
-
-fn load_outcome(failure: &RequestFailure) -> Outcome {
-    match retry::classify(failure) {
-        FailureClass::Throttled | FailureClass::Transient => Outcome::BackPressure,
-        _ => Outcome::Unmeasured,
     }
 }
 

@@ -191,7 +191,7 @@ impl FaultProxy {
         self.shared.requests.load(Ordering::SeqCst)
     }
 
-    /// Requests sent to the SQS server (`Pass`, `Delay`, `DropResponse`, `Hold`).
+    /// Requests sent to the SQS server (`Pass`, `Delay`, `Serial`, `DropResponse`, `Hold`).
     pub fn forwarded(&self) -> u64 {
         self.shared.forwarded.load(Ordering::SeqCst)
     }
