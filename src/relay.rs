@@ -4,7 +4,8 @@
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
 //! claim is delivered by its own task, so the next claim runs while earlier batches are in
 //! flight. Two semaphores bound the work: requests in flight, and rows being delivered (so
-//! rows are not leased long before a request slot is free for them).
+//! rows are not leased long before a request slot is free for them). Below the first, each
+//! destination has its own adaptive limit (`concurrency`), fed with every send's outcome.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
