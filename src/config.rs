@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::batch::{
     is_fifo, is_topic, KeyColumn, MessageFormat, OffloadPlan, PlanConfig, PlanOrdering,
 };
+use crate::concurrency::RequestConcurrency;
 use crate::dbauth::PasswordSource;
 use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
 
@@ -291,10 +292,17 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
     pub batch_size: usize,
 
-    /// SendMessageBatch requests in flight at once. SQS answers in ~15 ms in-region, so the
-    /// throughput ceiling of sending is about this × 10 entries / 15 ms.
+    /// SendMessageBatch requests in flight at once, at most: all destinations together, and the
+    /// ceiling of each destination's adaptive limit (--request-concurrency). SQS answers in
+    /// ~15 ms in-region, so the throughput ceiling of sending is about this × 10 entries / 15 ms.
     #[arg(long, env = "OUTBOX_MAX_IN_FLIGHT", default_value_t = 32)]
     pub max_in_flight: usize,
+
+    /// How many requests each destination gets: `adaptive` (a limit per destination, up to
+    /// --max-in-flight, lowered when its answers slow down, time out or throttle, raised while
+    /// they are healthy) or `fixed` (--max-in-flight, whatever the destination does).
+    #[arg(long, env = "OUTBOX_REQUEST_CONCURRENCY", default_value = "adaptive")]
+    pub request_concurrency: RequestConcurrency,
 
     /// How an idle relay learns of new rows: `poll` (adaptive polling with a cheap probe;
     /// costs the application's commits nothing), `logical` (a temporary logical replication
@@ -590,6 +598,7 @@ pub struct RunConfig {
     pub lease: Duration,
     pub batch_size: usize,
     pub max_in_flight: usize,
+    pub request_concurrency: RequestConcurrency,
     pub wakeup: Wakeup,
     pub poll_interval: Duration,
     pub max_attempts: u32,
@@ -864,6 +873,7 @@ impl RunArgs {
             lease: self.lease,
             batch_size: self.batch_size,
             max_in_flight: self.max_in_flight,
+            request_concurrency: self.request_concurrency,
             wakeup: self.wakeup,
             poll_interval: self.poll_interval,
             max_attempts: self.max_attempts,

@@ -16,6 +16,7 @@
 //! - [`sns`]: the only owner of the SNS SDK: the same for a topic destination (PublishBatch).
 //! - [`s3`]: the only owner of the S3 SDK: large message bodies stored before their pointer is sent.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
+//! - [`concurrency`]: each destination's requests in flight, adapted to its answers (pure rule inside).
 //! - [`destination`]: which queues refuse us and until when their rows wait (per-queue back-off).
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
 //! - [`idle`]: pure: when an idle relay looks for work again (`--wakeup poll`).
@@ -30,6 +31,7 @@
 pub mod aws;
 pub mod batch;
 pub mod check;
+pub mod concurrency;
 pub mod config;
 pub mod dbauth;
 pub mod destination;

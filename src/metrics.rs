@@ -26,6 +26,7 @@ pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
 /// One claim statement, rows returned or none: what a growing backlog or a slow database
 /// costs each claim (docs/operations.md, "Big backlogs").
 pub const CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
+pub const REQUEST_CONCURRENCY_LIMIT: &str = "outbox_request_concurrency_limit";
 
 /// How often histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -102,6 +103,10 @@ fn describe() {
         CLAIM_DURATION,
         Unit::Seconds,
         "one claim statement (lease and read of up to --batch-size rows)"
+    );
+    describe_gauge!(
+        REQUEST_CONCURRENCY_LIMIT,
+        "requests a destination may have in flight now (adaptive, at most --max-in-flight); destination: a configured queue, topic or s3://bucket, or other (the lowest of rows' own queues)"
     );
     // Counters with labels appear only once touched; zero them so dashboards and alerts see
     // the series from the start.

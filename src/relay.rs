@@ -4,7 +4,8 @@
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
 //! claim is delivered by its own task, so the next claim runs while earlier batches are in
 //! flight. Two semaphores bound the work: requests in flight, and rows being delivered (so
-//! rows are not leased long before a request slot is free for them).
+//! rows are not leased long before a request slot is free for them). Below the first, each
+//! destination has its own adaptive limit (`concurrency`), fed with every send's outcome.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -17,6 +18,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{self, BatchRequest, Entry, PlanConfig};
+use crate::concurrency::{self, Limiter, Outcome};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
 use crate::destination::{bucket_key, describe, Destinations, Park};
 use crate::idle;
@@ -64,6 +66,8 @@ struct Relay {
     destinations: Destinations,
     /// Bounds SendMessageBatch calls in flight.
     request_permits: Arc<Semaphore>,
+    /// Each destination's share of those, adapted to how it answers (taken before a permit).
+    concurrency: Limiter,
     /// No unsent row has a smaller id (as of the last statistics refresh): claims start
     /// there instead of walking the index entries of rows sent since the last VACUUM. A row
     /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
@@ -179,6 +183,11 @@ pub async fn run(
     if let Some(offload) = &config.plan.offload {
         configured_queues.push(bucket_key(&offload.bucket));
     }
+    let concurrency = Limiter::new(
+        config.request_concurrency,
+        config.max_in_flight,
+        configured_queues.clone(),
+    );
     let relay = Arc::new(Relay {
         destinations: Destinations::new(configured_queues, config.retry_base, config.retry_max),
         plan_config: config.plan.clone(),
@@ -192,6 +201,7 @@ pub async fn run(
         wake: Notify::new(),
         pressure: Pressure::default(),
         request_permits: Arc::new(Semaphore::new(config.max_in_flight)),
+        concurrency,
         claim_floor: AtomicI64::new(0),
         queue_limits: Mutex::new(HashMap::new()),
         tracing,
@@ -601,6 +611,24 @@ impl Relay {
         if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
             return (request, Err(Unsent::Parked(park)));
         }
+        // The destination's own slot first: a request waiting for a slow queue must not hold one
+        // of the permits every destination shares. The bucket's next, for the uploads.
+        let slot = tokio::select! {
+            slot = self.concurrency.acquire(&request.queue_url) => slot,
+            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+        };
+        let bucket = self
+            .s3
+            .as_ref()
+            .filter(|_| request.entries.iter().any(|e| e.offload.is_some()))
+            .map(|s3| bucket_key(s3.bucket()));
+        let upload_slot = match &bucket {
+            Some(bucket) => tokio::select! {
+                slot = self.concurrency.acquire(bucket) => Some(slot),
+                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+            },
+            None => None,
+        };
         let _permit = tokio::select! {
             permit = self.request_permits.acquire() => permit.expect("never closed"),
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
@@ -625,8 +653,11 @@ impl Relay {
         }
         // The SDK enforces the send timeout; this guard only covers a stuck future.
         let hard_limit = c.send_timeout + Duration::from_secs(1);
-        if request.entries.iter().any(|e| e.offload.is_some()) {
-            if let Err(failed) = self.offload(&request, lease_deadline).await {
+        if let Some(upload_slot) = upload_slot {
+            let started = Instant::now();
+            let uploaded = self.offload(&request, lease_deadline).await;
+            upload_slot.finish(upload_outcome(&uploaded, started.elapsed()));
+            if let Err(failed) = uploaded {
                 return (request, Err(Unsent::Offload(failed)));
             }
             if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
@@ -659,6 +690,7 @@ impl Relay {
             })),
         };
         metrics::histogram!(names::SEND_DURATION).record(started.elapsed().as_secs_f64());
+        slot.finish(send_outcome(&result, started.elapsed()));
         (request, result)
     }
 
@@ -1401,6 +1433,32 @@ fn record_quarantined_at_claim(claimed: &Claimed) {
         metrics::counter!(names::EVENTS_QUARANTINED, "reason" => row.reason.as_str()).increment(1);
         tracing::warn!(event_id = row.event_id.as_deref().unwrap_or(""), id = row.id,
             reason = row.reason.as_str(), error = %row.error, "row quarantined at claim");
+    }
+}
+
+/// What a send tells its destination's concurrency limit (the rule: `concurrency`).
+fn send_outcome(result: &Result<Vec<EntryOutcome>, Unsent>, rtt: Duration) -> Outcome {
+    match result {
+        Ok(outcomes) => concurrency::answer_outcome(
+            rtt,
+            outcomes.iter().filter_map(|o| match o {
+                EntryOutcome::Failed { code, .. } => Some(code.as_str()),
+                EntryOutcome::Sent { .. } => None,
+            }),
+        ),
+        Err(Unsent::Failed(failure)) => concurrency::failure_outcome(retry::classify(failure)),
+        Err(_) => Outcome::Unmeasured,
+    }
+}
+
+/// The same for a request's uploads to the offload bucket (S3 `SlowDown` is its throttling).
+fn upload_outcome(result: &Result<(), OffloadFailed>, rtt: Duration) -> Outcome {
+    match result {
+        Ok(()) => Outcome::Answered(rtt),
+        Err(OffloadFailed::Refused { failure, .. }) => {
+            concurrency::failure_outcome(retry::classify(failure))
+        }
+        Err(OffloadFailed::Parked(_) | OffloadFailed::NoTime) => Outcome::Unmeasured,
     }
 }
 

@@ -31,6 +31,7 @@ mod outbox_sql;
 mod partition;
 mod retention;
 mod rows_that_kill;
+mod slow_destination;
 mod sns;
 mod sqs_contract;
 mod startup;

@@ -22,6 +22,10 @@ pub enum Mode {
     Pass,
     /// Wait, then forward and answer.
     Delay(Duration),
+    /// One request at a time, each taking this long before it is forwarded: a server with one
+    /// worker (moto's one Python core, a throttled partition), whose answers take longer the
+    /// more requests wait for it.
+    Serial(Duration),
     /// Answer 500 `InternalError` without forwarding.
     Error500,
     /// Answer the service's throttle without forwarding: SQS 400 `ThrottlingException`, SNS
@@ -105,6 +109,8 @@ struct Shared {
     held: AtomicUsize,
     /// What every request asked for, in arrival order (see `FaultProxy::actions`).
     actions: Mutex<Vec<String>>,
+    /// The one worker of `Mode::Serial`: held while a request is served.
+    serial: tokio::sync::Mutex<()>,
 }
 
 impl FaultProxy {
@@ -138,6 +144,7 @@ impl FaultProxy {
             faulted: AtomicU64::new(0),
             held: AtomicUsize::new(0),
             actions: Mutex::new(Vec::new()),
+            serial: tokio::sync::Mutex::new(()),
         });
         let accept_shared = shared.clone();
         runtime.spawn(async move {
@@ -195,7 +202,7 @@ impl FaultProxy {
         self.shared.requests.load(Ordering::SeqCst)
     }
 
-    /// Requests sent to the SQS server (`Pass`, `Delay`, `DropResponse`, `Hold`).
+    /// Requests sent to the SQS server (`Pass`, `Delay`, `Serial`, `DropResponse`, `Hold`).
     pub fn forwarded(&self) -> u64 {
         self.shared.forwarded.load(Ordering::SeqCst)
     }
@@ -265,6 +272,11 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
             Mode::Pass => forward(&shared, &request).await,
             Mode::Delay(delay) => {
                 tokio::time::sleep(delay).await;
+                forward(&shared, &request).await
+            }
+            Mode::Serial(service) => {
+                let _worker = shared.serial.lock().await;
+                tokio::time::sleep(service).await;
                 forward(&shared, &request).await
             }
             Mode::Error500 => match request.protocol {
