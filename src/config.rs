@@ -15,7 +15,9 @@ use crate::batch::{
     is_fifo, is_topic, KeyColumn, MessageFormat, OffloadPlan, PlanConfig, PlanOrdering,
 };
 use crate::dbauth::PasswordSource;
-use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
+use crate::outbox::{
+    ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, Pooler, TableName, Wakeup,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -117,6 +119,13 @@ pub struct DatabaseArgs {
     /// Give up on one connection attempt after this long.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
+
+    /// A connection pooler between the relay and PostgreSQL: `none` (the relay's own
+    /// connections: session settings, prepared statements), `session` or `transaction`
+    /// (PgBouncer's pool modes; RDS Proxy is `transaction`): nothing is left on a server
+    /// connection, statements are unnamed and settings per transaction.
+    #[arg(long, env = "OUTBOX_POOLER", default_value = "none")]
+    pub pooler: Pooler,
 
     /// An adopted table's column for a standard name: NAME=COLUMN, repeatable (env:
     /// comma-separated), e.g. event_id=id aggregate_type=aggregatetype. With any of these the
@@ -545,6 +554,8 @@ pub struct DatabaseConfig {
     pub adopted: Option<(TableName, ColumnMap)>,
     /// Where each new connection's password comes from.
     pub password: PasswordSource,
+    /// Whether a pooler shares the server connections with other clients.
+    pub pooler: Pooler,
 }
 
 /// Everything `run` needs, validated.
@@ -645,6 +656,7 @@ impl DatabaseArgs {
             connect_timeout: self.connect_timeout,
             adopted,
             password,
+            pooler: self.pooler,
         })
     }
 }
@@ -714,6 +726,7 @@ impl RunArgs {
             ));
         }
         check_lease(self.lease, self.send_timeout, self.settle_margin)?;
+        database.pooler.allows(self.wakeup)?;
         let retention = match (self.delete_on_ack, self.retention) {
             (false, retention) | (true, retention @ Retention::OnAck) => retention,
             (true, _) => {
@@ -1045,6 +1058,21 @@ mod tests {
         assert!(run_args(&["--retention", "soon"])
             .unwrap_err()
             .contains("or `off`"));
+    }
+
+    #[test]
+    fn pooler_defaults_to_direct_connections_and_refuses_what_cannot_cross_it() {
+        assert_eq!(run_args(&[]).unwrap().database.pooler, Pooler::None);
+        let pooled = run_args(&["--pooler", "transaction"]).unwrap();
+        assert_eq!(pooled.database.pooler, Pooler::Transaction);
+        for wakeup in ["notify", "logical"] {
+            let err = run_args(&["--pooler", "transaction", "--wakeup", wakeup]).unwrap_err();
+            assert!(err.contains(&format!("--wakeup {wakeup}")), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        assert!(run_args(&["--pooler", "session", "--wakeup", "notify"]).is_ok());
+        assert!(run_args(&["--pooler", "session", "--wakeup", "logical"]).is_err());
+        assert!(run_args(&["--pooler", "statement"]).is_err());
     }
 
     #[test]

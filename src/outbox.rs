@@ -10,6 +10,8 @@
 //! - `template`: the one SQL template renderer.
 //! - `claim`: claim strategies (plain, fair, ordered, ordered + fair), their SQL and parameters.
 //! - `session`: a connection with the relay's prepared statements; claims and settlements.
+//! - `pooler`: `--pooler`, what a connection pooler in between allows; `conn`: one connection
+//!   used as it allows (prepared or unnamed statements, per-transaction settings).
 //! - `decode`: a claimed row read column by column; what cannot be read is `Unreadable`.
 //! - `listen`: `--wakeup notify`'s LISTEN connection.
 //! - `admin`: `quarantine list` and `quarantine retry`.
@@ -22,8 +24,6 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use tokio_postgres::Client;
-
 use crate::dbauth::{PasswordSource, Passwords};
 use crate::row::KeyColumn;
 use crate::tls::{PgTls, PgTlsStream};
@@ -31,12 +31,14 @@ use crate::tls::{PgTls, PgTlsStream};
 mod admin;
 mod claim;
 mod columns;
+mod conn;
 mod decode;
 mod doorbell;
 mod error;
 mod ident;
 pub mod inspect;
 mod listen;
+mod pooler;
 pub mod schema;
 mod session;
 mod status;
@@ -49,9 +51,11 @@ use template::{render, Value};
 pub use admin::{QuarantineEntry, RetrySelection};
 pub use claim::{ClaimRequest, ClaimStrategy, OrderScope, Ordered};
 pub use columns::ColumnMap;
+pub use conn::Conn;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use ident::{quote_ident, KeyIndex, TableName};
+pub use pooler::Pooler;
 pub use schema::LockPolicy;
 pub use session::{Session, SharedSession, Stats};
 pub use status::TableStatus;
@@ -100,6 +104,8 @@ pub struct Outbox {
     strategy: ClaimStrategy,
     /// How `migrate` takes the locks that block the application's writes.
     locks: LockPolicy,
+    /// Whether server connections are shared with other clients (a pooler in between).
+    pooler: Pooler,
 }
 
 impl Outbox {
@@ -154,6 +160,7 @@ impl Outbox {
             delete_on_ack: false,
             strategy: ClaimStrategy::Plain,
             locks: LockPolicy::default(),
+            pooler: Pooler::None,
         })
     }
 
@@ -218,6 +225,13 @@ impl Outbox {
         self
     }
 
+    /// A connection pooler between the relay and PostgreSQL: nothing may stay on a server
+    /// connection (see `pooler`).
+    pub fn pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
     pub fn table(&self) -> &TableName {
         &self.table
     }
@@ -242,7 +256,7 @@ impl Outbox {
         &self,
     ) -> Result<
         (
-            Client,
+            tokio_postgres::Client,
             tokio_postgres::Connection<tokio_postgres::Socket, PgTlsStream<tokio_postgres::Socket>>,
         ),
         OutboxError,
@@ -288,19 +302,19 @@ impl Outbox {
             })
     }
 
-    async fn raw_connect(&self) -> Result<Client, OutboxError> {
+    async fn raw_connect(&self) -> Result<Conn, OutboxError> {
         let (client, connection) = self.open().await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "database connection ended");
             }
         });
-        Ok(client)
+        Ok(Conn::new(client, self.pooler))
     }
 
     /// The (key, id) indexes the claim mode needs; without them every claim would scan the
     /// backlog, so their absence stops the start-up with the command that creates them.
-    async fn check_key_indexes(&self, client: &Client) -> Result<(), OutboxError> {
+    async fn check_key_indexes(&self, client: &Conn) -> Result<(), OutboxError> {
         let mut needed = Vec::new();
         if let Some(o) = self.strategy.ordered() {
             needed.push((&o.key, KeyIndex::Order, "--group-by"));
@@ -336,20 +350,27 @@ impl Outbox {
 
     /// The table's wake-up channel (and publication) name; fails clearly when the table is
     /// missing.
-    async fn resolve_channel(&self, client: &Client) -> Result<String, OutboxError> {
+    async fn resolve_channel(&self, client: &Conn) -> Result<String, OutboxError> {
         let row = client
-            .query_opt(
-                include_str!("../sql/resolve_table.sql"),
-                &[&self.table.quoted()],
-            )
-            .await
-            .map_err(query_err("looking up the outbox table"))?;
-        match row {
+            .query_opt(RESOLVE_TABLE, &[&self.table.quoted()])
+            .await;
+        self.channel(row)
+    }
+
+    /// The channel name from sql/resolve_table.sql's answer.
+    fn channel(
+        &self,
+        row: Result<Option<tokio_postgres::Row>, tokio_postgres::Error>,
+    ) -> Result<String, OutboxError> {
+        match row.map_err(query_err("looking up the outbox table"))? {
             Some(row) => Ok(row.get(0)),
             None => Err(OutboxError::TableMissing(self.table.quoted())),
         }
     }
 }
+
+/// The table's channel name, or no row when the table is missing.
+const RESOLVE_TABLE: &str = include_str!("../sql/resolve_table.sql");
 
 /// Result of `migrate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -34,6 +34,7 @@ impl Outbox {
                 }
             }
         });
+        let client = super::Conn::new(client, self.pooler);
         let channel = self.resolve_channel(&client).await?;
         client
             .batch_execute(
