@@ -27,6 +27,7 @@ mod ops_tls;
 mod ops_tls_client;
 mod otel;
 mod outbox_sql;
+mod pooler;
 mod retention;
 mod sns;
 mod sqs_contract;

@@ -8,6 +8,7 @@
 //! - [`sns`]: topics on the same server, [`create_topic`] and [`subscribe_queue`] per test.
 //! - [`proxy`]: [`FaultProxy`], an HTTP fault injector in front of the SQS server.
 //! - [`iam_proxy`]: [`IamProxy`], a PostgreSQL front that checks RDS IAM auth tokens.
+//! - [`pgbouncer`]: [`PgBouncer`], Debian's pgbouncer in front of the cluster, per test.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
 //! - [`otlp`]: [`OtlpReceiver`], an OTLP/HTTP trace receiver that decodes the spans it gets.
 //!
@@ -21,6 +22,7 @@
 pub mod iam_proxy;
 pub mod otlp;
 pub mod pg;
+pub mod pgbouncer;
 pub mod proxy;
 pub mod relay;
 pub mod sns;
@@ -29,6 +31,7 @@ pub mod sqs;
 pub use iam_proxy::IamProxy;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pg::{fresh_db, pg, Pg, TestDb};
+pub use pgbouncer::{PgBouncer, PoolMode, Pooling};
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
 pub use sns::{create_topic, create_topic_named, sns_client, subscribe_queue, topic_name};
