@@ -83,51 +83,31 @@ impl Outbox {
             .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?
             .into_iter();
         let mut next = || prepared.next().expect("one statement per text");
-        let (
-            claim,
-            mark_sent,
-            reschedule,
-            quarantine,
-            stats,
-            probe,
-            delete_expired,
-            unpark_destination,
-            lost_leases,
-        ) = (
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-            next(),
-        );
+        // Fields are evaluated in the order written: the order of `sqls`.
+        let statements = Statements {
+            claim: next(),
+            mark_sent: next(),
+            reschedule: next(),
+            quarantine: next(),
+            stats: next(),
+            probe: next(),
+            delete_expired: next(),
+            unpark_destination: next(),
+            lost_leases: next(),
+            park: self.sql.park_blocked.as_ref().map(|_| (next(), next())),
+        };
         // The strategy and its statement are built from one description; this catches the day
         // they drift apart, at start-up (and in `check`) instead of at every claim.
-        if claim.params().len() != self.strategy.param_count() {
+        let claim_params = statements.claim.params().len();
+        if claim_params != self.strategy.param_count() {
             return Err(OutboxError::Template(format!(
-                "the claim statement takes {} parameters, its strategy binds {}",
-                claim.params().len(),
+                "the claim statement takes {claim_params} parameters, its strategy binds {}",
                 self.strategy.param_count()
             )));
         }
-        let park = self.sql.park_blocked.as_ref().map(|_| (next(), next()));
         Ok(Session {
             client,
-            statements: Statements {
-                claim,
-                mark_sent,
-                reschedule,
-                quarantine,
-                lost_leases,
-                stats,
-                probe,
-                delete_expired,
-                unpark_destination,
-                park,
-            },
+            statements,
             delete_on_ack: self.delete_on_ack,
             strategy: self.strategy.clone(),
         })
