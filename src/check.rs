@@ -111,6 +111,14 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
             facts
         }
     };
+    report.add(
+        format!("connections: --pooler {}", db.pooler),
+        outbox
+            .pooler_report()
+            .await
+            .map(Some)
+            .map_err(|e| e.to_string()),
+    );
     let Some(facts) = facts else {
         let fix = match &db.adopted {
             Some(_) => "run `outbox-relay migrate --adopt` with the same --table and --column flags, or fix --table",

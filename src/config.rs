@@ -16,7 +16,9 @@ use crate::batch::{
 };
 use crate::concurrency::RequestConcurrency;
 use crate::dbauth::PasswordSource;
-use crate::outbox::{ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, TableName, Wakeup};
+use crate::outbox::{
+    ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, Pooler, TableName, Wakeup,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -118,6 +120,13 @@ pub struct DatabaseArgs {
     /// Give up on one connection attempt after this long.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
+
+    /// A connection pooler between the relay and PostgreSQL: `none` (the relay's own
+    /// connections: session settings, prepared statements), `session` or `transaction`
+    /// (PgBouncer's pool modes; RDS Proxy is `transaction`): nothing is left on a server
+    /// connection, statements are unnamed and settings per transaction.
+    #[arg(long, env = "OUTBOX_POOLER", default_value = "none")]
+    pub pooler: Pooler,
 
     /// An adopted table's column for a standard name: NAME=COLUMN, repeatable (env:
     /// comma-separated), e.g. event_id=id aggregate_type=aggregatetype. With any of these the
@@ -581,6 +590,8 @@ pub struct DatabaseConfig {
     pub adopted: Option<(TableName, ColumnMap)>,
     /// Where each new connection's password comes from.
     pub password: PasswordSource,
+    /// Whether a pooler shares the server connections with other clients.
+    pub pooler: Pooler,
 }
 
 /// Everything `run` needs, validated.
@@ -690,6 +701,7 @@ impl DatabaseArgs {
             connect_timeout: self.connect_timeout,
             adopted,
             password,
+            pooler: self.pooler,
         })
     }
 }
@@ -771,6 +783,7 @@ impl RunArgs {
         // A settlement slower than the margin kept for it could not protect its lease anyway.
         let db_timeout = self.db_timeout.unwrap_or(self.settle_margin);
         check_db_timeouts(db_timeout, self.db_retry_max, self.lease)?;
+        database.pooler.allows(self.wakeup)?;
         let retention = match (self.delete_on_ack, self.retention) {
             (false, retention) | (true, retention @ Retention::OnAck) => retention,
             (true, _) => {
@@ -1197,6 +1210,21 @@ mod tests {
         assert!(run_args(&["--retention", "soon"])
             .unwrap_err()
             .contains("or `off`"));
+    }
+
+    #[test]
+    fn pooler_defaults_to_direct_connections_and_refuses_what_cannot_cross_it() {
+        assert_eq!(run_args(&[]).unwrap().database.pooler, Pooler::None);
+        let pooled = run_args(&["--pooler", "transaction"]).unwrap();
+        assert_eq!(pooled.database.pooler, Pooler::Transaction);
+        for wakeup in ["notify", "logical"] {
+            let err = run_args(&["--pooler", "transaction", "--wakeup", wakeup]).unwrap_err();
+            assert!(err.contains(&format!("--wakeup {wakeup}")), "{err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+        assert!(run_args(&["--pooler", "session", "--wakeup", "notify"]).is_ok());
+        assert!(run_args(&["--pooler", "session", "--wakeup", "logical"]).is_err());
+        assert!(run_args(&["--pooler", "statement"]).is_err());
     }
 
     #[test]

@@ -100,7 +100,7 @@ async fn dispatch(command: Command) -> ExitCode {
 fn outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
     let db = args.validate().map_err(|e| config_error(&e))?;
     Outbox::new(&db.url.0, db.table, db.connect_timeout)
-        .map(|o| o.password_source(db.password))
+        .map(|o| o.password_source(db.password).pooler(db.pooler))
         .map_err(|e| config_error(&e.to_string()))
 }
 

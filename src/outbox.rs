@@ -11,6 +11,8 @@
 //! - `claim`: claim strategies (plain, fair, ordered, ordered + fair), their SQL and parameters.
 //! - `session`: a connection with the relay's prepared statements; claims and settlements.
 //! - `upkeep`: statistics and maintenance on a connection of their own, each under a timeout.
+//! - `pooler`: `--pooler`, what a connection pooler in between allows; `conn`: one connection
+//!   used as it allows (prepared or unnamed statements, per-transaction settings).
 //! - `decode`: a claimed row read column by column; what cannot be read is `Unreadable`.
 //! - `listen`: `--wakeup notify`'s LISTEN connection.
 //! - `liveness`: round-trip deadlines, keepalives, and which failures replace a connection.
@@ -24,8 +26,6 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use tokio_postgres::Client;
-
 use crate::dbauth::{PasswordSource, Passwords};
 use crate::row::KeyColumn;
 use crate::tls::{PgTls, PgTlsStream};
@@ -33,6 +33,7 @@ use crate::tls::{PgTls, PgTlsStream};
 mod admin;
 mod claim;
 mod columns;
+mod conn;
 mod decode;
 mod doorbell;
 mod error;
@@ -40,6 +41,7 @@ mod ident;
 pub mod inspect;
 mod listen;
 pub(crate) mod liveness;
+mod pooler;
 pub mod schema;
 mod session;
 mod status;
@@ -53,10 +55,12 @@ use template::{render, Value};
 pub use admin::{QuarantineEntry, RetrySelection};
 pub use claim::{ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered};
 pub use columns::ColumnMap;
+pub use conn::Conn;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use liveness::{reconnect_delay, replacement, Replace};
+pub use pooler::Pooler;
 pub use schema::LockPolicy;
 pub use session::{Session, SharedSession, Stats};
 pub use status::TableStatus;
@@ -113,6 +117,8 @@ pub struct Outbox {
     /// Set once a server refused a write as read-only (SQLSTATE 25006): from then on new
     /// connections skip read-only hosts, as `target_session_attrs=read-write` would.
     writable_only: std::sync::atomic::AtomicBool,
+    /// Whether server connections are shared with other clients (a pooler in between).
+    pooler: Pooler,
 }
 
 impl Outbox {
@@ -170,6 +176,7 @@ impl Outbox {
             locks: LockPolicy::default(),
             round_trip: None,
             writable_only: std::sync::atomic::AtomicBool::new(false),
+            pooler: Pooler::None,
         })
     }
 
@@ -248,6 +255,13 @@ impl Outbox {
         self
     }
 
+    /// A connection pooler between the relay and PostgreSQL: nothing may stay on a server
+    /// connection (see `pooler`).
+    pub fn pooler(mut self, pooler: Pooler) -> Self {
+        self.pooler = pooler;
+        self
+    }
+
     pub fn table(&self) -> &TableName {
         &self.table
     }
@@ -272,7 +286,7 @@ impl Outbox {
         &self,
     ) -> Result<
         (
-            Client,
+            tokio_postgres::Client,
             tokio_postgres::Connection<tokio_postgres::Socket, PgTlsStream<tokio_postgres::Socket>>,
         ),
         OutboxError,
@@ -329,19 +343,19 @@ impl Outbox {
         Ok(pg)
     }
 
-    async fn raw_connect(&self) -> Result<Client, OutboxError> {
+    async fn raw_connect(&self) -> Result<Conn, OutboxError> {
         let (client, connection) = self.open().await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "database connection ended");
             }
         });
-        Ok(client)
+        Ok(Conn::new(client, self.pooler))
     }
 
     /// The (key, id) indexes the claim mode needs; without them every claim would scan the
     /// backlog, so their absence stops the start-up with the command that creates them.
-    async fn check_key_indexes(&self, client: &Client) -> Result<(), OutboxError> {
+    async fn check_key_indexes(&self, client: &Conn) -> Result<(), OutboxError> {
         let mut needed = Vec::new();
         if let Some(o) = self.strategy.ordered() {
             needed.push((&o.key, KeyIndex::Order, "--group-by"));
@@ -377,20 +391,27 @@ impl Outbox {
 
     /// The table's wake-up channel (and publication) name; fails clearly when the table is
     /// missing.
-    async fn resolve_channel(&self, client: &Client) -> Result<String, OutboxError> {
+    async fn resolve_channel(&self, client: &Conn) -> Result<String, OutboxError> {
         let row = client
-            .query_opt(
-                include_str!("../sql/resolve_table.sql"),
-                &[&self.table.quoted()],
-            )
-            .await
-            .map_err(query_err("looking up the outbox table"))?;
-        match row {
+            .query_opt(RESOLVE_TABLE, &[&self.table.quoted()])
+            .await;
+        self.channel(row)
+    }
+
+    /// The channel name from sql/resolve_table.sql's answer.
+    fn channel(
+        &self,
+        row: Result<Option<tokio_postgres::Row>, tokio_postgres::Error>,
+    ) -> Result<String, OutboxError> {
+        match row.map_err(query_err("looking up the outbox table"))? {
             Some(row) => Ok(row.get(0)),
             None => Err(OutboxError::TableMissing(self.table.quoted())),
         }
     }
 }
+
+/// The table's channel name, or no row when the table is missing.
+const RESOLVE_TABLE: &str = include_str!("../sql/resolve_table.sql");
 
 /// Result of `migrate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

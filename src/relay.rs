@@ -103,6 +103,7 @@ pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
             .map(|(base, _)| base.clone()),
     )
     .password_source(config.database.password.clone())
+    .pooler(config.database.pooler)
     .delete_on_ack(config.retention.deletes_on_ack())
     .round_trip_deadline(config.db_timeout)
     .claim_limits(ClaimLimits {

@@ -29,6 +29,7 @@ mod ops_tls_client;
 mod otel;
 mod outbox_sql;
 mod partition;
+mod pooler;
 mod retention;
 mod rows_that_kill;
 mod slow_destination;

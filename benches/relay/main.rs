@@ -18,7 +18,7 @@
 //! | `OUTBOX_BENCH_TRACING_ROUNDS` | 3 (quick: 1) | rounds of the tracing group (each runs every variant once) |
 //! | `OUTBOX_BENCH_BACKLOG_ROWS` | 1000000 (quick: 100000) | backlog of the `big-backlog` group (the target: 10000000) |
 //! | `OUTBOX_BENCH_BACKLOG_BASELINE_SECONDS` | 30 (quick: 10) | the application's 500 commits/s without the relay, before it starts |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,idle,storage,adopt,big-backlog` (adopt: see adopt.rs; big-backlog: backlog.rs) |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,idle,storage,adopt,big-backlog,pooler` (adopt: see adopt.rs; big-backlog: backlog.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -246,6 +246,9 @@ pub struct DrainSpec {
     /// Sink only: bodies above this many bytes go through S3 first (`--offload-bucket`,
     /// `--offload-threshold`), to the sink's PutObject.
     pub offload_above: Option<usize>,
+    /// The relays reach the database through a PgBouncer of the run's own in transaction
+    /// pooling (2 server connections), with `--pooler transaction`.
+    pub pgbouncer: bool,
 }
 
 /// Where a tracing drain's relays send their spans.
@@ -472,6 +475,36 @@ async fn run(settings: Settings) {
             s.window = Some(settings.window);
             drains.push(s);
         }
+    }
+    if settings.runs("pooler") {
+        // What --pooler transaction costs (unnamed statements, synchronous_commit per
+        // transaction), on a direct connection and through PgBouncer, against the default.
+        drains.push(spec(
+            &settings,
+            "drain, sink 0 ms, --pooler none",
+            sink0,
+            1,
+            settings.in_flight,
+        ));
+        let mut unnamed = spec(
+            &settings,
+            "drain, sink 0 ms, --pooler transaction, direct",
+            sink0,
+            1,
+            settings.in_flight,
+        );
+        unnamed.flags = vec!["--pooler".into(), "transaction".into()];
+        drains.push(unnamed);
+        let mut bounced = spec(
+            &settings,
+            "drain, sink 0 ms, --pooler transaction, PgBouncer",
+            sink0,
+            1,
+            settings.in_flight,
+        );
+        bounced.flags = vec!["--pooler".into(), "transaction".into()];
+        bounced.pgbouncer = true;
+        drains.push(bounced);
     }
     for spec in drains {
         let run = drain(&settings, spec).await;
@@ -746,6 +779,7 @@ fn spec(
         traces: None,
         env: Vec::new(),
         offload_above: None,
+        pgbouncer: false,
     }
 }
 
@@ -916,6 +950,25 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         _ => {}
     }
     let tag = spec.name.replace([' ', ',', '-', '.', '=', '(', ')'], "");
+    let bouncer = match spec.pgbouncer {
+        true => Some(
+            support::PgBouncer::start(
+                support::pg().port(),
+                support::pg().password(),
+                support::Pooling {
+                    mode: support::PoolMode::Transaction,
+                    size: 2,
+                    reset: false,
+                },
+            )
+            .await,
+        ),
+        false => None,
+    };
+    let database_url = match &bouncer {
+        Some(b) => b.url_for(&database.db.name),
+        None => database.db.url.clone(),
+    };
     let before = Snapshot::take();
     let started = Instant::now();
     let relays: Vec<RelayProcess> = (0..spec.replicas)
@@ -923,7 +976,7 @@ async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
             let id = format!("bench-{tag}-{i}");
             let mut args = relay_args(
                 settings,
-                &database.db.url,
+                &database_url,
                 &queue_url,
                 &endpoint,
                 &id,

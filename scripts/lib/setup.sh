@@ -160,6 +160,17 @@ ensure_fauxqs() {
 	fi
 }
 
+# PgBouncer from Debian's packages (1.18 on Debian 12, without protocol-level prepared
+# statements, like many a production pooler): tests/support/pgbouncer.rs starts one per test with
+# an ini of its own. The package's own service is not needed; `PGBOUNCER` points elsewhere.
+ensure_pgbouncer() {
+	if [ -n "${PGBOUNCER:-}" ]; then
+		[ -x "$PGBOUNCER" ] || die "PGBOUNCER=$PGBOUNCER is not an executable"
+		return 0
+	fi
+	[ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || apt_install pgbouncer
+}
+
 moto_ready() {
 	.tools/venv/bin/python -c 'import moto.server, flask, werkzeug; assert moto.__version__ == "5.2.5"' \
 		2>/dev/null

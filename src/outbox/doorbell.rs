@@ -22,7 +22,7 @@ mod wire;
 
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio_postgres::Client;
+use super::Conn;
 
 use super::{query_err, quote_ident, Outbox, OutboxError};
 use stream::{Decoder, ServerMessage};
@@ -153,8 +153,8 @@ impl Outbox {
     }
 
     /// The publication's name, once it is known to publish the table's inserts.
-    async fn ready_publication(&self, client: &Client) -> Result<String, OutboxError> {
-        let name = self.publication_name(client).await?;
+    async fn ready_publication(&self, client: &Conn) -> Result<String, OutboxError> {
+        let name = self.resolve_channel(client).await?;
         let base = self.base.as_ref().unwrap_or(&self.table);
         let found = client
             .query_opt(

@@ -36,6 +36,7 @@ impl Outbox {
                 }
             }
         });
+        let client = super::Conn::new(client, self.pooler);
         let channel = self.resolve_channel(&client).await?;
         client
             .batch_execute(
@@ -60,7 +61,7 @@ impl Outbox {
                     None => break,
                 },
                 _ = check.tick() => {
-                    if tokio::time::timeout(every, client.simple_query("")).await.is_err() {
+                    if tokio::time::timeout(every, client.batch_execute("")).await.is_err() {
                         driver.abort();
                         return Err(OutboxError::Unanswered {
                             what: "checking the wake-up connection",

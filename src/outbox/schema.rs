@@ -13,7 +13,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use tokio_postgres::Client;
+use super::Conn;
 
 use super::template::{render, Value};
 use super::{
@@ -191,16 +191,31 @@ impl Outbox {
 
     /// The session settings every step starts from.
     fn session_settings(&self) -> String {
+        self.settings("SET")
+    }
+
+    /// The same for one transaction (`SET LOCAL`): what a step does through a pooler.
+    fn transaction_settings(&self) -> String {
+        self.settings("SET LOCAL")
+    }
+
+    fn settings(&self, set: &str) -> String {
         format!(
-            "SET lock_timeout = '{}ms';\nSET statement_timeout = '{STATEMENT_TIMEOUT}';\n\
-             SET idle_in_transaction_session_timeout = '{STATEMENT_TIMEOUT}';\n",
+            "{set} lock_timeout = '{}ms';\n{set} statement_timeout = '{STATEMENT_TIMEOUT}';\n\
+             {set} idle_in_transaction_session_timeout = '{STATEMENT_TIMEOUT}';\n",
             self.locks.timeout.as_millis().max(1)
         )
     }
 
     fn advisory_lock_sql(&self) -> String {
+        self.migration_lock("pg_advisory_lock")
+    }
+
+    /// `function`: `pg_advisory_lock` for the session, `pg_advisory_xact_lock` for one
+    /// transaction.
+    fn migration_lock(&self, function: &str) -> String {
         format!(
-            "SELECT pg_advisory_lock(hashtext('outbox-relay migrate ' || {}));",
+            "SELECT {function}(hashtext('outbox-relay migrate ' || {}));",
             literal(&self.table.quoted())
         )
     }
@@ -329,8 +344,16 @@ impl Outbox {
     /// A connection holding the migration lock, with the session's timeouts set. The lock is
     /// the session's, not a transaction's, since a migration is many transactions; it goes
     /// with the connection, also when the process is killed.
-    pub(super) async fn migration_session(&self) -> Result<Client, OutboxError> {
+    ///
+    /// Through a pooler a session lock or setting would stay on a server connection (and the
+    /// next statement may run on another one): there each step's transaction takes the lock
+    /// and the timeouts for itself instead (`step_script`), and a build outside a transaction
+    /// runs with the server's settings.
+    pub(super) async fn migration_session(&self) -> Result<Conn, OutboxError> {
         let client = self.raw_connect().await?;
+        if client.pooled() {
+            return Ok(client);
+        }
         // Waiting here is waiting for another migrate run: no timeout applies yet.
         client
             .batch_execute(&self.advisory_lock_sql())
@@ -344,7 +367,7 @@ impl Outbox {
     }
 
     /// The schema version recorded for this table (0: none yet).
-    async fn read_version(&self, client: &Client) -> Result<i32, OutboxError> {
+    async fn read_version(&self, client: &Conn) -> Result<i32, OutboxError> {
         let row = client
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL",
@@ -369,7 +392,7 @@ impl Outbox {
             .unwrap_or(0))
     }
 
-    async fn execute(&self, client: &Client, step: &Step) -> Result<(), OutboxError> {
+    async fn execute(&self, client: &Conn, step: &Step) -> Result<(), OutboxError> {
         match step {
             Step::Transaction { what, sql } => self.with_lock_retries(client, what, sql).await,
             Step::Index { what, index, sql } => self.build_index(client, what, index, sql).await,
@@ -383,11 +406,11 @@ impl Outbox {
     /// Runs `sql` in one transaction under the lock policy.
     pub(super) async fn with_lock_retries(
         &self,
-        client: &Client,
+        client: &Conn,
         what: &str,
         sql: &str,
     ) -> Result<(), OutboxError> {
-        let script = format!("BEGIN;\n{sql}\nCOMMIT;");
+        let script = self.step_script(client, sql);
         self.retry_on_lock(what, || async {
             let result = client.batch_execute(&script).await;
             if result.is_err() {
@@ -397,6 +420,19 @@ impl Outbox {
             result
         })
         .await
+    }
+
+    /// One step's transaction. Through a pooler it holds the migration lock and the timeouts
+    /// itself, so that none of them outlives it on the server connection.
+    fn step_script(&self, client: &Conn, sql: &str) -> String {
+        if !client.pooled() {
+            return format!("BEGIN;\n{sql}\nCOMMIT;");
+        }
+        format!(
+            "BEGIN;\n{}{}\n{sql}\nCOMMIT;",
+            self.transaction_settings(),
+            self.migration_lock("pg_advisory_xact_lock")
+        )
     }
 
     /// Runs `op` again after a pause when a lock was not granted within the lock timeout (or
@@ -445,19 +481,33 @@ impl Outbox {
     /// application's writes, and they wait for older transactions to finish by design.
     async fn build_index(
         &self,
-        client: &Client,
+        client: &Conn,
         what: &str,
         index: &str,
         sql: &str,
     ) -> Result<(), OutboxError> {
-        let valid: Option<bool> = client
-            .query_opt(
-                "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
-                &[&index],
-            )
-            .await
-            .map_err(query_err("looking up an index"))?
-            .map(|r| r.get(0));
+        let valid = loop {
+            let valid: Option<bool> = client
+                .query_opt(
+                    "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+                    &[&index],
+                )
+                .await
+                .map_err(query_err("looking up an index"))?
+                .map(|r| r.get(0));
+            // Without the session's migration lock (through a pooler) an invalid index may be
+            // another migrate's build in progress rather than an interrupted one: wait for it
+            // to end instead of dropping it under that build.
+            if valid == Some(false) && client.pooled() && index_in_progress(client, index).await? {
+                tracing::info!(
+                    index,
+                    "another migrate is building this index; waiting for it"
+                );
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            break valid;
+        };
         match valid {
             Some(true) => return Ok(()),
             Some(false) => {
@@ -484,12 +534,7 @@ impl Outbox {
     /// pass over the whole table finds none (a row the application updated during a pass may
     /// have moved to a page the pass had done). Every statement is bounded, unlike one
     /// `EXISTS (… IS NULL)` over the whole table.
-    async fn backfill(
-        &self,
-        client: &Client,
-        base: &str,
-        template: &str,
-    ) -> Result<(), OutboxError> {
+    async fn backfill(&self, client: &Conn, base: &str, template: &str) -> Result<(), OutboxError> {
         for pass in 1..=5 {
             let pages: i64 = client
                 .query_one(
@@ -505,6 +550,15 @@ impl Outbox {
                 let end = first + BACKFILL_PAGES;
                 numbered += self
                     .retry_on_lock("numbering existing rows", || async move {
+                        if client.pooled() {
+                            return client
+                                .execute_in_transaction(
+                                    &self.transaction_settings(),
+                                    template,
+                                    &[&first, &end],
+                                )
+                                .await;
+                        }
                         client.execute(template, &[&first, &end]).await
                     })
                     .await?;
@@ -521,8 +575,26 @@ impl Outbox {
     }
 }
 
+/// Whether a backend is building `index` now (its role's own builds, or any with
+/// pg_read_all_stats).
+async fn index_in_progress(client: &Conn, index: &str) -> Result<bool, OutboxError> {
+    Ok(client
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_stat_progress_create_index WHERE index_relid = to_regclass($1))",
+            &[&index],
+        )
+        .await
+        .map_err(query_err("looking for an index build in progress"))?
+        .get(0))
+}
+
 /// A statement outside any transaction with both timeouts off, then the session's back.
-async fn unbounded(client: &Client, sql: &str) -> Result<(), tokio_postgres::Error> {
+/// Through a pooler the statement runs alone with the server's settings: a SET around it
+/// could stay on the server connection for the application's sessions.
+async fn unbounded(client: &Conn, sql: &str) -> Result<(), tokio_postgres::Error> {
+    if client.pooled() {
+        return client.batch_execute(sql).await;
+    }
     client
         .batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")
         .await?;
@@ -692,7 +764,7 @@ impl Outbox {
     /// The table's columns, or `TableMissing`.
     async fn read_columns(
         &self,
-        client: &Client,
+        client: &Conn,
         base: &TableName,
     ) -> Result<Vec<Column>, OutboxError> {
         let columns: Vec<Column> = client
@@ -723,7 +795,7 @@ impl Outbox {
 
     async fn read_adopt_state(
         &self,
-        client: &Client,
+        client: &Conn,
         base: &TableName,
         map: &ColumnMap,
         columns: &[Column],

@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
-use tokio_postgres::{Client, Statement};
 
 use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope};
+use super::conn::{Conn, Stmt};
 use super::decode::{decode, Decoded, CURSOR};
 use super::liveness::{replacement, Replace};
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
@@ -47,10 +47,18 @@ impl Outbox {
         // crash: a lost claim or settlement only means the row is sent again, with the same
         // event_id, which at-least-once delivery allows. The application's commits are
         // untouched.
-        client
-            .batch_execute("SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off")
-            .await
-            .map_err(query_err("setting up the relay's session"))?;
+        // Through a pooler these would stay on a server connection the application gets next
+        // (its commits no longer durable): there, unnamed statements are planned with their
+        // parameters each time, and the relay's writes set synchronous_commit per transaction
+        // (see `conn`).
+        if !client.pooled() {
+            client
+                .batch_execute(
+                    "SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off",
+                )
+                .await
+                .map_err(query_err("setting up the relay's session"))?;
+        }
         self.resolve_channel(&client).await?;
         self.check_key_indexes(&client).await?;
         let settle_sent = if self.delete_on_ack {
@@ -58,57 +66,52 @@ impl Outbox {
         } else {
             &self.sql.mark_sent
         };
-        let (claim, mark_sent, reschedule, quarantine, stats, probe, delete_expired, unpark_destination) = tokio::try_join!(
-            client.prepare(&self.sql.claim),
-            client.prepare(settle_sent),
-            client.prepare(&self.sql.reschedule),
-            client.prepare(&self.sql.quarantine),
-            client.prepare(&self.sql.stats),
-            client.prepare(&self.sql.probe),
-            client.prepare(&self.sql.delete_expired),
-            client.prepare(&self.sql.unpark_destination),
-        )
-        .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?;
+        // (statement, whether it writes)
+        let mut sqls: Vec<(&str, bool)> = vec![
+            (&self.sql.claim, true),
+            (settle_sent, true),
+            (&self.sql.reschedule, true),
+            (&self.sql.quarantine, true),
+            (&self.sql.stats, false),
+            (&self.sql.probe, false),
+            (&self.sql.delete_expired, true),
+            (&self.sql.unpark_destination, true),
+            (&self.sql.lost_leases, false),
+        ];
+        if let (Some(park), Some(unpark)) = (&self.sql.park_blocked, &self.sql.unpark_blocked) {
+            sqls.extend([(park.as_str(), true), (unpark.as_str(), true)]);
+        }
+        let mut prepared = client
+            .statements(&sqls)
+            .await
+            .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?
+            .into_iter();
+        let mut next = || prepared.next().expect("one statement per text");
+        // Fields are evaluated in the order written: the order of `sqls`.
+        let statements = Statements {
+            claim: next(),
+            mark_sent: next(),
+            reschedule: next(),
+            quarantine: next(),
+            stats: next(),
+            probe: next(),
+            delete_expired: next(),
+            unpark_destination: next(),
+            lost_leases: next(),
+            park: self.sql.park_blocked.as_ref().map(|_| (next(), next())),
+        };
         // The strategy and its statement are built from one description; this catches the day
         // they drift apart, at start-up (and in `check`) instead of at every claim.
-        if claim.params().len() != self.strategy.param_count() {
+        let claim_params = statements.claim.params().len();
+        if claim_params != self.strategy.param_count() {
             return Err(OutboxError::Template(format!(
-                "the claim statement takes {} parameters, its strategy binds {}",
-                claim.params().len(),
+                "the claim statement takes {claim_params} parameters, its strategy binds {}",
                 self.strategy.param_count()
             )));
         }
-        let lost_leases = client
-            .prepare(&self.sql.lost_leases)
-            .await
-            .map_err(query_err("preparing lost_leases"))?;
-        let park = match (&self.sql.park_blocked, &self.sql.unpark_blocked) {
-            (Some(park), Some(unpark)) => Some((
-                client
-                    .prepare(park)
-                    .await
-                    .map_err(query_err("preparing park_blocked"))?,
-                client
-                    .prepare(unpark)
-                    .await
-                    .map_err(query_err("preparing unpark_blocked"))?,
-            )),
-            _ => None,
-        };
         Ok(Session {
             client,
-            statements: Statements {
-                claim,
-                mark_sent,
-                reschedule,
-                quarantine,
-                lost_leases,
-                stats,
-                probe,
-                delete_expired,
-                unpark_destination,
-                park,
-            },
+            statements,
             delete_on_ack: self.delete_on_ack,
             strategy: self.strategy.clone(),
             limits: self.limits,
@@ -118,24 +121,24 @@ impl Outbox {
 
 #[derive(Debug)]
 struct Statements {
-    claim: Statement,
+    claim: Stmt,
     /// mark_sent.sql, or delete_sent.sql with --delete-on-ack.
-    mark_sent: Statement,
-    reschedule: Statement,
-    quarantine: Statement,
-    lost_leases: Statement,
-    stats: Statement,
-    probe: Statement,
-    delete_expired: Statement,
-    unpark_destination: Statement,
+    mark_sent: Stmt,
+    reschedule: Stmt,
+    quarantine: Stmt,
+    lost_leases: Stmt,
+    stats: Stmt,
+    probe: Stmt,
+    delete_expired: Stmt,
+    unpark_destination: Stmt,
     /// park_blocked and unpark_blocked, with ordered delivery and poison blocking.
-    park: Option<(Statement, Statement)>,
+    park: Option<(Stmt, Stmt)>,
 }
 
 /// One connection with the relay's prepared statements.
 #[derive(Debug)]
 pub struct Session {
-    client: Client,
+    client: Conn,
     statements: Statements,
     /// Which statement `mark_sent` is; their parameters differ.
     delete_on_ack: bool,

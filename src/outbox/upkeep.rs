@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Row};
+use tokio_postgres::Row;
+
+use super::conn::Conn;
 
 use super::claim::OrderScope;
 use super::{query_err, Outbox, OutboxError, Stats};
@@ -100,7 +102,7 @@ pub struct Upkeep {
     /// Every statement's `statement_timeout` (`--maintenance-timeout`).
     timeout: Duration,
     /// `None` until first used, and after a failure that may have left it unusable.
-    client: Mutex<Option<Client>>,
+    client: Mutex<Option<Conn>>,
 }
 
 impl Upkeep {
@@ -121,7 +123,7 @@ impl Upkeep {
     ) -> Result<Vec<Row>, OutboxError> {
         let mut slot = self.client.lock().await;
         let work = async {
-            if slot.as_ref().is_none_or(Client::is_closed) {
+            if slot.as_ref().is_none_or(Conn::is_closed) {
                 *slot = Some(self.outbox.raw_connect().await?);
             }
             let client = slot.as_mut().expect("connected above");

@@ -10,7 +10,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use tokio_postgres::Client;
+use super::Conn;
 
 use super::template::{render, Value};
 use super::{query_err, quote_ident, Outbox, OutboxError, TableName};
@@ -94,8 +94,16 @@ impl Outbox {
 
     /// The publication's name: the table's wake-up channel name, unique per table in a
     /// database (publications are not schema-qualified).
-    pub async fn publication_name(&self, client: &Client) -> Result<String, OutboxError> {
-        self.resolve_channel(client).await
+    /// On a connection of the caller's own (tools, tests).
+    pub async fn publication_name(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<String, OutboxError> {
+        self.channel(
+            client
+                .query_opt(super::RESOLVE_TABLE, &[&self.table.quoted()])
+                .await,
+        )
     }
 
     /// What of the wake-up modes' objects exists now.
@@ -104,8 +112,8 @@ impl Outbox {
         self.installed_on(&client).await
     }
 
-    async fn installed_on(&self, client: &Client) -> Result<Installed, OutboxError> {
-        let publication = self.publication_name(client).await?;
+    async fn installed_on(&self, client: &Conn) -> Result<Installed, OutboxError> {
+        let publication = self.resolve_channel(client).await?;
         let row = client
             .query_one(
                 include_str!("../../sql/wakeup_installed.sql"),

@@ -483,7 +483,7 @@ fn as_user(cmd: &mut Command, run_as: Option<(u32, u32)>, cwd: &Path) {
     }
 }
 
-fn postgres_user() -> (u32, u32) {
+pub(crate) fn postgres_user() -> (u32, u32) {
     // SAFETY: getpwnam returns a pointer into static storage; read it at once. Only this
     // one-time start-up calls it.
     unsafe {

@@ -1,0 +1,335 @@
+//! One connection to PostgreSQL, used as `--pooler` allows: the one place that decides between
+//! prepared statements and unnamed ones, and where the relay's commit setting goes.
+//!
+//! On a direct connection ([`Pooler::None`]) every call is tokio-postgres's own: statements
+//! prepared by name once, text queries prepared and closed by the driver, session settings.
+//!
+//! On a pooled connection nothing may outlive a transaction:
+//! - A [`Stmt`] is sent whole each time as the unnamed statement (Parse, Bind, Execute, Sync in
+//!   one round trip), with the parameter types learned at connect time inside a transaction
+//!   whose named statements are closed before its COMMIT. The server plans an unnamed
+//!   statement with its parameters every time, so `plan_cache_mode` is not needed.
+//! - A statement that writes runs as `BEGIN; SET LOCAL synchronous_commit = off`, the
+//!   statement, `COMMIT`, pipelined: one round trip, and the setting ends with the transaction.
+//! - A text query learns its parameter types the same way first (queries by text are few:
+//!   start-up, `check`, `status`, `migrate`).
+//!
+//! The claim loop, the settling tasks and the statistics share one connection; a pipelined
+//! transaction's three requests must leave with no other request between them, or another
+//! task's statement would run inside it. Each pooled request is sent under `order`.
+
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::task::Poll;
+
+use futures_util::future::{join3, maybe_done};
+use futures_util::TryStreamExt;
+use tokio::sync::Mutex;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Error, Row, Statement};
+
+use super::Pooler;
+
+/// The relay's own commits do not wait for their WAL flush (see `session`); per transaction.
+const RELAXED_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
+/// A statement the relay runs many times, in the form its connection can keep.
+#[derive(Debug)]
+pub(super) enum Stmt {
+    /// Prepared once, by name, on a connection that is the relay's alone.
+    Prepared(Statement),
+    /// Sent whole with every execution; nothing stays on the server connection.
+    Unnamed {
+        sql: String,
+        /// The parameters' types, as the server inferred them when the relay connected.
+        types: Vec<Type>,
+        /// It writes: its transaction commits without waiting for the WAL flush.
+        writes: bool,
+    },
+}
+
+impl Stmt {
+    /// The parameters' types, to check a statement against what its caller binds.
+    pub(super) fn params(&self) -> &[Type] {
+        match self {
+            Stmt::Prepared(s) => s.params(),
+            Stmt::Unnamed { types, .. } => types,
+        }
+    }
+}
+
+/// What a [`Conn`] runs: one of the relay's statements, or a query's text.
+pub(super) enum Query<'a> {
+    Stmt(&'a Stmt),
+    Text(&'a str),
+}
+
+/// Anything [`Conn`]'s query methods take, so that call sites read as tokio-postgres's.
+pub(super) trait AsQuery {
+    fn as_query(&self) -> Query<'_>;
+}
+
+impl AsQuery for Stmt {
+    fn as_query(&self) -> Query<'_> {
+        Query::Stmt(self)
+    }
+}
+
+impl AsQuery for str {
+    fn as_query(&self) -> Query<'_> {
+        Query::Text(self)
+    }
+}
+
+impl AsQuery for String {
+    fn as_query(&self) -> Query<'_> {
+        Query::Text(self)
+    }
+}
+
+/// A connection and what `--pooler` allows on it.
+#[derive(Debug)]
+pub struct Conn {
+    client: Client,
+    pooler: Pooler,
+    /// Held while a pooled request is being sent (see the module's documentation).
+    order: Mutex<()>,
+}
+
+impl Conn {
+    pub(super) fn new(client: Client, pooler: Pooler) -> Conn {
+        Conn {
+            client,
+            pooler,
+            order: Mutex::new(()),
+        }
+    }
+
+    pub(super) fn pooled(&self) -> bool {
+        self.pooler.pooled()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// The relay's statements: prepared on a direct connection; on a pooled one, their
+    /// parameter types learned in one transaction that leaves no statement behind. `writes`
+    /// tells, per statement, whether it changes rows.
+    pub(super) async fn statements(&self, sqls: &[(&str, bool)]) -> Result<Vec<Stmt>, Error> {
+        if !self.pooled() {
+            let prepared = futures_util::future::try_join_all(
+                sqls.iter().map(|(sql, _)| self.client.prepare(sql)),
+            )
+            .await?;
+            return Ok(prepared.into_iter().map(Stmt::Prepared).collect());
+        }
+        let texts: Vec<&str> = sqls.iter().map(|(sql, _)| *sql).collect();
+        let types = self.learn(&texts).await?;
+        Ok(sqls
+            .iter()
+            .zip(types)
+            .map(|((sql, writes), types)| Stmt::Unnamed {
+                sql: sql.to_string(),
+                types,
+                writes: *writes,
+            })
+            .collect())
+    }
+
+    /// The parameter types of `sqls`, from statements prepared and closed again inside one
+    /// transaction, so that the server connection keeps none of them.
+    async fn learn(&self, sqls: &[&str]) -> Result<Vec<Vec<Type>>, Error> {
+        let _order = self.order.lock().await;
+        self.client.batch_execute("BEGIN").await?;
+        let prepared =
+            futures_util::future::try_join_all(sqls.iter().map(|sql| self.client.prepare(sql)))
+                .await;
+        let types = prepared.map(|statements| {
+            // Dropping a statement sends its Close now, ahead of the COMMIT below.
+            statements
+                .into_iter()
+                .map(|s| s.params().to_vec())
+                .collect::<Vec<_>>()
+        });
+        let end = self
+            .client
+            .batch_execute(if types.is_ok() { "COMMIT" } else { "ROLLBACK" })
+            .await;
+        let types = types?;
+        end?;
+        Ok(types)
+    }
+
+    pub(super) async fn query<Q: AsQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        match query.as_query() {
+            Query::Stmt(Stmt::Prepared(s)) => self.client.query(s, params).await,
+            Query::Text(sql) if !self.pooled() => self.client.query(sql, params).await,
+            Query::Stmt(Stmt::Unnamed { sql, types, writes }) => Ok(self
+                .unnamed(sql, types, writes.then_some(RELAXED_BEGIN), params)
+                .await?
+                .0),
+            Query::Text(sql) => {
+                let types = self.learn(&[sql]).await?.remove(0);
+                Ok(self.unnamed(sql, &types, None, params).await?.0)
+            }
+        }
+    }
+
+    pub(super) async fn execute<Q: AsQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        match query.as_query() {
+            Query::Stmt(Stmt::Prepared(s)) => self.client.execute(s, params).await,
+            Query::Text(sql) if !self.pooled() => self.client.execute(sql, params).await,
+            Query::Stmt(Stmt::Unnamed { sql, types, writes }) => Ok(self
+                .unnamed(sql, types, writes.then_some(RELAXED_BEGIN), params)
+                .await?
+                .1),
+            Query::Text(sql) => {
+                let types = self.learn(&[sql]).await?.remove(0);
+                Ok(self.unnamed(sql, &types, None, params).await?.1)
+            }
+        }
+    }
+
+    pub(super) async fn query_one<Q: AsQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, Error> {
+        match query.as_query() {
+            Query::Stmt(Stmt::Prepared(s)) => self.client.query_one(s, params).await,
+            Query::Text(sql) if !self.pooled() => self.client.query_one(sql, params).await,
+            _ => match self.query_opt(query, params).await? {
+                Some(row) => Ok(row),
+                None => Err(self.row_count_error("SELECT WHERE false").await),
+            },
+        }
+    }
+
+    pub(super) async fn query_opt<Q: AsQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, Error> {
+        match query.as_query() {
+            Query::Stmt(Stmt::Prepared(s)) => self.client.query_opt(s, params).await,
+            Query::Text(sql) if !self.pooled() => self.client.query_opt(sql, params).await,
+            _ => {
+                let mut rows = self.query(query, params).await?;
+                if rows.len() > 1 {
+                    return Err(self.row_count_error("SELECT 1 UNION ALL SELECT 2").await);
+                }
+                Ok(rows.pop())
+            }
+        }
+    }
+
+    /// A transaction (quarantine retry). Its statements by text are prepared by name and
+    /// closed when each `execute` ends, before the COMMIT: it leaves none behind. (A `query`
+    /// would keep its statement open as long as its rows live.)
+    pub(super) async fn transaction(&mut self) -> Result<tokio_postgres::Transaction<'_>, Error> {
+        self.client.transaction().await
+    }
+
+    /// Simple-protocol statements (DDL, LISTEN, a transaction's BEGIN and COMMIT): nothing
+    /// named is created, so the same on every connection.
+    pub(super) async fn batch_execute(&self, sql: &str) -> Result<(), Error> {
+        if self.pooled() {
+            let _order = self.order.lock().await;
+            return self.client.batch_execute(sql).await;
+        }
+        self.client.batch_execute(sql).await
+    }
+
+    /// Runs `sql` in a transaction of its own that starts with `settings` (`SET LOCAL ...`),
+    /// pipelined: through a pooler, what a session setting does on a direct connection.
+    pub(super) async fn execute_in_transaction(
+        &self,
+        settings: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        let types = self.learn(&[sql]).await?.remove(0);
+        let begin = format!("BEGIN; {settings}");
+        Ok(self.unnamed(sql, &types, Some(&begin), params).await?.1)
+    }
+
+    /// tokio-postgres's own error for a query that returned a count of rows other than the one
+    /// its caller expects (its constructor is private): from `sql`, a query that makes it.
+    async fn row_count_error(&self, sql: &str) -> Error {
+        let _order = self.order.lock().await;
+        match self.client.query_typed_one(sql, &[]).await {
+            Err(e) => e,
+            Ok(_) => unreachable!("{sql} returns a row count other than one"),
+        }
+    }
+
+    /// Runs `sql` as the unnamed statement; with `begin`, in a transaction of its own that
+    /// starts with it, pipelined. Returns the rows and how many rows it changed.
+    async fn unnamed(
+        &self,
+        sql: &str,
+        types: &[Type],
+        begin: Option<&str>,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Vec<Row>, u64), Error> {
+        let typed = params.iter().zip(types).map(|(p, t)| (*p, t.clone()));
+        let statement = async {
+            let stream = self.client.query_typed_raw(sql, typed).await?;
+            let mut stream = pin!(stream);
+            let mut rows = Vec::new();
+            while let Some(row) = stream.try_next().await? {
+                rows.push(row);
+            }
+            Ok::<_, Error>((rows, stream.rows_affected().unwrap_or(0)))
+        };
+        let Some(begin) = begin else {
+            let mut statement = pin!(maybe_done(statement));
+            {
+                let _order = self.order.lock().await;
+                // The future sends its request on its first poll, before it first waits.
+                poll_fn(|cx| {
+                    let _ = statement.as_mut().poll(cx);
+                    Poll::Ready(())
+                })
+                .await;
+            }
+            statement.as_mut().await;
+            return statement.take_output().expect("done");
+        };
+        let mut begin = pin!(maybe_done(self.client.batch_execute(begin)));
+        let mut statement = pin!(maybe_done(statement));
+        // After a failed statement the transaction is aborted, and COMMIT ends it (as a
+        // ROLLBACK) without an error of its own: the connection is left idle either way.
+        let mut commit = pin!(maybe_done(self.client.batch_execute("COMMIT")));
+        {
+            let _order = self.order.lock().await;
+            // Each future sends its request on its first poll, before it first waits.
+            poll_fn(|cx| {
+                let _ = begin.as_mut().poll(cx);
+                let _ = statement.as_mut().poll(cx);
+                let _ = commit.as_mut().poll(cx);
+                Poll::Ready(())
+            })
+            .await;
+        }
+        // Driven together: the connection delivers each request's answers only as its
+        // receiver reads them, in order.
+        join3(begin.as_mut(), statement.as_mut(), commit.as_mut()).await;
+        let began = begin.take_output().expect("done");
+        let done = statement.take_output().expect("done");
+        let committed = commit.take_output().expect("done");
+        let done = done?;
+        began?;
+        committed?;
+        Ok(done)
+    }
+}
