@@ -47,9 +47,9 @@ pub struct Settings {
     pub base_rtt_ratio: f64,
     /// ... and only while it is less than this above the base RTT. A destination answering in
     /// a fraction of a millisecond (a queue in the same zone, the local emulators) has its RTT
-    /// doubled by any scheduling hiccup of a loaded host; without this slack that jitter alone
-    /// held the limit at a few requests and took 15-23 % off the drain at `--max-in-flight 4`.
-    /// A few milliseconds of queueing there is no reason to send less.
+    /// doubled by any scheduling hiccup of a loaded host; without this slack the drain at
+    /// `--max-in-flight 4` was 0.77-0.85 of the fixed limit's on a loaded host, with it 1.04
+    /// (docs/benchmarks.md). A few milliseconds of queueing there is no reason to send less.
     pub base_rtt_slack: Duration,
     /// The base RTT is the lowest window RTT of the last this many to twice as many windows,
     /// so that it follows a destination that became slower for good.
