@@ -74,7 +74,6 @@ impl Outbox {
             (&self.sql.quarantine, true),
             (&self.sql.stats, false),
             (&self.sql.probe, false),
-            (&self.sql.delete_expired, true),
             (&self.sql.unpark_destination, true),
             (&self.sql.lost_leases, false),
         ];
@@ -95,7 +94,6 @@ impl Outbox {
             quarantine: next(),
             stats: next(),
             probe: next(),
-            delete_expired: next(),
             unpark_destination: next(),
             lost_leases: next(),
             park: self.sql.park_blocked.as_ref().map(|_| (next(), next())),
@@ -129,7 +127,6 @@ struct Statements {
     lost_leases: Stmt,
     stats: Stmt,
     probe: Stmt,
-    delete_expired: Stmt,
     unpark_destination: Stmt,
     /// park_blocked and unpark_blocked, with ordered delivery and poison blocking.
     park: Option<(Stmt, Stmt)>,
@@ -321,21 +318,6 @@ impl Session {
             .await
             .map_err(query_err("looking for rows taken over by another owner"))?;
         Ok(row.get::<_, i64>(0) as u64)
-    }
-
-    /// Deletes up to `limit` sent rows older than `retention`; returns how many went.
-    pub async fn delete_expired(
-        &self,
-        retention: Duration,
-        limit: i64,
-    ) -> Result<u64, OutboxError> {
-        self.client
-            .execute(
-                &self.statements.delete_expired,
-                &[&retention.as_secs_f64(), &limit],
-            )
-            .await
-            .map_err(query_err("deleting sent rows past retention"))
     }
 
     /// Whether a claim now would find a row: a read-only look that takes no lock, for an
