@@ -1,0 +1,210 @@
+//! Background work beside the claim loop: wake-ups, gauges and statistics, retention, unparking.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Retention, RETENTION_BATCH};
+use crate::idle;
+use crate::metrics as names;
+use crate::outbox::Wakeup;
+
+use super::Relay;
+
+impl Relay {
+    /// With `--wakeup notify` keeps a LISTEN connection open, with `logical` the doorbell's
+    /// replication connection; each (re)connection also wakes the loop once, since what
+    /// committed while it was down rang no bell.
+    pub(super) async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
+        if self.config.wakeup == Wakeup::Poll {
+            return;
+        }
+        let mut failures = 0u32;
+        loop {
+            let connected = std::sync::atomic::AtomicBool::new(false);
+            let wake = || self.wake.notify_one();
+            let ready = || {
+                tracing::debug!(wakeup = %self.config.wakeup, "wake-ups connected");
+                connected.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.wake.notify_one();
+            };
+            let listening = async {
+                match self.config.wakeup {
+                    Wakeup::Logical => self.outbox.doorbell(wake, ready).await,
+                    _ => self.outbox.listen(wake, ready).await,
+                }
+            };
+            let result = tokio::select! {
+                result = listening => result,
+                _ = stop.cancelled() => return,
+            };
+            if let Err(e) = result {
+                // A connection that worked and then dropped starts the backoff afresh.
+                failures = if connected.load(std::sync::atomic::Ordering::Relaxed) {
+                    1
+                } else {
+                    failures + 1
+                };
+                let delay = self.db_backoff(failures, false);
+                tracing::warn!(error = %e, retry_in = ?delay, "wake-up connection lost; polling until it is back");
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = stop.cancelled() => return,
+                }
+            }
+        }
+    }
+
+    /// Refreshes the table gauges with one index-backed query every `--stats-interval`.
+    pub(super) async fn refresh_stats(self: Arc<Self>, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(self.config.stats_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            // First, so that rows parked behind a head that comes back now are released in the
+            // same pass.
+            self.unpark_destinations().await;
+            self.maintain_blocked_groups().await;
+            match self.upkeep.stats().await {
+                Ok(s) => {
+                    self.health.set_database_ok(true);
+                    metrics::gauge!(names::OLDEST_UNSENT_AGE).set(s.oldest_unsent_age_seconds);
+                    metrics::gauge!(names::UNSENT_ROWS).set(s.unsent as f64);
+                    metrics::gauge!(names::QUARANTINED_ROWS).set(s.quarantined as f64);
+                    metrics::gauge!(names::BLOCKED_ROWS).set(s.blocked as f64);
+                    metrics::gauge!(names::OLDEST_QUARANTINED_AGE)
+                        .set(s.oldest_quarantined_age_seconds);
+                    // With nothing unsent the floor stays: a row committing late below the
+                    // last unsent id must still be found.
+                    if s.claim_floor > 0 {
+                        self.claim_floor.store(s.claim_floor, Ordering::Relaxed);
+                    }
+                }
+                // A slow count is not a database that is down: readiness stays as claims find it.
+                Err(e) if e.timed_out() => tracing::warn!(
+                    error = %e,
+                    "reading outbox statistics took longer than --maintenance-timeout; the gauges keep their last values"
+                ),
+                Err(e) => {
+                    self.health.set_database_ok(false);
+                    tracing::warn!(error = %e, "could not read outbox statistics");
+                }
+            }
+        }
+    }
+
+    /// Deletes sent rows past `--retention`, in short batches, every `--retention-interval`.
+    /// Every replica may run it: SKIP LOCKED keeps them from waiting on each other.
+    pub(super) async fn expire_sent(self: Arc<Self>, stop: CancellationToken) {
+        let Retention::For(retention) = self.config.retention else {
+            return;
+        };
+        let mut tick = tokio::time::interval(self.config.retention_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.cancelled() => return,
+            }
+            let mut deleted = 0u64;
+            loop {
+                match self.upkeep.delete_expired(retention, RETENTION_BATCH).await {
+                    Ok(n) => {
+                        deleted += n;
+                        if n < RETENTION_BATCH as u64 || stop.is_cancelled() {
+                            break;
+                        }
+                        // Leave room for claims and settlements between batches.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention pass failed; next pass retries");
+                        break;
+                    }
+                }
+            }
+            if deleted > 0 {
+                tracing::debug!(rows = deleted, "deleted sent rows past retention");
+            }
+        }
+    }
+
+    /// Rows parked for their destination whose time has come become unsent again, and the
+    /// claim loop is woken to send them.
+    pub(super) async fn unpark_destinations(&self) {
+        match self.upkeep.unpark_destinations().await {
+            Ok(0) => {}
+            Ok(rows) => {
+                tracing::info!(rows, "rows parked for their queue are tried again");
+                self.wake.notify_one();
+            }
+            Err(e) => tracing::warn!(error = %e, "could not unpark rows parked for their queue"),
+        }
+    }
+
+    /// Ordered delivery with poison blocking: park rows behind quarantined heads (so claims
+    /// stop walking them and operators see them) and release groups whose head was re-driven.
+    /// Runs with the gauges; every replica may run it, the statements are idempotent.
+    pub(super) async fn maintain_blocked_groups(&self) {
+        match self.upkeep.maintain_blocked_groups().await {
+            Ok((parked, unparked)) => {
+                if parked > 0 {
+                    metrics::counter!(names::EVENTS_QUARANTINED, "reason" => "blocked")
+                        .increment(parked);
+                    tracing::warn!(
+                        rows = parked,
+                        "rows parked behind a quarantined event of their group"
+                    );
+                }
+                if unparked > 0 {
+                    tracing::info!(
+                        rows = unparked,
+                        "rows released: the quarantined event of their group was re-driven"
+                    );
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "could not maintain blocked groups"),
+        }
+    }
+
+    /// Returns when a claim is worth trying: woken (settlement, NOTIFY, doorbell), or, when
+    /// polling, once the probe finds a claimable row.
+    ///
+    /// With `notify` and `logical` the bell rings for new rows; the probe every
+    /// `--poll-interval` finds what it cannot announce (retries falling due, leases expiring,
+    /// rows committed while its connection was down).
+    pub(super) async fn wait_for_work(
+        &self,
+        idle: &mut idle::Schedule,
+        shutdown: &CancellationToken,
+    ) {
+        loop {
+            let wait = match self.config.wakeup {
+                Wakeup::Poll => idle.next(Instant::now(), self.config.poll_interval),
+                Wakeup::Notify | Wakeup::Logical => self.config.poll_interval,
+            };
+            tokio::select! {
+                _ = self.wake.notified() => return,
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.cancelled() => return,
+            }
+            self.health.tick();
+            let probe =
+                self.session.run(
+                    "looking for claimable rows",
+                    |s| async move { s.probe().await },
+                );
+            match probe.await {
+                Ok(false) => {}
+                // Found work, or the database failed: the claim finds the rows, or meets the
+                // failure and backs off.
+                Ok(true) | Err(_) => return,
+            }
+        }
+    }
+}

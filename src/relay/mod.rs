@@ -1,0 +1,426 @@
+//! The loop: wait -> claim -> plan -> send -> settle -> record.
+//!
+//! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
+//! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
+//! claim is delivered by its own task, so the next claim runs while earlier batches are in
+//! flight. Two semaphores bound the work: requests in flight, and rows being delivered (so
+//! rows are not leased long before a request slot is free for them). Below the first, each
+//! destination has its own adaptive limit (`concurrency`), fed with every send's outcome.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::{self, PlanConfig};
+use crate::concurrency::Limiter;
+use crate::config::RunConfig;
+use crate::destination::{bucket_key, Destinations};
+use crate::idle;
+use crate::metrics::{self as names, Health};
+use crate::otel::Tracing;
+use crate::outbox::{
+    ClaimLimits, ClaimRequest, Outbox, OutboxError, Session, SharedSession, Upkeep, Wakeup,
+};
+use crate::retry;
+use crate::row::Claimed;
+use crate::s3::S3;
+use crate::sns::Sns;
+use crate::sqs::Sqs;
+
+mod decide;
+mod deliver;
+mod maintain;
+mod pressure;
+mod send;
+
+use pressure::Pressure;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Startup(#[from] OutboxError),
+}
+
+/// The relay's shared state, one per process.
+struct Relay {
+    config: RunConfig,
+    plan_config: PlanConfig,
+    outbox: Arc<Outbox>,
+    session: SharedSession,
+    /// Statistics and maintenance, on a connection of their own so they never delay claims
+    /// and settlements.
+    upkeep: Upkeep,
+    sqs: Sqs,
+    /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
+    sns: Sns,
+    /// Where large message bodies go first (`--offload-bucket`), when set.
+    s3: Option<S3>,
+    health: Arc<Health>,
+    /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
+    /// modes; a stored permit coalesces bursts.
+    wake: Notify,
+    /// Relay-wide back-off after whole-request failures (throttling, outage, credentials).
+    pressure: Pressure,
+    /// Queues that refused us (missing, access denied): only their rows wait, each queue on its
+    /// own back-off.
+    destinations: Destinations,
+    /// Bounds SendMessageBatch calls in flight.
+    request_permits: Arc<Semaphore>,
+    /// Each destination's share of those, adapted to how it answers (taken before a permit).
+    concurrency: Limiter,
+    /// No unsent row has a smaller id (as of the last statistics refresh): claims start
+    /// there instead of walking the index entries of rows sent since the last VACUUM. A row
+    /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
+    claim_floor: AtomicI64,
+    /// Each destination queue's `MaximumMessageSize`, learnt on first use.
+    queue_limits: Mutex<HashMap<String, (usize, Instant)>>,
+    /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
+    tracing: Option<Arc<Tracing>>,
+}
+
+/// A relay that has reached its database and found its table, ready to [`run`].
+pub struct Connected {
+    config: RunConfig,
+    outbox: Arc<Outbox>,
+    first: Session,
+}
+
+/// The outbox as `run` uses it: table (or adopted view), settlement and claim mode.
+pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
+    Outbox::new(
+        &config.database.url.0,
+        config.database.table.clone(),
+        config.database.connect_timeout,
+    )?
+    .adopted_from(
+        config
+            .database
+            .adopted
+            .as_ref()
+            .map(|(base, _)| base.clone()),
+    )
+    .password_source(config.database.password.clone())
+    .pooler(config.database.pooler)
+    .delete_on_ack(config.retention.deletes_on_ack())
+    .round_trip_deadline(config.db_timeout)
+    .claim_limits(ClaimLimits {
+        max_payload_bytes: i64::try_from(config.max_payload_bytes).unwrap_or(i64::MAX),
+        max_attempts: i32::try_from(config.max_attempts).unwrap_or(i32::MAX),
+    })
+    .claim_strategy(config.claim.clone())
+}
+
+/// Connects and checks the table and the wake-up mode, so that start-up problems (database
+/// unreachable, table missing, `--wakeup` not set up) end the process with one clear line
+/// before anything else is started.
+pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
+    let outbox = Arc::new(outbox_for(&config)?);
+    // As for every later connection (SharedSession::get): the handshake has its own bound, the
+    // statements prepared after it one round-trip deadline more.
+    let limit = config.database.connect_timeout + config.db_timeout;
+    let first = tokio::time::timeout(limit, outbox.connect())
+        .await
+        .map_err(|_| OutboxError::Unanswered {
+            what: "setting up the first connection",
+            after: limit,
+        })??;
+    let installed = outbox.installed_wakeup().await?;
+    match (config.wakeup, installed.judge(config.wakeup)) {
+        (_, Ok(())) => {}
+        // Polling works with the trigger still there; it only costs the application.
+        (Wakeup::Poll, Err(harm)) => tracing::warn!("{harm}"),
+        (_, Err(fix)) => return Err(OutboxError::Wakeup(fix).into()),
+    }
+    if config.wakeup == Wakeup::Logical {
+        outbox.check_logical().await?;
+    }
+    Ok(Connected {
+        config,
+        outbox,
+        first,
+    })
+}
+
+/// Relays until `shutdown` fires and in-flight work has drained. After start-up every failure
+/// is retried with back-off and never ends the loop. With `tracing`, every delivery attempt of
+/// an event is a span; flushing them is the caller's, once this returns.
+pub async fn run(
+    connected: Connected,
+    health: Arc<Health>,
+    tracing: Option<Arc<Tracing>>,
+    shutdown: CancellationToken,
+) {
+    let Connected {
+        config,
+        outbox,
+        first,
+    } = connected;
+    health.set_database_ok(true);
+    health.tick();
+    let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
+    let sns = Sns::new(config.sns_endpoint.as_deref(), config.send_timeout).await;
+    let s3 = match &config.plan.offload {
+        Some(offload) => Some(
+            S3::new(
+                &offload.bucket,
+                config.s3_endpoint.as_deref(),
+                config.send_timeout,
+            )
+            .await,
+        ),
+        None => None,
+    };
+    let mut configured_queues = vec![config.plan.default_queue_url.clone()];
+    for (_, url) in &config.plan.routes {
+        if !configured_queues.contains(url) {
+            configured_queues.push(url.clone());
+        }
+    }
+    // The bucket is the relay's own configuration too: while it refuses us, large rows wait and
+    // the relay is not ready.
+    if let Some(offload) = &config.plan.offload {
+        configured_queues.push(bucket_key(&offload.bucket));
+    }
+    let concurrency = Limiter::new(
+        config.request_concurrency,
+        config.max_in_flight,
+        configured_queues.clone(),
+    );
+    let relay = Arc::new(Relay {
+        destinations: Destinations::new(configured_queues, config.retry_base, config.retry_max),
+        plan_config: config.plan.clone(),
+        session: SharedSession::new(Arc::clone(&outbox), first),
+        upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance_timeout),
+        outbox,
+        sqs,
+        sns,
+        s3,
+        health,
+        wake: Notify::new(),
+        pressure: Pressure::default(),
+        request_permits: Arc::new(Semaphore::new(config.max_in_flight)),
+        concurrency,
+        claim_floor: AtomicI64::new(0),
+        queue_limits: Mutex::new(HashMap::new()),
+        tracing,
+        config,
+    });
+    tracing::info!(
+        relay_id = %relay.config.relay_id,
+        table = %relay.config.database.table,
+        queue_url = %relay.config.queue_url,
+        wakeup = %relay.config.wakeup,
+        batch_size = relay.config.batch_size,
+        max_in_flight = relay.config.max_in_flight,
+        lease = %humantime::format_duration(relay.config.lease),
+        "relay started"
+    );
+    let background = CancellationToken::new();
+    let listener = tokio::spawn(Arc::clone(&relay).listen_for_wakeups(background.clone()));
+    let stats = tokio::spawn(Arc::clone(&relay).refresh_stats(background.clone()));
+    let retention = tokio::spawn(Arc::clone(&relay).expire_sent(background.clone()));
+    relay.claim_loop(&shutdown).await;
+    background.cancel();
+    let _ = tokio::join!(listener, stats, retention);
+    tracing::info!("relay stopped");
+}
+
+impl Relay {
+    async fn claim_loop(self: &Arc<Self>, shutdown: &CancellationToken) {
+        let c = &self.config;
+        // Rows in delivery, not claims, are bounded: enough to fill every request slot plus one
+        // claim being prepared. Counting claims instead starved the request slots when claims
+        // are small (a steady stream claims a few rows at a time): five claims of four rows
+        // kept five requests in flight of 32.
+        let rows_in_delivery =
+            (c.max_in_flight * batch::MAX_ENTRIES).max(c.batch_size) + c.batch_size;
+        let row_permits = Arc::new(Semaphore::new(rows_in_delivery));
+        // Payload bytes in delivery are bounded too, so memory is: rows of 1 MiB would
+        // otherwise fill the row bound with hundreds of MiB (each byte is held about three
+        // times: the row, the message body, the request). A claim asks for at most what is
+        // free; it waits until a large message's worth is free, or the whole budget if smaller.
+        let byte_budget = c.max_bytes_in_flight.min(u32::MAX as usize) as u32;
+        let byte_permits = Arc::new(Semaphore::new(byte_budget as usize));
+        let claim_threshold = byte_budget.min(c.max_request_bytes as u32);
+        let mut cursor: Option<String> = None;
+        let mut deliveries = JoinSet::new();
+        let mut db_failures = 0u32;
+        let mut idle = idle::Schedule::new(Instant::now());
+        while !shutdown.is_cancelled() {
+            self.health.tick();
+            reap(&mut deliveries);
+            if let Some(pause) = self.pressure.remaining() {
+                self.sleep_or_shutdown(pause.min(c.poll_interval), shutdown)
+                    .await;
+                continue;
+            }
+            // A whole batch is reserved for the claim; what it does not fill goes back at once.
+            let mut permit = tokio::select! {
+                permit = Arc::clone(&row_permits).acquire_many_owned(c.batch_size as u32) => permit.expect("never closed"),
+                _ = tokio::time::sleep(c.poll_interval) => continue,
+                _ = shutdown.cancelled() => break,
+            };
+            // The same for bytes: take what is free (at least a large message's worth), and
+            // give back what the claim did not use.
+            let mut bytes = tokio::select! {
+                bytes = Arc::clone(&byte_permits).acquire_many_owned(claim_threshold) => bytes.expect("never closed"),
+                _ = tokio::time::sleep(c.poll_interval) => continue,
+                _ = shutdown.cancelled() => break,
+            };
+            if let Ok(more) = Arc::clone(&byte_permits)
+                .try_acquire_many_owned(byte_permits.available_permits() as u32)
+            {
+                bytes.merge(more);
+            }
+            let claimed_at = Instant::now();
+            let request = ClaimRequest {
+                limit: c.batch_size as i64,
+                owner: c.relay_id.clone(),
+                lease: c.lease,
+                budget_bytes: i64::from(bytes.num_permits() as u32),
+                floor: self.claim_floor.load(Ordering::Relaxed),
+                cursor: cursor.clone(),
+            };
+            let request = &request;
+            let claim = async {
+                let started = Instant::now();
+                let claimed = self
+                    .session
+                    .run("claiming rows", |s| async move { s.claim(request).await })
+                    .await;
+                metrics::histogram!(names::CLAIM_DURATION).record(started.elapsed().as_secs_f64());
+                claimed
+            };
+            match claim.await {
+                Ok(mut claimed) => {
+                    db_failures = 0;
+                    self.health.set_database_ok(true);
+                    cursor = claimed.cursor.take();
+                    record_quarantined_at_claim(&claimed);
+                    let full = claimed.len() == c.batch_size;
+                    let rows_claimed = !claimed.is_empty();
+                    if rows_claimed {
+                        drop(permit.split(c.batch_size - claimed.len()));
+                        // The first row is claimed whatever its size; it may hold more than was
+                        // free, never more than the whole budget (which would wait for ever).
+                        let held: usize = claimed.rows.iter().map(|r| r.payload.len()).sum();
+                        let held = held.min(bytes.num_permits());
+                        drop(bytes.split(bytes.num_permits() - held));
+                        let lease_deadline = claimed_at + c.lease;
+                        let relay = Arc::clone(self);
+                        let shutdown = shutdown.clone();
+                        deliveries.spawn(async move {
+                            relay
+                                .deliver(claimed, lease_deadline, (permit, bytes), shutdown)
+                                .await
+                        });
+                    }
+                    if full {
+                        continue;
+                    }
+                    if rows_claimed && c.wakeup == Wakeup::Poll {
+                        // More is likely on its way: claim again after a moment, which lets
+                        // the next claim gather several rows (each claim and settlement is
+                        // a transaction in the application's database) for little latency.
+                        idle.worked(Instant::now());
+                        self.sleep_or_shutdown(idle::FAST, shutdown).await;
+                        continue;
+                    }
+                    self.wait_for_work(&mut idle, shutdown).await;
+                }
+                Err(e) => {
+                    db_failures += 1;
+                    self.health.set_database_ok(false);
+                    let replaced = crate::outbox::replacement(&e).is_some();
+                    let delay = self.db_backoff(db_failures, replaced);
+                    if replaced {
+                        // The session logged what happened when it dropped the connection.
+                        tracing::debug!(error = %e, retry_in = ?delay, "claim failed on a replaced connection");
+                    } else if e.is_transient() {
+                        tracing::warn!(error = %e, retry_in = ?delay, "claim failed; backing off");
+                    } else {
+                        tracing::error!(error = %e, retry_in = ?delay,
+                            "claim failed and will keep failing until the database or its permissions are fixed; backing off");
+                    }
+                    self.sleep_or_shutdown(delay, shutdown).await;
+                }
+            }
+        }
+        tracing::info!(
+            deliveries = deliveries.len(),
+            "shutting down: no new claims; finishing in-flight sends"
+        );
+        let drain = async { while deliveries.join_next().await.is_some() {} };
+        if tokio::time::timeout(c.drain_timeout, drain).await.is_err() {
+            tracing::warn!(
+                "drain timeout reached; unsettled rows stay leased until their lease expires, then another replica sends them"
+            );
+            deliveries.abort_all();
+        }
+    }
+
+    /// Waits `delay` or until shutdown, ticking health meanwhile: a loop that waits on purpose
+    /// (a back-off up to `--retry-max` through a database outage) is alive, and `/healthz`
+    /// must not get it restarted. Each tick comes from this task, so a loop that really stops
+    /// still fails liveness.
+    async fn sleep_or_shutdown(&self, delay: Duration, shutdown: &CancellationToken) {
+        let until = tokio::time::Instant::now() + delay;
+        loop {
+            self.health.tick();
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(left.min(self.health.tick_every())) => {}
+                _ = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// The wait before a database retry: capped by `--db-retry-max`, at once after the
+    /// session replaced a dark or read-only connection.
+    fn db_backoff(&self, failures: u32, replaced: bool) -> Duration {
+        crate::outbox::reconnect_delay(
+            failures,
+            replaced,
+            self.config.retry_base,
+            self.config.db_retry_max,
+            fastrand::f64(),
+        )
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        retry::backoff(
+            attempt,
+            self.config.retry_base,
+            self.config.retry_max,
+            fastrand::f64(),
+        )
+    }
+}
+
+/// The claim quarantined these rows itself (too large to hold, or out of attempts after
+/// relays died holding them): nothing to send or settle, only to count and say.
+fn record_quarantined_at_claim(claimed: &Claimed) {
+    for row in &claimed.quarantined {
+        metrics::counter!(names::EVENTS_QUARANTINED, "reason" => row.reason.as_str()).increment(1);
+        tracing::warn!(event_id = row.event_id.as_deref().unwrap_or(""), id = row.id,
+            reason = row.reason.as_str(), error = %row.error, "row quarantined at claim");
+    }
+}
+
+fn reap(deliveries: &mut JoinSet<()>) {
+    while let Some(done) = deliveries.try_join_next() {
+        if let Err(e) = done {
+            if e.is_panic() {
+                tracing::error!(error = %e, "a delivery task panicked; its rows are retried after their lease");
+            }
+        }
+    }
+}

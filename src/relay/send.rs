@@ -1,0 +1,317 @@
+//! The send gate (destination parks, relay-wide pause, lease deadline), S3 uploads and the
+//! queue-limit cache.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::{self, BatchRequest};
+use crate::concurrency::{self, Outcome};
+use crate::destination::{bucket_key, Park};
+use crate::metrics as names;
+use crate::retry::{self, RequestFailure, Transport};
+use crate::row::ClaimedRow;
+use crate::sqs::EntryOutcome;
+
+use super::Relay;
+
+/// Queues whose size limit is remembered at most (rows may carry their own queue URLs).
+pub(super) const MAX_KNOWN_QUEUES: usize = 1024;
+
+impl Relay {
+    /// The message size limit of each ordered queue the rows go to, read from its
+    /// `MaximumMessageSize` and read again every `--stats-interval` (an operator may raise it,
+    /// then re-drive what it refused). A queue that cannot be read now is tried again with the
+    /// next claim; meanwhile `--max-request-bytes` applies. Only ordered queues need it: there a
+    /// refused entry after accepted entries of its group would break the group's order, while
+    /// elsewhere SQS's own per-entry refusal quarantines the row just as well.
+    pub(super) async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<String, usize> {
+        let mut unknown: Vec<String> = Vec::new();
+        {
+            let known = self.queue_limits.lock().expect("queue limits lock");
+            for row in rows {
+                let queue = self.plan_config.queue_for(row);
+                // A topic has no MaximumMessageSize to read: SNS's fixed limit applies.
+                if !self.keeps_order(queue) || batch::is_topic(queue) {
+                    continue;
+                }
+                let fresh = known
+                    .get(queue)
+                    .is_some_and(|(_, read)| read.elapsed() < self.config.stats_interval);
+                if !fresh && !unknown.iter().any(|q| q == queue) {
+                    unknown.push(queue.to_string());
+                }
+            }
+        }
+        for queue in unknown {
+            let read =
+                tokio::time::timeout(self.config.send_timeout, self.sqs.queue_attributes(&queue))
+                    .await;
+            if let Ok(Ok(info)) = read {
+                let limit = info
+                    .maximum_message_size
+                    .unwrap_or(self.config.max_request_bytes);
+                let mut known = self.queue_limits.lock().expect("queue limits lock");
+                // Rows may name any number of queues of their own; keep the memory bounded.
+                if known.len() >= MAX_KNOWN_QUEUES {
+                    known.clear();
+                }
+                known.insert(queue, (limit, Instant::now()));
+            }
+        }
+        let known = self.queue_limits.lock().expect("queue limits lock");
+        known
+            .iter()
+            .map(|(queue, (limit, _))| (queue.clone(), *limit))
+            .collect()
+    }
+
+    /// One SendMessageBatch call, once a request slot is free and the relay is not backing off.
+    pub(super) async fn send(
+        &self,
+        request: BatchRequest,
+        lease_deadline: Instant,
+        shutdown: &CancellationToken,
+    ) -> (BatchRequest, Result<Vec<EntryOutcome>, Unsent>) {
+        let c = &self.config;
+        // A queue that refused us lately is not asked again before its time: its rows wait in
+        // the table, and need no request slot for that.
+        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+            return (request, Err(Unsent::Parked(park)));
+        }
+        // The destination's own slot first: a request waiting for a slow queue must not hold one
+        // of the permits every destination shares. The bucket's next, for the uploads.
+        let slot = tokio::select! {
+            slot = self.concurrency.acquire(&request.queue_url) => slot,
+            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+        };
+        let bucket = self
+            .s3
+            .as_ref()
+            .filter(|_| request.entries.iter().any(|e| e.offload.is_some()))
+            .map(|s3| bucket_key(s3.bucket()));
+        let upload_slot = match &bucket {
+            Some(bucket) => tokio::select! {
+                slot = self.concurrency.acquire(bucket) => Some(slot),
+                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+            },
+            None => None,
+        };
+        let _permit = tokio::select! {
+            permit = self.request_permits.acquire() => permit.expect("never closed"),
+            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+        };
+        while let Some(pause) = self.pressure.remaining() {
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+            }
+        }
+        // Another request may have found the queue refusing while this one waited.
+        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+            return (request, Err(Unsent::Parked(park)));
+        }
+        // Sending now could outlive the lease: another replica might take the rows over while
+        // SQS's answer is still on its way. Give them back instead.
+        if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
+            return (
+                request,
+                Err(Unsent::NotSent("lease too short for another send")),
+            );
+        }
+        // The SDK enforces the send timeout; this guard only covers a stuck future.
+        let hard_limit = c.send_timeout + Duration::from_secs(1);
+        if let Some(upload_slot) = upload_slot {
+            let started = Instant::now();
+            let uploaded = self.offload(&request, lease_deadline).await;
+            upload_slot.finish(upload_outcome(&uploaded, started.elapsed()));
+            if let Err(failed) = uploaded {
+                return (request, Err(Unsent::Offload(failed)));
+            }
+            if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
+                return (
+                    request,
+                    Err(Unsent::NotSent(
+                        "lease too short for the send after the upload",
+                    )),
+                );
+            }
+        }
+        let started = Instant::now();
+        let sent = async {
+            if batch::is_topic(&request.queue_url) {
+                self.sns.publish(&request).await
+            } else {
+                self.sqs.send(&request).await
+            }
+        };
+        let result = match tokio::time::timeout(hard_limit, sent).await {
+            Ok(result) => result.map_err(Unsent::Failed),
+            Err(_) => Err(Unsent::Failed(RequestFailure {
+                status: None,
+                code: None,
+                message: format!(
+                    "no answer within {}",
+                    humantime::format_duration(hard_limit)
+                ),
+                transport: Transport::Timeout,
+            })),
+        };
+        metrics::histogram!(names::SEND_DURATION).record(started.elapsed().as_secs_f64());
+        slot.finish(send_outcome(&result, started.elapsed()));
+        (request, result)
+    }
+
+    /// Stores the request's large bodies in S3 before their pointers are sent; if an upload
+    /// fails, nothing is sent and the first failed entry decides (see
+    /// [`Relay::offload_failed`]); a bucket that refused us lately is not asked again before its
+    /// park ends. The uploads of a request go at once, each in its own round trip: their bodies
+    /// are in memory already (the byte budget bounds them), and one after the other a request
+    /// of ten would wait ten round trips. An object stored for a request that then fails stays,
+    /// and a resend overwrites it (a replica that took the row over writes the same bytes under
+    /// the same key). Each upload's deadline grows with its body, within what the lease leaves
+    /// for the send after it (`s3::upload_deadline`): an upload that outlived the lease could
+    /// never be followed by its send, and would be given back for ever. No upload starts unless
+    /// every large body of the request has its time.
+    pub(super) async fn offload(
+        &self,
+        request: &BatchRequest,
+        lease_deadline: Instant,
+    ) -> Result<(), OffloadFailed> {
+        let Some(s3) = &self.s3 else { return Ok(()) };
+        let c = &self.config;
+        let after = c.send_timeout + c.settle_margin;
+        let lease_left = lease_deadline.saturating_duration_since(Instant::now() + after);
+        let lease_window = c.lease.saturating_sub(after);
+        let bucket = bucket_key(s3.bucket());
+        if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
+            return Err(OffloadFailed::Parked(park));
+        }
+        let mut deadlines = Vec::with_capacity(request.entries.len());
+        for entry in &request.entries {
+            let deadline = match &entry.offload {
+                Some(offload) => {
+                    let bytes = offload.body.len();
+                    match crate::s3::upload_deadline(
+                        bytes,
+                        c.send_timeout,
+                        lease_left,
+                        lease_window,
+                    ) {
+                        Some(deadline) => Some(deadline),
+                        None => return Err(OffloadFailed::NoTime),
+                    }
+                }
+                None => None,
+            };
+            deadlines.push(deadline);
+        }
+        let uploads = request
+            .entries
+            .iter()
+            .zip(deadlines)
+            .enumerate()
+            .filter_map(|(index, (entry, deadline))| {
+                let offload = entry.offload.as_ref()?;
+                let deadline = deadline?;
+                // The SDK enforces the deadline; this guard only covers a stuck future.
+                let limit = deadline + Duration::from_secs(1);
+                Some(async move {
+                    let result = match tokio::time::timeout(limit, s3.put(offload, deadline)).await
+                    {
+                        Ok(result) => result,
+                        Err(_) => Err(RequestFailure {
+                            status: None,
+                            code: None,
+                            message: format!(
+                                "S3 PutObject: no answer within {}",
+                                humantime::format_duration(limit)
+                            ),
+                            transport: Transport::Timeout,
+                        }),
+                    };
+                    let result = result.map_err(|mut failure| {
+                        if failure.transport == Transport::Timeout {
+                            failure.message = format!(
+                                "{} (a {}-byte body gets {}: --send-timeout and 1 s per MiB, within the lease)",
+                                failure.message,
+                                offload.body.len(),
+                                humantime::format_duration(deadline)
+                            );
+                        }
+                        failure
+                    });
+                    (index, result)
+                })
+            });
+        let mut first_failed = None;
+        for (index, result) in futures_util::future::join_all(uploads).await {
+            match result {
+                Ok(()) => {
+                    self.destinations.reached(&bucket);
+                }
+                Err(failure) => {
+                    let kind = retry::classify(&failure).metric_kind();
+                    metrics::counter!(names::OFFLOAD_FAILURES, "kind" => kind).increment(1);
+                    // join_all keeps the entries' order: the first failure is the first entry's.
+                    if first_failed.is_none() {
+                        first_failed = Some(OffloadFailed::Refused { index, failure });
+                    }
+                }
+            }
+        }
+        first_failed.map_or(Ok(()), Err)
+    }
+}
+
+/// Why a request produced no per-entry answers.
+pub(super) enum Unsent {
+    /// SQS (or the path to it) failed the whole request.
+    Failed(RequestFailure),
+    /// We chose not to send it (shutdown, or the lease would not outlast the call).
+    NotSent(&'static str),
+    /// Its queue refused us lately and is not asked again before the park ends.
+    Parked(Park),
+    /// A large body could not be stored in S3, so nothing was sent.
+    Offload(OffloadFailed),
+}
+
+/// Why a request's large bodies are not all in S3.
+pub(super) enum OffloadFailed {
+    /// The bucket refused us lately and is not asked again before its park ends.
+    Parked(Park),
+    /// What the lease has left is too short for an upload a fresh claim would have time for.
+    NoTime,
+    /// S3 refused the upload of the entry at `index`, the first of the request that failed.
+    Refused {
+        index: usize,
+        failure: RequestFailure,
+    },
+}
+
+/// What a send tells its destination's concurrency limit (the rule: `concurrency`).
+pub(super) fn send_outcome(result: &Result<Vec<EntryOutcome>, Unsent>, rtt: Duration) -> Outcome {
+    match result {
+        Ok(outcomes) => concurrency::answer_outcome(
+            rtt,
+            outcomes.iter().filter_map(|o| match o {
+                EntryOutcome::Failed { code, .. } => Some(code.as_str()),
+                EntryOutcome::Sent { .. } => None,
+            }),
+        ),
+        Err(Unsent::Failed(failure)) => concurrency::failure_outcome(retry::classify(failure)),
+        Err(_) => Outcome::Unmeasured,
+    }
+}
+
+/// The same for a request's uploads to the offload bucket (S3 `SlowDown` is its throttling).
+pub(super) fn upload_outcome(result: &Result<(), OffloadFailed>, rtt: Duration) -> Outcome {
+    match result {
+        Ok(()) => Outcome::Answered(rtt),
+        Err(OffloadFailed::Refused { failure, .. }) => {
+            concurrency::failure_outcome(retry::classify(failure))
+        }
+        Err(OffloadFailed::Parked(_) | OffloadFailed::NoTime) => Outcome::Unmeasured,
+    }
+}
