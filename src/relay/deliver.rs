@@ -1,23 +1,25 @@
 //! Delivering one claim: plan -> send -> decide -> apply -> settle.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{self, BatchRequest};
+use crate::batch;
+use crate::destination::bucket_key;
 use crate::metrics as names;
 use crate::otel::ClaimSpans;
 use crate::retry::{self, RequestReaction};
-use crate::row::{Claimed, QuarantineReason, Settlement};
+use crate::row::{Claimed, ClaimedRow, QuarantineReason, Settlement};
 use crate::sqs::EntryOutcome;
 
-use super::decide::{park_row, quarantine, release};
+use super::decide::{Decide, Decision, Policy};
+use super::effect::{Count, Effect};
 use super::send::Unsent;
-use super::Relay;
+use super::sequels::{Next, Sequels};
+use super::{Relay, LOG_TARGET};
 
 impl Relay {
     /// Sends one claim's rows and settles every row exactly once.
@@ -66,48 +68,28 @@ impl Relay {
         }
         let mut settlement = Settlement::default();
         for row in unreadable {
-            tracing::warn!(id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
+            tracing::warn!(target: LOG_TARGET, id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
             settlement.quarantine.push(row.quarantined());
         }
-        for rejected in plan.rejected {
-            let row = &rows[rejected.row];
-            quarantine(&mut settlement, row, rejected.reason, rejected.error);
-        }
-        for index in plan.released {
-            release(&mut settlement, &rows[index], Duration::ZERO, None);
-        }
+        let mut planned = self.decide(Instant::now());
+        planned.planned(&rows, plan.rejected, &plan.released);
+        self.apply(planned.finish(), &rows, &mut settlement, &mut spans);
         let mut sends: FuturesUnordered<_> = plan
             .requests
             .into_iter()
             .map(|request| self.send(request, lease_deadline, &shutdown))
             .collect();
-        // Requests that must follow another go only once it was accepted entry by entry (keyed
-        // by its first entry): the rest of a group too long for one request, and the halves of
-        // an ordered request SQS refused as a whole. Otherwise they go back unsent, so a group
-        // keeps its order.
-        let mut after: HashMap<String, BatchRequest> = plan.sequels.into_iter().collect();
+        let mut sequels = Sequels::new(plan.sequels);
         while let Some((request, result)) = sends.next().await {
             let first = request.entries[0].id.clone();
             let mut all_sent = false;
+            let mut decide = self.decide(Instant::now());
             match result {
                 Ok(outcomes) => {
                     all_sent = outcomes
                         .iter()
                         .all(|o| matches!(o, EntryOutcome::Sent { .. }));
-                    self.pressure.relieve();
-                    self.destinations.reached(&request.queue_url);
-                    // Clears a credentials error too: this request was signed and accepted.
-                    self.health
-                        .set_config_error(self.destinations.readiness_error());
-                    for (entry, outcome) in request.entries.iter().zip(outcomes) {
-                        if let EntryOutcome::Failed { code, .. } = &outcome {
-                            spans.refused(rows[entry.row].id, Some(code));
-                        }
-                        if entry.offload.is_some() && matches!(outcome, EntryOutcome::Sent { .. }) {
-                            metrics::counter!(names::OFFLOADED).increment(1);
-                        }
-                        self.settle_entry(&mut settlement, &rows[entry.row], outcome);
-                    }
+                    decide.answered(&rows, &request, outcomes);
                 }
                 Err(Unsent::Failed(failure)) => {
                     let class = retry::classify(&failure);
@@ -122,77 +104,36 @@ impl Relay {
                     {
                         let (left, right) = request.split();
                         if one_after_the_other {
-                            if let Some(next) = after.remove(&first) {
-                                after.insert(right.entries[0].id.clone(), next);
-                            }
-                            after.insert(first, right);
+                            sequels.split_in_order(&left, right);
                         } else {
                             sends.push(self.send(right, lease_deadline, &shutdown));
                         }
                         sends.push(self.send(left, lease_deadline, &shutdown));
                         continue;
                     }
-                    for entry in &request.entries {
-                        spans.refused(rows[entry.row].id, failure.code.as_deref());
-                    }
-                    self.request_failed(
-                        &mut settlement,
-                        &rows,
-                        &request,
-                        class,
-                        reaction,
-                        &failure,
-                    );
+                    decide.request_failed(&rows, &request, class, reaction, &failure);
                 }
-                Err(Unsent::Parked(park)) => {
-                    let now = Instant::now();
-                    for entry in &request.entries {
-                        park_row(
-                            &mut settlement,
-                            &rows[entry.row],
-                            &request.queue_url,
-                            &park,
-                            now,
-                        );
-                    }
-                    tracing::debug!(
-                        entries = request.entries.len(),
-                        queue_url = %request.queue_url,
-                        "queue parked; rows parked without a request"
-                    );
-                }
+                Err(Unsent::Parked(park)) => decide.parked(&rows, &request, &park),
                 Err(Unsent::Offload(failed)) => {
+                    let bucket = match &self.s3 {
+                        Some(s3) => bucket_key(s3.bucket()),
+                        None => unreachable!("entries are offloaded only with a bucket"),
+                    };
+                    let ordered = self.keeps_order(&request.queue_url);
                     if let Some(rest) =
-                        self.offload_failed(&mut settlement, &rows, &request, failed, &mut spans)
+                        decide.offload_failed(&rows, &request, failed, &bucket, ordered)
                     {
                         sends.push(self.send(rest, lease_deadline, &shutdown));
                     }
                 }
-                Err(Unsent::NotSent(why)) => {
-                    for entry in &request.entries {
-                        release(&mut settlement, &rows[entry.row], Duration::ZERO, None);
-                    }
-                    tracing::debug!(
-                        entries = request.entries.len(),
-                        why,
-                        "batch not sent; rows released"
-                    );
-                }
+                Err(Unsent::NotSent(why)) => decide.not_sent(&rows, &request, why),
             }
-            if let Some(next) = after.remove(&first) {
-                if all_sent {
-                    sends.push(self.send(next, lease_deadline, &shutdown));
-                } else {
-                    // Sending the rest now could overtake what failed: give it back.
-                    let mut next = Some(next);
-                    while let Some(request) = next {
-                        for entry in &request.entries {
-                            release(&mut settlement, &rows[entry.row], Duration::ZERO, None);
-                        }
-                        next = after.remove(&request.entries[0].id);
-                    }
-                }
+            match sequels.answered(&first, all_sent) {
+                Next::Nothing => {}
+                Next::Send(next) => sends.push(self.send(next, lease_deadline, &shutdown)),
+                Next::GiveBack(requests) => decide.given_back(&rows, &requests),
             }
+            self.apply(decide.finish(), &rows, &mut settlement, &mut spans);
         }
         drop(sends);
         spans.finish(&settlement);
@@ -201,6 +142,72 @@ impl Relay {
         // retries due now. Claim again rather than wait for the poll interval; no NOTIFY
         // fires for an UPDATE.
         self.wake.notify_one();
+    }
+
+    /// Decisions taken at `now`, with the relay's rules and the relay-wide pause as it stands.
+    fn decide(&self, now: Instant) -> Decide<fn() -> f64> {
+        let policy = Policy {
+            max_attempts: self.config.max_attempts,
+            retry_base: self.config.retry_base,
+            retry_max: self.config.retry_max,
+        };
+        Decide::new(
+            policy,
+            now,
+            unix_now(),
+            self.pressure.failures(),
+            fastrand::f64,
+        )
+    }
+
+    /// The one place where decisions reach the rest of the relay: the settlement of the claim,
+    /// the send gate (pause, parks), readiness, metrics, spans and log lines.
+    fn apply(
+        &self,
+        decision: Decision,
+        rows: &[ClaimedRow],
+        settlement: &mut Settlement,
+        spans: &mut ClaimSpans,
+    ) {
+        let Decision {
+            settlement: part,
+            effects,
+        } = decision;
+        settlement.sent.extend(part.sent);
+        settlement.reschedule.extend(part.reschedule);
+        settlement.quarantine.extend(part.quarantine);
+        for effect in effects {
+            match effect {
+                Effect::Pause(delay) => self.pressure.pause(Instant::now(), delay),
+                Effect::Relieve => self.pressure.relieve(),
+                Effect::Reached(destination) => {
+                    self.destinations.reached(&destination);
+                }
+                Effect::Refused(refusal) => {
+                    let now = Instant::now();
+                    let park = self.destinations.refused(
+                        &refusal.destination,
+                        &refusal.error,
+                        now,
+                        fastrand::f64(),
+                    );
+                    let mut decide = self.decide(now);
+                    decide.refused(rows, refusal, &park);
+                    self.apply(decide.finish(), rows, settlement, spans);
+                }
+                Effect::Readiness => self
+                    .health
+                    .set_config_error(self.destinations.readiness_error()),
+                Effect::NotReady(why) => self.health.set_config_error(Some(why)),
+                Effect::Count(Count::SendFailures { kind, n }) => {
+                    metrics::counter!(names::SEND_FAILURES, "kind" => kind).increment(n)
+                }
+                Effect::Count(Count::Offloaded) => metrics::counter!(names::OFFLOADED).increment(1),
+                Effect::Lag(lag) => metrics::histogram!(names::DELIVERY_LAG).record(lag),
+                Effect::SpanRefused { row_id, code } => spans.refused(row_id, code.as_deref()),
+                Effect::Log(line) => line.emit(),
+            }
+        }
     }
 
     /// Whether requests to this queue carry ordered groups.
@@ -236,7 +243,7 @@ impl Relay {
                     }
                     if settled.lost > 0 {
                         metrics::counter!(names::LEASE_LOST).increment(settled.lost);
-                        tracing::warn!(
+                        tracing::warn!(target: LOG_TARGET,
                             rows = settled.lost,
                             "lease lost: another replica owns these rows now; our outcome was not recorded"
                         );
@@ -248,14 +255,21 @@ impl Relay {
                     attempt += 1;
                     let delay = self.db_backoff(attempt, crate::outbox::replacement(&e).is_some());
                     if Instant::now() + delay >= lease_deadline {
-                        tracing::error!(error = %e, rows = settlement.sent.len() + settlement.reschedule.len() + settlement.quarantine.len(),
+                        tracing::error!(target: LOG_TARGET, error = %e, rows = settlement.sent.len() + settlement.reschedule.len() + settlement.quarantine.len(),
                             "could not record outcomes before the lease ends; the rows will be sent again with the same event_id");
                         return;
                     }
-                    tracing::warn!(error = %e, retry_in = ?delay, "settlement failed; retrying");
+                    tracing::warn!(target: LOG_TARGET, error = %e, retry_in = ?delay, "settlement failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
             }
         }
     }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }

@@ -11,7 +11,7 @@ use crate::idle;
 use crate::metrics as names;
 use crate::outbox::Wakeup;
 
-use super::Relay;
+use super::{Relay, LOG_TARGET};
 
 impl Relay {
     /// With `--wakeup notify` keeps a LISTEN connection open, with `logical` the doorbell's
@@ -26,7 +26,7 @@ impl Relay {
             let connected = std::sync::atomic::AtomicBool::new(false);
             let wake = || self.wake.notify_one();
             let ready = || {
-                tracing::debug!(wakeup = %self.config.wakeup, "wake-ups connected");
+                tracing::debug!(target: LOG_TARGET, wakeup = %self.config.wakeup, "wake-ups connected");
                 connected.store(true, std::sync::atomic::Ordering::Relaxed);
                 self.wake.notify_one();
             };
@@ -48,7 +48,7 @@ impl Relay {
                     failures + 1
                 };
                 let delay = self.db_backoff(failures, false);
-                tracing::warn!(error = %e, retry_in = ?delay, "wake-up connection lost; polling until it is back");
+                tracing::warn!(target: LOG_TARGET, error = %e, retry_in = ?delay, "wake-up connection lost; polling until it is back");
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop.cancelled() => return,
@@ -86,13 +86,13 @@ impl Relay {
                     }
                 }
                 // A slow count is not a database that is down: readiness stays as claims find it.
-                Err(e) if e.timed_out() => tracing::warn!(
+                Err(e) if e.timed_out() => tracing::warn!(target: LOG_TARGET,
                     error = %e,
                     "reading outbox statistics took longer than --maintenance-timeout; the gauges keep their last values"
                 ),
                 Err(e) => {
                     self.health.set_database_ok(false);
-                    tracing::warn!(error = %e, "could not read outbox statistics");
+                    tracing::warn!(target: LOG_TARGET, error = %e, "could not read outbox statistics");
                 }
             }
         }
@@ -123,13 +123,13 @@ impl Relay {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                     Err(e) => {
-                        tracing::warn!(error = %e, "retention pass failed; next pass retries");
+                        tracing::warn!(target: LOG_TARGET, error = %e, "retention pass failed; next pass retries");
                         break;
                     }
                 }
             }
             if deleted > 0 {
-                tracing::debug!(rows = deleted, "deleted sent rows past retention");
+                tracing::debug!(target: LOG_TARGET, rows = deleted, "deleted sent rows past retention");
             }
         }
     }
@@ -140,10 +140,12 @@ impl Relay {
         match self.upkeep.unpark_destinations().await {
             Ok(0) => {}
             Ok(rows) => {
-                tracing::info!(rows, "rows parked for their queue are tried again");
+                tracing::info!(target: LOG_TARGET, rows, "rows parked for their queue are tried again");
                 self.wake.notify_one();
             }
-            Err(e) => tracing::warn!(error = %e, "could not unpark rows parked for their queue"),
+            Err(e) => {
+                tracing::warn!(target: LOG_TARGET, error = %e, "could not unpark rows parked for their queue")
+            }
         }
     }
 
@@ -156,19 +158,21 @@ impl Relay {
                 if parked > 0 {
                     metrics::counter!(names::EVENTS_QUARANTINED, "reason" => "blocked")
                         .increment(parked);
-                    tracing::warn!(
+                    tracing::warn!(target: LOG_TARGET,
                         rows = parked,
                         "rows parked behind a quarantined event of their group"
                     );
                 }
                 if unparked > 0 {
-                    tracing::info!(
+                    tracing::info!(target: LOG_TARGET,
                         rows = unparked,
                         "rows released: the quarantined event of their group was re-driven"
                     );
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "could not maintain blocked groups"),
+            Err(e) => {
+                tracing::warn!(target: LOG_TARGET, error = %e, "could not maintain blocked groups")
+            }
         }
     }
 

@@ -26,7 +26,6 @@ use crate::otel::Tracing;
 use crate::outbox::{
     ClaimLimits, ClaimRequest, Outbox, OutboxError, Session, SharedSession, Upkeep, Wakeup,
 };
-use crate::retry;
 use crate::row::Claimed;
 use crate::s3::S3;
 use crate::sns::Sns;
@@ -34,9 +33,11 @@ use crate::sqs::Sqs;
 
 mod decide;
 mod deliver;
+mod effect;
 mod maintain;
 mod pressure;
 mod send;
+mod sequels;
 
 use pressure::Pressure;
 
@@ -45,6 +46,9 @@ pub enum RelayError {
     #[error(transparent)]
     Startup(#[from] OutboxError),
 }
+
+/// Every log line of the relay carries this target, whichever of its files writes it.
+const LOG_TARGET: &str = "outbox_relay::relay";
 
 /// The relay's shared state, one per process.
 struct Relay {
@@ -254,7 +258,7 @@ impl Relay {
         while !shutdown.is_cancelled() {
             self.health.tick();
             reap(&mut deliveries);
-            if let Some(pause) = self.pressure.remaining() {
+            if let Some(pause) = self.pressure.remaining(Instant::now()) {
                 self.sleep_or_shutdown(pause.min(c.poll_interval), shutdown)
                     .await;
                 continue;
@@ -391,15 +395,6 @@ impl Relay {
             replaced,
             self.config.retry_base,
             self.config.db_retry_max,
-            fastrand::f64(),
-        )
-    }
-
-    fn backoff(&self, attempt: u32) -> Duration {
-        retry::backoff(
-            attempt,
-            self.config.retry_base,
-            self.config.retry_max,
             fastrand::f64(),
         )
     }

@@ -102,7 +102,7 @@ impl Relay {
             permit = self.request_permits.acquire() => permit.expect("never closed"),
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
         };
-        while let Some(pause) = self.pressure.remaining() {
+        while let Some(pause) = self.pressure.remaining(Instant::now()) {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
