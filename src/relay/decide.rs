@@ -548,3 +548,815 @@ impl<J: FnMut() -> f64> Decide<J> {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Offload;
+    use crate::retry::Transport;
+
+    const QUEUE: &str = "http://sqs/1/orders";
+    const TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:orders";
+    const BUCKET: &str = "s3://bodies";
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn policy() -> Policy {
+        Policy {
+            max_attempts: 5,
+            retry_base: SECOND,
+            retry_max: Duration::from_secs(60),
+        }
+    }
+
+    /// Decisions at a fixed moment with the jitter pinned at its middle, after `failures`
+    /// whole-request failures in a row.
+    fn decide(failures: u32) -> (Decide<impl FnMut() -> f64>, Instant) {
+        let now = Instant::now();
+        (Decide::new(policy(), now, 1_000.0, failures, || 0.5), now)
+    }
+
+    /// Rows 1..=n (at index 0..n), each on its `attempts`-th attempt, written at Unix 990.
+    fn rows(n: i64, attempts: i32) -> Vec<ClaimedRow> {
+        (1..=n)
+            .map(|id| ClaimedRow {
+                id,
+                event_id: format!("e-{id}"),
+                aggregate_type: "order".into(),
+                aggregate_id: id.to_string(),
+                event_type: "created".into(),
+                payload: "{}".into(),
+                headers: serde_json::json!({}),
+                queue_url: None,
+                lease_token: 100 + id,
+                attempts,
+                created_at_epoch: 990.0,
+                created_at: "2026-01-01T00:00:00Z".into(),
+            })
+            .collect()
+    }
+
+    fn entry(row: usize, large: bool) -> Entry {
+        Entry {
+            row,
+            id: (row + 1).to_string(),
+            body: "{}".into(),
+            attributes: Vec::new(),
+            group_id: None,
+            dedup_id: None,
+            size: 2,
+            offload: large.then(|| Offload {
+                key: format!("k{row}"),
+                body: bytes::Bytes::from_static(b"large"),
+            }),
+        }
+    }
+
+    /// A request to `destination` of the rows at `indices`, none of them large.
+    fn request(destination: &str, indices: &[usize]) -> BatchRequest {
+        BatchRequest {
+            queue_url: destination.into(),
+            entries: indices.iter().map(|&i| entry(i, false)).collect(),
+        }
+    }
+
+    fn failure(code: &str) -> RequestFailure {
+        RequestFailure {
+            status: Some(400),
+            code: Some(code.into()),
+            message: "said so".into(),
+            transport: Transport::Response,
+        }
+    }
+
+    fn timeout() -> RequestFailure {
+        RequestFailure {
+            status: None,
+            code: None,
+            message: "no answer".into(),
+            transport: Transport::Timeout,
+        }
+    }
+
+    fn failed(sender_fault: bool, code: &str) -> EntryOutcome {
+        EntryOutcome::Failed {
+            sender_fault,
+            code: code.into(),
+            message: "no".into(),
+        }
+    }
+
+    fn sent(id: &str) -> EntryOutcome {
+        EntryOutcome::Sent {
+            message_id: id.into(),
+        }
+    }
+
+    fn request_failed(
+        decide: &mut Decide<impl FnMut() -> f64>,
+        rows: &[ClaimedRow],
+        request: &BatchRequest,
+        f: RequestFailure,
+    ) {
+        let class = retry::classify(&f);
+        let reaction = retry::request_reaction(class, request.entries.len(), false);
+        decide.request_failed(rows, request, class, reaction, &f);
+    }
+
+    fn park(started: bool, configured: bool, now: Instant) -> Park {
+        Park {
+            until: now + 10 * SECOND,
+            error: "QueueDoesNotExist: said so".into(),
+            started,
+            configured,
+        }
+    }
+
+    fn counts(d: &Decision) -> Vec<Count> {
+        d.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Count(c) => Some(*c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn pauses(d: &Decision) -> Vec<Duration> {
+        d.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Pause(p) => Some(*p),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn logs(d: &Decision) -> Vec<&Log> {
+        d.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Log(l) => Some(l),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn refusals(d: &Decision) -> Vec<&Refusal> {
+        d.effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Refused(r) => Some(r),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// (id, refund, delay) of every row given back.
+    fn rescheduled(d: &Decision) -> Vec<(i64, bool, Duration)> {
+        d.settlement
+            .reschedule
+            .iter()
+            .map(|r| (r.id, r.refund, r.delay))
+            .collect()
+    }
+
+    /// (id, reason, parked for) of every row quarantined or parked.
+    fn quarantined(d: &Decision) -> Vec<(i64, QuarantineReason, Option<Duration>)> {
+        d.settlement
+            .quarantine
+            .iter()
+            .map(|q| (q.id, q.reason, q.retry_in))
+            .collect()
+    }
+
+    #[test]
+    fn a_sent_entry_is_marked_sent_with_its_lag_and_relieves_the_relay() {
+        let rows = rows(2, 1);
+        let (mut d, _) = decide(3);
+        let req = request(QUEUE, &[0, 1]);
+        d.answered(&rows, &req, vec![sent("m1"), sent("m2")]);
+        let d = d.finish();
+        let ids: Vec<_> = d
+            .settlement
+            .sent
+            .iter()
+            .map(|s| (s.id, s.lease_token, s.message_id.as_str()))
+            .collect();
+        assert_eq!(ids, [(1, 101, "m1"), (2, 102, "m2")]);
+        assert_eq!(
+            d.effects,
+            [
+                Effect::Relieve,
+                Effect::Reached(QUEUE.into()),
+                Effect::Readiness,
+                Effect::Lag(10.0),
+                Effect::Lag(10.0),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_sent_entry_whose_body_went_through_s3_is_counted_offloaded() {
+        let rows = rows(2, 1);
+        let (mut d, _) = decide(0);
+        let mut req = request(QUEUE, &[0]);
+        req.entries.push(entry(1, true));
+        d.answered(&rows, &req, vec![sent("m1"), sent("m2")]);
+        assert_eq!(counts(&d.finish()), [Count::Offloaded]);
+    }
+
+    #[test]
+    fn a_sender_fault_entry_is_quarantined_and_counted_permanent() {
+        let rows = rows(1, 1);
+        let (mut d, _) = decide(0);
+        d.answered(
+            &rows,
+            &request(QUEUE, &[0]),
+            vec![failed(true, "InvalidMessageContents")],
+        );
+        let d = d.finish();
+        assert_eq!(quarantined(&d), [(1, QuarantineReason::SenderFault, None)]);
+        assert_eq!(
+            d.settlement.quarantine[0].error,
+            "InvalidMessageContents: no"
+        );
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "permanent",
+                n: 1
+            }]
+        );
+        assert!(d.effects.contains(&Effect::SpanRefused {
+            row_id: 1,
+            code: Some("InvalidMessageContents".into())
+        }));
+        assert_eq!(
+            logs(&d),
+            [&Log::Quarantined {
+                event_id: "e-1".into(),
+                id: 1,
+                reason: QuarantineReason::SenderFault,
+                error: "InvalidMessageContents: no".into(),
+            }]
+        );
+        assert!(pauses(&d).is_empty(), "a bad entry does not slow the relay");
+    }
+
+    #[test]
+    fn a_retryable_entry_spends_its_attempt_and_waits_its_own_back_off() {
+        let rows = rows(1, 3);
+        let (mut d, _) = decide(0);
+        d.answered(
+            &rows,
+            &request(QUEUE, &[0]),
+            vec![failed(false, "InternalError")],
+        );
+        let d = d.finish();
+        // Attempt 3: a ceiling of 4 s, the jitter's middle.
+        assert_eq!(rescheduled(&d), [(1, false, 2 * SECOND)]);
+        assert_eq!(
+            d.settlement.reschedule[0].error.as_deref(),
+            Some("InternalError: no")
+        );
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "transient",
+                n: 1
+            }]
+        );
+        assert!(pauses(&d).is_empty());
+    }
+
+    #[test]
+    fn a_retryable_entry_out_of_attempts_is_quarantined() {
+        let rows = rows(1, 5);
+        let (mut d, _) = decide(0);
+        d.answered(
+            &rows,
+            &request(QUEUE, &[0]),
+            vec![failed(false, "InternalError")],
+        );
+        let d = d.finish();
+        assert_eq!(quarantined(&d), [(1, QuarantineReason::MaxAttempts, None)]);
+        assert_eq!(
+            d.settlement.quarantine[0].error,
+            "5 attempts; last: InternalError: no"
+        );
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "transient",
+                n: 1
+            }]
+        );
+    }
+
+    #[test]
+    fn a_throttled_entry_keeps_its_attempt_and_each_one_pauses_the_relay_a_step_longer() {
+        let rows = rows(2, 5);
+        let (mut d, _) = decide(7);
+        // Even flagged as the sender's fault and out of attempts: a busy queue is no reason to
+        // quarantine a good row.
+        d.answered(
+            &rows,
+            &request(QUEUE, &[0, 1]),
+            vec![
+                failed(true, "ThrottlingException"),
+                failed(false, "ThrottlingException"),
+            ],
+        );
+        let d = d.finish();
+        // The answer relieved the relay first: the pauses start again at the first step.
+        assert_eq!(pauses(&d), [SECOND / 2, SECOND]);
+        assert_eq!(rescheduled(&d), [(1, true, SECOND / 2), (2, true, SECOND)]);
+        assert_eq!(
+            counts(&d),
+            [
+                Count::SendFailures {
+                    kind: "throttled",
+                    n: 1
+                },
+                Count::SendFailures {
+                    kind: "throttled",
+                    n: 1
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_request_that_is_not_the_rows_fault_pauses_the_relay_and_releases_them() {
+        let rows = rows(2, 2);
+        let (mut d, _) = decide(2);
+        let mut f = failure("InternalError");
+        f.status = Some(500);
+        request_failed(&mut d, &rows, &request(QUEUE, &[0, 1]), f);
+        let d = d.finish();
+        // The third failure in a row: a ceiling of 4 s.
+        assert_eq!(pauses(&d), [2 * SECOND]);
+        assert_eq!(
+            rescheduled(&d),
+            [(1, true, 2 * SECOND), (2, true, 2 * SECOND)]
+        );
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "transient",
+                n: 2
+            }]
+        );
+        assert_eq!(
+            logs(&d),
+            [&Log::RequestFailed {
+                call: "SendMessageBatch",
+                error: "InternalError: said so".into(),
+                kind: "transient",
+                retry_in: 2 * SECOND,
+            }]
+        );
+        assert!(!d.effects.iter().any(|e| matches!(e, Effect::NotReady(_))));
+    }
+
+    #[test]
+    fn a_throttled_publish_is_named_for_sns() {
+        let rows = rows(1, 1);
+        let (mut d, _) = decide(0);
+        request_failed(&mut d, &rows, &request(TOPIC, &[0]), failure("Throttling"));
+        let d = d.finish();
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "throttled",
+                n: 1
+            }]
+        );
+        assert!(matches!(
+            logs(&d)[..],
+            [Log::RequestFailed {
+                call: "PublishBatch",
+                kind: "throttled",
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn refused_credentials_make_the_relay_not_ready_and_keep_the_rows() {
+        let rows = rows(1, 1);
+        let (mut d, _) = decide(0);
+        request_failed(
+            &mut d,
+            &rows,
+            &request(QUEUE, &[0]),
+            failure("InvalidClientTokenId"),
+        );
+        let d = d.finish();
+        let what = "InvalidClientTokenId: said so".to_string();
+        assert!(d.effects.contains(&Effect::NotReady(what.clone())));
+        assert_eq!(rescheduled(&d), [(1, true, SECOND / 2)]);
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "config",
+                n: 1
+            }]
+        );
+        assert_eq!(
+            logs(&d),
+            [&Log::CredentialsRefused {
+                service: "SQS",
+                error: what,
+                retry_in: SECOND / 2,
+                queue_url: QUEUE.into(),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_request_of_one_refused_as_bad_input_quarantines_that_row_alone() {
+        let rows = rows(1, 1);
+        let (mut d, _) = decide(0);
+        request_failed(
+            &mut d,
+            &rows,
+            &request(QUEUE, &[0]),
+            failure("InvalidParameterValue"),
+        );
+        let d = d.finish();
+        assert_eq!(quarantined(&d), [(1, QuarantineReason::Rejected, None)]);
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "permanent",
+                n: 1
+            }]
+        );
+        assert!(pauses(&d).is_empty());
+    }
+
+    #[test]
+    fn a_refusing_queue_asks_for_a_park_and_nothing_else_yet() {
+        let rows = rows(2, 1);
+        let (mut d, _) = decide(0);
+        request_failed(
+            &mut d,
+            &rows,
+            &request(QUEUE, &[0, 1]),
+            failure("QueueDoesNotExist"),
+        );
+        let d = d.finish();
+        assert_eq!(
+            refusals(&d),
+            [&Refusal {
+                destination: QUEUE.into(),
+                error: "QueueDoesNotExist: said so".into(),
+                held: Held::Request(vec![0, 1]),
+            }]
+        );
+        assert!(d.settlement.is_empty(), "the rows wait for the park");
+        assert!(counts(&d).is_empty() && pauses(&d).is_empty());
+    }
+
+    fn refusal(destination: &str, held: Held) -> Refusal {
+        Refusal {
+            destination: destination.into(),
+            error: "QueueDoesNotExist: said so".into(),
+            held,
+        }
+    }
+
+    #[test]
+    fn the_relays_own_queue_refusing_parks_its_rows_and_fails_readiness() {
+        let rows = rows(2, 1);
+        let (mut d, now) = decide(0);
+        d.refused(
+            &rows,
+            refusal(QUEUE, Held::Request(vec![0, 1])),
+            &park(true, true, now),
+        );
+        let d = d.finish();
+        let parked = Some(10 * SECOND);
+        assert_eq!(
+            quarantined(&d),
+            [
+                (1, QuarantineReason::Destination, parked),
+                (2, QuarantineReason::Destination, parked)
+            ]
+        );
+        assert_eq!(
+            d.settlement.quarantine[0].error,
+            "queue http://sqs/1/orders: QueueDoesNotExist: said so"
+        );
+        assert_eq!(d.effects[0], Effect::Readiness);
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "config",
+                n: 2
+            }]
+        );
+        assert!(
+            matches!(logs(&d)[..], [Log::ConfiguredRefused { noun: "queue", fix: "queue URL", retry_in, .. }] if *retry_in == 10 * SECOND)
+        );
+        assert!(pauses(&d).is_empty(), "other queues keep flowing");
+    }
+
+    #[test]
+    fn a_rows_own_queue_refusing_parks_its_rows_and_keeps_the_relay_ready() {
+        let rows = rows(1, 1);
+        let (mut d, now) = decide(0);
+        d.refused(
+            &rows,
+            refusal(QUEUE, Held::Request(vec![0])),
+            &park(true, false, now),
+        );
+        let d = d.finish();
+        assert_eq!(
+            quarantined(&d),
+            [(1, QuarantineReason::Destination, Some(10 * SECOND))]
+        );
+        assert!(!d.effects.contains(&Effect::Readiness));
+        assert_eq!(
+            counts(&d),
+            [Count::SendFailures {
+                kind: "destination",
+                n: 1
+            }]
+        );
+        assert!(matches!(
+            logs(&d)[..],
+            [Log::RowsOwnRefused {
+                service: "SQS",
+                noun: "queue",
+                ..
+            }]
+        ));
+    }
+
+    #[test]
+    fn a_refusal_that_joins_a_running_park_is_not_logged_again() {
+        let rows = rows(1, 1);
+        let (mut d, now) = decide(0);
+        d.refused(
+            &rows,
+            refusal(TOPIC, Held::Request(vec![0])),
+            &park(false, true, now),
+        );
+        let d = d.finish();
+        assert!(logs(&d).is_empty());
+        assert_eq!(quarantined(&d).len(), 1);
+        assert!(d.settlement.quarantine[0]
+            .error
+            .starts_with("topic arn:aws:sns:"));
+    }
+
+    #[test]
+    fn a_parked_queue_parks_its_rows_without_a_request() {
+        let rows = rows(2, 1);
+        let (mut d, now) = decide(0);
+        d.parked(&rows, &request(QUEUE, &[1]), &park(false, true, now));
+        let d = d.finish();
+        assert_eq!(
+            quarantined(&d),
+            [(2, QuarantineReason::Destination, Some(10 * SECOND))]
+        );
+        assert!(counts(&d).is_empty(), "no request, no failure");
+        assert_eq!(
+            logs(&d),
+            [&Log::QueueParked {
+                entries: 1,
+                queue_url: QUEUE.into()
+            }]
+        );
+    }
+
+    #[test]
+    fn a_request_not_sent_and_the_sequels_given_back_keep_their_attempts() {
+        let rows = rows(3, 1);
+        let (mut d, _) = decide(0);
+        d.not_sent(&rows, &request(QUEUE, &[0]), "shutting down");
+        d.given_back(&rows, &[request(QUEUE, &[1]), request(QUEUE, &[2])]);
+        let d = d.finish();
+        assert_eq!(
+            rescheduled(&d),
+            [
+                (1, true, Duration::ZERO),
+                (2, true, Duration::ZERO),
+                (3, true, Duration::ZERO)
+            ]
+        );
+        assert_eq!(
+            logs(&d),
+            [&Log::NotSent {
+                entries: 1,
+                why: "shutting down"
+            }]
+        );
+    }
+
+    #[test]
+    fn the_planners_refusals_are_quarantined_and_the_rows_held_back_released() {
+        let rows = rows(2, 1);
+        let (mut d, _) = decide(0);
+        let rejected = vec![Rejected {
+            row: 0,
+            reason: QuarantineReason::TooLarge,
+            error: "too big".into(),
+        }];
+        d.planned(&rows, rejected, &[1]);
+        let d = d.finish();
+        assert_eq!(quarantined(&d), [(1, QuarantineReason::TooLarge, None)]);
+        assert_eq!(rescheduled(&d), [(2, true, Duration::ZERO)]);
+    }
+
+    /// A request of a small row, a large one, and a small one.
+    fn mixed() -> BatchRequest {
+        BatchRequest {
+            queue_url: QUEUE.into(),
+            entries: vec![entry(0, false), entry(1, true), entry(2, false)],
+        }
+    }
+
+    fn refused_upload(f: RequestFailure) -> OffloadFailed {
+        OffloadFailed::Refused {
+            index: 1,
+            failure: f,
+        }
+    }
+
+    fn rest_rows(rest: &Option<BatchRequest>) -> Vec<usize> {
+        rest.iter()
+            .flat_map(|r| r.entries.iter().map(|e| e.row))
+            .collect()
+    }
+
+    #[test]
+    fn a_body_s3_refuses_as_bad_input_is_quarantined_alone_and_the_rest_goes_on() {
+        let rows = rows(3, 1);
+        let (mut d, _) = decide(0);
+        let rest = d.offload_failed(
+            &rows,
+            &mixed(),
+            refused_upload(failure("EntityTooLarge")),
+            BUCKET,
+            false,
+        );
+        assert_eq!(rest_rows(&rest), [0, 2]);
+        let d = d.finish();
+        assert_eq!(quarantined(&d), [(2, QuarantineReason::Rejected, None)]);
+        assert!(pauses(&d).is_empty());
+        assert!(
+            counts(&d).is_empty(),
+            "S3's failures are counted as offload failures only"
+        );
+    }
+
+    #[test]
+    fn under_ordered_delivery_the_rest_of_a_request_whose_upload_failed_is_given_back() {
+        let rows = rows(3, 1);
+        let (mut d, _) = decide(0);
+        let rest = d.offload_failed(
+            &rows,
+            &mixed(),
+            refused_upload(failure("EntityTooLarge")),
+            BUCKET,
+            true,
+        );
+        assert_eq!(rest, None, "no group overtakes its held row");
+        let d = d.finish();
+        assert_eq!(quarantined(&d), [(2, QuarantineReason::Rejected, None)]);
+        assert_eq!(
+            rescheduled(&d),
+            [(1, true, Duration::ZERO), (3, true, Duration::ZERO)]
+        );
+    }
+
+    #[test]
+    fn a_transient_upload_failure_pauses_the_relay_and_releases_the_large_rows() {
+        let rows = rows(3, 1);
+        let (mut d, _) = decide(0);
+        let mut f = failure("SlowDown");
+        f.status = Some(503);
+        let rest = d.offload_failed(&rows, &mixed(), refused_upload(f), BUCKET, false);
+        assert_eq!(rest_rows(&rest), [0, 2]);
+        let d = d.finish();
+        assert_eq!(pauses(&d), [SECOND / 2]);
+        assert_eq!(rescheduled(&d), [(2, true, SECOND / 2)]);
+        assert_eq!(
+            d.settlement.reschedule[0].error.as_deref(),
+            Some("S3 PutObject: SlowDown: said so")
+        );
+        assert!(matches!(logs(&d)[..], [Log::UploadFailed { .. }]));
+        assert!(!d.effects.iter().any(|e| matches!(e, Effect::NotReady(_))));
+    }
+
+    #[test]
+    fn refused_s3_credentials_make_the_relay_not_ready() {
+        let rows = rows(3, 1);
+        let (mut d, _) = decide(0);
+        d.offload_failed(
+            &rows,
+            &mixed(),
+            refused_upload(failure("InvalidClientTokenId")),
+            BUCKET,
+            false,
+        );
+        let d = d.finish();
+        assert!(d.effects.contains(&Effect::NotReady(
+            "S3: InvalidClientTokenId: said so".into()
+        )));
+        assert!(matches!(logs(&d)[..], [Log::S3CredentialsRefused { .. }]));
+        assert_eq!(rescheduled(&d), [(2, true, SECOND / 2)]);
+    }
+
+    #[test]
+    fn a_refusing_bucket_parks_only_the_large_rows_once_the_park_is_known() {
+        let rows = rows(3, 1);
+        let (mut d, now) = decide(0);
+        let rest = d.offload_failed(
+            &rows,
+            &mixed(),
+            refused_upload(failure("NoSuchBucket")),
+            BUCKET,
+            false,
+        );
+        assert_eq!(rest_rows(&rest), [0, 2], "the small rows flow");
+        let first = d.finish();
+        let [refusal] = &refusals(&first)[..] else {
+            panic!("one refusal: {:?}", first.effects);
+        };
+        assert_eq!(refusal.destination, BUCKET);
+        let mut d = Decide::new(policy(), now, 1_000.0, 0, || 0.5);
+        d.refused(&rows, (*refusal).clone(), &park(true, true, now));
+        let d = d.finish();
+        assert_eq!(
+            quarantined(&d),
+            [(2, QuarantineReason::Destination, Some(10 * SECOND))]
+        );
+        assert!(d.settlement.quarantine[0]
+            .error
+            .starts_with("bucket s3://bodies: "));
+        assert_eq!(d.effects[0], Effect::Readiness);
+        assert!(matches!(logs(&d)[..], [Log::BucketRefused { .. }]));
+    }
+
+    #[test]
+    fn an_upload_that_timed_out_spends_the_attempt_of_the_large_rows() {
+        let rows = rows(3, 2);
+        let (mut d, _) = decide(0);
+        d.offload_failed(&rows, &mixed(), refused_upload(timeout()), BUCKET, false);
+        let d = d.finish();
+        assert_eq!(rescheduled(&d), [(2, false, SECOND)]);
+        assert!(
+            pauses(&d).is_empty(),
+            "the body, not the path, may be at fault"
+        );
+        assert!(matches!(logs(&d)[..], [Log::UploadTimedOut { .. }]));
+    }
+
+    #[test]
+    fn an_upload_that_timed_out_on_the_last_attempt_quarantines_the_row() {
+        let rows = rows(3, 5);
+        let (mut d, _) = decide(0);
+        d.offload_failed(&rows, &mixed(), refused_upload(timeout()), BUCKET, false);
+        let d = d.finish();
+        assert_eq!(quarantined(&d), [(2, QuarantineReason::MaxAttempts, None)]);
+        assert_eq!(
+            d.settlement.quarantine[0].error,
+            "5 attempts; last: no answer"
+        );
+    }
+
+    #[test]
+    fn a_parked_bucket_or_a_short_lease_holds_the_large_rows_without_an_upload() {
+        let rows = rows(3, 1);
+        let (mut d, now) = decide(0);
+        let rest = d.offload_failed(
+            &rows,
+            &mixed(),
+            OffloadFailed::Parked(park(false, true, now)),
+            BUCKET,
+            false,
+        );
+        assert_eq!(rest_rows(&rest), [0, 2]);
+        let rest = d.offload_failed(&rows, &mixed(), OffloadFailed::NoTime, BUCKET, false);
+        assert_eq!(rest_rows(&rest), [0, 2]);
+        let d = d.finish();
+        assert_eq!(
+            quarantined(&d),
+            [(2, QuarantineReason::Destination, Some(10 * SECOND))]
+        );
+        assert_eq!(rescheduled(&d), [(2, true, Duration::ZERO)]);
+        assert_eq!(
+            logs(&d),
+            [
+                &Log::BucketParked {
+                    bucket: BUCKET.into()
+                },
+                &Log::NoTimeForUploads
+            ]
+        );
+    }
+}
