@@ -29,7 +29,12 @@ pub(super) enum Effect {
     /// A sent row's delivery lag, in seconds (`outbox_delivery_lag_seconds`).
     Lag(f64),
     /// The span of the row with this id ends refused, with this error code (if any).
-    SpanRefused { row_id: i64, code: Option<String> },
+    SpanRefused {
+        /// The row's `id`: its span's key.
+        row_id: i64,
+        /// SQS's, SNS's or S3's error code, for the span's `error.type`.
+        code: Option<String>,
+    },
     /// A log line.
     Log(Log),
 }
@@ -53,7 +58,9 @@ pub(super) enum Held {
     Request(Vec<usize>),
     /// The rows of a request's large bodies: the offload bucket refused an upload with `code`.
     Uploads {
+        /// Indices of the rows whose bodies were to go to the bucket.
         rows: Vec<usize>,
+        /// S3's error code, for their spans.
         code: Option<String>,
     },
 }
@@ -62,12 +69,18 @@ pub(super) enum Held {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Count {
     /// `outbox_send_failures_total{kind}`, by `n` entries.
-    SendFailures { kind: &'static str, n: u64 },
+    SendFailures {
+        /// The `kind` label: `throttled`, `permanent`, `transient`, `config`, `destination`.
+        kind: &'static str,
+        /// How many entries failed so.
+        n: u64,
+    },
     /// `outbox_offloaded_total`: a message whose body went through S3 was sent.
     Offloaded,
 }
 
-/// Every log line a decision writes; [`Log::emit`] holds their text, fields and levels.
+/// Every log line a decision writes; [`Log::emit`] holds their text, fields and levels. A
+/// variant's fields are the line's fields, under the same names.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Log {
     /// A row quarantined for good (until an operator acts).

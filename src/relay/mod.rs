@@ -1,4 +1,14 @@
-//! The loop: wait -> claim -> plan -> send -> settle -> record.
+//! The loop: wait -> claim -> plan -> send -> decide -> apply -> settle -> record.
+//!
+//! - `mod.rs` (here): start-up ([`connect`]), [`run`], the claim loop and the drain at shutdown.
+//! - `deliver`: one claim's rows: plan -> send -> decide -> apply (the one place where
+//!   decisions reach the send gate, health, metrics and logs) -> settle.
+//! - `send`: the send gate (destination parks, relay-wide pause, lease deadline), S3 uploads,
+//!   the queue-limit cache.
+//! - `decide`: pure: an outcome (answered, failed, refused, upload failed) -> the rows'
+//!   settlement and the effects to apply (`effect`); `pressure` and `sequels` are the pure
+//!   state they feed (the relay-wide pause, which request waits for which).
+//! - `maintain`: wake-ups, gauges and statistics, retention, unparking.
 //!
 //! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
@@ -41,6 +51,7 @@ mod sequels;
 
 use pressure::Pressure;
 
+/// Why the relay could not start; after start-up every failure is retried instead.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
     #[error(transparent)]
@@ -52,18 +63,25 @@ const LOG_TARGET: &str = "outbox_relay::relay";
 
 /// The relay's shared state, one per process.
 struct Relay {
+    /// The `run` command's settings, as validated at start-up.
     config: RunConfig,
+    /// What the planner needs of them (destinations, routes, ordering, offload), kept whole so
+    /// each claim does not rebuild it.
     plan_config: PlanConfig,
+    /// The table: connections, the wake-up listeners, the upkeep statements.
     outbox: Arc<Outbox>,
+    /// The connection claims and settlements share, replaced when it goes dark.
     session: SharedSession,
     /// Statistics and maintenance, on a connection of their own so they never delay claims
     /// and settlements.
     upkeep: Upkeep,
+    /// For destinations that are SQS queue URLs.
     sqs: Sqs,
     /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
     sns: Sns,
     /// Where large message bodies go first (`--offload-bucket`), when set.
     s3: Option<S3>,
+    /// What `/healthz` and `/readyz` report: liveness ticks, the database, configuration errors.
     health: Arc<Health>,
     /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
     /// modes; a stored permit coalesces bursts.
@@ -89,8 +107,11 @@ struct Relay {
 
 /// A relay that has reached its database and found its table, ready to [`run`].
 pub struct Connected {
+    /// The settings `run` goes on with.
     config: RunConfig,
+    /// The table, found and checked.
     outbox: Arc<Outbox>,
+    /// The connection opened to check it, kept as the first claim session.
     first: Session,
 }
 
