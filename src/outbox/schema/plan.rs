@@ -1,80 +1,15 @@
-//! `migrate` and `migrate --adopt`, online: the table keeps taking the application's writes.
-//!
-//! A migration is a list of [`Step`]s planned from the templates in `sql/` (and, for an
-//! adoption, from what the catalog says is already there), so that `--print-sql` shows exactly
-//! what a run executes. Each step is one of: a short transaction that needs a strong lock
-//! (taken under `lock_timeout`, retried with capped, jittered backoff, then one clear error);
-//! an index built `CONCURRENTLY` outside any transaction (an INVALID leftover of an interrupted
-//! build is dropped and rebuilt); the backfill of an adopted table's sequence column in
-//! bounded batches; or the validation of a constraint, a long scan that lets writes through.
-//! Every step is idempotent and the version is recorded last, so a run killed at any point is
-//! completed by the next one. A session-level advisory lock serialises concurrent runs.
+//! The steps of `migrate` and `migrate --adopt`, planned without a database, and their text.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
-use super::Conn;
-
-use super::template::{render, Value};
-use super::{
-    ident::key_sql, query_err, quote_ident, ColumnMap, KeyIndex, MigrateReport, Outbox,
-    OutboxError, TableName, SCHEMA_VERSION,
+use super::super::template::{render, Value};
+use super::super::{
+    ident::key_sql, quote_ident, ColumnMap, KeyIndex, Outbox, OutboxError, TableName,
+    SCHEMA_VERSION,
 };
+use super::catalog::Column;
+use super::{AdoptState, Step, BACKFILL_PAGES, STATEMENT_TIMEOUT};
 use crate::batch::KeyColumn;
-
-/// How long a step waits for a lock that blocks writes, and how often it tries.
-///
-/// While an `ALTER TABLE` waits in the lock queue, every insert the application issues queues
-/// behind it; `timeout` bounds that stall (per try), the tries and the pauses between them
-/// bound how long `migrate` keeps trying before it says why it gave up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockPolicy {
-    /// `lock_timeout` of the steps that take an ACCESS EXCLUSIVE lock.
-    pub timeout: Duration,
-    /// Tries per step before giving up.
-    pub attempts: u32,
-}
-
-impl Default for LockPolicy {
-    fn default() -> Self {
-        LockPolicy {
-            timeout: Duration::from_millis(100),
-            attempts: 30,
-        }
-    }
-}
-
-/// `statement_timeout` of every statement but the concurrent index builds and the validation,
-/// whose length is the table's size, not a lock's. Backfill batches stay far below it.
-const STATEMENT_TIMEOUT: &str = "30s";
-
-/// Pages per backfill batch: at most 256 × 291 tuples whatever the rows' size, a few
-/// thousand ordinary rows, a fraction of a second each.
-const BACKFILL_PAGES: i64 = 256;
-
-/// Pause between tries of a step that did not get its lock: capped exponential, full jitter.
-const RETRY_BASE: Duration = Duration::from_millis(200);
-const RETRY_CAP: Duration = Duration::from_secs(5);
-
-/// One unit of a migration; see the module's documentation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    /// Statements in one short transaction under the lock policy.
-    Transaction { what: String, sql: String },
-    /// `CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS`; `index` is the qualified name
-    /// looked up in `pg_index` to skip a valid index and drop an invalid one first.
-    Index {
-        what: String,
-        index: String,
-        sql: String,
-    },
-    /// Numbers an adopted table's existing rows, page range by page range, until a pass over
-    /// the whole table finds none left.
-    Backfill { base: String, sql: String },
-    /// A long statement under a lock that lets writes through (VALIDATE CONSTRAINT): neither
-    /// timeout applies.
-    Unbounded { what: String, sql: String },
-}
 
 /// A template's steps: paragraphs separated by blank lines; a paragraph of comments only is
 /// kept with the statement after it.
@@ -120,58 +55,6 @@ fn is_index(statement: &str) -> bool {
         .is_some_and(|l| l.contains("INDEX CONCURRENTLY"))
 }
 
-/// What an adopted table already has, read from the catalog; `fresh()` for a table the relay
-/// never touched (what `--print-sql` assumes without a database).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdoptState {
-    /// Some of the relay's columns are missing.
-    pub columns_missing: bool,
-    /// The sequence column has no default yet (missing, or added by an interrupted run).
-    pub needs_sequence: bool,
-    /// The sequence column may still hold NULLs (not yet NOT NULL).
-    pub nullable: bool,
-    /// The NOT VALID check of an interrupted run is there already.
-    pub has_check: bool,
-}
-
-impl AdoptState {
-    pub fn fresh() -> Self {
-        AdoptState {
-            columns_missing: true,
-            needs_sequence: true,
-            nullable: true,
-            has_check: false,
-        }
-    }
-}
-
-/// The relay's own columns on an adopted table (besides the sequence column).
-const RELAY_COLUMNS: [&str; 11] = [
-    "created_at",
-    "available_at",
-    "attempts",
-    "lease_owner",
-    "lease_until",
-    "lease_token",
-    "sent_at",
-    "message_id",
-    "quarantined_at",
-    "quarantine_reason",
-    "last_error",
-];
-
-/// A column of the table to adopt, as the catalog describes it.
-#[derive(Debug, Clone)]
-struct Column {
-    name: String,
-    ty: String,
-    /// `pg_type.typcategory`: "S" for text-like types.
-    category: String,
-    not_null: bool,
-    has_default: bool,
-    identity: bool,
-}
-
 impl Outbox {
     /// The default group key's two indexes (ordered claims need both), plus the ones asked for.
     fn with_default_index(keys: &[(KeyColumn, KeyIndex)]) -> Vec<(KeyColumn, KeyIndex)> {
@@ -185,17 +68,17 @@ impl Outbox {
         keys
     }
 
-    fn versions_table(&self) -> String {
+    pub(super) fn versions_table(&self) -> String {
         self.table.qualify("outbox_relay_schema")
     }
 
     /// The session settings every step starts from.
-    fn session_settings(&self) -> String {
+    pub(super) fn session_settings(&self) -> String {
         self.settings("SET")
     }
 
     /// The same for one transaction (`SET LOCAL`): what a step does through a pooler.
-    fn transaction_settings(&self) -> String {
+    pub(super) fn transaction_settings(&self) -> String {
         self.settings("SET LOCAL")
     }
 
@@ -207,13 +90,13 @@ impl Outbox {
         )
     }
 
-    fn advisory_lock_sql(&self) -> String {
+    pub(super) fn advisory_lock_sql(&self) -> String {
         self.migration_lock("pg_advisory_lock")
     }
 
     /// `function`: `pg_advisory_lock` for the session, `pg_advisory_xact_lock` for one
     /// transaction.
-    fn migration_lock(&self, function: &str) -> String {
+    pub(super) fn migration_lock(&self, function: &str) -> String {
         format!(
             "SELECT {function}(hashtext('outbox-relay migrate ' || {}));",
             literal(&self.table.quoted())
@@ -262,7 +145,7 @@ impl Outbox {
         let quoted: Vec<(&str, String)> = names.iter().map(|(k, n)| (*k, quote_ident(n))).collect();
         let mut values: Vec<(&str, &str)> = vec![("table", &table)];
         values.extend(quoted.iter().map(|(k, v)| (*k, v.as_str())));
-        for statement in paragraphs(include_str!("../../sql/migrate_v1.sql")) {
+        for statement in paragraphs(include_str!("../../../sql/migrate_v1.sql")) {
             let sql = fill(&statement, &values);
             if is_index(&statement) {
                 let name = names
@@ -302,7 +185,7 @@ impl Outbox {
         kind: KeyIndex,
     ) -> Step {
         let sql = fill(
-            include_str!("../../sql/key_index.sql").trim_end(),
+            include_str!("../../../sql/key_index.sql").trim_end(),
             &[
                 ("index", &quote_ident(name)),
                 ("table", &table.quoted()),
@@ -318,298 +201,9 @@ impl Outbox {
         }
     }
 
-    /// Creates or upgrades the table and its indexes, online (see the module's documentation).
-    /// Safe to run again, after an interruption, and from several processes at once.
-    pub async fn migrate(
-        &self,
-        keys: &[(KeyColumn, KeyIndex)],
-    ) -> Result<MigrateReport, OutboxError> {
-        let client = self.migration_session().await?;
-        let found = self.read_version(&client).await?;
-        if found > SCHEMA_VERSION {
-            return Err(OutboxError::TooNew {
-                table: self.table.quoted(),
-                found,
-            });
-        }
-        for step in self.migrate_plan(keys) {
-            self.execute(&client, &step).await?;
-        }
-        Ok(MigrateReport {
-            from: found,
-            to: SCHEMA_VERSION,
-        })
-    }
-
-    /// A connection holding the migration lock, with the session's timeouts set. The lock is
-    /// the session's, not a transaction's, since a migration is many transactions; it goes
-    /// with the connection, also when the process is killed.
-    ///
-    /// Through a pooler a session lock or setting would stay on a server connection (and the
-    /// next statement may run on another one): there each step's transaction takes the lock
-    /// and the timeouts for itself instead (`step_script`), and a build outside a transaction
-    /// runs with the server's settings.
-    pub(super) async fn migration_session(&self) -> Result<Conn, OutboxError> {
-        let client = self.raw_connect().await?;
-        if client.pooled() {
-            return Ok(client);
-        }
-        // Waiting here is waiting for another migrate run: no timeout applies yet.
-        client
-            .batch_execute(&self.advisory_lock_sql())
-            .await
-            .map_err(query_err("taking the migration lock"))?;
-        client
-            .batch_execute(&self.session_settings())
-            .await
-            .map_err(query_err("setting the migration's timeouts"))?;
-        Ok(client)
-    }
-
-    /// The schema version recorded for this table (0: none yet).
-    async fn read_version(&self, client: &Conn) -> Result<i32, OutboxError> {
-        let row = client
-            .query_one(
-                "SELECT to_regclass($1) IS NOT NULL",
-                &[&self.versions_table()],
-            )
-            .await
-            .map_err(query_err("looking up the schema version table"))?;
-        if !row.get::<_, bool>(0) {
-            return Ok(0);
-        }
-        Ok(client
-            .query_opt(
-                &format!(
-                    "SELECT version FROM {} WHERE table_name = $1",
-                    self.versions_table()
-                ),
-                &[&self.table.name],
-            )
-            .await
-            .map_err(query_err("reading the schema version"))?
-            .map(|r| r.get(0))
-            .unwrap_or(0))
-    }
-
-    async fn execute(&self, client: &Conn, step: &Step) -> Result<(), OutboxError> {
-        match step {
-            Step::Transaction { what, sql } => self.with_lock_retries(client, what, sql).await,
-            Step::Index { what, index, sql } => self.build_index(client, what, index, sql).await,
-            Step::Backfill { base, sql } => self.backfill(client, base, sql).await,
-            Step::Unbounded { sql, .. } => unbounded(client, sql)
-                .await
-                .map_err(query_err("validating the constraint")),
-        }
-    }
-
-    /// Runs `sql` in one transaction under the lock policy.
-    pub(super) async fn with_lock_retries(
-        &self,
-        client: &Conn,
-        what: &str,
-        sql: &str,
-    ) -> Result<(), OutboxError> {
-        let script = self.step_script(client, sql);
-        self.retry_on_lock(what, || async {
-            let result = client.batch_execute(&script).await;
-            if result.is_err() {
-                // The transaction is aborted (or was never opened); end it first.
-                let _ = client.batch_execute("ROLLBACK").await;
-            }
-            result
-        })
-        .await
-    }
-
-    /// One step's transaction. Through a pooler it holds the migration lock and the timeouts
-    /// itself, so that none of them outlives it on the server connection.
-    fn step_script(&self, client: &Conn, sql: &str) -> String {
-        if !client.pooled() {
-            return format!("BEGIN;\n{sql}\nCOMMIT;");
-        }
-        format!(
-            "BEGIN;\n{}{}\n{sql}\nCOMMIT;",
-            self.transaction_settings(),
-            self.migration_lock("pg_advisory_xact_lock")
-        )
-    }
-
-    /// Runs `op` again after a pause when a lock was not granted within the lock timeout (or
-    /// a deadlock chose it), up to the policy's number of tries; then one clear error.
-    async fn retry_on_lock<T, F, Fut>(&self, what: &str, mut op: F) -> Result<T, OutboxError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
-    {
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let error = match op().await {
-                Ok(done) => return Ok(done),
-                Err(e) => e,
-            };
-            if !matches!(error.code().map(|c| c.code()), Some("55P03" | "40P01")) {
-                return Err(OutboxError::Query {
-                    context: "applying a migration step",
-                    detail: format!("{what}: {}", super::describe(&error)),
-                    source: error,
-                });
-            }
-            if attempt >= self.locks.attempts {
-                return Err(OutboxError::MigrationLock {
-                    table: self.table.quoted(),
-                    what: what.to_string(),
-                    timeout: humantime::format_duration(self.locks.timeout).to_string(),
-                    attempts: attempt,
-                });
-            }
-            let pause = crate::retry::backoff(attempt, RETRY_BASE, RETRY_CAP, fastrand::f64());
-            tracing::info!(
-                step = what,
-                attempt,
-                pause_ms = pause.as_millis() as u64,
-                "lock not granted within the lock timeout; trying again"
-            );
-            tokio::time::sleep(pause).await;
-        }
-    }
-
-    /// Builds an index CONCURRENTLY unless a valid one of that name exists; an invalid one (an
-    /// interrupted build) is dropped CONCURRENTLY first. Neither timeout applies: these lock
-    /// the table only against other schema changes (SHARE UPDATE EXCLUSIVE), never against the
-    /// application's writes, and they wait for older transactions to finish by design.
-    async fn build_index(
-        &self,
-        client: &Conn,
-        what: &str,
-        index: &str,
-        sql: &str,
-    ) -> Result<(), OutboxError> {
-        let valid = loop {
-            let valid: Option<bool> = client
-                .query_opt(
-                    "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
-                    &[&index],
-                )
-                .await
-                .map_err(query_err("looking up an index"))?
-                .map(|r| r.get(0));
-            // Without the session's migration lock (through a pooler) an invalid index may be
-            // another migrate's build in progress rather than an interrupted one: wait for it
-            // to end instead of dropping it under that build.
-            if valid == Some(false) && client.pooled() && index_in_progress(client, index).await? {
-                tracing::info!(
-                    index,
-                    "another migrate is building this index; waiting for it"
-                );
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-            break valid;
-        };
-        match valid {
-            Some(true) => return Ok(()),
-            Some(false) => {
-                tracing::info!(
-                    index,
-                    "dropping the invalid index an interrupted build left"
-                );
-                unbounded(
-                    client,
-                    &format!("DROP INDEX CONCURRENTLY IF EXISTS {index};"),
-                )
-                .await
-                .map_err(query_err("dropping an invalid index"))?;
-            }
-            None => {}
-        }
-        tracing::info!("{what}");
-        unbounded(client, sql)
-            .await
-            .map_err(query_err("building an index"))
-    }
-
-    /// Numbers the rows still without a sequence value, a page range per statement, until a
-    /// pass over the whole table finds none (a row the application updated during a pass may
-    /// have moved to a page the pass had done). Every statement is bounded, unlike one
-    /// `EXISTS (… IS NULL)` over the whole table.
-    async fn backfill(&self, client: &Conn, base: &str, template: &str) -> Result<(), OutboxError> {
-        for pass in 1..=5 {
-            let pages: i64 = client
-                .query_one(
-                    "SELECT pg_relation_size($1::text::regclass) / current_setting('block_size')::bigint",
-                    &[&base],
-                )
-                .await
-                .map_err(query_err("measuring the table"))?
-                .get(0);
-            let mut numbered = 0u64;
-            let mut first = 0;
-            while first < pages {
-                let end = first + BACKFILL_PAGES;
-                numbered += self
-                    .retry_on_lock("numbering existing rows", || async move {
-                        if client.pooled() {
-                            return client
-                                .execute_in_transaction(
-                                    &self.transaction_settings(),
-                                    template,
-                                    &[&first, &end],
-                                )
-                                .await;
-                        }
-                        client.execute(template, &[&first, &end]).await
-                    })
-                    .await?;
-                first = end;
-            }
-            tracing::info!(pass, pages, numbered, "backfill pass done");
-            if numbered == 0 {
-                return Ok(());
-            }
-        }
-        // Rows still unnumbered make the validation below fail with PostgreSQL's message;
-        // running migrate again resumes here.
-        Ok(())
-    }
-}
-
-/// Whether a backend is building `index` now (its role's own builds, or any with
-/// pg_read_all_stats).
-async fn index_in_progress(client: &Conn, index: &str) -> Result<bool, OutboxError> {
-    Ok(client
-        .query_one(
-            "SELECT EXISTS (SELECT FROM pg_stat_progress_create_index WHERE index_relid = to_regclass($1))",
-            &[&index],
-        )
-        .await
-        .map_err(query_err("looking for an index build in progress"))?
-        .get(0))
-}
-
-/// A statement outside any transaction with both timeouts off, then the session's back.
-/// Through a pooler the statement runs alone with the server's settings: a SET around it
-/// could stay on the server connection for the application's sessions.
-async fn unbounded(client: &Conn, sql: &str) -> Result<(), tokio_postgres::Error> {
-    if client.pooled() {
-        return client.batch_execute(sql).await;
-    }
-    client
-        .batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")
-        .await?;
-    let result = client.batch_execute(sql).await;
-    let restore = client
-        .batch_execute("RESET lock_timeout; RESET statement_timeout")
-        .await;
-    result?;
-    restore
-}
-
-impl Outbox {
     /// The steps of `migrate --adopt` for `state`. `types` are the table's columns from the
     /// catalog; without them (`--print-sql` without a database) text-like types are assumed.
-    fn adopt_plan(
+    pub(super) fn adopt_plan(
         &self,
         base: &TableName,
         map: &ColumnMap,
@@ -663,13 +257,13 @@ impl Outbox {
         }];
         let mut first = String::new();
         if state.columns_missing {
-            first.push_str(&render(include_str!("../../sql/adopt_columns.sql")).join("\n\n"));
+            first.push_str(&render(include_str!("../../../sql/adopt_columns.sql")).join("\n\n"));
         }
         if state.needs_sequence {
             if !first.is_empty() {
                 first.push_str("\n\n");
             }
-            first.push_str(&render(include_str!("../../sql/adopt_sequence.sql")).join("\n\n"));
+            first.push_str(&render(include_str!("../../../sql/adopt_sequence.sql")).join("\n\n"));
         }
         if !first.is_empty() {
             steps.push(Step::Transaction {
@@ -678,12 +272,12 @@ impl Outbox {
             });
         }
         if state.nullable {
-            let backfill = render(include_str!("../../sql/adopt_backfill.sql"));
+            let backfill = render(include_str!("../../../sql/adopt_backfill.sql"));
             steps.push(Step::Backfill {
                 base: base_q.clone(),
                 sql: backfill.join("\n"),
             });
-            let mut not_null = render(include_str!("../../sql/adopt_not_null.sql")).into_iter();
+            let mut not_null = render(include_str!("../../../sql/adopt_not_null.sql")).into_iter();
             let (add, validate, set) = (
                 not_null.next().expect("adopt_not_null.sql: ADD CONSTRAINT"),
                 not_null.next().expect("adopt_not_null.sql: VALIDATE"),
@@ -708,10 +302,10 @@ impl Outbox {
             // Before the header-key indexes and the view, which call it.
             steps.push(Step::Transaction {
                 what: "creating the function that reads the headers column".into(),
-                sql: render(include_str!("../../sql/adopt_try_jsonb.sql")).join("\n\n"),
+                sql: render(include_str!("../../../sql/adopt_try_jsonb.sql")).join("\n\n"),
             });
         }
-        let last = render(include_str!("../../sql/adopt.sql"));
+        let last = render(include_str!("../../../sql/adopt.sql"));
         let index_names = [
             self.table.derived("seq_idx"),
             self.table.derived("unsent_idx"),
@@ -759,149 +353,6 @@ impl Outbox {
             sql: self.record_version_sql(),
         });
         Ok(steps)
-    }
-
-    /// The table's columns, or `TableMissing`.
-    async fn read_columns(
-        &self,
-        client: &Conn,
-        base: &TableName,
-    ) -> Result<Vec<Column>, OutboxError> {
-        let columns: Vec<Column> = client
-            .query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), t.typcategory::text,
-                        a.attnotnull, a.atthasdef, a.attidentity <> ''
-                 FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
-                 WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
-                &[&base.quoted()],
-            )
-            .await
-            .map_err(query_err("reading the table's columns"))?
-            .iter()
-            .map(|r| Column {
-                name: r.get(0),
-                ty: r.get(1),
-                category: r.get(2),
-                not_null: r.get(3),
-                has_default: r.get(4),
-                identity: r.get(5),
-            })
-            .collect();
-        if columns.is_empty() {
-            return Err(OutboxError::TableMissing(base.quoted()));
-        }
-        Ok(columns)
-    }
-
-    async fn read_adopt_state(
-        &self,
-        client: &Conn,
-        base: &TableName,
-        map: &ColumnMap,
-        columns: &[Column],
-    ) -> Result<AdoptState, OutboxError> {
-        let find = |name: &str| columns.iter().find(|c| c.name == name);
-        let seq = find(&map.id);
-        if let Some(c) = seq {
-            // A column with a default of its own (an application's serial, say) that allows
-            // NULLs: its NULL rows could only be numbered from a sequence of ours, whose values
-            // may collide with its own.
-            if c.has_default && !c.identity && !c.not_null {
-                let ours: bool = client
-                    .query_one(
-                        "SELECT to_regclass($1) IS NOT NULL",
-                        &[&base.qualify(&self.table.derived("backfill_seq"))],
-                    )
-                    .await
-                    .map_err(query_err("looking up the backfill sequence"))?
-                    .get(0);
-                if !ours {
-                    return Err(OutboxError::AdoptSequence {
-                        table: base.quoted(),
-                        column: map.id.clone(),
-                    });
-                }
-            }
-        }
-        let has_check: bool = client
-            .query_one(
-                "SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)",
-                &[&base.quoted(), &self.table.derived("seq_not_null")],
-            )
-            .await
-            .map_err(query_err("looking up the NOT NULL check"))?
-            .get(0);
-        Ok(AdoptState {
-            columns_missing: seq.is_none() || RELAY_COLUMNS.iter().any(|c| find(c).is_none()),
-            needs_sequence: seq.is_none_or(|c| !c.has_default && !c.identity),
-            nullable: seq.is_none_or(|c| !c.not_null),
-            has_check,
-        })
-    }
-
-    /// `migrate --adopt`: makes an existing outbox table relayable without changing the
-    /// application's columns or writes, and without blocking them for longer than a lock
-    /// timeout. `self` is built on the view the relay will read (`TableName::relay_view`).
-    pub async fn adopt(
-        &self,
-        base: &TableName,
-        map: &ColumnMap,
-        keys: &[(KeyColumn, KeyIndex)],
-    ) -> Result<MigrateReport, OutboxError> {
-        let client = self.migration_session().await?;
-        let columns = self.read_columns(&client, base).await?;
-        let state = self.read_adopt_state(&client, base, map, &columns).await?;
-        let steps = self.adopt_plan(base, map, keys, Some(&columns), &state)?;
-        let found = self.read_version(&client).await?;
-        for step in steps {
-            self.execute(&client, &step).await?;
-        }
-        Ok(MigrateReport {
-            from: found,
-            to: SCHEMA_VERSION,
-        })
-    }
-
-    /// The statements `migrate --adopt` would execute, planned from the catalog (the column
-    /// types, what an earlier run already did); reads only.
-    pub async fn adopt_sql(
-        &self,
-        base: &TableName,
-        map: &ColumnMap,
-        keys: &[(KeyColumn, KeyIndex)],
-    ) -> Result<String, OutboxError> {
-        let client = self.raw_connect().await?;
-        let columns = self.read_columns(&client, base).await?;
-        let state = self.read_adopt_state(&client, base, map, &columns).await?;
-        let steps = self.adopt_plan(base, map, keys, Some(&columns), &state)?;
-        Ok(format!(
-            "-- outbox-relay migrate --adopt: column types and progress read from the catalog\n{}",
-            self.render(&steps)
-        ))
-    }
-
-    /// The statements `migrate --adopt` would execute on a table the relay never touched,
-    /// without a database: the application's columns are taken as text-like, payload and
-    /// headers as jsonb (a uuid or varchar column would be read through a cast instead).
-    pub fn adopt_sql_assumed(
-        &self,
-        base: &TableName,
-        map: &ColumnMap,
-        keys: &[(KeyColumn, KeyIndex)],
-    ) -> Result<String, OutboxError> {
-        let steps = self.adopt_plan(base, map, keys, None, &AdoptState::fresh())?;
-        Ok(format!(
-            "-- outbox-relay migrate --adopt: no database given; the application's columns are\n\
-             -- assumed text-like (payload and headers jsonb) and nothing adopted yet\n{}",
-            self.render(&steps)
-        ))
-    }
-
-    /// The statements `migrate` would execute; needs no database.
-    pub fn migrate_sql(&self, keys: &[(KeyColumn, KeyIndex)]) -> String {
-        let mut out = String::from("-- outbox-relay migrate\n");
-        out.push_str(&self.render(&self.migrate_plan(keys)));
-        out
     }
 
     /// Steps as one SQL script, with the session settings and transactions a run uses.
@@ -1043,6 +494,8 @@ fn view_expressions(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn outbox(table: &str) -> Outbox {
