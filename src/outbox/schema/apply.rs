@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use tokio_postgres::error::SqlState;
+
 use super::super::{query_err, Conn, Outbox, OutboxError};
 use super::catalog::index_in_progress;
 use super::{Step, BACKFILL_PAGES, RETRY_BASE, RETRY_CAP};
@@ -89,7 +91,10 @@ impl Outbox {
                 Ok(done) => return Ok(done),
                 Err(e) => e,
             };
-            if !matches!(error.code().map(|c| c.code()), Some("55P03" | "40P01")) {
+            if !matches!(
+                error.code(),
+                Some(&(SqlState::LOCK_NOT_AVAILABLE | SqlState::T_R_DEADLOCK_DETECTED))
+            ) {
                 return Err(OutboxError::Query {
                     context: "applying a migration step",
                     detail: format!("{what}: {}", super::super::describe(&error)),
