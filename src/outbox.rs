@@ -436,7 +436,7 @@ mod tests {
         assert!(outbox.sql.claim.contains("FROM \"app\".\"out\"\"box\""));
         assert!(outbox.sql.claim.contains("LIMIT $1"));
         assert!(!outbox.sql.claim.contains("{table}"));
-        let migration = outbox.migrate_sql(&[]);
+        let migration = outbox.migrate_sql(&[]).unwrap();
         for placeholder in [
             "{table}",
             "{unsent_index}",

@@ -4,9 +4,14 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use super::super::{query_err, Conn, Outbox, OutboxError};
-use super::catalog::index_in_progress;
+use super::super::template::{render, Value};
+use super::super::{query_err, Conn, Outbox, OutboxError, TableName};
+use super::catalog::{index_in_progress, index_validity};
+use super::plan::{SESSION_LOCK, TRANSACTION_LOCK};
 use super::{Step, BACKFILL_PAGES, RETRY_BASE, RETRY_CAP};
+
+/// What an interrupted concurrent build left behind goes before the build starts again.
+const DROP_INDEX: &str = "DROP INDEX CONCURRENTLY IF EXISTS {index};";
 
 impl Outbox {
     /// A connection holding the migration lock, with the session's timeouts set. The lock is
@@ -24,7 +29,7 @@ impl Outbox {
         }
         // Waiting here is waiting for another migrate run: no timeout applies yet.
         client
-            .batch_execute(&self.advisory_lock_sql())
+            .batch_execute(&self.migration_lock(SESSION_LOCK)?)
             .await
             .map_err(query_err("taking the migration lock"))?;
         client
@@ -52,7 +57,7 @@ impl Outbox {
         what: &str,
         sql: &str,
     ) -> Result<(), OutboxError> {
-        let script = self.step_script(client, sql);
+        let script = self.step_script(client, sql)?;
         self.retry_on_lock(what, || async {
             let result = client.batch_execute(&script).await;
             if result.is_err() {
@@ -66,15 +71,15 @@ impl Outbox {
 
     /// One step's transaction. Through a pooler it holds the migration lock and the timeouts
     /// itself, so that none of them outlives it on the server connection.
-    fn step_script(&self, client: &Conn, sql: &str) -> String {
+    fn step_script(&self, client: &Conn, sql: &str) -> Result<String, OutboxError> {
         if !client.pooled() {
-            return format!("BEGIN;\n{sql}\nCOMMIT;");
+            return Ok(format!("BEGIN;\n{sql}\nCOMMIT;"));
         }
-        format!(
+        Ok(format!(
             "BEGIN;\n{}{}\n{sql}\nCOMMIT;",
             self.transaction_settings(),
-            self.migration_lock("pg_advisory_xact_lock")
-        )
+            self.migration_lock(TRANSACTION_LOCK)?
+        ))
     }
 
     /// Runs `op` again after a pause when a lock was not granted within the lock timeout (or
@@ -128,18 +133,15 @@ impl Outbox {
         &self,
         client: &Conn,
         what: &str,
-        index: &str,
+        index: &TableName,
         sql: &str,
     ) -> Result<(), OutboxError> {
+        let drop =
+            render(DROP_INDEX, &[("index", Value::Table(index))]).map_err(OutboxError::Template)?;
+        let index = index.quoted();
+        let index = index.as_str();
         let valid = loop {
-            let valid: Option<bool> = client
-                .query_opt(
-                    "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
-                    &[&index],
-                )
-                .await
-                .map_err(query_err("looking up an index"))?
-                .map(|r| r.get(0));
+            let valid = index_validity(client, index).await?;
             // Without the session's migration lock (through a pooler) an invalid index may be
             // another migrate's build in progress rather than an interrupted one: wait for it
             // to end instead of dropping it under that build.
@@ -160,12 +162,9 @@ impl Outbox {
                     index,
                     "dropping the invalid index an interrupted build left"
                 );
-                unbounded(
-                    client,
-                    &format!("DROP INDEX CONCURRENTLY IF EXISTS {index};"),
-                )
-                .await
-                .map_err(query_err("dropping an invalid index"))?;
+                unbounded(client, &drop)
+                    .await
+                    .map_err(query_err("dropping an invalid index"))?;
             }
             None => {}
         }
@@ -179,7 +178,13 @@ impl Outbox {
     /// pass over the whole table finds none (a row the application updated during a pass may
     /// have moved to a page the pass had done). Every statement is bounded, unlike one
     /// `EXISTS (… IS NULL)` over the whole table.
-    async fn backfill(&self, client: &Conn, base: &str, template: &str) -> Result<(), OutboxError> {
+    async fn backfill(
+        &self,
+        client: &Conn,
+        base: &TableName,
+        template: &str,
+    ) -> Result<(), OutboxError> {
+        let base = base.quoted();
         for pass in 1..=5 {
             let pages: i64 = client
                 .query_one(

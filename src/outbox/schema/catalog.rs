@@ -1,7 +1,11 @@
 //! What the catalog says is there: the recorded version, an adopted table's columns and progress.
 
+use super::super::template::{render, Value};
 use super::super::{query_err, ColumnMap, Conn, Outbox, OutboxError, TableName};
 use super::AdoptState;
+
+/// The version `migrate` recorded for a table.
+const READ_VERSION: &str = "SELECT version FROM {versions} WHERE table_name = $1";
 
 /// The relay's own columns on an adopted table (besides the sequence column).
 const RELAY_COLUMNS: [&str; 11] = [
@@ -33,24 +37,18 @@ pub(super) struct Column {
 impl Outbox {
     /// The schema version recorded for this table (0: none yet).
     pub(super) async fn read_version(&self, client: &Conn) -> Result<i32, OutboxError> {
+        let versions = self.versions_table();
         let row = client
-            .query_one(
-                "SELECT to_regclass($1) IS NOT NULL",
-                &[&self.versions_table()],
-            )
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&versions.quoted()])
             .await
             .map_err(query_err("looking up the schema version table"))?;
         if !row.get::<_, bool>(0) {
             return Ok(0);
         }
+        let read = render(READ_VERSION, &[("versions", Value::Table(&versions))])
+            .map_err(OutboxError::Template)?;
         Ok(client
-            .query_opt(
-                &format!(
-                    "SELECT version FROM {} WHERE table_name = $1",
-                    self.versions_table()
-                ),
-                &[&self.table.name],
-            )
+            .query_opt(&read, &[&self.table.name])
             .await
             .map_err(query_err("reading the schema version"))?
             .map(|r| r.get(0))
@@ -147,4 +145,19 @@ pub(super) async fn index_in_progress(client: &Conn, index: &str) -> Result<bool
         .await
         .map_err(query_err("looking for an index build in progress"))?
         .get(0))
+}
+
+/// Whether `index` (quoted) is valid; `None` when there is no such index.
+pub(super) async fn index_validity(
+    client: &Conn,
+    index: &str,
+) -> Result<Option<bool>, OutboxError> {
+    Ok(client
+        .query_opt(
+            "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)",
+            &[&index],
+        )
+        .await
+        .map_err(query_err("looking up an index"))?
+        .map(|r| r.get(0)))
 }

@@ -62,16 +62,16 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 pub enum Step {
     /// Statements in one short transaction under the lock policy.
     Transaction { what: String, sql: String },
-    /// `CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS`; `index` is the qualified name
-    /// looked up in `pg_index` to skip a valid index and drop an invalid one first.
+    /// `CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS`; `index` is looked up in
+    /// `pg_index` to skip a valid index and drop an invalid one first.
     Index {
         what: String,
-        index: String,
+        index: TableName,
         sql: String,
     },
     /// Numbers an adopted table's existing rows, page range by page range, until a pass over
     /// the whole table finds none left.
-    Backfill { base: String, sql: String },
+    Backfill { base: TableName, sql: String },
     /// A long statement under a lock that lets writes through (VALIDATE CONSTRAINT): neither
     /// timeout applies.
     Unbounded { what: String, sql: String },
@@ -117,7 +117,7 @@ impl Outbox {
                 found,
             });
         }
-        for step in self.migrate_plan(keys) {
+        for step in self.migrate_plan(keys)? {
             self.execute(&client, &step).await?;
         }
         Ok(MigrateReport {
@@ -163,7 +163,7 @@ impl Outbox {
         let steps = self.adopt_plan(base, map, keys, Some(&columns), &state)?;
         Ok(format!(
             "-- outbox-relay migrate --adopt: column types and progress read from the catalog\n{}",
-            self.render(&steps)
+            self.render(&steps)?
         ))
     }
 
@@ -180,14 +180,14 @@ impl Outbox {
         Ok(format!(
             "-- outbox-relay migrate --adopt: no database given; the application's columns are\n\
              -- assumed text-like (payload and headers jsonb) and nothing adopted yet\n{}",
-            self.render(&steps)
+            self.render(&steps)?
         ))
     }
 
     /// The statements `migrate` would execute; needs no database.
-    pub fn migrate_sql(&self, keys: &[(KeyColumn, KeyIndex)]) -> String {
+    pub fn migrate_sql(&self, keys: &[(KeyColumn, KeyIndex)]) -> Result<String, OutboxError> {
         let mut out = String::from("-- outbox-relay migrate\n");
-        out.push_str(&self.render(&self.migrate_plan(keys)));
-        out
+        out.push_str(&self.render(&self.migrate_plan(keys)?)?);
+        Ok(out)
     }
 }

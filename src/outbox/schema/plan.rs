@@ -1,8 +1,11 @@
 //! The steps of `migrate` and `migrate --adopt`, planned without a database, and their text.
+//!
+//! Every statement is rendered by the one template renderer (`outbox::template`): names are
+//! quoted once, there, and a placeholder left without a value is an error, not SQL.
 
 use std::fmt::Write as _;
 
-use super::super::template::{render, Value};
+use super::super::template::{literal, render, Value};
 use super::super::{
     ident::key_sql, quote_ident, ColumnMap, KeyIndex, Outbox, OutboxError, TableName,
     SCHEMA_VERSION,
@@ -10,6 +13,22 @@ use super::super::{
 use super::catalog::Column;
 use super::{AdoptState, Step, BACKFILL_PAGES, STATEMENT_TIMEOUT};
 use crate::batch::KeyColumn;
+
+/// The statements of a migration too small for a file in `sql/` of their own; rendered like
+/// those.
+const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema};\n";
+const MIGRATION_LOCK: &str = "SELECT {function}(hashtext('outbox-relay migrate ' || {table}));";
+const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS {versions} (\n    \
+    table_name text PRIMARY KEY,\n    version integer NOT NULL,\n    \
+    migrated_at timestamptz NOT NULL DEFAULT now()\n);";
+const RECORD_VERSION: &str =
+    "INSERT INTO {versions} (table_name, version) VALUES ({table_name}, {version})\n    \
+    ON CONFLICT (table_name) DO UPDATE SET version = {version}, migrated_at = now();";
+
+/// The migration lock's function: the session's, held across a migration's many transactions.
+pub(super) const SESSION_LOCK: &str = "pg_advisory_lock";
+/// The same lock for one transaction: what a step takes through a pooler.
+pub(super) const TRANSACTION_LOCK: &str = "pg_advisory_xact_lock";
 
 /// A template's steps: paragraphs separated by blank lines; a paragraph of comments only is
 /// kept with the statement after it.
@@ -33,19 +52,10 @@ fn paragraphs(template: &str) -> Vec<String> {
     out
 }
 
-/// Fills `{name}` placeholders; a placeholder left over is a bug in the caller, caught here
-/// rather than as a syntax error on a production database.
-fn fill(template: &str, values: &[(&str, &str)]) -> String {
-    let values: Vec<_> = values.iter().map(|(n, v)| (*n, Value::Sql(v))).collect();
-    match render(template, &values) {
-        Ok(sql) => sql,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-/// A string literal (for regclass arguments): quotes doubled.
-fn literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
+/// Renders a statement of the migration; a placeholder left over is refused before any SQL
+/// runs.
+fn fill_in(template: &str, values: &[(&str, Value<'_>)]) -> Result<String, OutboxError> {
+    render(template, values).map_err(OutboxError::Template)
 }
 
 fn is_index(statement: &str) -> bool {
@@ -53,6 +63,14 @@ fn is_index(statement: &str) -> bool {
         .lines()
         .find(|l| !l.trim_start().starts_with("--"))
         .is_some_and(|l| l.contains("INDEX CONCURRENTLY"))
+}
+
+/// `name`, an object of the relay's (a sequence, a function, an index), in `table`'s schema.
+pub(super) fn in_schema(table: &TableName, name: String) -> TableName {
+    TableName {
+        schema: table.schema.clone(),
+        name,
+    }
 }
 
 impl Outbox {
@@ -68,8 +86,8 @@ impl Outbox {
         keys
     }
 
-    pub(super) fn versions_table(&self) -> String {
-        self.table.qualify("outbox_relay_schema")
+    pub(super) fn versions_table(&self) -> TableName {
+        in_schema(&self.table, "outbox_relay_schema".to_string())
     }
 
     /// The session settings every step starts from.
@@ -82,6 +100,7 @@ impl Outbox {
         self.settings("SET LOCAL")
     }
 
+    /// Names nothing: a setting and numbers of the relay's own.
     fn settings(&self, set: &str) -> String {
         format!(
             "{set} lock_timeout = '{}ms';\n{set} statement_timeout = '{STATEMENT_TIMEOUT}';\n\
@@ -90,63 +109,60 @@ impl Outbox {
         )
     }
 
-    pub(super) fn advisory_lock_sql(&self) -> String {
-        self.migration_lock("pg_advisory_lock")
-    }
-
-    /// `function`: `pg_advisory_lock` for the session, `pg_advisory_xact_lock` for one
-    /// transaction.
-    pub(super) fn migration_lock(&self, function: &str) -> String {
-        format!(
-            "SELECT {function}(hashtext('outbox-relay migrate ' || {}));",
-            literal(&self.table.quoted())
+    /// Serialises migrate runs on this table; `function` is [`SESSION_LOCK`] or
+    /// [`TRANSACTION_LOCK`].
+    pub(super) fn migration_lock(&self, function: &'static str) -> Result<String, OutboxError> {
+        fill_in(
+            MIGRATION_LOCK,
+            &[
+                ("function", Value::Sql(function)),
+                ("table", Value::TableLiteral(&self.table)),
+            ],
         )
     }
 
-    fn version_table_sql(&self) -> String {
-        format!(
-            "CREATE TABLE IF NOT EXISTS {} (\n    table_name text PRIMARY KEY,\n    \
-             version integer NOT NULL,\n    migrated_at timestamptz NOT NULL DEFAULT now()\n);",
-            self.versions_table()
+    fn version_table_sql(&self) -> Result<String, OutboxError> {
+        fill_in(
+            VERSION_TABLE,
+            &[("versions", Value::Table(&self.versions_table()))],
         )
     }
 
-    fn record_version_sql(&self) -> String {
-        format!(
-            "INSERT INTO {} (table_name, version) VALUES ({}, {SCHEMA_VERSION})\n    \
-             ON CONFLICT (table_name) DO UPDATE SET version = {SCHEMA_VERSION}, migrated_at = now();",
-            self.versions_table(),
-            literal(&self.table.name)
+    fn record_version_sql(&self) -> Result<String, OutboxError> {
+        fill_in(
+            RECORD_VERSION,
+            &[
+                ("versions", Value::Table(&self.versions_table())),
+                ("table_name", Value::Literal(&self.table.name)),
+                ("version", Value::Sql(&SCHEMA_VERSION.to_string())),
+            ],
         )
     }
 
     /// The steps of `migrate` for a table of the default shape. Needs no database: every
     /// statement is idempotent (`IF NOT EXISTS`), and index validity is checked when run.
-    pub fn migrate_plan(&self, keys: &[(KeyColumn, KeyIndex)]) -> Vec<Step> {
+    pub fn migrate_plan(&self, keys: &[(KeyColumn, KeyIndex)]) -> Result<Vec<Step>, OutboxError> {
         let mut setup = String::new();
         if let Some(schema) = &self.table.schema {
-            let _ = writeln!(
-                setup,
-                "CREATE SCHEMA IF NOT EXISTS {};",
-                quote_ident(schema)
-            );
+            setup.push_str(&fill_in(
+                CREATE_SCHEMA,
+                &[("schema", Value::Ident(schema))],
+            )?);
         }
-        setup.push_str(&self.version_table_sql());
+        setup.push_str(&self.version_table_sql()?);
         let mut steps = vec![Step::Transaction {
             what: "creating the schema version table".into(),
             sql: setup,
         }];
-        let table = self.table.quoted();
         let names = [
             ("unsent_index", self.table.derived("unsent_idx")),
             ("quarantined_index", self.table.derived("quarantined_idx")),
             ("sent_index", self.table.derived("sent_idx")),
         ];
-        let quoted: Vec<(&str, String)> = names.iter().map(|(k, n)| (*k, quote_ident(n))).collect();
-        let mut values: Vec<(&str, &str)> = vec![("table", &table)];
-        values.extend(quoted.iter().map(|(k, v)| (*k, v.as_str())));
+        let mut values = vec![("table", Value::Table(&self.table))];
+        values.extend(names.iter().map(|(k, n)| (*k, Value::Ident(n))));
         for statement in paragraphs(include_str!("../../../sql/migrate_v1.sql")) {
-            let sql = fill(&statement, &values);
+            let sql = fill_in(&statement, &values)?;
             if is_index(&statement) {
                 let name = names
                     .iter()
@@ -155,7 +171,7 @@ impl Outbox {
                     .expect("every index statement names its index");
                 steps.push(Step::Index {
                     what: format!("building index {}", quote_ident(&name)),
-                    index: self.table.qualify(&name),
+                    index: in_schema(&self.table, name),
                     sql,
                 });
             } else {
@@ -167,38 +183,42 @@ impl Outbox {
         }
         for (key, kind) in Self::with_default_index(keys) {
             let name = self.key_index_name(&key, kind);
-            steps.push(self.key_index_step(&self.table, &name, &key_sql(&key, None), "id", kind));
+            let key = key_sql(&key, None);
+            // The column's own name, as every query of the relay writes it.
+            let id = Value::Sql("id");
+            steps.push(self.key_index_step(&self.table, name, &key, id, kind)?);
         }
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
-            sql: self.record_version_sql(),
+            sql: self.record_version_sql()?,
         });
-        steps
+        Ok(steps)
     }
 
+    /// A (key, id) index on `table`; `key` is an expression the relay built from quoted parts.
     fn key_index_step(
         &self,
         table: &TableName,
-        name: &str,
+        name: String,
         key: &str,
-        id: &str,
+        id: Value<'_>,
         kind: KeyIndex,
-    ) -> Step {
-        let sql = fill(
+    ) -> Result<Step, OutboxError> {
+        let sql = fill_in(
             include_str!("../../../sql/key_index.sql").trim_end(),
             &[
-                ("index", &quote_ident(name)),
-                ("table", &table.quoted()),
-                ("key", key),
+                ("index", Value::Ident(&name)),
+                ("table", Value::Table(table)),
+                ("key", Value::Sql(key)),
                 ("id", id),
-                ("predicate", kind.predicate()),
+                ("predicate", Value::Sql(kind.predicate())),
             ],
-        );
-        Step::Index {
-            what: format!("building index {}", quote_ident(name)),
-            index: table.qualify(name),
+        )?;
+        Ok(Step::Index {
+            what: format!("building index {}", quote_ident(&name)),
+            index: in_schema(table, name),
             sql,
-        }
+        })
     }
 
     /// The steps of `migrate --adopt` for `state`. `types` are the table's columns from the
@@ -211,59 +231,60 @@ impl Outbox {
         columns: Option<&[Column]>,
         state: &AdoptState,
     ) -> Result<Vec<Step>, OutboxError> {
-        let view = self.table.quoted();
-        let base_q = base.quoted();
-        let seq = quote_ident(&map.id);
-        let sequence = base.qualify(&self.table.derived("seq"));
-        let backfill_sequence = base.qualify(&self.table.derived("backfill_seq"));
-        let check = quote_ident(&self.table.derived("seq_not_null"));
-        let try_jsonb = base.qualify(&self.table.derived("try_jsonb"));
-        let exprs = view_expressions(base, map, columns, &try_jsonb)?;
-        let values: Vec<(&str, String)> = vec![
-            ("base", base_q.clone()),
-            ("base_literal", literal(&base_q)),
-            ("seq", seq.clone()),
-            ("sequence", sequence.clone()),
-            ("sequence_literal", literal(&sequence)),
-            ("backfill_sequence", backfill_sequence.clone()),
-            ("backfill_sequence_literal", literal(&backfill_sequence)),
-            ("check", check),
-            ("blocks", BACKFILL_PAGES.to_string()),
-            ("view", view),
-            ("view_columns", exprs.view_columns.clone()),
-            ("seq_index", quote_ident(&self.table.derived("seq_idx"))),
-            (
-                "unsent_index",
-                quote_ident(&self.table.derived("unsent_idx")),
-            ),
-            (
-                "quarantined_index",
-                quote_ident(&self.table.derived("quarantined_idx")),
-            ),
-            ("sent_index", quote_ident(&self.table.derived("sent_idx"))),
-            ("try_jsonb", try_jsonb),
+        let sequence = in_schema(base, self.table.derived("seq"));
+        let backfill_sequence = in_schema(base, self.table.derived("backfill_seq"));
+        let check = self.table.derived("seq_not_null");
+        let try_jsonb = in_schema(base, self.table.derived("try_jsonb"));
+        let exprs = view_expressions(base, map, columns, &try_jsonb.quoted())?;
+        let blocks = BACKFILL_PAGES.to_string();
+        let index_names = [
+            ("seq_index", self.table.derived("seq_idx")),
+            ("unsent_index", self.table.derived("unsent_idx")),
+            ("quarantined_index", self.table.derived("quarantined_idx")),
+            ("sent_index", self.table.derived("sent_idx")),
         ];
-        let values: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let render = |template: &str| -> Vec<String> {
+        let mut values = vec![
+            ("base", Value::Table(base)),
+            ("base_literal", Value::TableLiteral(base)),
+            ("seq", Value::Ident(&map.id)),
+            ("sequence", Value::Table(&sequence)),
+            ("sequence_literal", Value::TableLiteral(&sequence)),
+            ("backfill_sequence", Value::Table(&backfill_sequence)),
+            (
+                "backfill_sequence_literal",
+                Value::TableLiteral(&backfill_sequence),
+            ),
+            ("check", Value::Ident(&check)),
+            ("blocks", Value::Sql(&blocks)),
+            ("view", Value::Table(&self.table)),
+            ("view_columns", Value::Sql(&exprs.view_columns)),
+            ("try_jsonb", Value::Table(&try_jsonb)),
+        ];
+        values.extend(index_names.iter().map(|(k, n)| (*k, Value::Ident(n))));
+        let statements = |template: &str| -> Result<Vec<String>, OutboxError> {
             paragraphs(template)
                 .iter()
-                .map(|p| fill(p, &values))
+                .map(|p| fill_in(p, &values))
                 .collect()
         };
 
         let mut steps = vec![Step::Transaction {
             what: "creating the schema version table".into(),
-            sql: self.version_table_sql(),
+            sql: self.version_table_sql()?,
         }];
         let mut first = String::new();
         if state.columns_missing {
-            first.push_str(&render(include_str!("../../../sql/adopt_columns.sql")).join("\n\n"));
+            first.push_str(
+                &statements(include_str!("../../../sql/adopt_columns.sql"))?.join("\n\n"),
+            );
         }
         if state.needs_sequence {
             if !first.is_empty() {
                 first.push_str("\n\n");
             }
-            first.push_str(&render(include_str!("../../../sql/adopt_sequence.sql")).join("\n\n"));
+            first.push_str(
+                &statements(include_str!("../../../sql/adopt_sequence.sql"))?.join("\n\n"),
+            );
         }
         if !first.is_empty() {
             steps.push(Step::Transaction {
@@ -272,12 +293,13 @@ impl Outbox {
             });
         }
         if state.nullable {
-            let backfill = render(include_str!("../../../sql/adopt_backfill.sql"));
+            let backfill = statements(include_str!("../../../sql/adopt_backfill.sql"))?;
             steps.push(Step::Backfill {
-                base: base_q.clone(),
+                base: base.clone(),
                 sql: backfill.join("\n"),
             });
-            let mut not_null = render(include_str!("../../../sql/adopt_not_null.sql")).into_iter();
+            let mut not_null =
+                statements(include_str!("../../../sql/adopt_not_null.sql"))?.into_iter();
             let (add, validate, set) = (
                 not_null.next().expect("adopt_not_null.sql: ADD CONSTRAINT"),
                 not_null.next().expect("adopt_not_null.sql: VALIDATE"),
@@ -302,23 +324,17 @@ impl Outbox {
             // Before the header-key indexes and the view, which call it.
             steps.push(Step::Transaction {
                 what: "creating the function that reads the headers column".into(),
-                sql: render(include_str!("../../../sql/adopt_try_jsonb.sql")).join("\n\n"),
+                sql: statements(include_str!("../../../sql/adopt_try_jsonb.sql"))?.join("\n\n"),
             });
         }
-        let last = render(include_str!("../../../sql/adopt.sql"));
-        let index_names = [
-            self.table.derived("seq_idx"),
-            self.table.derived("unsent_idx"),
-            self.table.derived("quarantined_idx"),
-            self.table.derived("sent_idx"),
-        ];
+        let last = statements(include_str!("../../../sql/adopt.sql"))?;
         let mut names = index_names.iter();
         for statement in last {
             if is_index(&statement) {
-                let name = names.next().expect("adopt.sql: four indexes");
+                let (_, name) = names.next().expect("adopt.sql: four indexes");
                 steps.push(Step::Index {
                     what: format!("building index {}", quote_ident(name)),
-                    index: base.qualify(name),
+                    index: in_schema(base, name.clone()),
                     sql: statement,
                 });
             } else {
@@ -327,20 +343,15 @@ impl Outbox {
                         KeyColumn::AggregateId => exprs.aggregate_id.clone(),
                         KeyColumn::AggregateType => exprs.aggregate_type.clone(),
                         KeyColumn::EventType => exprs.event_type.clone(),
-                        KeyColumn::Header(name) => format!(
-                            "coalesce({} ->> '{}', '')",
-                            exprs.headers,
-                            name.replace('\'', "''")
-                        ),
+                        // As `key_sql` writes it, so that the claims' expression matches.
+                        KeyColumn::Header(name) => {
+                            format!("coalesce({} ->> {}, '')", exprs.headers, literal(name))
+                        }
                     };
                     let name = self.key_index_name(&key, kind);
-                    steps.push(self.key_index_step(
-                        base,
-                        &name,
-                        &format!("({expression})"),
-                        &seq,
-                        kind,
-                    ));
+                    let key = format!("({expression})");
+                    let id = Value::Ident(&map.id);
+                    steps.push(self.key_index_step(base, name, &key, id, kind)?);
                 }
                 steps.push(Step::Transaction {
                     what: "creating the relay's view".into(),
@@ -350,15 +361,15 @@ impl Outbox {
         }
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
-            sql: self.record_version_sql(),
+            sql: self.record_version_sql()?,
         });
         Ok(steps)
     }
 
     /// Steps as one SQL script, with the session settings and transactions a run uses.
-    pub fn render(&self, steps: &[Step]) -> String {
+    pub fn render(&self, steps: &[Step]) -> Result<String, OutboxError> {
         let mut out = String::new();
-        let _ = writeln!(out, "{}", self.advisory_lock_sql());
+        let _ = writeln!(out, "{}", self.migration_lock(SESSION_LOCK)?);
         out.push_str(&self.session_settings());
         for step in steps {
             out.push('\n');
@@ -398,7 +409,7 @@ impl Outbox {
                 }
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -529,7 +540,7 @@ mod tests {
     #[test]
     fn migrate_builds_every_index_concurrently_and_records_the_version_last() {
         let o = outbox("app.\"out\"\"box\"");
-        let steps = o.migrate_plan(&[]);
+        let steps = o.migrate_plan(&[]).unwrap();
         let indexes: Vec<&Step> = steps
             .iter()
             .filter(|s| matches!(s, Step::Index { .. }))
@@ -544,12 +555,12 @@ mod tests {
                 sql.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS"),
                 "{sql}"
             );
-            assert!(index.starts_with("\"app\"."), "{index}");
+            assert!(index.quoted().starts_with("\"app\"."), "{index}");
         }
         assert!(
             matches!(steps.last(), Some(Step::Transaction { what, .. }) if what.contains("version"))
         );
-        let sql = o.migrate_sql(&[]);
+        let sql = o.migrate_sql(&[]).unwrap();
         assert!(!sql.contains('{') || !sql.contains("_index}"), "{sql}");
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"app\".\"out\"\"box\""));
         assert!(sql.contains("SET lock_timeout = '100ms'"));
@@ -567,7 +578,7 @@ mod tests {
         let steps = o
             .adopt_plan(&base, &debezium(), &[], None, &AdoptState::fresh())
             .unwrap();
-        let text = o.render(&steps);
+        let text = o.render(&steps).unwrap();
         assert!(
             text.contains("ADD COLUMN IF NOT EXISTS \"outbox_seq\" bigint,"),
             "{text}"
@@ -611,7 +622,9 @@ mod tests {
             nullable: false,
             has_check: false,
         };
-        let text = o.render(&o.adopt_plan(&base, &debezium(), &[], None, &done).unwrap());
+        let text = o
+            .render(&o.adopt_plan(&base, &debezium(), &[], None, &done).unwrap())
+            .unwrap();
         assert!(!text.contains("ALTER TABLE"), "{text}");
         assert!(!text.contains("UPDATE \"outboxevent\""), "{text}");
         let resumed = AdoptState {
@@ -620,10 +633,12 @@ mod tests {
             nullable: true,
             has_check: true,
         };
-        let text = o.render(
-            &o.adopt_plan(&base, &debezium(), &[], None, &resumed)
-                .unwrap(),
-        );
+        let text = o
+            .render(
+                &o.adopt_plan(&base, &debezium(), &[], None, &resumed)
+                    .unwrap(),
+            )
+            .unwrap();
         assert!(!text.contains("ADD COLUMN"), "{text}");
         assert!(
             !text.contains("NOT VALID"),
@@ -663,7 +678,7 @@ mod tests {
             )
             .unwrap()
         };
-        let text = o.render(&plan(&columns));
+        let text = o.render(&plan(&columns)).unwrap();
         let reader = "\"app\".\"outboxevent_relay_try_jsonb\"(\"headers\"::text)";
         assert!(!text.contains("::jsonb AS headers"), "{text}");
         assert!(text.contains(&format!("{reader} AS headers")), "{text}");
@@ -684,7 +699,7 @@ mod tests {
         assert!(function < text.find("CREATE OR REPLACE VIEW").unwrap());
 
         columns[5] = column("headers", "jsonb", "U");
-        let text = o.render(&plan(&columns));
+        let text = o.render(&plan(&columns)).unwrap();
         assert!(text.contains("\"headers\" AS headers"), "{text}");
         assert!(!text.contains("FUNCTION"), "jsonb needs no reader: {text}");
     }
@@ -693,10 +708,12 @@ mod tests {
     fn names_with_quotes_stay_quoted_in_literals() {
         let o = outbox("we'ird_relay");
         let base: TableName = "we'ird".parse().unwrap();
-        let text = o.render(
-            &o.adopt_plan(&base, &debezium(), &[], None, &AdoptState::fresh())
-                .unwrap(),
-        );
+        let text = o
+            .render(
+                &o.adopt_plan(&base, &debezium(), &[], None, &AdoptState::fresh())
+                    .unwrap(),
+            )
+            .unwrap();
         assert!(text.contains("nextval('\"we''ird_relay_seq\"')"), "{text}");
     }
 }
