@@ -15,7 +15,9 @@ use rustls::{AlertDescription, SignatureScheme};
 /// The client certificate's files (libpq's `sslcert` and `sslkey`).
 #[derive(Debug)]
 pub(super) struct ClientFiles {
+    /// The certificate, or a chain starting with it (`sslcert`).
     pub(super) cert: PathBuf,
+    /// Its private key, unencrypted (`sslkey`).
     pub(super) key: PathBuf,
     /// Turns the key file's bytes into a signing key (and checks it suits the certificate).
     pub(super) provider: Arc<CryptoProvider>,

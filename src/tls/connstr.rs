@@ -43,7 +43,7 @@ impl SslMode {
         }
     }
 
-    /// What tokio-postgres should do on the wire; certificate checks are [`PgTls`]'s.
+    /// What tokio-postgres should do on the wire; certificate checks are [`super::PgTls`]'s.
     pub fn wire(self) -> tokio_postgres::config::SslMode {
         match self {
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
@@ -69,6 +69,8 @@ pub enum RootCert {
 pub struct TlsSettings {
     /// `None` when the string does not say; libpq's default is `prefer`.
     pub mode: Option<SslMode>,
+    /// What the server's certificate must chain to (`sslrootcert`); `None`: nothing checked
+    /// unless the mode asks, which is then an error.
     pub root_cert: Option<RootCert>,
     /// PEM file of the client certificate, or a chain starting with it (`sslcert`).
     pub client_cert: Option<PathBuf>,

@@ -145,14 +145,19 @@ where
 /// The files behind a connection's certificate checks, named when one fails.
 #[derive(Debug, Clone)]
 pub(super) struct Names {
+    /// What the server's chain was checked against.
     pub(super) root_cert: Option<RootCert>,
+    /// The certificate we presented, if any.
     pub(super) client_cert: Option<PathBuf>,
 }
 
 /// One handshake's worth of [`PgTls`], for one host.
 pub struct PgTlsConnect {
+    /// This connection's configuration, client certificate included; `None`: TLS is off.
     config: Option<Arc<ClientConfig>>,
+    /// The host the certificate must be valid for (`verify-full`); `None` over a Unix socket.
     server_name: Option<ServerName<'static>>,
+    /// For the one-line explanation of a failed handshake.
     names: Names,
 }
 
@@ -190,6 +195,7 @@ where
 
 /// A TLS session to PostgreSQL.
 pub struct PgTlsStream<S> {
+    /// The session itself.
     stream: tokio_rustls::client::TlsStream<S>,
     /// Named if the server refuses it after the handshake (see [`explain_refusal`]).
     client_cert: Option<PathBuf>,

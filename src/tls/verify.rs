@@ -55,7 +55,9 @@ pub(super) fn load_roots(root: &RootCert) -> Result<RootCertStore, String> {
 /// signatures are checked, so the session key belongs to whoever holds the certificate's key.
 #[derive(Debug)]
 pub(super) struct HostAgnostic {
+    /// What the chain must lead to; `None`: the chain is not checked (`prefer`, `require`).
     pub(super) roots: Option<Arc<RootCertStore>>,
+    /// The provider's signature algorithms, for the chain and the handshake's signatures.
     pub(super) algorithms: WebPkiSupportedAlgorithms,
 }
 

@@ -25,12 +25,17 @@ const RELAY_COLUMNS: [&str; 11] = [
 /// A column of the table to adopt, as the catalog describes it.
 #[derive(Debug, Clone)]
 pub(super) struct Column {
+    /// Matched against the column map's names.
     pub(super) name: String,
+    /// `format_type`'s text: a headers column that is not `jsonb` is read through `try_jsonb`.
     pub(super) ty: String,
     /// `pg_type.typcategory`: "S" for text-like types.
     pub(super) category: String,
+    /// A sequence column already NOT NULL needs no backfill.
     pub(super) not_null: bool,
+    /// A sequence column with a default (of ours, or the application's) needs no sequence.
     pub(super) has_default: bool,
+    /// An identity column numbers its rows itself.
     pub(super) identity: bool,
 }
 

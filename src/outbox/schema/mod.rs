@@ -60,7 +60,8 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 /// One unit of a migration; see the module's documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    /// Statements in one short transaction under the lock policy.
+    /// Statements in one short transaction under the lock policy. `what` says what the step
+    /// does, in logs, errors and `--print-sql`.
     Transaction { what: String, sql: String },
     /// `CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS`; `index` is looked up in
     /// `pg_index` to skip a valid index and drop an invalid one first.
@@ -70,7 +71,8 @@ pub enum Step {
         sql: String,
     },
     /// Numbers an adopted table's existing rows, page range by page range, until a pass over
-    /// the whole table finds none left.
+    /// the whole table finds none left; `base`'s size says how many ranges a pass has, `sql`
+    /// numbers one range ($1, $2: first page, end page).
     Backfill { base: TableName, sql: String },
     /// A long statement under a lock that lets writes through (VALIDATE CONSTRAINT): neither
     /// timeout applies.

@@ -415,10 +415,16 @@ impl Outbox {
 
 /// How the view exposes the application's columns under the standard names.
 struct ViewExpressions {
+    /// The view's select list: every standard name, from the application's columns.
     view_columns: String,
+    /// The key expressions, which the key indexes on the table must repeat exactly: the
+    /// aggregate id's,
     aggregate_id: String,
+    /// the aggregate type's,
     aggregate_type: String,
+    /// and the event type's.
     event_type: String,
+    /// The headers as jsonb, which header-key indexes read.
     headers: String,
     /// The headers column is not jsonb: it is read through the function of
     /// sql/adopt_try_jsonb.sql, which `migrate --adopt` creates first.
