@@ -220,7 +220,9 @@ impl Outbox {
             sql,
         })
     }
+}
 
+impl Outbox {
     /// The steps of `migrate --adopt` for `state`. `types` are the table's columns from the
     /// catalog; without them (`--print-sql` without a database) text-like types are assumed.
     pub(super) fn adopt_plan(
