@@ -543,3 +543,35 @@ impl SharedSession {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn each_acknowledgement_mode_names_its_own_statement() {
+        let outbox = |delete: bool| {
+            Outbox::new(
+                "postgres://u:p@127.0.0.1:5/db",
+                "outbox".parse().unwrap(),
+                Duration::from_secs(1),
+            )
+            .unwrap()
+            .delete_on_ack(delete)
+        };
+        let kept = outbox(false);
+        assert_eq!(kept.acknowledge, Acknowledge::MarkSent);
+        assert!(kept
+            .acknowledge
+            .sql(&kept.sql)
+            .contains("SET sent_at = now()"));
+        let deleted = outbox(true);
+        assert_eq!(deleted.acknowledge, Acknowledge::Delete);
+        assert!(deleted
+            .acknowledge
+            .sql(&deleted.sql)
+            .contains("DELETE FROM \"outbox\""));
+    }
+}

@@ -96,10 +96,7 @@ impl Outbox {
                 Ok(done) => return Ok(done),
                 Err(e) => e,
             };
-            if !matches!(
-                error.code(),
-                Some(&(SqlState::LOCK_NOT_AVAILABLE | SqlState::T_R_DEADLOCK_DETECTED))
-            ) {
+            if !lock_not_granted(error.code()) {
                 return Err(OutboxError::Query {
                     context: "applying a migration step",
                     detail: format!("{what}: {}", super::super::describe(&error)),
@@ -225,6 +222,15 @@ impl Outbox {
     }
 }
 
+/// Whether a step failed only for want of a lock: not granted within `lock_timeout`, or
+/// chosen as a deadlock's victim. Such a step is tried again; any other failure is final.
+fn lock_not_granted(code: Option<&SqlState>) -> bool {
+    matches!(
+        code,
+        Some(&(SqlState::LOCK_NOT_AVAILABLE | SqlState::T_R_DEADLOCK_DETECTED))
+    )
+}
+
 /// A statement outside any transaction with both timeouts off, then the session's back.
 /// Through a pooler the statement runs alone with the server's settings: a SET around it
 /// could stay on the server connection for the application's sessions.
@@ -241,4 +247,27 @@ async fn unbounded(client: &Conn, sql: &str) -> Result<(), tokio_postgres::Error
         .await;
     result?;
     restore
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_lock_not_granted_is_tried_again() {
+        assert!(lock_not_granted(Some(&SqlState::LOCK_NOT_AVAILABLE)));
+        assert!(lock_not_granted(Some(&SqlState::T_R_DEADLOCK_DETECTED)));
+        for final_ in [
+            SqlState::QUERY_CANCELED,
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::from_code("55P04"),
+        ] {
+            assert!(!lock_not_granted(Some(&final_)), "{final_:?}");
+        }
+        assert!(
+            !lock_not_granted(None),
+            "a lost connection is not a lock wait"
+        );
+    }
 }

@@ -537,6 +537,20 @@ mod tests {
     }
 
     #[test]
+    fn a_placeholder_left_over_is_an_error_not_sql() {
+        let table: TableName = "outbox".parse().unwrap();
+        let err = fill_in(
+            "CREATE INDEX {index} ON {table} (id);",
+            &[("table", Value::Table(&table))],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, OutboxError::Template(text) if text.contains("{index}")),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn templates_split_into_statements_with_their_comments() {
         let steps = paragraphs("-- head\n\n-- about a\nA;\n\nB\n  more;\n\n\n-- c\nC;\n");
         assert_eq!(
