@@ -105,6 +105,14 @@ impl Outbox {
                 self.strategy.param_count()
             )));
         }
+        let sent_params = statements.sent.statement.params().len();
+        if sent_params != self.acknowledge.param_count() {
+            return Err(OutboxError::Template(format!(
+                "the statement for acknowledged rows takes {sent_params} parameters, {:?} binds {}",
+                self.acknowledge,
+                self.acknowledge.param_count()
+            )));
+        }
         Ok(Session {
             client,
             statements,
@@ -382,6 +390,14 @@ impl Acknowledge {
         match self {
             Acknowledge::MarkSent => &sql.mark_sent,
             Acknowledge::Delete => &sql.delete_sent,
+        }
+    }
+
+    /// How many parameters [`SettleSent::apply`] binds to this mode's statement.
+    fn param_count(self) -> usize {
+        match self {
+            Acknowledge::MarkSent => 4,
+            Acknowledge::Delete => 3,
         }
     }
 }
