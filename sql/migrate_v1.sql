@@ -1,5 +1,5 @@
 -- Version 1 of the outbox table. Placeholders in braces are quoted identifiers filled in by
--- outbox/schema.rs; nothing user-supplied is spliced in any other way. Statements end at a
+-- outbox/schema/plan.rs; nothing user-supplied is spliced in any other way. Statements end at a
 -- line ending in `;`: the table in one short transaction, then each index built CONCURRENTLY
 -- on its own (outside any transaction), so that a table already in use keeps taking writes.
 CREATE TABLE IF NOT EXISTS {table} (

@@ -123,7 +123,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
     if args.print_sql {
         let sql = match &db.adopted {
             Some((base, map)) if args.adopt => outbox.adopt_sql(base, map, &args.keys()).await,
-            _ => Ok(outbox.migrate_sql(&args.keys())),
+            _ => outbox.migrate_sql(&args.keys()),
         };
         return match sql {
             Ok(sql) => {
@@ -219,7 +219,10 @@ fn print_sql_offline(args: &MigrateArgs, locks: outbox_relay::outbox::LockPolicy
             Ok(sql) => sql,
             Err(e) => return runtime_error(&e),
         },
-        (None, false) => outbox.migrate_sql(&args.keys()),
+        (None, false) => match outbox.migrate_sql(&args.keys()) {
+            Ok(sql) => sql,
+            Err(e) => return runtime_error(&e),
+        },
         (None, true) => return config_error("--adopt needs --column NAME=COLUMN for the application's columns (e.g. --column event_id=id)"),
         (Some(_), false) => return config_error("--column describes an existing table: add --adopt to adopt it, or drop --column to create a new outbox table"),
     };

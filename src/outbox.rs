@@ -105,8 +105,8 @@ pub struct Outbox {
     /// The handshake `sslmode` asks for; tokio-postgres alone cannot verify certificates.
     tls: PgTls,
     sql: Sql,
-    /// Acknowledged rows are deleted rather than marked sent.
-    delete_on_ack: bool,
+    /// What acknowledged rows become: marked sent, or deleted.
+    acknowledge: session::Acknowledge,
     strategy: ClaimStrategy,
     /// Which rows claims quarantine instead of leasing (too large, out of attempts).
     limits: claim::ClaimLimits,
@@ -170,7 +170,7 @@ impl Outbox {
             passwords: Passwords::default(),
             tls,
             sql,
-            delete_on_ack: false,
+            acknowledge: session::Acknowledge::MarkSent,
             strategy: ClaimStrategy::Plain,
             limits: claim::ClaimLimits::default(),
             locks: LockPolicy::default(),
@@ -225,7 +225,11 @@ impl Outbox {
     /// Delete rows once SQS acknowledged them instead of marking them sent: no history, but no
     /// bloat and the cheapest settlement (see docs/benchmarks.md).
     pub fn delete_on_ack(mut self, yes: bool) -> Self {
-        self.delete_on_ack = yes;
+        self.acknowledge = if yes {
+            session::Acknowledge::Delete
+        } else {
+            session::Acknowledge::MarkSent
+        };
         self
     }
 
@@ -432,7 +436,7 @@ mod tests {
         assert!(outbox.sql.claim.contains("FROM \"app\".\"out\"\"box\""));
         assert!(outbox.sql.claim.contains("LIMIT $1"));
         assert!(!outbox.sql.claim.contains("{table}"));
-        let migration = outbox.migrate_sql(&[]);
+        let migration = outbox.migrate_sql(&[]).unwrap();
         for placeholder in [
             "{table}",
             "{unsent_index}",

@@ -371,3 +371,71 @@ async fn print_sql_changes_nothing_and_a_table_adopted_the_old_way_is_upgraded_i
     );
     assert_adopted(&client).await;
 }
+
+/// A table name with a backslash and a quote reaches DDL as an escape-string literal (the
+/// sequences' `nextval`, the size for `setval`, the recorded version, the migration lock), so
+/// it names the same object whatever the server's `standard_conforming_strings`: with it off,
+/// a plain `'…\…'` literal would lose the backslash and name another table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_with_a_backslash_and_a_quote_is_adopted_without_standard_conforming_strings() {
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    let base = r"back\slash'q";
+    client
+        .batch_execute(crate::support::DEBEZIUM_OUTBOX_DDL)
+        .await
+        .unwrap();
+    app_insert(&client, 3).await;
+    client
+        .batch_execute(r#"ALTER TABLE outboxevent RENAME TO "back\slash'q""#)
+        .await
+        .unwrap();
+    let url = format!("{}?options=-c%20standard_conforming_strings%3Doff", db.url);
+    let mut adopt = args(&[
+        "migrate",
+        "--adopt",
+        "--database-url",
+        &url,
+        "--table",
+        base,
+    ]);
+    adopt.extend(COLUMNS.iter().map(|s| s.to_string()));
+    for _ in 0..2 {
+        let (status, output) = run_to_end(&adopt, &[], Duration::from_secs(60)).await;
+        assert!(status.success(), "{output}");
+    }
+    let recorded: Vec<String> = client
+        .query("SELECT table_name FROM outbox_relay_schema", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(recorded, [format!("{base}_relay")]);
+    assert_eq!(
+        scalar_i64(
+            &client,
+            r#"SELECT count(DISTINCT id) FROM "back\slash'q_relay""#
+        )
+        .await,
+        3,
+        "every row numbered and seen through the view"
+    );
+    // New rows take their numbers from the relay's sequence, found by its literal name.
+    client
+        .execute(
+            r#"INSERT INTO "back\slash'q" (id, aggregatetype, aggregateid, type, payload)
+               VALUES (gen_random_uuid(), 'order', '1', 'OrderCreated', '{}')"#,
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        scalar_i64(
+            &client,
+            r#"SELECT count(*) FROM "back\slash'q_relay" WHERE id > 1000000"#
+        )
+        .await,
+        1
+    );
+}

@@ -22,6 +22,8 @@ mod wire;
 
 use std::time::{Duration, Instant, SystemTime};
 
+use tokio_postgres::error::SqlState;
+
 use super::Conn;
 
 use super::{query_err, quote_ident, Outbox, OutboxError};
@@ -395,27 +397,31 @@ fn wal_level_error(found: &str) -> OutboxError {
 /// One line for a server error that means `--wakeup logical` cannot work until an operator
 /// changes the server or the role; `None` for anything else.
 fn logical_prerequisite(e: &wire::ServerError, user: &str) -> Option<String> {
-    match e.code.as_str() {
+    match e.code {
         // PostgreSQL 15: "must be superuser or replication role to start walsender";
         // 16+: "permission denied to start WAL sender".
-        "42501" => Some(format!(
+        SqlState::INSUFFICIENT_PRIVILEGE => Some(format!(
             "--wakeup logical needs a role with the REPLICATION attribute, and {} has not: run ALTER ROLE {} REPLICATION as a superuser, or use --wakeup poll",
             quote_ident(user),
             quote_ident(user)
         )),
-        "55000" if e.message.contains("wal_level") => {
+        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE if e.message.contains("wal_level") => {
             Some(wal_level_error("replica").to_string())
         }
         // Slots switched off altogether (max_replication_slots = 0).
-        "55000" if e.message.contains("max_replication_slots") => Some(format!(
+        SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE
+            if e.message.contains("max_replication_slots") =>
+        {
+            Some(format!(
             "--wakeup logical needs a free replication slot ({}): raise max_replication_slots (restart needed)",
             e.message
-        )),
-        "53400" => Some(format!(
+        ))
+        }
+        SqlState::CONFIGURATION_LIMIT_EXCEEDED => Some(format!(
             "--wakeup logical needs a free replication slot ({}): raise max_replication_slots (restart needed) or drop unused slots listed in pg_replication_slots",
             e.message
         )),
-        "53300" if e.message.contains("max_wal_senders") => Some(format!(
+        SqlState::TOO_MANY_CONNECTIONS if e.message.contains("max_wal_senders") => Some(format!(
             "--wakeup logical needs a free WAL sender ({}): raise max_wal_senders (restart needed)",
             e.message
         )),
@@ -427,9 +433,9 @@ fn logical_prerequisite(e: &wire::ServerError, user: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn server(code: &str, message: &str) -> wire::ServerError {
+    fn server(code: SqlState, message: &str) -> wire::ServerError {
         wire::ServerError {
-            code: code.into(),
+            code,
             message: message.into(),
         }
     }
@@ -447,29 +453,35 @@ mod tests {
         let cases = [
             (
                 server(
-                    "42501",
+                    SqlState::INSUFFICIENT_PRIVILEGE,
                     "must be superuser or replication role to start walsender",
                 ),
                 "ALTER ROLE \"app\"\"x\" REPLICATION",
             ),
             (
-                server("55000", "logical decoding requires wal_level >= logical"),
+                server(
+                    SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    "logical decoding requires wal_level >= logical",
+                ),
                 "ALTER SYSTEM SET wal_level = logical",
             ),
             (
-                server("53400", "all replication slots are in use"),
+                server(
+                    SqlState::CONFIGURATION_LIMIT_EXCEEDED,
+                    "all replication slots are in use",
+                ),
                 "max_replication_slots",
             ),
             (
                 server(
-                    "55000",
+                    SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE,
                     "replication slots can only be used if max_replication_slots > 0",
                 ),
                 "max_replication_slots",
             ),
             (
                 server(
-                    "53300",
+                    SqlState::TOO_MANY_CONNECTIONS,
                     "number of requested standby connections exceeds max_wal_senders (currently 0)",
                 ),
                 "max_wal_senders",
@@ -480,10 +492,20 @@ mod tests {
             assert!(line.contains(fix), "{line}");
             assert!(!line.contains('\n'), "{line}");
         }
-        assert!(logical_prerequisite(&server("53300", "too many clients already"), "u").is_none());
-        assert!(logical_prerequisite(&server("55000", "something else"), "u").is_none());
-        assert!(
-            logical_prerequisite(&server("28P01", "password authentication failed"), "u").is_none()
-        );
+        assert!(logical_prerequisite(
+            &server(SqlState::TOO_MANY_CONNECTIONS, "too many clients already"),
+            "u"
+        )
+        .is_none());
+        assert!(logical_prerequisite(
+            &server(SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE, "something else"),
+            "u"
+        )
+        .is_none());
+        assert!(logical_prerequisite(
+            &server(SqlState::INVALID_PASSWORD, "password authentication failed"),
+            "u"
+        )
+        .is_none());
     }
 }

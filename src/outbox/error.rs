@@ -1,5 +1,7 @@
 //! What can go wrong talking to the outbox, and which failures are worth retrying.
 
+use tokio_postgres::error::SqlState;
+
 use super::SCHEMA_VERSION;
 
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +74,7 @@ pub enum OutboxError {
         /// The server's message and SQLSTATE, or what happened to the connection.
         detail: String,
         /// The server's SQLSTATE; `None` when the connection itself failed.
-        code: Option<String>,
+        code: Option<SqlState>,
     },
 }
 
@@ -85,7 +87,7 @@ impl OutboxError {
             OutboxError::Connect { .. } => true,
             OutboxError::Unanswered { .. } => true,
             OutboxError::Query { source, .. } => match source.code() {
-                Some(code) => sqlstate_is_transient(code.code()),
+                Some(code) => sqlstate_is_transient(code),
                 // No SQLSTATE: the failure is on the connection, not in the statement.
                 None => true,
             },
@@ -99,24 +101,24 @@ impl OutboxError {
 }
 
 /// SQLSTATEs worth retrying as they are: connection exceptions (class 08), serialization
-/// failure and deadlock (40001, 40P01), the server shutting down or starting (57P01–57P03),
-/// too many connections (53300), lock and statement timeouts (55P03, 57014), and running out
-/// of memory or disk (53100, 53200), which an operator fixes without the relay restarting.
-pub fn sqlstate_is_transient(code: &str) -> bool {
-    code.starts_with("08")
-        || matches!(
-            code,
-            "40001"
-                | "40P01"
-                | "57P01"
-                | "57P02"
-                | "57P03"
-                | "53300"
-                | "55P03"
-                | "57014"
-                | "53100"
-                | "53200"
-        )
+/// failure and deadlock, the server shutting down or starting, too many connections, lock and
+/// statement timeouts, and running out of memory or disk, which an operator fixes without the
+/// relay restarting.
+pub fn sqlstate_is_transient(code: &SqlState) -> bool {
+    const TRANSIENT: [SqlState; 10] = [
+        SqlState::T_R_SERIALIZATION_FAILURE,
+        SqlState::T_R_DEADLOCK_DETECTED,
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+        SqlState::CANNOT_CONNECT_NOW,
+        SqlState::TOO_MANY_CONNECTIONS,
+        SqlState::LOCK_NOT_AVAILABLE,
+        SqlState::QUERY_CANCELED,
+        SqlState::DISK_FULL,
+        SqlState::OUT_OF_MEMORY,
+    ];
+    // A class, not one state: every connection exception, those tokio-postgres names and not.
+    code.code().starts_with("08") || TRANSIENT.contains(code)
 }
 
 pub(crate) fn query_err(
@@ -152,12 +154,28 @@ mod tests {
     #[test]
     fn sqlstates_are_classified_transient_or_not() {
         for transient in [
-            "08006", "08001", "40001", "40P01", "57P01", "57P03", "53300", "57014",
+            SqlState::CONNECTION_FAILURE,
+            SqlState::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION,
+            // A connection exception tokio-postgres has no name for still counts.
+            SqlState::from_code("08999"),
+            SqlState::T_R_SERIALIZATION_FAILURE,
+            SqlState::T_R_DEADLOCK_DETECTED,
+            SqlState::ADMIN_SHUTDOWN,
+            SqlState::CANNOT_CONNECT_NOW,
+            SqlState::TOO_MANY_CONNECTIONS,
+            SqlState::QUERY_CANCELED,
         ] {
-            assert!(sqlstate_is_transient(transient), "{transient}");
+            assert!(sqlstate_is_transient(&transient), "{transient:?}");
         }
-        for fatal in ["42P01", "42501", "42703", "23505", "22P02", "XX000"] {
-            assert!(!sqlstate_is_transient(fatal), "{fatal}");
+        for fatal in [
+            SqlState::UNDEFINED_TABLE,
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            SqlState::UNDEFINED_COLUMN,
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::INVALID_TEXT_REPRESENTATION,
+            SqlState::INTERNAL_ERROR,
+        ] {
+            assert!(!sqlstate_is_transient(&fatal), "{fatal:?}");
         }
     }
 }

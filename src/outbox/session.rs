@@ -10,8 +10,8 @@ use super::conn::{Conn, Stmt};
 use super::decode::{decode, Decoded, CURSOR};
 use super::liveness::{replacement, Replace};
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
-use super::{query_err, Outbox, OutboxError};
-use crate::row::{Claimed, Settled, Settlement};
+use super::{query_err, Outbox, OutboxError, Sql};
+use crate::row::{Claimed, SentRow, Settled, Settlement};
 
 /// Gauges read from the table.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -61,15 +61,10 @@ impl Outbox {
         }
         self.resolve_channel(&client).await?;
         self.check_key_indexes(&client).await?;
-        let settle_sent = if self.delete_on_ack {
-            &self.sql.delete_sent
-        } else {
-            &self.sql.mark_sent
-        };
         // (statement, whether it writes)
         let mut sqls: Vec<(&str, bool)> = vec![
             (&self.sql.claim, true),
-            (settle_sent, true),
+            (self.acknowledge.sql(&self.sql), true),
             (&self.sql.reschedule, true),
             (&self.sql.quarantine, true),
             (&self.sql.stats, false),
@@ -89,7 +84,10 @@ impl Outbox {
         // Fields are evaluated in the order written: the order of `sqls`.
         let statements = Statements {
             claim: next(),
-            mark_sent: next(),
+            sent: SettleSent {
+                mode: self.acknowledge,
+                statement: next(),
+            },
             reschedule: next(),
             quarantine: next(),
             stats: next(),
@@ -107,10 +105,17 @@ impl Outbox {
                 self.strategy.param_count()
             )));
         }
+        let sent_params = statements.sent.statement.params().len();
+        if sent_params != self.acknowledge.param_count() {
+            return Err(OutboxError::Template(format!(
+                "the statement for acknowledged rows takes {sent_params} parameters, {:?} binds {}",
+                self.acknowledge,
+                self.acknowledge.param_count()
+            )));
+        }
         Ok(Session {
             client,
             statements,
-            delete_on_ack: self.delete_on_ack,
             strategy: self.strategy.clone(),
             limits: self.limits,
         })
@@ -120,8 +125,8 @@ impl Outbox {
 #[derive(Debug)]
 struct Statements {
     claim: Stmt,
-    /// mark_sent.sql, or delete_sent.sql with --delete-on-ack.
-    mark_sent: Stmt,
+    /// What acknowledged rows become, and its statement.
+    sent: SettleSent,
     reschedule: Stmt,
     quarantine: Stmt,
     lost_leases: Stmt,
@@ -137,8 +142,6 @@ struct Statements {
 pub struct Session {
     client: Conn,
     statements: Statements,
-    /// Which statement `mark_sent` is; their parameters differ.
-    delete_on_ack: bool,
     /// How `claim` binds its statement's parameters.
     strategy: ClaimStrategy,
     /// The claim's last two parameters.
@@ -191,28 +194,7 @@ impl Session {
     /// are pipelined on the connection; each commits on its own, which is safe because each
     /// row appears in exactly one of them.
     pub async fn settle(&self, owner: &str, s: &Settlement) -> Result<Settled, OutboxError> {
-        let sent = async {
-            if s.sent.is_empty() {
-                return Ok(0);
-            }
-            let ids: Vec<i64> = s.sent.iter().map(|r| r.id).collect();
-            let tokens: Vec<i64> = s.sent.iter().map(|r| r.lease_token).collect();
-            if self.delete_on_ack {
-                return self
-                    .client
-                    .execute(&self.statements.mark_sent, &[&owner, &ids, &tokens])
-                    .await
-                    .map_err(query_err("deleting acknowledged rows"));
-            }
-            let message_ids: Vec<&str> = s.sent.iter().map(|r| r.message_id.as_str()).collect();
-            self.client
-                .execute(
-                    &self.statements.mark_sent,
-                    &[&owner, &ids, &tokens, &message_ids],
-                )
-                .await
-                .map_err(query_err("marking rows sent"))
-        };
+        let sent = self.statements.sent.apply(&self.client, owner, &s.sent);
         let rescheduled = async {
             if s.reschedule.is_empty() {
                 return Ok(Vec::new());
@@ -391,6 +373,73 @@ impl Session {
     }
 }
 
+/// What becomes of a row its destination acknowledged. A mode, not a flag: each names its
+/// statement and binds that statement's parameters, so the two cannot be paired wrongly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acknowledge {
+    /// mark_sent.sql: the row stays, with its message id, until retention deletes it.
+    MarkSent,
+    /// delete_sent.sql (`--delete-on-ack`): no history, but no bloat and the cheapest
+    /// settlement.
+    Delete,
+}
+
+impl Acknowledge {
+    /// This mode's statement among the table's.
+    fn sql(self, sql: &Sql) -> &str {
+        match self {
+            Acknowledge::MarkSent => &sql.mark_sent,
+            Acknowledge::Delete => &sql.delete_sent,
+        }
+    }
+
+    /// How many parameters [`SettleSent::apply`] binds to this mode's statement.
+    fn param_count(self) -> usize {
+        match self {
+            Acknowledge::MarkSent => 4,
+            Acknowledge::Delete => 3,
+        }
+    }
+}
+
+/// An acknowledgement mode with its statement, prepared once per session.
+#[derive(Debug)]
+struct SettleSent {
+    /// Which parameters `statement` takes.
+    mode: Acknowledge,
+    /// `mode`'s statement, prepared.
+    statement: Stmt,
+}
+
+impl SettleSent {
+    /// Settles acknowledged rows, fenced by (id, owner, lease_token); returns how many changed.
+    async fn apply(
+        &self,
+        client: &Conn,
+        owner: &str,
+        sent: &[SentRow],
+    ) -> Result<u64, OutboxError> {
+        if sent.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<i64> = sent.iter().map(|r| r.id).collect();
+        let tokens: Vec<i64> = sent.iter().map(|r| r.lease_token).collect();
+        match self.mode {
+            Acknowledge::Delete => client
+                .execute(&self.statement, &[&owner, &ids, &tokens])
+                .await
+                .map_err(query_err("deleting acknowledged rows")),
+            Acknowledge::MarkSent => {
+                let message_ids: Vec<&str> = sent.iter().map(|r| r.message_id.as_str()).collect();
+                client
+                    .execute(&self.statement, &[&owner, &ids, &tokens, &message_ids])
+                    .await
+                    .map_err(query_err("marking rows sent"))
+            }
+        }
+    }
+}
+
 /// A session that reconnects on demand after the connection is lost; shared by the claim loop,
 /// the settling tasks and the statistics task.
 #[derive(Debug)]
@@ -508,5 +557,37 @@ impl SharedSession {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn each_acknowledgement_mode_names_its_own_statement() {
+        let outbox = |delete: bool| {
+            Outbox::new(
+                "postgres://u:p@127.0.0.1:5/db",
+                "outbox".parse().unwrap(),
+                Duration::from_secs(1),
+            )
+            .unwrap()
+            .delete_on_ack(delete)
+        };
+        let kept = outbox(false);
+        assert_eq!(kept.acknowledge, Acknowledge::MarkSent);
+        assert!(kept
+            .acknowledge
+            .sql(&kept.sql)
+            .contains("SET sent_at = now()"));
+        let deleted = outbox(true);
+        assert_eq!(deleted.acknowledge, Acknowledge::Delete);
+        assert!(deleted
+            .acknowledge
+            .sql(&deleted.sql)
+            .contains("DELETE FROM \"outbox\""));
     }
 }

@@ -11,8 +11,13 @@ use super::ident::{quote_ident, TableName};
 pub enum Value<'a> {
     /// One identifier, quoted.
     Ident(&'a str),
-    /// A possibly schema-qualified table, quoted part by part.
+    /// A possibly schema-qualified table, or anything named like one in its schema (a
+    /// sequence, a function, an index), quoted part by part.
     Table(&'a TableName),
+    /// The same name as a string literal, for the functions that take a name as text or
+    /// regclass (`nextval`, `setval`, `pg_relation_size`, the migration lock's `hashtext`):
+    /// quoted part by part, then as a literal.
+    TableLiteral(&'a TableName),
     /// A string literal, quotes doubled.
     Literal(&'a str),
     /// A fragment of SQL built by the relay from quoted parts.
@@ -24,10 +29,23 @@ impl Value<'_> {
         match self {
             Value::Ident(name) => quote_ident(name),
             Value::Table(table) => table.quoted(),
-            Value::Literal(text) => format!("'{}'", text.replace('\'', "''")),
+            Value::TableLiteral(table) => literal(&table.quoted()),
+            Value::Literal(text) => literal(text),
             Value::Sql(sql) => (*sql).to_string(),
         }
     }
+}
+
+/// `text` as an SQL string literal, for DDL, where bind parameters are impossible. Quoted as
+/// PostgreSQL's `quote_literal` does: quotes doubled, and a text with a backslash written as an
+/// escape string (`E'…'`, backslashes doubled), so that it means the same whatever the
+/// server's `standard_conforming_strings`.
+pub fn literal(text: &str) -> String {
+    let quoted = text.replace('\'', "''");
+    if quoted.contains('\\') {
+        return format!("E'{}'", quoted.replace('\\', "\\\\"));
+    }
+    format!("'{quoted}'")
 }
 
 /// Fills every `{name}` of `template` from `values`. Fails on a placeholder that has no value.
@@ -88,6 +106,26 @@ mod tests {
             sql,
             "SELECT \"{frag}\" FROM \"{table}\"\"x\" WHERE k = 'it''s {col}' AND true"
         );
+    }
+
+    #[test]
+    fn names_become_literals_quoted_twice_over() {
+        let sequence: TableName = "app.\"we'ird\"\"seq\"".parse().unwrap();
+        let sql = render(
+            "SELECT nextval({sequence_literal}), {text}",
+            &[
+                ("sequence_literal", Value::TableLiteral(&sequence)),
+                ("text", Value::Literal("it's \\ {sequence_literal}")),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            sql,
+            "SELECT nextval('\"app\".\"we''ird\"\"seq\"'), E'it''s \\\\ {sequence_literal}'"
+        );
+        assert_eq!(literal("a'b''c"), "'a''b''''c'");
+        assert_eq!(literal(""), "''");
+        assert_eq!(literal("a\\'b"), "E'a\\\\''b'");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The client certificate (libpq's `sslcert` and `sslkey`): reading and checking its files,
 //! and presenting it in the handshake.
 
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -9,12 +10,14 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
-use rustls::SignatureScheme;
+use rustls::{AlertDescription, SignatureScheme};
 
 /// The client certificate's files (libpq's `sslcert` and `sslkey`).
 #[derive(Debug)]
 pub(super) struct ClientFiles {
+    /// The certificate, or a chain starting with it (`sslcert`).
     pub(super) cert: PathBuf,
+    /// Its private key, unencrypted (`sslkey`).
     pub(super) key: PathBuf,
     /// Turns the key file's bytes into a signing key (and checks it suits the certificate).
     pub(super) provider: Arc<CryptoProvider>,
@@ -177,6 +180,44 @@ impl ResolvesClientCert for Presents {
     fn has_certs(&self) -> bool {
         true
     }
+}
+
+/// The server's TLS alert about our certificate, in one line. With TLS 1.3 the server judges
+/// the client certificate after our side of the handshake is done, so its alert arrives with
+/// the first read rather than from the handshake: both paths come here.
+pub(super) fn explain_refusal(e: io::Error, client_cert: Option<&Path>) -> io::Error {
+    let Some(rustls::Error::AlertReceived(alert)) = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    else {
+        return e;
+    };
+    let text = match (client_cert, alert) {
+        (None, AlertDescription::CertificateRequired) => {
+            "the server requires a client certificate: set --db-client-cert and --db-client-key (or sslcert and sslkey in --database-url)".to_string()
+        }
+        (Some(cert), AlertDescription::UnknownCA) => format!(
+            "the server refused the client certificate {}: it is not signed by a CA the server trusts (its ssl_ca_file)",
+            cert.display()
+        ),
+        (Some(cert), AlertDescription::CertificateExpired) => format!(
+            "the server refused the client certificate {}: it has expired (or is not valid yet); renew it",
+            cert.display()
+        ),
+        (
+            Some(cert),
+            AlertDescription::BadCertificate
+            | AlertDescription::UnsupportedCertificate
+            | AlertDescription::CertificateRevoked
+            | AlertDescription::CertificateUnknown
+            | AlertDescription::AccessDenied,
+        ) => format!(
+            "the server refused the client certificate {} (TLS alert {alert:?})",
+            cert.display()
+        ),
+        _ => return e,
+    };
+    io::Error::new(io::ErrorKind::PermissionDenied, text)
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_postgres::config::{Host, LoadBalanceHosts, SslMode, SslNegotiation, TargetSessionAttrs};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 
 use crate::tls::PgTls;
@@ -51,32 +52,35 @@ impl From<io::Error> for WireError {
 /// An ErrorResponse, reduced to what an operator needs.
 #[derive(Debug, Clone)]
 pub struct ServerError {
-    pub code: String,
+    /// What went wrong, for the caller to classify (transient or not, a known prerequisite).
+    pub code: SqlState,
+    /// The server's own words, for the operator.
     pub message: String,
 }
 
 impl fmt::Display for ServerError {
     /// The same shape as `outbox::describe` gives tokio-postgres's server errors.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (SQLSTATE {})", self.message, self.code)
+        write!(f, "{} (SQLSTATE {})", self.message, self.code.code())
     }
 }
 
 impl ServerError {
     fn from_fields(mut fields: ErrorFields<'_>) -> ServerError {
-        let mut e = ServerError {
-            code: String::new(),
-            message: String::new(),
-        };
+        let mut code = String::new();
+        let mut message = String::new();
         while let Ok(Some(field)) = fields.next() {
             let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
             match field.type_() {
-                b'C' => e.code = value,
-                b'M' => e.message = value,
+                b'C' => code = value,
+                b'M' => message = value,
                 _ => {}
             }
         }
-        e
+        ServerError {
+            code: SqlState::from_code(&code),
+            message,
+        }
     }
 }
 
