@@ -16,12 +16,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::harm::Clusters;
-use crate::report::quantile;
+use crate::cluster::Clusters;
+use crate::procstat;
+use crate::progress::say;
+use crate::relays::{check_alive, relay_args};
+use crate::settings::{Settings, PRODUCER_CONNECTIONS};
 use crate::sink::Sink;
+use crate::stats::quantile;
 use crate::support::{metric_value, RelayProcess};
 use crate::workload::{self, Backlog, Database, Produced};
-use crate::{procstat, relay_args, Settings, PRODUCER_CONNECTIONS};
 
 /// The application's commits per second meanwhile, as the issue asks.
 pub const RATE: u64 = 500;
@@ -264,7 +267,7 @@ pub async fn big_backlog(settings: &Settings, clusters: &mut Clusters) -> Backlo
                     caught_up = Some(Instant::now());
                     break;
                 }
-                crate::check_alive(std::slice::from_ref(&relay));
+                check_alive(std::slice::from_ref(&relay));
                 assert!(
                     started.elapsed() < limit,
                     "big backlog: {sent} of {written} sent after {limit:?}\n{}",
@@ -296,4 +299,11 @@ pub async fn big_backlog(settings: &Settings, clusters: &mut Clusters) -> Backlo
         table_mib_before,
         table_mib_after,
     }
+}
+
+/// The group's one run, and its progress line.
+pub async fn run(settings: &Settings, clusters: &mut Clusters) -> BacklogRun {
+    let run = big_backlog(settings, clusters).await;
+    say(&run.summary());
+    run
 }

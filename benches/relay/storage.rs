@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::harm::{self, Wakeup};
+use crate::cluster::drop_db;
+use crate::progress::say;
+use crate::relays::{check_alive, help_value, migrate, start_relay, Wakeup};
+use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
 use crate::support::pg::PrivatePg;
 use crate::support::TestDb;
-use crate::{workload, Settings, SQS_LATENCY};
+use crate::workload;
 
 /// One size reading.
 #[derive(Clone, Copy, Debug)]
@@ -136,7 +139,7 @@ impl StorageRun {
 /// The variants: the build's default retention, rows kept a week, delete on acknowledgement
 /// (left out where it is the default: `--retention 0`).
 pub fn variants(relay_help: &str) -> Vec<(String, Vec<String>)> {
-    let default = crate::help_value(relay_help, "--retention").unwrap_or_else(|| "?".into());
+    let default = help_value(relay_help, "--retention").unwrap_or_else(|| "?".into());
     let mut v = vec![(format!("default (--retention {default})"), Vec::new())];
     if default != "7d" {
         v.push((
@@ -164,9 +167,9 @@ pub async fn storage(
     let mut sets = Vec::new();
     for (name, flags) in variants(relay_help) {
         let db = cluster.create_db().await;
-        harm::migrate(&db, wakeup).await;
+        migrate(&db, wakeup).await;
         let id = format!("bench-storage-{}", sets.len());
-        let relay = harm::start_relay(settings, &db, wakeup, &sink, &id, &flags).await;
+        let relay = start_relay(settings, &db, wakeup, &sink, &id, &flags).await;
         sets.push((name, flags, db, relay));
     }
     let started = Instant::now();
@@ -210,18 +213,18 @@ pub async fn storage(
         },
     ))
     .await;
-    crate::say(&format!(
+    say(&format!(
         "  storage: {} variants at {rate} events/s for {:.0} s",
         runs.len(),
         started.elapsed().as_secs_f64()
     ));
     for (_, _, db, relay) in &sets {
-        crate::check_alive(std::slice::from_ref(relay));
+        check_alive(std::slice::from_ref(relay));
         relay.sigterm();
         if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
             relay.kill9();
         }
-        harm::drop_db(cluster, db).await;
+        drop_db(cluster, db).await;
     }
     runs
 }
@@ -268,4 +271,27 @@ async fn size_sample(db: &TestDb, seconds: f64, committed: &AtomicU64) -> SizeSa
         events: committed.load(Ordering::Relaxed),
         producing: true,
     }
+}
+
+/// The variants at once on the durable cluster, a progress line for each.
+pub async fn run(
+    settings: &Settings,
+    cluster: &PrivatePg,
+    wakeup: &Wakeup,
+    relay_help: &str,
+) -> Vec<StorageRun> {
+    let runs = storage(settings, cluster, wakeup, relay_help).await;
+    for r in &runs {
+        say(&format!(
+            "storage, {}: {:.0} events/s for {:.0} s: table {:.1} MiB at the end (max {:.1}), {:.0} bytes/event over the run, {:.2} GiB/day at this rate (second half's slope)",
+            r.name,
+            r.achieved_rate(),
+            r.seconds,
+            r.last().map_or(0.0, |l| l.total as f64 / 1048576.0),
+            r.max_total() as f64 / 1048576.0,
+            r.bytes_per_event(),
+            r.growth_per_day() / 1073741824.0,
+        ));
+    }
+    runs
 }
