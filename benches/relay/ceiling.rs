@@ -8,8 +8,11 @@ use crate::settings::Settings;
 use crate::workload::{self, Backlog, Ceiling, Database};
 
 pub struct CeilingRun {
+    /// What the claim + mark-sent loop reached.
     pub ceiling: Ceiling,
+    /// CPU of every process on the machine meanwhile.
     pub cpu: Snapshot,
+    /// What its connections were doing, sampled (empty for the minimal ceiling).
     pub activity: Activity,
 }
 

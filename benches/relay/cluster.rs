@@ -19,8 +19,10 @@ pub const DURABLE_LOGICAL: &[&str] = &["fsync=on", "synchronous_commit=on", "wal
 /// The durable clusters, started when first needed and stopped when a group is done.
 #[derive(Default)]
 pub struct Clusters {
-    pub durable: Option<PrivatePg>,
-    pub logical: Option<PrivatePg>,
+    /// The durable cluster, once a group needed it.
+    durable: Option<PrivatePg>,
+    /// The durable cluster with `wal_level=logical`, once a group needed it.
+    logical: Option<PrivatePg>,
 }
 
 impl Clusters {
@@ -46,6 +48,15 @@ impl Clusters {
         self.logical.as_ref().expect("started")
     }
 
+    /// The durable cluster (`logical`: the one with logical WAL) if a group has started it.
+    pub fn running(&self, logical: bool) -> Option<&PrivatePg> {
+        if logical {
+            self.logical.as_ref()
+        } else {
+            self.durable.as_ref()
+        }
+    }
+
     /// Stops both, so that their background processes do not run beside the next group.
     pub fn stop(&mut self) {
         self.durable = None;
@@ -53,19 +64,26 @@ impl Clusters {
     }
 }
 
+/// Drops `db` of `cluster`, so that the next run's disk and cache are not shared with it.
 pub async fn drop_db(cluster: &PrivatePg, db: &TestDb) {
-    let (client, connection) = tokio_postgres::connect(&cluster.admin_url(), tokio_postgres::NoTls)
+    drop_database(&cluster.admin_url(), &db.name).await;
+}
+
+/// Drops database `name` of the cluster whose admin URL is `admin_url`, its sessions with it.
+pub async fn drop_database(admin_url: &str, name: &str) {
+    let (client, connection) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls)
         .await
         .expect("connect as admin");
     let driver = tokio::spawn(connection);
     client
-        .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", db.name))
+        .batch_execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
         .await
         .expect("drop a benchmark database");
     drop(client);
     let _ = driver.await;
 }
 
+/// A port nothing listens on now, for the `adopt` group's cluster.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -73,6 +91,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// A client of `url` whose connection runs on its own task until the client is dropped.
 pub async fn connect(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
@@ -86,8 +105,11 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 /// A throwaway cluster that commits durably, as production does: the test harness's clusters
 /// run with `fsync=off`, which hides what a lock or a flush costs a commit.
 pub struct DurablePg {
+    /// The cluster's directory (data, socket, log), removed on drop.
     root: PathBuf,
+    /// Where it listens on 127.0.0.1.
     port: u16,
+    /// The postmaster, stopped on drop.
     child: std::process::Child,
 }
 
@@ -161,7 +183,7 @@ impl DurablePg {
             }
         };
         admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
             .await
             .unwrap();
         self.url(name)

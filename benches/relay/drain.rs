@@ -33,12 +33,17 @@ pub enum Destination {
 }
 
 pub struct DrainSpec {
+    /// How the run is told apart in the progress lines and the tables.
     pub name: String,
+    /// The rows written before the relays start.
     pub backlog: Backlog,
     /// How often the relays' sent counters are read: the resolution of the drain's time.
     pub poll: Duration,
+    /// Where the relays send.
     pub destination: Destination,
+    /// Relays draining the same table at once.
     pub replicas: usize,
+    /// Every relay's `--max-in-flight`.
     pub max_in_flight: usize,
     /// Queue name ends in `.fifo` (message groups: `backlog.groups`).
     pub fifo: bool,
@@ -291,17 +296,27 @@ pub async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
 }
 
 pub struct DrainRun {
+    /// From [`DrainSpec::name`]: the row's label in the tables.
     pub name: String,
+    /// Where the relays sent: which table rows compare with which.
     pub destination: Destination,
+    /// Relays that drained at once.
     pub replicas: usize,
+    /// Every relay's `--max-in-flight`: the sweep's x axis.
     pub max_in_flight: usize,
+    /// Drained into a `.fifo` queue.
     pub fifo: bool,
+    /// Drained with per-group ordering (`--ordered on`).
     pub ordered: bool,
+    /// The run's extra relay flags, to tell runs of one group apart.
     pub flags: Vec<String>,
+    /// Rows of the backlog.
     pub rows: u64,
     /// Message groups of the backlog (distinct `aggregate_id`s).
     pub groups: u64,
+    /// Events the relays counted as sent (`outbox_events_sent_total`) when the drain ended.
     pub sent: u64,
+    /// From the relays' start until the backlog was sent (or the window ended).
     pub seconds: f64,
     /// When a reading first saw an event sent, and how many it saw: what comes before is the
     /// relay's start-up, which weighs on a drain of a second or less.
@@ -315,6 +330,7 @@ pub struct DrainRun {
     pub relay_cpu: f64,
     /// Largest VmHWM among the replicas.
     pub relay_peak_rss_mib: f64,
+    /// CPU of every process on the machine over the run, by kind.
     pub cpu: Snapshot,
     /// What the relays' database connections were doing, sampled.
     pub activity: Activity,
@@ -322,13 +338,19 @@ pub struct DrainRun {
     pub unsent_after: Option<i64>,
     /// Sink only: entries received (duplicates included) and requests.
     pub received: Option<u64>,
+    /// Sink only: SendMessageBatch requests it answered.
     pub requests: Option<u64>,
     /// Sink only: offloaded bodies it received (PutObject requests).
     pub objects: Option<u64>,
+    /// Sink only: FIFO entries that arrived behind a later entry of their group (should be 0).
     pub fifo_behind: u64,
+    /// Sink only: FIFO entries without a message group (should be 0).
     pub fifo_missing_group: u64,
+    /// Mean payload size of the backlog, as the relay measures it.
     pub payload_bytes: f64,
+    /// The outbox table's size before the drain and after it (`--retention off` keeps sent rows).
     pub table_mib_before: f64,
+    /// See `table_mib_before`.
     pub table_mib_after: f64,
     /// From SIGTERM until every replica exited (a traced relay flushes its spans then).
     pub exit_seconds: f64,

@@ -28,7 +28,9 @@ use crate::workload::{self, WRITER_APP};
 /// for a core), `idle` (the benchmark has the next INSERT on its way), or the wait event
 /// (`IO:WALSync` is the commit's flush; `Lock:object` on NOTIFY's queue lock, `LWLock:…`).
 pub struct WaitSampler {
+    /// Set by [`WaitSampler::finish`]; the sampling task ends at its next tick.
     stop: Arc<AtomicBool>,
+    /// The sampling task; it returns the samples counted by wait.
     task: JoinHandle<BTreeMap<String, u64>>,
 }
 
@@ -80,33 +82,48 @@ impl WaitSampler {
 
 /// One measurement: `writers` closed-loop writers for a while, with or without the relay.
 pub struct HarmCell {
+    /// Closed-loop writers of the cell.
     pub writers: usize,
+    /// 0-based alternation the cell belongs to.
     pub round: usize,
+    /// Whether a relay (and the outbox trigger) ran during the cell.
     pub with_relay: bool,
+    /// What the writers reached: the figure compared with and without.
     pub commits_per_second: f64,
+    /// Writer time of the cell.
     pub seconds: f64,
     /// Commit-to-sent of every event (with the relay only), sorted; and how many never
     /// arrived within the wait.
     pub latencies_ms: Vec<f64>,
+    /// See `latencies_ms`.
     pub missing: usize,
+    /// What the writers' backends waited on, sampled (see [`WaitSampler`]).
     pub writer_waits: BTreeMap<String, u64>,
+    /// CPU of every process on the machine during the cell.
     pub cpu: Snapshot,
+    /// CPU seconds of the relay during the cell (0 without).
     pub relay_cpu: f64,
 }
 
 /// Every cell of one wake-up mode, on one cluster.
 pub struct HarmRun {
+    /// The wake-up mode every cell's relay ran with.
     pub wakeup: Wakeup,
+    /// Every cell, in the order run.
     pub cells: Vec<HarmCell>,
 }
 
 /// Medians of one (mode, writers) pair.
 pub struct HarmSummary {
+    /// The writer count summarised.
     pub writers: usize,
+    /// Commits/s of each cell without the relay.
     pub without: Vec<f64>,
+    /// Commits/s of each cell with the relay.
     pub with: Vec<f64>,
     /// Commit-to-sent over every with-relay cell, sorted.
     pub latencies_ms: Vec<f64>,
+    /// Events that never arrived, over every with-relay cell.
     pub missing: usize,
 }
 

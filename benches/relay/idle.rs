@@ -16,13 +16,17 @@ use crate::support::{RelayProcess, TestDb};
 
 /// Idle relays of one mode: what they cost while there is nothing to send.
 pub struct IdleRun {
+    /// The relays' wake-up mode.
     pub wakeup: Wakeup,
+    /// Idle relays in the set.
     pub relays: usize,
+    /// Length of the measured window.
     pub seconds: f64,
     /// Transactions the relays' database saw (pg_stat_database xact_commit + xact_rollback).
     pub transactions: i64,
     /// CPU of the relays' own backends (walsenders included), and of the relay processes.
     pub backend_cpu: f64,
+    /// See `backend_cpu`.
     pub relay_cpu: f64,
 }
 
@@ -49,15 +53,22 @@ impl IdleRun {
 
 /// What one idle window measured on each cluster as a whole (postmaster and every process).
 pub struct IdleClusterCpu {
+    /// Which durable cluster: plain or `wal_level=logical`.
     pub cluster: &'static str,
+    /// Length of the measured window.
     pub seconds: f64,
+    /// CPU seconds of the cluster's whole process tree over the window.
     pub cpu: f64,
 }
 
 struct IdleSetup {
+    /// The set's wake-up mode.
     wakeup: Wakeup,
+    /// The set's own database: its transactions and backends are the set's.
     db: TestDb,
+    /// The set's relays, running.
     relays: Vec<RelayProcess>,
+    /// Whether the set runs on the `wal_level=logical` cluster.
     cluster_logical: bool,
 }
 
@@ -98,37 +109,25 @@ pub async fn idle(
         }
     }
     tokio::time::sleep(settings.idle_settle).await;
-    let pids = |logical: bool| -> Option<u32> {
-        if logical {
-            clusters.logical.as_ref()?.pid()
-        } else {
-            clusters.durable.as_ref()?.pid()
-        }
-    };
+    let pids = |logical: bool| -> Option<u32> { clusters.running(logical)?.pid() };
     let cluster_cpu_before: Vec<(bool, f64)> = [false, true]
         .into_iter()
         .filter_map(|l| Some((l, procstat::tree_cpu_seconds(pids(l)?))))
         .collect();
     let mut before = Vec::new();
     for s in &setups {
-        let cluster = if s.cluster_logical {
-            clusters.logical.as_ref()
-        } else {
-            clusters.durable.as_ref()
-        }
-        .expect("cluster running");
+        let cluster = clusters
+            .running(s.cluster_logical)
+            .expect("cluster running");
         before.push(idle_sample(cluster, s).await);
     }
     let started = Instant::now();
     tokio::time::sleep(settings.idle_window).await;
     let mut runs = Vec::new();
     for (s, b) in setups.iter().zip(&before) {
-        let cluster = if s.cluster_logical {
-            clusters.logical.as_ref()
-        } else {
-            clusters.durable.as_ref()
-        }
-        .expect("cluster running");
+        let cluster = clusters
+            .running(s.cluster_logical)
+            .expect("cluster running");
         let a = idle_sample(cluster, s).await;
         // Backends present at both ends; one that reconnected in between is left out.
         let backend_cpu: f64 = a
@@ -172,21 +171,20 @@ pub async fn idle(
         }
     }
     for s in &setups {
-        let cluster = if s.cluster_logical {
-            clusters.logical.as_ref()
-        } else {
-            clusters.durable.as_ref()
-        }
-        .expect("cluster running");
+        let cluster = clusters
+            .running(s.cluster_logical)
+            .expect("cluster running");
         drop_db(cluster, &s.db).await;
     }
     (runs, cluster_cpu)
 }
 
 struct IdleSample {
+    /// xact_commit + xact_rollback of the set's database.
     transactions: i64,
     /// pid -> CPU seconds of each backend connected to the set's database.
     backends: BTreeMap<u32, f64>,
+    /// CPU seconds of the set's relay processes.
     relay_cpu: f64,
 }
 

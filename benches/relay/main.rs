@@ -37,11 +37,13 @@ mod harm;
 mod http;
 mod idle;
 mod large_events;
+mod meta;
 mod procstat;
 mod progress;
 mod relays;
 mod report;
 mod sampler;
+mod selftest;
 mod settings;
 mod sink;
 mod stats;
@@ -61,6 +63,15 @@ use report::Report;
 use settings::Settings;
 
 fn main() {
+    // A debug build is what `cargo test --bench relay` makes: it runs the unit tests (see
+    // selftest.rs); `cargo bench` and scripts/bench build the release one, the benchmark.
+    if cfg!(debug_assertions) {
+        let filters: Vec<String> = std::env::args()
+            .skip(1)
+            .filter(|a| !a.starts_with('-'))
+            .collect();
+        return selftest::run(&filters);
+    }
     let settings = Settings::from_env(&relay_run_help());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -70,10 +81,12 @@ fn main() {
     runtime.block_on(run(settings));
 }
 
+/// Every group `OUTBOX_BENCH_ONLY` lets run, in this order; then the tables and the files.
 async fn run(settings: Settings) {
     let started = Instant::now();
     let ordered_flag = relay_run_help().contains("--ordered");
-    let mut report = Report::new(&settings, ordered_flag).await;
+    let meta = meta::collect(&settings, ordered_flag).await;
+    let mut report = Report::new(&settings, ordered_flag, meta);
     say(&format!(
         "outbox-relay benchmark: {} rows per backlog, batch {}, max-in-flight {}, {} mode; relay {}",
         settings.rows,

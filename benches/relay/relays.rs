@@ -111,6 +111,7 @@ pub fn check_alive_traced(relays: &[RelayProcess], traced: bool) {
 /// that have no such flag.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Wakeup {
+    /// The `--wakeup` value; `None` for a build without the flag.
     pub mode: Option<String>,
 }
 
@@ -208,4 +209,36 @@ pub async fn start_relay(
     tokio::time::sleep(Duration::from_secs(1)).await;
     check_alive(std::slice::from_ref(&relay));
     relay
+}
+
+// Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
+pub mod tests {
+    use super::{help_default, help_value};
+
+    /// The shape clap prints for `run --help`.
+    const HELP: &str = "Options:
+      --batch-size <N>
+          Rows claimed at once
+
+          [env: OUTBOX_BATCH_SIZE=]
+          [default: 100]
+
+      --wakeup <MODE>
+          How an idle relay learns of new rows
+
+          [possible values: poll, notify, logical]
+
+      --retention <AGE>
+          [default: 7d]
+";
+
+    pub fn help_values_are_read_from_the_flags_own_block() {
+        assert_eq!(help_value(HELP, "--batch-size").as_deref(), Some("100"));
+        assert_eq!(help_default(HELP, "--batch-size"), Some(100));
+        assert_eq!(help_value(HELP, "--retention").as_deref(), Some("7d"));
+        assert_eq!(help_default(HELP, "--retention"), None);
+        // `--wakeup` has no default of its own: the next flag's is not taken for it.
+        assert_eq!(help_value(HELP, "--wakeup"), None);
+        assert_eq!(help_value(HELP, "--max-in-flight"), None);
+    }
 }

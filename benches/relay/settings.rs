@@ -9,7 +9,9 @@ use crate::support;
 
 /// What this run does; from the environment, see the table at the top.
 pub struct Settings {
+    /// `OUTBOX_BENCH_QUICK`: the smaller defaults, to try the benchmark out.
     pub quick: bool,
+    /// Backlog of every drain and ceiling run (`OUTBOX_BENCH_ROWS`).
     pub rows: u64,
     /// `--batch-size` of every relay and the ceiling's batch: the relay's default unless
     /// `OUTBOX_BENCH_BATCH` says otherwise.
@@ -19,30 +21,41 @@ pub struct Settings {
     /// Runs that cannot finish the backlog in reasonable time stop after this long and
     /// report the rate they reached.
     pub window: Duration,
+    /// Producer time per steady rate.
     pub steady: Duration,
+    /// The steady group's rates, events/s, one run each.
     pub steady_rates: Vec<u64>,
     /// Writer time of one harm cell, and how many times without and with alternate.
     pub harm_seconds: Duration,
+    /// Without/with alternations per writer count of the harm group.
     pub harm_rounds: usize,
     /// Rounds of the tracing group; each round drains once per variant, in rotated order.
     pub tracing_rounds: usize,
     /// Idle relays run this long before the measured window, so that a wait that stretches
     /// with idleness has stretched.
     pub idle_settle: Duration,
+    /// The idle group's measured window, after `idle_settle`.
     pub idle_window: Duration,
     /// Backlog of the `big-backlog` group, and its time without the relay first.
     pub backlog_rows: u64,
+    /// The application's steady commits without the relay, before the big backlog's relay starts.
     pub backlog_baseline: Duration,
+    /// Events/s of each storage variant's producer.
     pub storage_rate: u64,
+    /// Producer time of the storage run.
     pub storage_duration: Duration,
     /// Table size is read this often during the storage run.
     pub storage_every: Duration,
+    /// `--max-in-flight` values of the sweep group, one drain each.
     pub sweep: Vec<usize>,
+    /// Groups to run (`OUTBOX_BENCH_ONLY`); `None`: all of them.
     pub only: Option<Vec<String>>,
+    /// Extra flags for every relay (`OUTBOX_BENCH_RELAY_ARGS`).
     pub relay_args: Vec<String>,
     /// libpq `options` added to every relay's database URL: tries a relay-side session
     /// setting without rebuilding the relay.
     pub relay_pg_options: Option<String>,
+    /// Where results.json, table.md and the plot data go (`OUTBOX_BENCH_OUT`).
     pub out_dir: PathBuf,
 }
 
@@ -54,6 +67,7 @@ pub const SQS_LATENCY: Duration = Duration::from_millis(15);
 pub const PRODUCER_CONNECTIONS: usize = 32;
 
 impl Settings {
+    /// The run's settings; `relay_help` (`outbox-relay run --help`) gives the relay's defaults.
     pub fn from_env(relay_help: &str) -> Settings {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let number = |name: &str, default: u64| -> u64 {
@@ -128,25 +142,45 @@ impl Settings {
 
     /// `url` with [`Settings::relay_pg_options`] added, for a relay's `--database-url`.
     pub fn relay_url(&self, url: &str) -> String {
-        let Some(options) = &self.relay_pg_options else {
-            return url.to_string();
-        };
-        let encoded: String = options
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
-                    (b as char).to_string()
-                }
-                _ => format!("%{b:02X}"),
-            })
-            .collect();
-        let separator = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{separator}options={encoded}")
+        match &self.relay_pg_options {
+            Some(options) => with_pg_options(url, options),
+            None => url.to_string(),
+        }
     }
 
+    /// Whether `OUTBOX_BENCH_ONLY` lets `group` run.
     pub fn runs(&self, group: &str) -> bool {
         self.only
             .as_ref()
             .is_none_or(|only| only.iter().any(|g| g == group))
+    }
+}
+
+/// `url` with libpq `options` added, percent-encoded.
+fn with_pg_options(url: &str, options: &str) -> String {
+    let encoded: String = options
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options={encoded}")
+}
+
+// Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
+pub mod tests {
+    use super::with_pg_options;
+
+    pub fn pg_options_are_percent_encoded_after_any_query() {
+        assert_eq!(
+            with_pg_options("postgres://u@h/db", "-c synchronous_commit=off"),
+            "postgres://u@h/db?options=-c%20synchronous_commit%3Doff"
+        );
+        assert_eq!(
+            with_pg_options("postgres://u@h/db?sslmode=disable", "-c a=b"),
+            "postgres://u@h/db?sslmode=disable&options=-c%20a%3Db"
+        );
     }
 }

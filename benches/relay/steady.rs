@@ -13,13 +13,14 @@ use crate::relays::{check_alive, relay_args};
 use crate::sampler::{Activity, Sampler};
 use crate::settings::{Settings, PRODUCER_CONNECTIONS};
 use crate::sink::Sink;
-use crate::stats::quantile;
+use crate::stats::{quantile, signed_ms};
 use crate::support::{self, RelayProcess};
 use crate::timeline::{self, Second};
 use crate::workload::{self, Database};
 
 /// What one steady run measured, before the statistics.
 pub struct SteadyInput {
+    /// Events/s the producers aimed at.
     pub rate: u64,
     /// Producer time, from the first due event to the last commit.
     pub seconds: f64,
@@ -27,46 +28,70 @@ pub struct SteadyInput {
     pub measured_seconds: f64,
     /// Commit-to-send latency of each event in event order; `None` if it never arrived.
     pub latencies_ms: Vec<Option<f64>>,
+    /// CPU seconds of the relay over `measured_seconds`.
     pub relay_cpu: f64,
+    /// The relay's VmHWM at the end.
     pub relay_peak_rss_mib: f64,
+    /// CPU of every process on the machine over `measured_seconds`.
     pub cpu: Snapshot,
+    /// What the relay's database connections were doing, sampled.
     pub activity: Activity,
     /// SendMessageBatch requests the sink answered: entries ÷ requests says how full the
     /// batches were.
     pub sink_requests: u64,
+    /// Entries the sink received, duplicates included.
     pub sink_entries: u64,
     /// How late the producers' INSERTs returned after they were due.
     pub producer_late_p50_ms: f64,
+    /// See `producer_late_p50_ms`.
     pub producer_late_p99_ms: f64,
     /// What the producers' backends waited on (harm::WaitSampler).
     pub writer_waits: std::collections::BTreeMap<String, u64>,
+    /// The run second by second (backlog, probe, vacuum, cores).
     pub timeline: Vec<Second>,
 }
 
 pub struct SteadyRun {
+    /// Events/s the producers aimed at.
     pub rate: u64,
+    /// Events the producers committed.
     pub events: usize,
+    /// Events/s the producers reached: below `rate` when the database did not keep up.
     pub achieved_rate: f64,
     /// Events the sink never saw within the wait.
     pub missing: usize,
+    /// Commit-to-send latency quantiles over the events that arrived.
     pub p50_ms: f64,
+    /// See `p50_ms`.
     pub p99_ms: f64,
+    /// See `p50_ms`.
     pub p999_ms: f64,
+    /// The slowest event that arrived.
     pub max_ms: f64,
     /// Median latency in each fifth of the run (by event number): growing means the relay
     /// falls behind, flat means it keeps up.
     pub p50_ms_by_fifth: Vec<f64>,
     /// Sorted commit-to-send latencies, for the CDF.
     pub latencies_ms: Vec<f64>,
+    /// CPU seconds of the relay over `measured_seconds`.
     pub relay_cpu: f64,
+    /// The relay's VmHWM at the end.
     pub relay_peak_rss_mib: f64,
+    /// CPU of every process on the machine over `measured_seconds`.
     pub cpu: Snapshot,
+    /// What the relay's database connections were doing, sampled.
     pub activity: Activity,
+    /// How full the relay's batches were at this rate.
     pub entries_per_request: f64,
+    /// Time over which `cpu` and `relay_cpu` were taken.
     pub measured_seconds: f64,
+    /// How late the producers' INSERTs returned after they were due: a rate not kept shows here.
     pub producer_late_p50_ms: f64,
+    /// See `producer_late_p50_ms`.
     pub producer_late_p99_ms: f64,
+    /// What the producers' backends waited on (harm::WaitSampler).
     pub writer_waits: std::collections::BTreeMap<String, u64>,
+    /// The run second by second (backlog, probe, vacuum, cores).
     pub timeline: Vec<Second>,
 }
 
@@ -224,11 +249,7 @@ async fn steady(settings: &Settings, cluster: &support::pg::PrivatePg, rate: u64
             let (commit, arrival) = ((*commit)?, (*arrival)?);
             // An event can reach the sink before the producer's COMMIT call returns: the
             // notification goes out at commit, the reply still has to travel back.
-            Some(if arrival >= commit {
-                (arrival - commit).as_secs_f64() * 1000.0
-            } else {
-                -((commit - arrival).as_secs_f64() * 1000.0)
-            })
+            Some(signed_ms(commit, arrival))
         })
         .collect();
     let (sink_requests, sink_entries) = (sink.requests(), sink.entries());

@@ -16,6 +16,7 @@ use crate::progress::say;
 use crate::relays::{check_alive, help_value, migrate, start_relay, Wakeup};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
+use crate::stats::slope;
 use crate::support::pg::PrivatePg;
 use crate::support::TestDb;
 use crate::workload;
@@ -55,17 +56,7 @@ impl StorageRun {
             .filter(|s| s.producing && s.seconds >= from)
             .map(|s| (s.seconds, s.total as f64))
             .collect();
-        let n = pts.len() as f64;
-        if n < 2.0 {
-            return f64::NAN;
-        }
-        let (mx, my) = (
-            pts.iter().map(|p| p.0).sum::<f64>() / n,
-            pts.iter().map(|p| p.1).sum::<f64>() / n,
-        );
-        let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
-        let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-        sxy / sxx
+        slope(&pts)
     }
 
     /// Events per second the producers reached.

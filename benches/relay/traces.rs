@@ -37,6 +37,7 @@ pub const EXPORTER_LOG_TARGET: &str = "opentelemetry";
 
 /// What became of a tracing drain's spans.
 pub struct TraceRun {
+    /// Where the relays sent their spans.
     pub export: Traces,
     /// The batch processor's settings given to the relay (`OTEL_BSP_*`); empty: its defaults.
     pub settings: Vec<(String, String)>,
@@ -123,5 +124,39 @@ impl TraceRun {
             "spans_dropped_queue_full": self.dropped,
             "export_errors": self.export_errors,
         })
+    }
+}
+
+// Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
+pub mod tests {
+    use std::time::Duration;
+
+    use super::{TraceRun, Traces};
+
+    pub fn labels_say_where_spans_went_and_the_batch_settings() {
+        assert_eq!(Traces::Collector(Duration::ZERO).label(&[]), "tracing on");
+        assert_eq!(
+            Traces::Collector(Duration::from_millis(50))
+                .label(&[("OTEL_BSP_MAX_QUEUE_SIZE".into(), "8192".into())]),
+            "tracing on, collector 50 ms, OTEL_BSP_MAX_QUEUE_SIZE=8192"
+        );
+        assert_eq!(
+            Traces::CollectorDown.label(&[]),
+            "tracing on, collector down"
+        );
+    }
+
+    pub fn dropped_spans_and_export_errors_are_counted_from_the_logs() {
+        let logs = "INFO opentelemetry_sdk: shutdown dropped_span_count=12 x
+ERROR opentelemetry_sdk: BatchSpanProcessor.ExportError reason=refused
+INFO opentelemetry_sdk: shutdown dropped_span_count=3
+ERROR opentelemetry_sdk: BatchSpanProcessor.ExportError reason=refused";
+        let run = TraceRun::new(Traces::CollectorDown, &[], None, logs);
+        assert_eq!(run.dropped, 15);
+        assert_eq!(run.export_errors, 2);
+        assert!(run.received.is_none());
+        assert!(run
+            .summary(10)
+            .starts_with("collector down, nothing received; 15 dropped"));
     }
 }

@@ -44,6 +44,7 @@ fn tracing_variants() -> Vec<(Option<Traces>, RelayEnv)> {
 pub struct TracingDrain {
     /// 1-based; each round drains once per variant.
     pub round: usize,
+    /// The drain itself.
     pub run: DrainRun,
 }
 

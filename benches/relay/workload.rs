@@ -9,6 +9,7 @@ use outbox_relay::batch::KeyColumn;
 use outbox_relay::outbox::{ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox, Wakeup};
 use outbox_relay::row::{SentRow, Settlement};
 
+use crate::cluster;
 use crate::support::pg::PrivatePg;
 use crate::support::{self, TestDb};
 
@@ -201,17 +202,7 @@ impl Database {
 
     /// Drops the database so that the next run's disk and cache are not shared with this one.
     pub async fn drop_now(self) {
-        let admin = tokio_postgres::connect(&self.admin_url, tokio_postgres::NoTls)
-            .await
-            .expect("connect as admin");
-        let (client, connection) = admin;
-        let driver = tokio::spawn(connection);
-        client
-            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.db.name))
-            .await
-            .expect("drop the benchmark database");
-        drop(client);
-        let _ = driver.await;
+        cluster::drop_database(&self.admin_url, &self.db.name).await;
     }
 }
 

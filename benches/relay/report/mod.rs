@@ -13,7 +13,7 @@ mod verdict;
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::backlog::BacklogRun;
 use crate::ceiling::CeilingRun;
@@ -23,16 +23,19 @@ use crate::idle::{IdleClusterCpu, IdleRun};
 use crate::settings::Settings;
 use crate::steady::SteadyRun;
 use crate::storage::StorageRun;
-use crate::support;
 use crate::tracing_group::TracingDrain;
 
 /// Entries per SendMessageBatch request (SQS's limit, and what the relay packs).
 const ENTRIES_PER_REQUEST: f64 = 10.0;
 
 pub struct Report {
+    /// When, where and on what the run measured (results.json's `meta`).
     meta: Value,
+    /// Mean payload size of the ceilings' backlog, for the ceiling table's title.
     pub payload_bytes: f64,
+    /// Group `ceiling`.
     pub ceilings: Vec<CeilingRun>,
+    /// Groups `drain`, `replicas`, `ordered`, `sweep` and `pooler`.
     pub drains: Vec<DrainRun>,
     /// Ordered FIFO drains of one backlog over many groups and over one (`long-group`).
     pub long_group: Vec<DrainRun>,
@@ -40,77 +43,46 @@ pub struct Report {
     pub large_events: Vec<DrainRun>,
     /// The same drain with tracing off and on, rounds in rotated order (`tracing`).
     pub tracing: Vec<TracingDrain>,
+    /// Group `steady`.
     pub steady: Vec<SteadyRun>,
+    /// Group `harm`, one run per wake-up mode.
     pub harm: Vec<HarmRun>,
+    /// Group `idle`: every set of idle relays.
     pub idle: Vec<IdleRun>,
+    /// Group `idle`: each cluster as a whole over the same window.
     pub idle_clusters: Vec<IdleClusterCpu>,
+    /// Group `storage`, one run per variant.
     pub storage: Vec<StorageRun>,
     /// A large backlog drained while the application commits at a steady rate (`big-backlog`).
     pub big_backlog: Vec<BacklogRun>,
+    /// The whole run's time.
     pub seconds: f64,
+    /// Whether the build has `--ordered`: what the ordered target's note says.
     ordered_flag: bool,
+    /// Every relay's `--batch-size`, for the titles and the ceiling lookups.
     batch: usize,
+    /// The relay's default `--max-in-flight`: which drain is the base and which sweep run is the default.
     in_flight: usize,
 }
 
 struct Target {
+    /// What is measured.
     what: String,
+    /// The bound, as text (`≥ 0.95`, `≤ 5 ms`).
     goal: String,
+    /// What the run measured; `None`: not run.
     value: Option<f64>,
+    /// Whether `value` is within `goal`; `None`: not run.
     met: Option<bool>,
+    /// What the reader needs to judge the figure (which run, which bound).
     note: String,
 }
 
 impl Report {
-    pub async fn new(settings: &Settings, ordered_flag: bool) -> Report {
-        let (admin, connection) =
-            tokio_postgres::connect(&support::pg().admin_url(), tokio_postgres::NoTls)
-                .await
-                .expect("connect to the benchmark PostgreSQL");
-        tokio::spawn(connection);
-        let pg_version: String = admin
-            .query_one("SHOW server_version", &[])
-            .await
-            .expect("server version")
-            .get(0);
-        let command = |program: &str, args: &[&str]| {
-            std::process::Command::new(program)
-                .args(args)
-                .current_dir(support::repo_root())
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
-        let dirty = command("git", &["status", "--porcelain", "--", "src", "sql"])
-            .is_some_and(|s| !s.is_empty());
-        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let cores = cpuinfo
-            .lines()
-            .filter(|l| l.starts_with("processor"))
-            .count();
-        let model = cpuinfo
-            .lines()
-            .find_map(|l| l.strip_prefix("model name"))
-            .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string());
+    /// An empty report of a run with `settings`; `meta` from [`crate::meta::collect`].
+    pub fn new(settings: &Settings, ordered_flag: bool, meta: Value) -> Report {
         Report {
-            meta: json!({
-                "date": command("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
-                "commit": command("git", &["rev-parse", "--short", "HEAD"]),
-                "src_modified_since_commit": dirty,
-                "postgres": pg_version,
-                "cores": cores,
-                "cpu": model,
-                "quick": settings.quick,
-                "rows": settings.rows,
-                "batch_size": settings.batch,
-                "max_in_flight_default": settings.in_flight,
-                "window_seconds": settings.window.as_secs(),
-                "steady_seconds": settings.steady.as_secs(),
-                "extra_relay_args": settings.relay_args,
-                "relay_pg_options": settings.relay_pg_options,
-                "relay_has_ordered_flag": ordered_flag,
-            }),
+            meta,
             payload_bytes: 0.0,
             ceilings: Vec::new(),
             drains: Vec::new(),
@@ -252,4 +224,16 @@ impl Report {
 fn fmt_ratio(v: Option<f64>) -> String {
     v.filter(|v| v.is_finite())
         .map_or("—".to_string(), |v| format!("{v:.2}"))
+}
+
+// Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
+pub mod tests {
+    use super::fmt_ratio;
+
+    pub fn ratios_print_two_decimals_and_a_dash_for_none() {
+        assert_eq!(fmt_ratio(Some(0.956)), "0.96");
+        assert_eq!(fmt_ratio(None), "—");
+        assert_eq!(fmt_ratio(Some(f64::NAN)), "—");
+        assert_eq!(fmt_ratio(Some(f64::INFINITY)), "—");
+    }
 }
