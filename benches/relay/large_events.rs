@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::drain::{drain, say_drain, spec, Destination, DrainRun, SHORT_DRAIN_POLL};
+use crate::help::{help_value, relay_run_help};
 use crate::progress::say;
-use crate::relays::{help_value, relay_run_help};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::workload::{self, Backlog, Payload};
 

@@ -34,6 +34,7 @@ mod collector;
 mod drain;
 mod drains;
 mod harm;
+mod help;
 mod http;
 mod idle;
 mod large_events;
@@ -57,8 +58,9 @@ mod workload;
 use std::time::Instant;
 
 use cluster::Clusters;
+use help::relay_run_help;
 use progress::say;
-use relays::{relay_run_help, Wakeup};
+use relays::Wakeup;
 use report::Report;
 use settings::Settings;
 

@@ -39,7 +39,7 @@ const TESTS: &[(&str, fn())] = &[
     ),
     (
         "relays::help_values_are_read_from_the_flags_own_block",
-        crate::relays::tests::help_values_are_read_from_the_flags_own_block,
+        crate::help::tests::help_values_are_read_from_the_flags_own_block,
     ),
     (
         "traces::labels_say_where_spans_went_and_the_batch_settings",

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::relays::help_default;
+use crate::help::help_default;
 use crate::support;
 
 /// What this run does; from the environment, see the table at the top.

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::cluster::drop_db;
+use crate::help::help_value;
 use crate::progress::say;
-use crate::relays::{check_alive, help_value, migrate, start_relay, Wakeup};
+use crate::relays::{check_alive, migrate, start_relay, Wakeup};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
 use crate::stats::slope;
