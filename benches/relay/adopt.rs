@@ -25,18 +25,27 @@ const BASELINE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, serde::Serialize)]
 pub struct AdoptRun {
+    /// The `outbox-relay` binary that adopted: this build, or `OUTBOX_BENCH_ADOPT_BEFORE`'s.
     pub binary: String,
+    /// Rows of the adopted table.
     pub rows: i64,
+    /// Its size before the adoption.
     pub table_mb: f64,
+    /// How long `migrate --adopt` ran.
     pub adopt_seconds: f64,
+    /// Whether it exited successfully.
     pub exit_ok: bool,
     /// Inserts started while the adoption ran.
     pub inserts: usize,
+    /// Insert latency quantiles of the writers while the adoption ran.
     pub p50_ms: f64,
+    /// See `p50_ms`.
     pub p99_ms: f64,
+    /// The slowest insert while the adoption ran: what a lock would show.
     pub max_ms: f64,
     /// Same writers, the seconds before the adoption.
     pub baseline_p99_ms: f64,
+    /// See `baseline_p99_ms`.
     pub baseline_max_ms: f64,
 }
 

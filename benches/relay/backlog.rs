@@ -35,25 +35,35 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// One tenth of the backlog, as the relay drained it.
 pub struct Tenth {
+    /// How long the relay took over this tenth.
     pub seconds: f64,
+    /// Rows it sent per second over this tenth.
     pub rows_per_second: f64,
     /// Mean of the claims made in this tenth; `None` for a build without the histogram.
     pub claim_ms: Option<f64>,
 }
 
 pub struct BacklogRun {
+    /// Rows of the backlog written before the relay started.
     pub rows: u64,
+    /// The application's commits/s meanwhile ([`RATE`]).
     pub rate: u64,
+    /// How long writing the backlog took.
     pub fill_seconds: f64,
     /// The application's commit latency in ms, sorted: without the relay, and while it caught
     /// up (events due before it had).
     pub without_ms: Vec<f64>,
+    /// See `without_ms`.
     pub with_ms: Vec<f64>,
     /// From the relay's start until it had sent the backlog and everything written meanwhile.
     pub catch_up_seconds: f64,
+    /// The drain tenth by tenth of the backlog: does it slow as the table empties?
     pub tenths: Vec<Tenth>,
+    /// CPU seconds of the relay over the catch-up.
     pub relay_cpu_seconds: f64,
+    /// The outbox table's size with the backlog, before the relay.
     pub table_mib_before: f64,
+    /// Its size once the relay had caught up (delete on acknowledgement).
     pub table_mib_after: f64,
 }
 
@@ -124,9 +134,13 @@ impl BacklogRun {
 
 /// The relay's counters at one moment.
 struct Mark {
+    /// Since the relay started.
     seconds: f64,
+    /// `outbox_events_sent_total` at that moment.
     sent: f64,
+    /// `outbox_claim_duration_seconds` sum and count; `None` where the build lacks it.
     claim_sum: Option<f64>,
+    /// See `claim_sum`.
     claim_count: Option<f64>,
 }
 

@@ -25,12 +25,17 @@ use crate::workload;
 /// One size reading.
 #[derive(Clone, Copy, Debug)]
 pub struct SizeSample {
+    /// Since the variant's producer started.
     pub seconds: f64,
     /// pg_total_relation_size: heap + indexes + TOAST (+ free space and visibility maps).
     pub total: i64,
+    /// pg_relation_size: the heap alone.
     pub heap: i64,
+    /// pg_indexes_size.
     pub indexes: i64,
+    /// n_live_tup of pg_stat_user_tables: rows the table holds.
     pub live_rows: i64,
+    /// n_dead_tup: rows VACUUM has still to reclaim.
     pub dead_rows: i64,
     /// Events committed so far.
     pub events: u64,
@@ -40,11 +45,17 @@ pub struct SizeSample {
 }
 
 pub struct StorageRun {
+    /// The variant, as the tables name it.
     pub name: String,
+    /// The variant's relay flags.
     pub flags: Vec<String>,
+    /// Events/s its producer aimed at.
     pub rate: u64,
+    /// Every size reading, the last after the producer stopped.
     pub samples: Vec<SizeSample>,
+    /// Events the producer committed.
     pub events: u64,
+    /// Producer time.
     pub seconds: f64,
 }
 

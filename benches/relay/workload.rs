@@ -21,9 +21,11 @@ pub const GROUPS: u64 = 1000;
 /// What a backlog holds: event n (from 1) goes to group `n % groups`.
 #[derive(Clone, Copy, Debug)]
 pub struct Backlog {
+    /// Events written before the relays start.
     pub rows: u64,
     /// Distinct `aggregate_id`s (FIFO message groups); 1 puts every event in one group.
     pub groups: u64,
+    /// What each event carries.
     pub payload: Payload,
 }
 
@@ -84,7 +86,9 @@ fn with_n(template: &str, n: &str) -> String {
 
 /// A fresh database with a migrated outbox table, dropped when the run ends.
 pub struct Database {
+    /// The database and its URL, for the relays and the samplers.
     pub db: TestDb,
+    /// The relay library's handle on its outbox table, for the ceilings and the fill.
     pub outbox: Arc<Outbox>,
     /// Of the cluster holding it, to drop it at the end.
     admin_url: String,
@@ -213,12 +217,17 @@ pub struct Ceiling {
     pub ordered: bool,
     /// The minimal claim + mark of [`minimal_ceiling`], not the relay's SQL.
     pub minimal: bool,
+    /// Rows per claim.
     pub batch: i64,
+    /// Connections claiming at once.
     pub workers: usize,
+    /// Rows claimed and marked sent.
     pub rows: u64,
+    /// Time to drain them.
     pub seconds: f64,
     /// Mean time of one claim statement, and of one settle (mark sent), in milliseconds.
     pub claim_ms: f64,
+    /// See `claim_ms`.
     pub settle_ms: f64,
     /// Mean claim time in each tenth of the drain (by rows already claimed): a claim that
     /// gets slower as the drain goes on is walking what the earlier claims left behind.
@@ -234,8 +243,11 @@ impl Ceiling {
 /// What one ceiling worker did: rows settled, and for each claim, the rows claimed before it
 /// (by every worker) and how long it took.
 struct WorkerLog {
+    /// Rows the worker settled.
     rows: u64,
+    /// For each claim: rows claimed before it by every worker, and how long it took.
     claims: Vec<(u64, Duration)>,
+    /// Time the worker spent marking rows sent.
     settle_time: Duration,
 }
 
@@ -424,10 +436,12 @@ pub async fn minimal_ceiling(db: &TestDb, batch: i64, backlog: u64) -> Ceiling {
 pub struct Produced {
     /// `commits[n - 1]` is when `INSERT … event n` returned (autocommit: after COMMIT).
     pub commits: Vec<Option<Instant>>,
+    /// From the first due event to the last commit.
     pub seconds: f64,
     /// Event n was due at `start + (n - 1) / rate`: a commit long after that says the producers,
     /// not the relay, could not keep the rate.
     pub start: Instant,
+    /// Events/s the producer aimed at.
     pub rate: u64,
 }
 
@@ -545,6 +559,7 @@ pub struct Written {
     pub commits: Vec<(u64, Instant)>,
     /// Commits that returned within the measured time.
     pub committed_in_time: u64,
+    /// The measured time.
     pub seconds: f64,
 }
 
