@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use crate::cluster::Clusters;
 use crate::procstat;
 use crate::progress::say;
-use crate::relays::{check_alive, relay_args};
+use crate::relays::{self, check_alive, relay_args};
 use crate::settings::{Settings, PRODUCER_CONNECTIONS};
 use crate::sink::Sink;
 use crate::stats::quantile;
@@ -294,10 +294,7 @@ pub async fn big_backlog(settings: &Settings, clusters: &mut Clusters) -> Backlo
     };
     let catch_up_seconds = caught_up.map_or(0.0, |at| (at - started).as_secs_f64());
     let relay_cpu_seconds = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0);
-    relay.sigterm();
-    if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
-        relay.kill9();
-    }
+    relays::stop(std::slice::from_ref(&relay)).await;
     let table_mib_after = database.size_mib().await;
     drop(sink);
     database.drop_now().await;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use crate::collector::{self, Collector};
 use crate::procstat::{self, Snapshot};
 use crate::progress::say;
-use crate::relays::{check_alive_traced, relay_args, sent_total};
+use crate::relays::{check_alive_traced, relay_args, sent_total, stop};
 use crate::sampler::{Activity, Sampler};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
@@ -236,14 +236,7 @@ pub async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
     let cpu = Snapshot::take().since(&before);
     let activity = sampler.finish().await;
     let stopping = Instant::now();
-    for relay in &relays {
-        relay.sigterm();
-    }
-    for relay in &relays {
-        if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
-            relay.kill9();
-        }
-    }
+    stop(&relays).await;
     let exit_seconds = stopping.elapsed().as_secs_f64();
     let traces = spec.traces.map(|export| {
         let logs: Vec<String> = relays.iter().map(RelayProcess::output).collect();

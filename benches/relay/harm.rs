@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use crate::cluster::{drop_db, Clusters};
 use crate::procstat::{self, Snapshot};
 use crate::progress::say;
-use crate::relays::{check_alive, migrate, start_relay, Wakeup};
+use crate::relays::{check_alive, migrate, start_relay, stop, Wakeup};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
 use crate::stats::{median, quantile, shares, signed_ms};
@@ -296,10 +296,7 @@ async fn harm_cell(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         check_alive(std::slice::from_ref(&relay));
-        relay.sigterm();
-        if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
-            relay.kill9();
-        }
+        stop(std::slice::from_ref(&relay)).await;
         let mut arrived: BTreeMap<u64, Instant> = BTreeMap::new();
         for (n, at) in sink.arrivals() {
             let slot = arrived.entry(n).or_insert(at);

@@ -1,14 +1,14 @@
 //! Group `idle`: what relays with nothing to send cost, on the durable clusters.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
 use crate::cluster::{drop_db, Clusters};
 use crate::procstat;
 use crate::progress::say;
-use crate::relays::{check_alive, migrate, start_relay, Wakeup};
+use crate::relays::{check_alive, migrate, start_relay, stop, Wakeup};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
 use crate::support::pg::PrivatePg;
@@ -161,14 +161,7 @@ pub async fn idle(
         .collect();
     for s in &setups {
         check_alive(&s.relays);
-        for relay in &s.relays {
-            relay.sigterm();
-        }
-        for relay in &s.relays {
-            if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
-                relay.kill9();
-            }
-        }
+        stop(&s.relays).await;
     }
     for s in &setups {
         let cluster = clusters

@@ -64,6 +64,18 @@ pub async fn sent_total(relays: &[RelayProcess]) -> u64 {
     sum as u64
 }
 
+/// SIGTERM to every relay at once, then each gets 30 s to exit before SIGKILL.
+pub async fn stop(relays: &[RelayProcess]) {
+    for relay in relays {
+        relay.sigterm();
+    }
+    for relay in relays {
+        if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
+            relay.kill9();
+        }
+    }
+}
+
 /// Panics on a relay's first error line.
 pub fn check_alive(relays: &[RelayProcess]) {
     check_alive_traced(relays, false);

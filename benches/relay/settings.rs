@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::help::help_default;
 use crate::support;
 
-/// What this run does; from the environment, see the table at the top.
+/// What this run does; from the environment, see the table at the top of main.rs.
 pub struct Settings {
     /// `OUTBOX_BENCH_QUICK`: the smaller defaults, to try the benchmark out.
     pub quick: bool,

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::cluster::drop_db;
 use crate::help::help_value;
 use crate::progress::say;
-use crate::relays::{check_alive, migrate, start_relay, Wakeup};
+use crate::relays::{check_alive, migrate, start_relay, stop, Wakeup};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
 use crate::stats::slope;
@@ -223,10 +223,7 @@ pub async fn storage(
     ));
     for (_, _, db, relay) in &sets {
         check_alive(std::slice::from_ref(relay));
-        relay.sigterm();
-        if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
-            relay.kill9();
-        }
+        stop(std::slice::from_ref(relay)).await;
         drop_db(cluster, db).await;
     }
     runs
