@@ -7,15 +7,16 @@
 //! `OUTBOX_BENCH_ADOPT_BEFORE=PATH` also runs another build's binary first (e.g. main's, for a
 //! before/after), each on a table of its own. Results go to stdout and `adopt.json`.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::make_temp_dir;
-use crate::{say, Settings};
+use crate::cluster::{connect, DurablePg};
+use crate::progress::say;
+use crate::settings::Settings;
+use crate::stats::rounded_rank_quantile as quantile;
 
 /// Writers inserting while the adoption runs, as in the report that asked for this figure.
 const WRITERS: usize = 4;
@@ -24,18 +25,27 @@ const BASELINE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, serde::Serialize)]
 pub struct AdoptRun {
+    /// The `outbox-relay` binary that adopted: this build, or `OUTBOX_BENCH_ADOPT_BEFORE`'s.
     pub binary: String,
+    /// Rows of the adopted table.
     pub rows: i64,
+    /// Its size before the adoption.
     pub table_mb: f64,
+    /// How long `migrate --adopt` ran.
     pub adopt_seconds: f64,
+    /// Whether it exited successfully.
     pub exit_ok: bool,
     /// Inserts started while the adoption ran.
     pub inserts: usize,
+    /// Insert latency quantiles of the writers while the adoption ran.
     pub p50_ms: f64,
+    /// See `p50_ms`.
     pub p99_ms: f64,
+    /// The slowest insert while the adoption ran: what a lock would show.
     pub max_ms: f64,
     /// Same writers, the seconds before the adoption.
     pub baseline_p99_ms: f64,
+    /// See `baseline_p99_ms`.
     pub baseline_max_ms: f64,
 }
 
@@ -199,162 +209,5 @@ async fn measure(url: &str, binary: &Path, rows: i64) -> AdoptRun {
         max_ms: during.last().copied().unwrap_or(0.0),
         baseline_p99_ms: quantile(&before, 0.99),
         baseline_max_ms: before.last().copied().unwrap_or(0.0),
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0")
-        .port()
-}
-
-fn quantile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect to the benchmark's PostgreSQL: {e}"));
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    client
-}
-
-/// A throwaway cluster that commits durably, as production does: the test harness's clusters
-/// run with `fsync=off`, which hides what a lock or a flush costs a commit.
-struct DurablePg {
-    root: PathBuf,
-    port: u16,
-    child: std::process::Child,
-}
-
-impl DurablePg {
-    fn start() -> DurablePg {
-        let bin = bin_dir();
-        let run_as = run_as();
-        let root = make_temp_dir("adopt-pg");
-        let data = root.join("data");
-        if let Some((uid, gid)) = run_as {
-            std::os::unix::fs::chown(&root, Some(uid), Some(gid)).expect("chown");
-        }
-        let as_user = |cmd: &mut Command| {
-            cmd.current_dir(&root);
-            if let Some((uid, gid)) = run_as {
-                cmd.uid(uid).gid(gid).env("HOME", &root);
-            }
-        };
-        let mut initdb = Command::new(bin.join("initdb"));
-        initdb.arg("-D").arg(&data).args([
-            "-U",
-            "postgres",
-            "--auth=trust",
-            "--encoding=UTF8",
-            "--locale=C",
-        ]);
-        as_user(&mut initdb);
-        let out = initdb.output().expect("run initdb");
-        assert!(out.status.success(), "initdb: {out:?}");
-        let port = free_port();
-        let log = std::fs::File::create(root.join("postgres.log")).expect("log file");
-        let mut postgres = Command::new(bin.join("postgres"));
-        postgres
-            .arg("-D")
-            .arg(&data)
-            .args(["-p", &port.to_string(), "-k"])
-            .arg(&root)
-            .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
-            .args(["-c", "shared_buffers=128MB", "-c", "max_connections=50"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("dup"))
-            .stderr(log);
-        as_user(&mut postgres);
-        let child = postgres.spawn().expect("start postgres");
-        let pg = DurablePg { root, port, child };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "postgres did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        pg
-    }
-
-    fn url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
-    }
-
-    async fn create_db(&self, name: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let admin = loop {
-            match tokio_postgres::connect(&self.url("postgres"), tokio_postgres::NoTls).await {
-                Ok((client, connection)) => {
-                    tokio::spawn(connection);
-                    break client;
-                }
-                Err(_) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("postgres does not accept logins: {e}"),
-            }
-        };
-        admin
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .unwrap();
-        self.url(name)
-    }
-}
-
-impl Drop for DurablePg {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own live child: fast shutdown.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-/// The harness's rule: `OUTBOX_TEST_PG_BINDIR`, else `pg_config --bindir`, else Debian's
-/// newest `/usr/lib/postgresql/N/bin`.
-fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("OUTBOX_TEST_PG_BINDIR") {
-        return PathBuf::from(dir);
-    }
-    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if out.status.success() && dir.join("postgres").is_file() {
-            return dir;
-        }
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
-        .filter(|(_, dir)| dir.join("postgres").is_file())
-        .collect();
-    versions.sort();
-    versions
-        .pop()
-        .map(|(_, dir)| dir)
-        .expect("no PostgreSQL server binaries found")
-}
-
-/// PostgreSQL refuses to run as root: run it as the `postgres` user then.
-fn run_as() -> Option<(u32, u32)> {
-    // SAFETY: geteuid has no preconditions; getpwnam's result is read at once.
-    unsafe {
-        if libc::geteuid() != 0 {
-            return None;
-        }
-        let pw = libc::getpwnam(c"postgres".as_ptr());
-        assert!(!pw.is_null(), "running as root without a `postgres` user");
-        Some(((*pw).pw_uid, (*pw).pw_gid))
     }
 }

@@ -16,12 +16,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::harm::Clusters;
-use crate::report::quantile;
+use crate::cluster::Clusters;
+use crate::procstat;
+use crate::progress::say;
+use crate::relays::{self, check_alive, relay_args};
+use crate::settings::{Settings, PRODUCER_CONNECTIONS};
 use crate::sink::Sink;
+use crate::stats::quantile;
 use crate::support::{metric_value, RelayProcess};
 use crate::workload::{self, Backlog, Database, Produced};
-use crate::{procstat, relay_args, Settings, PRODUCER_CONNECTIONS};
 
 /// The application's commits per second meanwhile, as the issue asks.
 pub const RATE: u64 = 500;
@@ -32,25 +35,35 @@ const POLL: Duration = Duration::from_millis(200);
 
 /// One tenth of the backlog, as the relay drained it.
 pub struct Tenth {
+    /// How long the relay took over this tenth.
     pub seconds: f64,
+    /// Rows it sent per second over this tenth.
     pub rows_per_second: f64,
     /// Mean of the claims made in this tenth; `None` for a build without the histogram.
     pub claim_ms: Option<f64>,
 }
 
 pub struct BacklogRun {
+    /// Rows of the backlog written before the relay started.
     pub rows: u64,
+    /// The application's commits/s meanwhile ([`RATE`]).
     pub rate: u64,
+    /// How long writing the backlog took.
     pub fill_seconds: f64,
     /// The application's commit latency in ms, sorted: without the relay, and while it caught
     /// up (events due before it had).
     pub without_ms: Vec<f64>,
+    /// See `without_ms`.
     pub with_ms: Vec<f64>,
     /// From the relay's start until it had sent the backlog and everything written meanwhile.
     pub catch_up_seconds: f64,
+    /// The drain tenth by tenth of the backlog: does it slow as the table empties?
     pub tenths: Vec<Tenth>,
+    /// CPU seconds of the relay over the catch-up.
     pub relay_cpu_seconds: f64,
+    /// The outbox table's size with the backlog, before the relay.
     pub table_mib_before: f64,
+    /// Its size once the relay had caught up (delete on acknowledgement).
     pub table_mib_after: f64,
 }
 
@@ -121,9 +134,13 @@ impl BacklogRun {
 
 /// The relay's counters at one moment.
 struct Mark {
+    /// Since the relay started.
     seconds: f64,
+    /// `outbox_events_sent_total` at that moment.
     sent: f64,
+    /// `outbox_claim_duration_seconds` sum and count; `None` where the build lacks it.
     claim_sum: Option<f64>,
+    /// See `claim_sum`.
     claim_count: Option<f64>,
 }
 
@@ -264,7 +281,7 @@ pub async fn big_backlog(settings: &Settings, clusters: &mut Clusters) -> Backlo
                     caught_up = Some(Instant::now());
                     break;
                 }
-                crate::check_alive(std::slice::from_ref(&relay));
+                check_alive(std::slice::from_ref(&relay));
                 assert!(
                     started.elapsed() < limit,
                     "big backlog: {sent} of {written} sent after {limit:?}\n{}",
@@ -277,10 +294,7 @@ pub async fn big_backlog(settings: &Settings, clusters: &mut Clusters) -> Backlo
     };
     let catch_up_seconds = caught_up.map_or(0.0, |at| (at - started).as_secs_f64());
     let relay_cpu_seconds = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0);
-    relay.sigterm();
-    if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
-        relay.kill9();
-    }
+    relays::stop(std::slice::from_ref(&relay)).await;
     let table_mib_after = database.size_mib().await;
     drop(sink);
     database.drop_now().await;
@@ -296,4 +310,11 @@ pub async fn big_backlog(settings: &Settings, clusters: &mut Clusters) -> Backlo
         table_mib_before,
         table_mib_after,
     }
+}
+
+/// The group's one run, and its progress line.
+pub async fn run(settings: &Settings, clusters: &mut Clusters) -> BacklogRun {
+    let run = big_backlog(settings, clusters).await;
+    say(&run.summary());
+    run
 }

@@ -22,7 +22,9 @@ use crate::http;
 pub struct Collector {
     /// For `OTEL_EXPORTER_OTLP_ENDPOINT` (the exporter appends `/v1/traces`).
     pub endpoint: String,
+    /// What the listener counted, shared with its connection tasks.
     state: Arc<State>,
+    /// The accept loop, aborted on drop so the port closes with the run.
     accept: JoinHandle<()>,
 }
 
@@ -30,6 +32,7 @@ pub struct Collector {
 struct State {
     /// How long each answer waits.
     delay: Duration,
+    /// Export requests answered.
     requests: AtomicU64,
     /// Body bytes of the export requests (protobuf, uncompressed).
     bytes: AtomicU64,
@@ -40,8 +43,11 @@ struct State {
 /// What the collector received over a run, decoded.
 #[derive(Clone, Debug, Default)]
 pub struct Received {
+    /// Export requests the collector answered.
     pub requests: u64,
+    /// Their body bytes (protobuf, uncompressed).
     pub bytes: u64,
+    /// Spans decoded from them.
     pub spans: u64,
     /// Distinct `outbox.event_id` values among the spans.
     pub events: u64,

@@ -16,9 +16,11 @@ const MAX_HEAD: usize = 16 * 1024;
 pub struct Head {
     /// `POST`, `PUT`, ...
     pub method: String,
+    /// The request target, e.g. `/v1/traces` or an S3 object key.
     pub path: String,
     /// `X-Amz-Target` (SQS's JSON protocol names the operation there), or empty.
     pub target: String,
+    /// `Content-Length`: how much body to read before answering.
     pub content_length: usize,
 }
 

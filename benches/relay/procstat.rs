@@ -6,6 +6,7 @@ use std::collections::HashMap;
 /// Fields of /proc/PID/stat this benchmark needs, times in seconds.
 #[derive(Debug, Clone, Copy)]
 struct Stat {
+    /// The parent, to walk a process tree (the postmaster and its backends).
     ppid: i32,
     /// utime + stime of the process itself (all its threads).
     own: f64,
@@ -107,6 +108,7 @@ pub struct Snapshot {
     pub bench: f64,
     /// Busy and total CPU time of the whole machine, from /proc/stat.
     pub machine_busy: f64,
+    /// See `machine_busy`.
     pub machine_total: f64,
 }
 

@@ -14,7 +14,9 @@ use crate::support::TestDb;
 const INTERVAL: Duration = Duration::from_millis(20);
 
 pub struct Sampler {
+    /// Set by [`Sampler::finish`]; the sampling task ends at its next tick.
     stop: Arc<AtomicBool>,
+    /// The sampling task; it returns what it counted.
     task: JoinHandle<Activity>,
 }
 
@@ -24,7 +26,9 @@ pub struct Sampler {
 /// waiting for one).
 #[derive(Debug, Default, Clone)]
 pub struct Activity {
+    /// Samples per state (`claim`, `mark sent`, `idle`, …).
     pub samples: BTreeMap<String, u64>,
+    /// Samples per wait event type while active (`IO`, `Lock`, `LWLock`, …).
     pub waits: BTreeMap<String, u64>,
 }
 

@@ -21,18 +21,24 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
 pub struct Sink {
+    /// For the relays' `--sqs-endpoint-url` (and `--s3-endpoint-url`).
     pub endpoint: String,
+    /// What the listener counted, shared with its connection tasks.
     state: Arc<State>,
+    /// The accept loop, aborted on drop so the port closes with the run.
     accept: JoinHandle<()>,
 }
 
 struct State {
+    /// How long each answer waits: SQS's round trip, or none.
     delay: Duration,
     /// Entries received, duplicates included.
     entries: AtomicU64,
+    /// SendMessageBatch requests answered.
     requests: AtomicU64,
     /// PutObject requests (offloaded bodies), answered without keeping the body.
     objects: AtomicU64,
+    /// The next `MessageId` handed out, so that every answer's ids differ.
     next_message_id: AtomicU64,
     /// Steady runs only: when each event arrived, keyed by the number in its `event_id`.
     arrivals: Option<Mutex<Vec<(u64, Instant)>>>,
@@ -43,21 +49,27 @@ struct State {
 
 #[derive(Default)]
 struct FifoOrder {
+    /// The highest event number seen per message group.
     last_in_group: HashMap<String, u64>,
+    /// Entries that arrived behind a later event of their group.
     behind: u64,
+    /// FIFO entries that came without a `MessageGroupId`.
     missing_group_id: u64,
 }
 
 #[derive(Deserialize)]
 struct SendMessageBatch {
+    /// Which queue: `.fifo` turns the ordering check on.
     #[serde(rename = "QueueUrl")]
     queue_url: String,
+    /// The batch's entries, every one answered as successful.
     #[serde(rename = "Entries")]
     entries: Vec<Entry>,
 }
 
 #[derive(Deserialize)]
 struct GetQueueAttributes {
+    /// Which queue: the answer follows its name.
     #[serde(rename = "QueueUrl")]
     queue_url: String,
 }
@@ -67,16 +79,20 @@ const MAXIMUM_MESSAGE_SIZE: usize = 1024 * 1024;
 
 #[derive(Deserialize)]
 struct Entry {
+    /// Echoed in the answer, as SQS does.
     #[serde(rename = "Id")]
     id: String,
+    /// FIFO only: the group the ordering check follows.
     #[serde(rename = "MessageGroupId")]
     group_id: Option<String>,
+    /// Where the event's `event_id` (with its number) arrives.
     #[serde(rename = "MessageAttributes", default)]
     attributes: HashMap<String, Attribute>,
 }
 
 #[derive(Deserialize)]
 struct Attribute {
+    /// A String attribute's value (event ids are strings).
     #[serde(rename = "StringValue")]
     string_value: Option<String>,
 }

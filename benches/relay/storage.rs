@@ -11,21 +11,31 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::harm::{self, Wakeup};
+use crate::cluster::drop_db;
+use crate::help::help_value;
+use crate::progress::say;
+use crate::relays::{check_alive, migrate, start_relay, stop, Wakeup};
+use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
+use crate::stats::slope;
 use crate::support::pg::PrivatePg;
 use crate::support::TestDb;
-use crate::{workload, Settings, SQS_LATENCY};
+use crate::workload;
 
 /// One size reading.
 #[derive(Clone, Copy, Debug)]
 pub struct SizeSample {
+    /// Since the variant's producer started.
     pub seconds: f64,
     /// pg_total_relation_size: heap + indexes + TOAST (+ free space and visibility maps).
     pub total: i64,
+    /// pg_relation_size: the heap alone.
     pub heap: i64,
+    /// pg_indexes_size.
     pub indexes: i64,
+    /// n_live_tup of pg_stat_user_tables: rows the table holds.
     pub live_rows: i64,
+    /// n_dead_tup: rows VACUUM has still to reclaim.
     pub dead_rows: i64,
     /// Events committed so far.
     pub events: u64,
@@ -35,11 +45,17 @@ pub struct SizeSample {
 }
 
 pub struct StorageRun {
+    /// The variant, as the tables name it.
     pub name: String,
+    /// The variant's relay flags.
     pub flags: Vec<String>,
+    /// Events/s its producer aimed at.
     pub rate: u64,
+    /// Every size reading, the last after the producer stopped.
     pub samples: Vec<SizeSample>,
+    /// Events the producer committed.
     pub events: u64,
+    /// Producer time.
     pub seconds: f64,
 }
 
@@ -52,17 +68,7 @@ impl StorageRun {
             .filter(|s| s.producing && s.seconds >= from)
             .map(|s| (s.seconds, s.total as f64))
             .collect();
-        let n = pts.len() as f64;
-        if n < 2.0 {
-            return f64::NAN;
-        }
-        let (mx, my) = (
-            pts.iter().map(|p| p.0).sum::<f64>() / n,
-            pts.iter().map(|p| p.1).sum::<f64>() / n,
-        );
-        let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
-        let sxy: f64 = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-        sxy / sxx
+        slope(&pts)
     }
 
     /// Events per second the producers reached.
@@ -136,7 +142,7 @@ impl StorageRun {
 /// The variants: the build's default retention, rows kept a week, delete on acknowledgement
 /// (left out where it is the default: `--retention 0`).
 pub fn variants(relay_help: &str) -> Vec<(String, Vec<String>)> {
-    let default = crate::help_value(relay_help, "--retention").unwrap_or_else(|| "?".into());
+    let default = help_value(relay_help, "--retention").unwrap_or_else(|| "?".into());
     let mut v = vec![(format!("default (--retention {default})"), Vec::new())];
     if default != "7d" {
         v.push((
@@ -164,9 +170,9 @@ pub async fn storage(
     let mut sets = Vec::new();
     for (name, flags) in variants(relay_help) {
         let db = cluster.create_db().await;
-        harm::migrate(&db, wakeup).await;
+        migrate(&db, wakeup).await;
         let id = format!("bench-storage-{}", sets.len());
-        let relay = harm::start_relay(settings, &db, wakeup, &sink, &id, &flags).await;
+        let relay = start_relay(settings, &db, wakeup, &sink, &id, &flags).await;
         sets.push((name, flags, db, relay));
     }
     let started = Instant::now();
@@ -210,18 +216,15 @@ pub async fn storage(
         },
     ))
     .await;
-    crate::say(&format!(
+    say(&format!(
         "  storage: {} variants at {rate} events/s for {:.0} s",
         runs.len(),
         started.elapsed().as_secs_f64()
     ));
     for (_, _, db, relay) in &sets {
-        crate::check_alive(std::slice::from_ref(relay));
-        relay.sigterm();
-        if relay.wait_exit(Duration::from_secs(30)).await.is_none() {
-            relay.kill9();
-        }
-        harm::drop_db(cluster, db).await;
+        check_alive(std::slice::from_ref(relay));
+        stop(std::slice::from_ref(relay)).await;
+        drop_db(cluster, db).await;
     }
     runs
 }
@@ -268,4 +271,27 @@ async fn size_sample(db: &TestDb, seconds: f64, committed: &AtomicU64) -> SizeSa
         events: committed.load(Ordering::Relaxed),
         producing: true,
     }
+}
+
+/// The variants at once on the durable cluster, a progress line for each.
+pub async fn run(
+    settings: &Settings,
+    cluster: &PrivatePg,
+    wakeup: &Wakeup,
+    relay_help: &str,
+) -> Vec<StorageRun> {
+    let runs = storage(settings, cluster, wakeup, relay_help).await;
+    for r in &runs {
+        say(&format!(
+            "storage, {}: {:.0} events/s for {:.0} s: table {:.1} MiB at the end (max {:.1}), {:.0} bytes/event over the run, {:.2} GiB/day at this rate (second half's slope)",
+            r.name,
+            r.achieved_rate(),
+            r.seconds,
+            r.last().map_or(0.0, |l| l.total as f64 / 1048576.0),
+            r.max_total() as f64 / 1048576.0,
+            r.bytes_per_event(),
+            r.growth_per_day() / 1073741824.0,
+        ));
+    }
+    runs
 }

@@ -23,15 +23,25 @@ const PROBE: &str = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) \
 
 #[derive(Debug, Clone, Copy)]
 pub struct Second {
+    /// Since the run started.
     pub seconds: f64,
+    /// Events committed by then.
     pub committed: u64,
+    /// Events the sink had received by then: `committed - arrived` is the backlog.
     pub arrived: u64,
+    /// Time of the claim's candidate scan ([`PROBE`]) at that second.
     pub probe_ms: f64,
+    /// Index and heap buffers that scan touched.
     pub probe_buffers: i64,
+    /// n_dead_tup of the outbox table: what VACUUM has not removed yet.
     pub dead_rows: i64,
+    /// autovacuum_count of the table: when autovacuum ran.
     pub autovacuums: i64,
+    /// Cores the machine kept busy over the second.
     pub busy_cores: f64,
+    /// Of those, PostgreSQL's.
     pub postgres_cores: f64,
+    /// Of those, the relay's.
     pub relay_cores: f64,
 }
 
@@ -58,7 +68,9 @@ impl Second {
 }
 
 pub struct Timeline {
+    /// Set by [`Timeline::finish`]; the sampling task ends at its next tick.
     stop: Arc<AtomicBool>,
+    /// The sampling task; it returns the seconds.
     task: JoinHandle<Vec<Second>>,
 }
 

@@ -9,6 +9,7 @@ use outbox_relay::batch::KeyColumn;
 use outbox_relay::outbox::{ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox, Wakeup};
 use outbox_relay::row::{SentRow, Settlement};
 
+use crate::cluster;
 use crate::support::pg::PrivatePg;
 use crate::support::{self, TestDb};
 
@@ -20,9 +21,11 @@ pub const GROUPS: u64 = 1000;
 /// What a backlog holds: event n (from 1) goes to group `n % groups`.
 #[derive(Clone, Copy, Debug)]
 pub struct Backlog {
+    /// Events written before the relays start.
     pub rows: u64,
     /// Distinct `aggregate_id`s (FIFO message groups); 1 puts every event in one group.
     pub groups: u64,
+    /// What each event carries.
     pub payload: Payload,
 }
 
@@ -83,7 +86,9 @@ fn with_n(template: &str, n: &str) -> String {
 
 /// A fresh database with a migrated outbox table, dropped when the run ends.
 pub struct Database {
+    /// The database and its URL, for the relays and the samplers.
     pub db: TestDb,
+    /// The relay library's handle on its outbox table, for the ceilings and the fill.
     pub outbox: Arc<Outbox>,
     /// Of the cluster holding it, to drop it at the end.
     admin_url: String,
@@ -201,17 +206,7 @@ impl Database {
 
     /// Drops the database so that the next run's disk and cache are not shared with this one.
     pub async fn drop_now(self) {
-        let admin = tokio_postgres::connect(&self.admin_url, tokio_postgres::NoTls)
-            .await
-            .expect("connect as admin");
-        let (client, connection) = admin;
-        let driver = tokio::spawn(connection);
-        client
-            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", self.db.name))
-            .await
-            .expect("drop the benchmark database");
-        drop(client);
-        let _ = driver.await;
+        cluster::drop_database(&self.admin_url, &self.db.name).await;
     }
 }
 
@@ -222,12 +217,17 @@ pub struct Ceiling {
     pub ordered: bool,
     /// The minimal claim + mark of [`minimal_ceiling`], not the relay's SQL.
     pub minimal: bool,
+    /// Rows per claim.
     pub batch: i64,
+    /// Connections claiming at once.
     pub workers: usize,
+    /// Rows claimed and marked sent.
     pub rows: u64,
+    /// Time to drain them.
     pub seconds: f64,
     /// Mean time of one claim statement, and of one settle (mark sent), in milliseconds.
     pub claim_ms: f64,
+    /// See `claim_ms`.
     pub settle_ms: f64,
     /// Mean claim time in each tenth of the drain (by rows already claimed): a claim that
     /// gets slower as the drain goes on is walking what the earlier claims left behind.
@@ -243,8 +243,11 @@ impl Ceiling {
 /// What one ceiling worker did: rows settled, and for each claim, the rows claimed before it
 /// (by every worker) and how long it took.
 struct WorkerLog {
+    /// Rows the worker settled.
     rows: u64,
+    /// For each claim: rows claimed before it by every worker, and how long it took.
     claims: Vec<(u64, Duration)>,
+    /// Time the worker spent marking rows sent.
     settle_time: Duration,
 }
 
@@ -433,10 +436,12 @@ pub async fn minimal_ceiling(db: &TestDb, batch: i64, backlog: u64) -> Ceiling {
 pub struct Produced {
     /// `commits[n - 1]` is when `INSERT … event n` returned (autocommit: after COMMIT).
     pub commits: Vec<Option<Instant>>,
+    /// From the first due event to the last commit.
     pub seconds: f64,
     /// Event n was due at `start + (n - 1) / rate`: a commit long after that says the producers,
     /// not the relay, could not keep the rate.
     pub start: Instant,
+    /// Events/s the producer aimed at.
     pub rate: u64,
 }
 
@@ -554,6 +559,7 @@ pub struct Written {
     pub commits: Vec<(u64, Instant)>,
     /// Commits that returned within the measured time.
     pub committed_in_time: u64,
+    /// The measured time.
     pub seconds: f64,
 }
 

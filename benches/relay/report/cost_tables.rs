@@ -1,0 +1,138 @@
+//! The tables of what the relay costs the application: harm, idle relays, storage.
+
+use std::fmt::Write as _;
+
+use super::Report;
+use crate::stats::{median, quantile, shares};
+
+impl Report {
+    /// Harm, idle and storage: the tables of what the relay costs the application.
+    pub(super) fn harm_tables(&self, t: &mut String) {
+        if !self.harm.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Harm: application commits/s with the relay ÷ without (durable cluster; closed-loop single-row INSERTs; medians of alternating cells)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| wake-up | cluster | writers | without (each cell) | with (each cell) | with ÷ without | commit-to-sent p50 / p99 / p99.9 ms | writers' backends, with the relay |"
+            );
+            let _ = writeln!(t, "|---|---|---:|---|---|---:|---|---|");
+            for run in &self.harm {
+                for s in run.summaries() {
+                    let cells = |v: &[f64]| {
+                        v.iter()
+                            .map(|x| format!("{x:.0}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    let mut waits = std::collections::BTreeMap::new();
+                    for c in run
+                        .cells
+                        .iter()
+                        .filter(|c| c.writers == s.writers && c.with_relay)
+                    {
+                        for (k, n) in &c.writer_waits {
+                            *waits.entry(k.clone()).or_insert(0) += n;
+                        }
+                    }
+                    let _ = writeln!(
+                        t,
+                        "| {} | {} | {} | {:.0} ({}) | {:.0} ({}) | **{:.2}** | {:.1} / {:.1} / {:.1}{} | {} |",
+                        run.wakeup.label(),
+                        run.wakeup.cluster_label(),
+                        s.writers,
+                        median(&s.without),
+                        cells(&s.without),
+                        median(&s.with),
+                        cells(&s.with),
+                        s.ratio(),
+                        quantile(&s.latencies_ms, 0.5),
+                        quantile(&s.latencies_ms, 0.99),
+                        quantile(&s.latencies_ms, 0.999),
+                        if s.missing > 0 {
+                            format!(" ({} never arrived)", s.missing)
+                        } else {
+                            String::new()
+                        },
+                        shares(&waits),
+                    );
+                }
+            }
+        }
+        if !self.idle.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Idle relays: what they cost with nothing to send (durable clusters; every set at once, each in its own database)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| wake-up | cluster | relays | seconds | transactions/s | their PostgreSQL backends, % of a core | relay processes, % of a core |"
+            );
+            let _ = writeln!(t, "|---|---|---:|---:|---:|---:|---:|");
+            for r in &self.idle {
+                let _ = writeln!(
+                    t,
+                    "| {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                    r.wakeup.label(),
+                    r.wakeup.cluster_label(),
+                    r.relays,
+                    r.seconds,
+                    r.per_second(r.transactions as f64),
+                    r.per_second(r.backend_cpu) * 100.0,
+                    r.per_second(r.relay_cpu) * 100.0,
+                );
+            }
+            for c in &self.idle_clusters {
+                let _ = writeln!(
+                    t,
+                    "\nWhole {} cluster over the same window (postmaster, background processes and every backend above): {:.2}% of a core.",
+                    c.cluster,
+                    c.cpu / c.seconds * 100.0
+                );
+            }
+        }
+        if !self.storage.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### Storage: the outbox table under a steady stream (durable cluster; variants at once, each in its own database)\n"
+            );
+            let _ = writeln!(
+                t,
+                "| relay | events/s | seconds | size every sample (last: producers stopped), MiB | 2nd half min – max MiB | at the end: heap / indexes / rest MiB | bytes/event (whole run) | growth per day at this rate (2nd half) |"
+            );
+            let _ = writeln!(t, "|---|---:|---:|---|---|---|---:|---:|");
+            for r in &self.storage {
+                let mib = |b: i64| b as f64 / 1048576.0;
+                let sizes = r
+                    .samples
+                    .iter()
+                    .map(|x| format!("{:.0}", mib(x.total)))
+                    .collect::<Vec<_>>()
+                    .join(" → ");
+                let end = r.last().map_or(String::new(), |l| {
+                    format!(
+                        "{:.1} / {:.1} / {:.1}",
+                        mib(l.heap),
+                        mib(l.indexes),
+                        mib(l.total - l.heap - l.indexes)
+                    )
+                });
+                let (low, high) = r.second_half_range();
+                let _ = writeln!(
+                    t,
+                    "| {} | {:.0} | {:.0} | {} | {:.0} – {:.0} | {} | {:.0} | {:.2} GiB |",
+                    r.name,
+                    r.achieved_rate(),
+                    r.seconds,
+                    sizes,
+                    mib(low),
+                    mib(high),
+                    end,
+                    r.bytes_per_event(),
+                    r.growth_per_day() / 1073741824.0,
+                );
+            }
+        }
+    }
+}
