@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{self, BatchRequest, Entry, PlanConfig};
 use crate::concurrency::{self, Limiter, Outcome};
 use crate::config::{Retention, RunConfig, RETENTION_BATCH};
-use crate::destination::{bucket_key, describe, Destinations, Park};
+use crate::destination::{Client, Destination, Destinations, Park};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::{ClaimSpans, Tracing};
@@ -73,7 +73,7 @@ struct Relay {
     /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
     claim_floor: AtomicI64,
     /// Each destination queue's `MaximumMessageSize`, learnt on first use.
-    queue_limits: Mutex<HashMap<String, (usize, Instant)>>,
+    queue_limits: Mutex<HashMap<Destination, (usize, Instant)>>,
     /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
     tracing: Option<Arc<Tracing>>,
 }
@@ -182,7 +182,7 @@ pub async fn run(
     // The bucket is the relay's own configuration too: while it refuses us, large rows wait and
     // the relay is not ready.
     if let Some(offload) = &config.plan.offload {
-        configured_queues.push(bucket_key(&offload.bucket));
+        configured_queues.push(offload.bucket.clone());
     }
     let concurrency = Limiter::new(
         config.request_concurrency,
@@ -378,18 +378,18 @@ impl Relay {
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
         let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
-            self.plan_config.queue_for(row).to_string()
+            self.plan_config.queue_for(row).clone()
         });
         let mut limits = self.queue_limits(&rows).await;
         let mut plan = batch::plan_within(&rows, &self.plan_config, &limits);
         // A row refused for a queue's own limit is checked against that queue once more before
         // it is quarantined: an operator who raised the limit and re-drove it must not meet the
         // limit remembered from before.
-        let stale: Vec<String> = plan
+        let stale: Vec<Destination> = plan
             .rejected
             .iter()
             .filter(|r| r.reason == QuarantineReason::TooLarge)
-            .map(|r| self.plan_config.queue_for(&rows[r.row]).to_string())
+            .map(|r| self.plan_config.queue_for(&rows[r.row]).clone())
             .filter(|q| {
                 limits
                     .get(q)
@@ -546,10 +546,8 @@ impl Relay {
     }
 
     /// Whether requests to this queue carry ordered groups.
-    fn keeps_order(&self, queue_url: &str) -> bool {
-        self.plan_config
-            .ordering
-            .is_some_and(|o| o.every_destination || batch::is_fifo(queue_url))
+    fn keeps_order(&self, queue_url: &Destination) -> bool {
+        self.plan_config.keeps_order(queue_url)
     }
 
     /// The message size limit of each ordered queue the rows go to, read from its
@@ -558,21 +556,21 @@ impl Relay {
     /// next claim; meanwhile `--max-request-bytes` applies. Only ordered queues need it: there a
     /// refused entry after accepted entries of its group would break the group's order, while
     /// elsewhere SQS's own per-entry refusal quarantines the row just as well.
-    async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<String, usize> {
-        let mut unknown: Vec<String> = Vec::new();
+    async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<Destination, usize> {
+        let mut unknown: Vec<Destination> = Vec::new();
         {
             let known = self.queue_limits.lock().expect("queue limits lock");
             for row in rows {
                 let queue = self.plan_config.queue_for(row);
                 // A topic has no MaximumMessageSize to read: SNS's fixed limit applies.
-                if !self.keeps_order(queue) || batch::is_topic(queue) {
+                if !self.keeps_order(queue) || queue.client() != Client::Sqs {
                     continue;
                 }
                 let fresh = known
                     .get(queue)
                     .is_some_and(|(_, read)| read.elapsed() < self.config.stats_interval);
-                if !fresh && !unknown.iter().any(|q| q == queue) {
-                    unknown.push(queue.to_string());
+                if !fresh && !unknown.contains(queue) {
+                    unknown.push(queue.clone());
                 }
             }
         }
@@ -622,7 +620,7 @@ impl Relay {
             .s3
             .as_ref()
             .filter(|_| request.entries.iter().any(|e| e.offload.is_some()))
-            .map(|s3| bucket_key(s3.bucket()));
+            .map(|s3| s3.bucket().clone());
         let upload_slot = match &bucket {
             Some(bucket) => tokio::select! {
                 slot = self.concurrency.acquire(bucket) => Some(slot),
@@ -672,10 +670,10 @@ impl Relay {
         }
         let started = Instant::now();
         let sent = async {
-            if batch::is_topic(&request.queue_url) {
-                self.sns.publish(&request).await
-            } else {
-                self.sqs.send(&request).await
+            match request.queue_url.client() {
+                Client::Sns => self.sns.publish(&request).await,
+                // Rows never name a bucket: their text is a queue's or a topic's.
+                Client::Sqs | Client::S3 => self.sqs.send(&request).await,
             }
         };
         let result = match tokio::time::timeout(hard_limit, sent).await {
@@ -716,7 +714,7 @@ impl Relay {
         let after = c.send_timeout + c.settle_margin;
         let lease_left = lease_deadline.saturating_duration_since(Instant::now() + after);
         let lease_window = c.lease.saturating_sub(after);
-        let bucket = bucket_key(s3.bucket());
+        let bucket = s3.bucket().clone();
         if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
         }
@@ -812,7 +810,7 @@ impl Relay {
         spans: &mut ClaimSpans,
     ) -> Option<BatchRequest> {
         let bucket = match &self.s3 {
-            Some(s3) => bucket_key(s3.bucket()),
+            Some(s3) => s3.bucket().clone(),
             None => unreachable!("entries are offloaded only with a bucket"),
         };
         let now = Instant::now();
@@ -1013,17 +1011,13 @@ impl Relay {
         }
         // Splitting is the caller's; whatever else is left pauses the relay and releases the rows.
         let delay = self.pressure.push(&self.config);
-        let (service, _) = describe(&request.queue_url);
+        let service = request.queue_url.service();
         if reaction == (RequestReaction::PauseAndRelease { not_ready: true }) {
             self.health.set_config_error(Some(what.clone()));
             tracing::error!(error = %what, retry_in = ?delay, queue_url = %request.queue_url,
                 "{service} refused the relay's credentials; rows stay unsent, fix the credentials, region or clock");
         } else {
-            let call = if service == "SNS" {
-                "PublishBatch"
-            } else {
-                "SendMessageBatch"
-            };
+            let call = request.queue_url.batch_call();
             tracing::warn!(error = %what, kind = class.metric_kind(), retry_in = ?delay,
                 "{call} failed; rows released, relay backing off");
         }
@@ -1057,12 +1051,12 @@ impl Relay {
             .increment(request.entries.len() as u64);
         let retry_in = park.remaining(now);
         // "SQS refused the relay's configured queue", or "SNS ... topic" for a topic ARN.
-        let (service, noun) = describe(&request.queue_url);
-        let fix = if noun == "topic" {
-            "topic ARN"
-        } else {
-            "queue URL"
-        };
+        let destination = &request.queue_url;
+        let (service, noun, fix) = (
+            destination.service(),
+            destination.noun(),
+            destination.address_name(),
+        );
         if park.started && park.configured {
             tracing::error!(error = %what, queue_url = %request.queue_url, retry_in = ?retry_in,
                 "{service} refused the relay's configured {noun}; its rows are parked (quarantine reason destination) and retried by themselves, fix the {fix} or its permissions");
@@ -1403,7 +1397,7 @@ fn quarantine(
 fn park_row(
     settlement: &mut Settlement,
     row: &ClaimedRow,
-    queue_url: &str,
+    queue_url: &Destination,
     park: &Park,
     now: Instant,
 ) {
@@ -1411,7 +1405,7 @@ fn park_row(
         id: row.id,
         lease_token: row.lease_token,
         reason: QuarantineReason::Destination,
-        error: format!("{} {queue_url}: {}", describe(queue_url).1, park.error),
+        error: format!("{} {queue_url}: {}", queue_url.noun(), park.error),
         retry_in: Some(park.remaining(now)),
     });
 }
