@@ -1085,6 +1085,26 @@ mod tests {
         assert_eq!(plan.released, vec![1, 2]);
     }
 
+    #[test]
+    fn order_is_kept_on_fifo_destinations_or_on_every_one_when_asked() {
+        let fifo_queue = to("http://q/1/a.fifo");
+        let fifo_topic = to("arn:aws:sns:eu-west-1:1:a.fifo");
+        let standard = to("http://q/1/a");
+        let mut cfg = config();
+        assert!(!cfg.keeps_order(&fifo_queue), "ordering off");
+        cfg.ordering = Some(PlanOrdering {
+            every_destination: false,
+            skip_poison: false,
+        });
+        assert!(cfg.keeps_order(&fifo_queue) && cfg.keeps_order(&fifo_topic));
+        assert!(!cfg.keeps_order(&standard));
+        cfg.ordering = Some(PlanOrdering {
+            every_destination: true,
+            skip_poison: false,
+        });
+        assert!(cfg.keeps_order(&standard));
+    }
+
     fn offloading(threshold: Option<usize>) -> PlanConfig {
         let mut cfg = config();
         cfg.offload = Some(OffloadPlan {
