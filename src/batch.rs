@@ -6,11 +6,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+pub use crate::destination::MAX_ENTRIES;
+use crate::destination::{Destination, Limits, MessageGroup};
 pub use crate::row::{fifo_id, KeyColumn};
 use crate::row::{ClaimedRow, QuarantineReason};
 
-/// SQS accepts at most this many entries in one SendMessageBatch call.
-pub const MAX_ENTRIES: usize = 10;
 /// SQS carries at most this many message attributes on one message.
 const MAX_ATTRIBUTES: usize = 10;
 /// Each message attribute is sent as a `String` attribute; its type name counts toward size.
@@ -29,9 +29,9 @@ pub enum MessageFormat {
 #[derive(Debug, Clone)]
 pub struct PlanConfig {
     /// Where rows without their own `queue_url` or a route go.
-    pub default_queue_url: String,
-    /// `--route`: key value -> queue URL, for rows without their own `queue_url`.
-    pub routes: Vec<(String, String)>,
+    pub default_queue_url: Destination,
+    /// `--route`: key value -> destination, for rows without their own `queue_url`.
+    pub routes: Vec<(String, Destination)>,
     /// Which key `routes` match on.
     pub route_by: KeyColumn,
     /// FIFO `MessageGroupId`.
@@ -51,7 +51,8 @@ pub struct PlanConfig {
 /// Where and above which size message bodies go to S3 instead of into the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OffloadPlan {
-    pub bucket: String,
+    /// `--offload-bucket`: where the bodies go, and the name pointers carry.
+    pub bucket: Destination,
     /// Put in front of every object key (`--offload-prefix`), e.g. `outbox/`.
     pub prefix: String,
     /// A message larger than this (body and attributes, as SQS counts it) goes through S3;
@@ -106,9 +107,9 @@ pub struct PlanOrdering {
 
 impl PlanConfig {
     /// The queue a row goes to: its own `queue_url`, else its route, else the default.
-    pub fn queue_for<'a>(&'a self, row: &'a ClaimedRow) -> &'a str {
-        if let Some(url) = row.queue_url.as_deref().filter(|u| !u.is_empty()) {
-            return url;
+    pub fn queue_for<'a>(&'a self, row: &'a ClaimedRow) -> &'a Destination {
+        if let Some(own) = &row.queue_url {
+            return own;
         }
         if !self.routes.is_empty() {
             if let Some(key) = self.route_by.value(row) {
@@ -118,6 +119,13 @@ impl PlanConfig {
             }
         }
         &self.default_queue_url
+    }
+
+    /// Whether requests to `destination` carry ordered groups: every destination under
+    /// `--ordered on` (or a FIFO default queue), else only FIFO ones.
+    pub fn keeps_order(&self, destination: &Destination) -> bool {
+        self.ordering
+            .is_some_and(|o| o.every_destination || destination.is_fifo())
     }
 }
 
@@ -162,7 +170,8 @@ impl Entry {
 /// One SendMessageBatch call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchRequest {
-    pub queue_url: String,
+    /// Where it goes (a queue or a topic; rows never name a bucket).
+    pub queue_url: Destination,
     pub entries: Vec<Entry>,
 }
 
@@ -202,33 +211,8 @@ pub struct Plan {
     pub sequels: Vec<(String, BatchRequest)>,
 }
 
-/// Is this a FIFO destination? SQS requires FIFO queue names, and SNS FIFO topic names, to end
-/// in `.fifo`; a FIFO topic takes the same group and deduplication IDs as a FIFO queue.
-pub fn is_fifo(queue_url: &str) -> bool {
-    queue_url.trim_end_matches('/').ends_with(".fifo")
-}
-
-/// SNS takes at most this many bytes in one message, and in one PublishBatch call altogether.
-pub const SNS_MAX_REQUEST_BYTES: usize = 256 * 1024;
-
-/// Is this destination an SNS topic (`arn:<partition>:sns:<region>:<account>:<name>`) rather
-/// than an SQS queue URL? Any partition (`aws`, `aws-cn`, `aws-us-gov`).
-pub fn is_topic(destination: &str) -> bool {
-    let mut parts = destination.split(':');
-    parts.next() == Some("arn") && parts.nth(1) == Some("sns")
-}
-
-/// The most bytes one message, and one request, may carry to `destination` under
-/// `max_request_bytes`: SNS's own limit is lower than SQS's.
-pub fn destination_limit(destination: &str, max_request_bytes: usize) -> usize {
-    if is_topic(destination) {
-        max_request_bytes.min(SNS_MAX_REQUEST_BYTES)
-    } else {
-        max_request_bytes
-    }
-}
-
-/// Groups rows into requests of at most [`MAX_ENTRIES`] entries and `max_request_bytes`,
+/// Groups rows into requests within their destination's [`Limits`] (entries, and bytes under
+/// `max_request_bytes`),
 /// keeping claim order within each queue.
 ///
 /// Under ordered delivery a group's rows of one claim (its head and the rows claimed behind it)
@@ -239,42 +223,45 @@ pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
     plan_within(rows, config, &HashMap::new())
 }
 
-/// [`plan`], with the message size limits learnt from the queues themselves (URL -> bytes):
+/// [`plan`], with the message size limits learnt from the queues themselves (queue -> bytes):
 /// a queue whose `MaximumMessageSize` is below `--max-request-bytes` would refuse a larger
 /// entry of a FIFO batch after accepting the group's entries before it, and the group's order
 /// would be lost. Validated here, the entry is quarantined and the rest of its group held.
 pub fn plan_within(
     rows: &[ClaimedRow],
     config: &PlanConfig,
-    queue_limits: &HashMap<String, usize>,
+    queue_limits: &HashMap<Destination, usize>,
 ) -> Plan {
-    let limit_of = |queue: &str| {
-        let limit = destination_limit(queue, config.max_request_bytes);
-        queue_limits.get(queue).copied().unwrap_or(limit).min(limit)
+    let limit_of = |queue: &Destination| {
+        let limits = queue.limits(config.max_request_bytes);
+        Limits {
+            bytes: queue_limits
+                .get(queue)
+                .copied()
+                .unwrap_or(limits.bytes)
+                .min(limits.bytes),
+            ..limits
+        }
     };
     let mut plan = Plan::default();
     // First the units that must travel together, in claim order: an ordered group's entries
     // (its head and the rows claimed behind it), or one entry of an unordered row.
-    let mut units: Vec<(String, Vec<Entry>)> = Vec::new();
-    let mut group_unit: HashMap<(String, String), usize> = HashMap::new();
-    let mut held: HashSet<(String, String)> = HashSet::new();
+    let mut units: Vec<(Destination, Vec<Entry>)> = Vec::new();
+    let mut group_unit: HashMap<(Destination, String), usize> = HashMap::new();
+    let mut held: HashSet<(Destination, String)> = HashSet::new();
     for (index, row) in rows.iter().enumerate() {
         let queue_url = config.queue_for(row);
-        let fifo = is_fifo(queue_url);
-        let group = config
-            .ordering
-            .filter(|o| o.every_destination || fifo)
-            .map(|_| {
-                let value = config.group_by.value(row).unwrap_or_default();
-                (queue_url.to_string(), value.into_owned())
-            });
+        let group = config.keeps_order(queue_url).then(|| {
+            let value = config.group_by.value(row).unwrap_or_default();
+            (queue_url.clone(), value.into_owned())
+        });
         if let Some(g) = &group {
             if held.contains(g) {
                 plan.released.push(index);
                 continue;
             }
         }
-        let entry = match entry_for(index, row, queue_url, config, limit_of(queue_url)) {
+        let entry = match entry_for(index, row, queue_url, config, limit_of(queue_url).bytes) {
             Ok(entry) => entry,
             Err(rejected) => {
                 plan.rejected.push(rejected);
@@ -294,26 +281,29 @@ pub fn plan_within(
             }
         }) {
             Some(unit) => units[unit].1.push(entry),
-            None => units.push((queue_url.to_string(), vec![entry])),
+            None => units.push((queue_url.clone(), vec![entry])),
         }
     }
-    // Then whole units into requests of at most MAX_ENTRIES entries and the queue's size
+    // Then whole units into requests within their destination's count and size
     // limit. A unit that cannot fit one request alone goes as a chain of requests, each sent
     // once the one before was accepted: a group never has two requests in flight.
-    let mut filling: HashMap<String, usize> = HashMap::new();
+    let mut filling: HashMap<Destination, usize> = HashMap::new();
     for (queue_url, mut entries) in units {
-        let max_bytes = limit_of(&queue_url);
+        let Limits {
+            entries: max_entries,
+            bytes: max_bytes,
+        } = limit_of(&queue_url);
         let total: usize = entries.iter().map(|e| e.size).sum();
-        if entries.len() > MAX_ENTRIES || total > max_bytes {
+        if entries.len() > max_entries || total > max_bytes {
             let mut chain: Vec<BatchRequest> = Vec::new();
             for entry in entries {
                 let full = chain.last().is_none_or(|r| {
-                    r.entries.len() == MAX_ENTRIES || r.size() + entry.size > max_bytes
+                    r.entries.len() == max_entries || r.size() + entry.size > max_bytes
                 });
                 if full {
                     chain.push(BatchRequest {
                         queue_url: queue_url.clone(),
-                        entries: Vec::with_capacity(MAX_ENTRIES),
+                        entries: Vec::with_capacity(max_entries),
                     });
                 }
                 chain.last_mut().expect("pushed").entries.push(entry);
@@ -330,7 +320,7 @@ pub fn plan_within(
             continue;
         }
         let fits = |r: &BatchRequest, entries: &[Entry]| {
-            r.entries.len() + entries.len() <= MAX_ENTRIES
+            r.entries.len() + entries.len() <= max_entries
                 && r.size() + entries.iter().map(|e| e.size).sum::<usize>() <= max_bytes
         };
         let slot = match filling.get(&queue_url) {
@@ -338,7 +328,7 @@ pub fn plan_within(
             _ => {
                 plan.requests.push(BatchRequest {
                     queue_url: queue_url.clone(),
-                    entries: Vec::with_capacity(MAX_ENTRIES),
+                    entries: Vec::with_capacity(max_entries),
                 });
                 filling.insert(queue_url.clone(), plan.requests.len() - 1);
                 plan.requests.len() - 1
@@ -353,11 +343,10 @@ pub fn plan_within(
 fn entry_for(
     index: usize,
     row: &ClaimedRow,
-    destination: &str,
+    destination: &Destination,
     config: &PlanConfig,
     max_bytes: usize,
 ) -> Result<Entry, Rejected> {
-    let fifo = is_fifo(destination);
     let invalid = |error: String| Rejected {
         row: index,
         reason: QuarantineReason::Invalid,
@@ -425,7 +414,7 @@ fn entry_for(
                 )));
             }
             let key = offload_key(&plan.prefix, &row.event_id);
-            let pointer = pointer_body(&plan.bucket, &key);
+            let pointer = pointer_body(plan.bucket.address(), &key);
             let payload_size = body.len().to_string();
             size = pointer.len()
                 + attributes_size
@@ -447,12 +436,10 @@ fn entry_for(
     }
     // Fair-queue group IDs are an SQS feature: a standard topic gets none (start-up refuses
     // --fair-group-id with a configured topic; a row's own topic just goes without).
-    let group_key = if fifo {
-        Some(&config.group_by)
-    } else if is_topic(destination) {
-        None
-    } else {
-        config.fair_group.as_ref()
+    let group_key = match destination.message_group() {
+        MessageGroup::Required => Some(&config.group_by),
+        MessageGroup::Fair => config.fair_group.as_ref(),
+        MessageGroup::None => None,
     };
     let group_id = match group_key {
         Some(key) => match key.value(row) {
@@ -465,7 +452,7 @@ fn entry_for(
         },
         None => None,
     };
-    let dedup_id = fifo.then(|| fifo_id(&row.event_id));
+    let dedup_id = destination.takes_dedup_id().then(|| fifo_id(&row.event_id));
     Ok(Entry {
         row: index,
         id: row.id.to_string(),
@@ -574,7 +561,13 @@ fn sqs_allows(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::destination::SNS_MAX_REQUEST_BYTES;
     use serde_json::json;
+
+    /// A destination as a row or a flag names it.
+    fn to(text: &str) -> Destination {
+        Destination::of_row(text)
+    }
 
     fn row(id: i64, payload: &str) -> ClaimedRow {
         ClaimedRow {
@@ -595,7 +588,7 @@ mod tests {
 
     fn config() -> PlanConfig {
         PlanConfig {
-            default_queue_url: "http://q/standard".into(),
+            default_queue_url: to("http://q/standard"),
             routes: Vec::new(),
             route_by: KeyColumn::AggregateType,
             group_by: KeyColumn::AggregateId,
@@ -611,18 +604,6 @@ mod tests {
     const FIFO_TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
 
     #[test]
-    fn topic_arns_are_told_from_queue_urls_in_any_partition() {
-        assert!(is_topic(TOPIC));
-        assert!(is_topic("arn:aws-cn:sns:cn-north-1:123456789012:t"));
-        assert!(!is_topic("arn:aws:sqs:eu-west-1:123456789012:orders"));
-        assert!(!is_topic(
-            "https://sqs.eu-west-1.amazonaws.com/123456789012/orders"
-        ));
-        assert!(!is_topic("http://q/1/arn:aws:sns"));
-        assert!(is_fifo(FIFO_TOPIC) && !is_fifo(TOPIC));
-    }
-
-    #[test]
     fn a_topic_takes_at_most_sns_limits_per_message_and_per_request() {
         // 30 rows of ~40 KiB: a queue takes them in requests of 10 (under 1 MiB), a topic in
         // requests of 6 (under 256 KiB); a 300 KiB row is too large only for the topic.
@@ -634,13 +615,13 @@ mod tests {
         assert!(queue.rejected.is_empty());
         assert_eq!(queue.requests[0].entries.len(), 10);
         let mut cfg = config();
-        cfg.default_queue_url = TOPIC.into();
+        cfg.default_queue_url = to(TOPIC);
         let topic = plan(&rows, &cfg);
         assert_eq!(topic.rejected.len(), 1);
         assert_eq!(topic.rejected[0].reason, QuarantineReason::TooLarge);
         assert!(topic.rejected[0].error.contains("limit is 262144"));
         for r in &topic.requests {
-            assert_eq!(r.queue_url, TOPIC);
+            assert_eq!(r.queue_url, to(TOPIC));
             assert!(r.size() <= SNS_MAX_REQUEST_BYTES, "{} bytes", r.size());
         }
         assert_eq!(topic.requests[0].entries.len(), 6);
@@ -649,17 +630,17 @@ mod tests {
     #[test]
     fn a_fifo_topic_gets_group_and_dedup_ids_and_a_standard_topic_no_fair_group() {
         let mut cfg = config();
-        cfg.routes = vec![("fifo".into(), FIFO_TOPIC.into())];
+        cfg.routes = vec![("fifo".into(), to(FIFO_TOPIC))];
         cfg.fair_group = Some(KeyColumn::AggregateType);
         let mut fifo_row = row(1, "{}");
         fifo_row.aggregate_type = "fifo".into();
         let mut topic_row = row(2, "{}");
-        topic_row.queue_url = Some(TOPIC.into());
+        topic_row.queue_url = Some(to(TOPIC));
         let plan = plan(&[fifo_row, topic_row, row(3, "{}")], &cfg);
         let entry = |to: &str| {
             plan.requests
                 .iter()
-                .find(|r| r.queue_url == to)
+                .find(|r| r.queue_url.to_string() == to)
                 .map(|r| r.entries[0].clone())
                 .expect("a request")
         };
@@ -798,19 +779,19 @@ mod tests {
     #[test]
     fn rows_go_to_their_own_queue_url_when_set() {
         let mut a = row(1, "{}");
-        a.queue_url = Some("http://q/other".into());
+        a.queue_url = Some(to("http://q/other"));
         let plan = plan(&[a, row(2, "{}"), row(3, "{}")], &config());
         assert_eq!(plan.requests.len(), 2);
         let other = plan
             .requests
             .iter()
-            .find(|r| r.queue_url == "http://q/other")
+            .find(|r| r.queue_url == to("http://q/other"))
             .unwrap();
         assert_eq!(other.entries.len(), 1);
         let default = plan
             .requests
             .iter()
-            .find(|r| r.queue_url == "http://q/standard")
+            .find(|r| r.queue_url == to("http://q/standard"))
             .unwrap();
         assert_eq!(default.entries.len(), 2);
     }
@@ -818,7 +799,7 @@ mod tests {
     #[test]
     fn fifo_queues_get_group_and_dedup_ids() {
         let mut cfg = config();
-        cfg.default_queue_url = "http://q/000000000000/orders.fifo".into();
+        cfg.default_queue_url = to("http://q/000000000000/orders.fifo");
         let mut r = row(5, "{}");
         r.aggregate_id = "order-17".into();
         r.event_id = "order-17:paid".into();
@@ -848,7 +829,7 @@ mod tests {
     #[test]
     fn the_group_key_is_configurable_and_a_missing_one_is_invalid() {
         let mut cfg = config();
-        cfg.default_queue_url = "http://q/1/orders.fifo".into();
+        cfg.default_queue_url = to("http://q/1/orders.fifo");
         cfg.group_by = "header:tenant".parse().unwrap();
         let mut with = row(1, "{}");
         with.headers = json!({"tenant": "acme"});
@@ -901,13 +882,13 @@ mod tests {
     fn routes_pick_the_queue_by_key_unless_the_row_names_its_own() {
         let mut cfg = config();
         cfg.routes = vec![
-            ("order".into(), "http://q/orders".into()),
-            ("invoice".into(), "http://q/invoices".into()),
+            ("order".into(), to("http://q/orders")),
+            ("invoice".into(), to("http://q/invoices")),
         ];
         let mut invoice = row(2, "{}");
         invoice.aggregate_type = "invoice".into();
         let mut own = row(3, "{}");
-        own.queue_url = Some("http://q/own".into());
+        own.queue_url = Some(to("http://q/own"));
         let mut other = row(4, "{}");
         other.aggregate_type = "customer".into();
         let plan = plan(&[row(1, "{}"), invoice, own, other], &cfg);
@@ -915,7 +896,7 @@ mod tests {
             plan.requests
                 .iter()
                 .find(|r| r.entries.iter().any(|e| e.id == id))
-                .map(|r| r.queue_url.clone())
+                .map(|r| r.queue_url.to_string())
                 .unwrap()
         };
         assert_eq!(queue_of("1"), "http://q/orders");
@@ -923,8 +904,8 @@ mod tests {
         assert_eq!(queue_of("3"), "http://q/own");
         assert_eq!(queue_of("4"), "http://q/standard");
         cfg.route_by = KeyColumn::EventType;
-        cfg.routes = vec![("order.paid".into(), "http://q/paid".into())];
-        assert_eq!(cfg.queue_for(&row(9, "{}")), "http://q/paid");
+        cfg.routes = vec![("order.paid".into(), to("http://q/paid"))];
+        assert_eq!(cfg.queue_for(&row(9, "{}")), &to("http://q/paid"));
     }
 
     #[test]
@@ -985,7 +966,7 @@ mod tests {
 
     fn ordered_fifo() -> PlanConfig {
         let mut cfg = config();
-        cfg.default_queue_url = "http://q/1/orders.fifo".into();
+        cfg.default_queue_url = to("http://q/1/orders.fifo");
         cfg.ordering = Some(PlanOrdering {
             every_destination: true,
             skip_poison: false,
@@ -1098,16 +1079,36 @@ mod tests {
         let plan = plan(&rows, &cfg);
         assert!(plan.released.is_empty());
         for r in &mut rows {
-            r.queue_url = Some("http://q/1/own.fifo".into());
+            r.queue_url = Some(to("http://q/1/own.fifo"));
         }
         let plan = super::plan(&rows, &cfg);
         assert_eq!(plan.released, vec![1, 2]);
     }
 
+    #[test]
+    fn order_is_kept_on_fifo_destinations_or_on_every_one_when_asked() {
+        let fifo_queue = to("http://q/1/a.fifo");
+        let fifo_topic = to("arn:aws:sns:eu-west-1:1:a.fifo");
+        let standard = to("http://q/1/a");
+        let mut cfg = config();
+        assert!(!cfg.keeps_order(&fifo_queue), "ordering off");
+        cfg.ordering = Some(PlanOrdering {
+            every_destination: false,
+            skip_poison: false,
+        });
+        assert!(cfg.keeps_order(&fifo_queue) && cfg.keeps_order(&fifo_topic));
+        assert!(!cfg.keeps_order(&standard));
+        cfg.ordering = Some(PlanOrdering {
+            every_destination: true,
+            skip_poison: false,
+        });
+        assert!(cfg.keeps_order(&standard));
+    }
+
     fn offloading(threshold: Option<usize>) -> PlanConfig {
         let mut cfg = config();
         cfg.offload = Some(OffloadPlan {
-            bucket: "events".into(),
+            bucket: Destination::bucket("events").expect("a bucket name"),
             prefix: "outbox/".into(),
             threshold,
         });
@@ -1185,7 +1186,7 @@ mod tests {
         // where SNS's 256 KiB is the most a message may carry.
         let body = format!("\"{}\"", "m".repeat(300 * 1024));
         let mut to_topic = row(1, &body);
-        to_topic.queue_url = Some(TOPIC.into());
+        to_topic.queue_url = Some(to(TOPIC));
         for threshold in [None, Some(512 * 1024)] {
             let plan = plan(&[to_topic.clone(), row(2, &body)], &offloading(threshold));
             assert!(
@@ -1196,7 +1197,7 @@ mod tests {
             let entry = |to: &str| {
                 plan.requests
                     .iter()
-                    .find(|r| r.queue_url == to)
+                    .find(|r| r.queue_url.to_string() == to)
                     .map(|r| &r.entries[0])
                     .unwrap()
             };
@@ -1210,7 +1211,7 @@ mod tests {
         // A lower threshold applies to topics as to queues.
         let small = row(3, &format!("\"{}\"", "s".repeat(2000)));
         let mut small_to_topic = small.clone();
-        small_to_topic.queue_url = Some(TOPIC.into());
+        small_to_topic.queue_url = Some(to(TOPIC));
         let plan = plan(&[small_to_topic, small], &offloading(Some(1024)));
         assert!(plan.requests.iter().all(|r| r.entries[0].offload.is_some()));
     }

@@ -9,8 +9,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::batch::is_topic;
 use crate::config::{Retention, RunArgs, RunConfig};
+use crate::destination::{Client, Destination};
 use crate::outbox::inspect::{ColumnFacts, TableFacts, RELAY_COLUMNS};
 use crate::outbox::{quote_ident, Outbox, OutboxError};
 use crate::retry::{RequestFailure, Transport};
@@ -269,10 +269,10 @@ pub fn judge_privileges(
 }
 
 async fn check_queues(config: &RunConfig, report: &mut Report) {
-    let mut queues: Vec<(&str, String)> = vec![(config.queue_url.as_str(), "--queue-url".into())];
+    let mut queues: Vec<(&Destination, String)> = vec![(&config.queue_url, "--queue-url".into())];
     for (key, url) in &config.plan.routes {
-        if !queues.iter().any(|(u, _)| u == url) {
-            queues.push((url.as_str(), format!("--route {key}=...")));
+        if !queues.iter().any(|(u, _)| *u == url) {
+            queues.push((url, format!("--route {key}=...")));
         }
     }
     // The relay's own send timeout bounds each call, so an unreachable endpoint cannot hang.
@@ -287,8 +287,8 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
     )
     .await;
     for (url, flag) in queues {
-        if is_topic(url) {
-            let verdict = match sns.topic_attributes(url).await {
+        if url.client() == Client::Sns {
+            let verdict = match sns.topic_attributes(url.address()).await {
                 Ok(info) => Ok(Some(describe_topic(&info))),
                 Err(failure) => Err(explain_topic_failure(&failure, &flag)),
             };
@@ -334,7 +334,8 @@ async fn check_offload(config: &RunConfig, report: &mut Report) {
     .await;
     let what = format!(
         "bucket {} takes objects under {:?}",
-        offload.bucket, offload.prefix
+        offload.bucket.address(),
+        offload.prefix
     );
     let result = match s3.probe(&offload.prefix).await {
         Ok(()) => Ok(Some(format!(
@@ -499,8 +500,12 @@ pub fn judge_message_size(
 }
 
 /// A `.fifo` URL turns on the FIFO fields; it must name a FIFO queue, and only then.
-pub fn judge_fifo(url: &str, info: &QueueInfo, flag: &str) -> Result<Option<String>, String> {
-    let by_url = crate::batch::is_fifo(url);
+pub fn judge_fifo(
+    url: &Destination,
+    info: &QueueInfo,
+    flag: &str,
+) -> Result<Option<String>, String> {
+    let by_url = url.is_fifo();
     match (by_url, info.fifo) {
         (true, true) => Ok(Some(format!(
             "FIFO; content-based deduplication {}: the relay sends event_id as the deduplication ID either way",
@@ -644,12 +649,14 @@ mod tests {
             fifo,
             content_based_deduplication: false,
         };
-        assert!(judge_fifo("http://q/1/a.fifo", &info(true), "--queue-url").is_ok());
-        assert!(judge_fifo("http://q/1/a", &info(false), "--queue-url").is_ok());
-        assert!(judge_fifo("http://q/1/a.fifo", &info(false), "--queue-url")
+        let fifo = Destination::parse("http://q/1/a.fifo").expect("a queue URL");
+        let standard = Destination::parse("http://q/1/a").expect("a queue URL");
+        assert!(judge_fifo(&fifo, &info(true), "--queue-url").is_ok());
+        assert!(judge_fifo(&standard, &info(false), "--queue-url").is_ok());
+        assert!(judge_fifo(&fifo, &info(false), "--queue-url")
             .unwrap_err()
             .contains("not FIFO"));
-        assert!(judge_fifo("http://q/1/a", &info(true), "--route order=...")
+        assert!(judge_fifo(&standard, &info(true), "--route order=...")
             .unwrap_err()
             .contains("fix --route order=..."));
     }

@@ -11,11 +11,10 @@ use std::time::Duration;
 use clap::builder::BoolishValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::batch::{
-    is_fifo, is_topic, KeyColumn, MessageFormat, OffloadPlan, PlanConfig, PlanOrdering,
-};
+use crate::batch::{KeyColumn, MessageFormat, OffloadPlan, PlanConfig, PlanOrdering};
 use crate::concurrency::RequestConcurrency;
 use crate::dbauth::PasswordSource;
+use crate::destination::{Destination, DestinationError, MessageGroup};
 use crate::outbox::{
     ClaimStrategy, ColumnMap, KeyIndex, OrderScope, Ordered, Pooler, TableName, Wakeup,
 };
@@ -435,7 +434,7 @@ pub struct RunArgs {
     /// Route rows by key value to a queue or topic: KEY=QUEUE_URL or KEY=TOPIC_ARN, repeatable
     /// (env: comma-separated). A row's own queue_url wins; unrouted rows go to --queue-url.
     #[arg(long = "route", env = "OUTBOX_ROUTES", value_delimiter = ',', value_parser = parse_route)]
-    pub routes: Vec<(String, String)>,
+    pub routes: Vec<(String, Destination)>,
 
     /// The key --route matches on.
     #[arg(long, env = "OUTBOX_ROUTE_BY", default_value = "aggregate_type")]
@@ -496,37 +495,19 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{s:?} is not a size: use bytes, KiB, MiB or GiB (e.g. 32MiB)"))
 }
 
-fn parse_route(s: &str) -> Result<(String, String), String> {
+fn parse_route(s: &str) -> Result<(String, Destination), String> {
     match s.split_once('=') {
-        Some((key, url)) if !key.is_empty() && check_destination(url).is_ok() => {
-            Ok((key.to_string(), url.to_string()))
-        }
-        Some((key, url)) if !key.is_empty() && is_topic(url) => Err(format!(
-            "{s:?}: {}",
-            check_destination(url).expect_err("not ok")
-        )),
-        _ => Err(format!("{s:?}: use KEY=QUEUE_URL or KEY=TOPIC_ARN, e.g. order=https://sqs.eu-west-1.amazonaws.com/123456789012/orders or order=arn:aws:sns:eu-west-1:123456789012:orders")),
+        Some((key, url)) if !key.is_empty() => match Destination::parse(url) {
+            Ok(destination) => Ok((key.to_string(), destination)),
+            Err(e @ DestinationError::NotATopicArn(_)) => Err(format!("{s:?}: {e}")),
+            Err(_) => Err(route_usage(s)),
+        },
+        _ => Err(route_usage(s)),
     }
 }
 
-/// A destination is an SQS queue URL or an SNS topic ARN
-/// (`arn:<partition>:sns:<region>:<account>:<name>`, every part present).
-fn check_destination(destination: &str) -> Result<(), String> {
-    if is_topic(destination) {
-        let parts: Vec<&str> = destination.split(':').collect();
-        if parts.len() == 6 && parts.iter().all(|p| !p.is_empty()) {
-            return Ok(());
-        }
-        return Err(format!(
-            "{destination:?} is not a topic ARN: expected arn:aws:sns:<region>:<account>:<name>"
-        ));
-    }
-    if destination.starts_with("https://") || destination.starts_with("http://") {
-        return Ok(());
-    }
-    Err(format!(
-        "{destination:?} is neither a queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>) nor a topic ARN (arn:aws:sns:<region>:<account>:<name>)"
-    ))
+fn route_usage(s: &str) -> String {
+    format!("{s:?}: use KEY=QUEUE_URL or KEY=TOPIC_ARN, e.g. order=https://sqs.eu-west-1.amazonaws.com/123456789012/orders or order=arn:aws:sns:eu-west-1:123456789012:orders")
 }
 
 /// How long sent rows are kept.
@@ -598,7 +579,8 @@ pub struct DatabaseConfig {
 #[derive(Debug, Clone)]
 pub struct RunConfig {
     pub database: DatabaseConfig,
-    pub queue_url: String,
+    /// `--queue-url`: the default destination, a queue or a topic.
+    pub queue_url: Destination,
     pub sqs_endpoint: Option<String>,
     /// For topic destinations (SNS); `None`: the SDK's own resolution.
     pub sns_endpoint: Option<String>,
@@ -712,13 +694,13 @@ impl RunArgs {
         let database = self.database.validate()?;
         let queue_url =
             match self.queue_url.as_deref().map(str::trim) {
-                Some(url) if !url.is_empty() => url.to_string(),
+                Some(url) if !url.is_empty() => Destination::parse(url),
                 _ => return Err(
                     "--queue-url (or OUTBOX_QUEUE_URL) is required: the SQS queue URL to send to"
                         .to_string(),
                 ),
-            };
-        check_destination(&queue_url).map_err(|e| format!("--queue-url {e}"))?;
+            }
+            .map_err(|e| format!("--queue-url {e}"))?;
         for (flag, endpoint) in [
             ("--sqs-endpoint-url", &self.sqs_endpoint_url),
             ("--sns-endpoint-url", &self.sns_endpoint_url),
@@ -814,13 +796,13 @@ impl RunArgs {
         let scope = match self.ordered {
             Switch::On => Some(OrderScope::Every),
             Switch::Off => None,
-            Switch::Auto if is_fifo(&queue_url) => Some(OrderScope::Every),
+            Switch::Auto if queue_url.is_fifo() => Some(OrderScope::Every),
             Switch::Auto => Some(OrderScope::FifoDestinations {
                 route_by: self.route_by.clone(),
                 fifo_routes: self
                     .routes
                     .iter()
-                    .filter(|(_, url)| is_fifo(url))
+                    .filter(|(_, destination)| destination.is_fifo())
                     .map(|(key, _)| key.clone())
                     .collect(),
             }),
@@ -834,7 +816,7 @@ impl RunArgs {
         if self.fair_group_id {
             let standard_topic = std::iter::once(&queue_url)
                 .chain(self.routes.iter().map(|(_, d)| d))
-                .find(|d| is_topic(d) && !is_fifo(d));
+                .find(|d| d.message_group() == MessageGroup::None);
             if let Some(topic) = standard_topic {
                 return Err(format!("--fair-group-id is for SQS fair queues; the standard topic {topic} takes no MessageGroupId: route it without --fair-group-id, or use a FIFO topic"));
             }
@@ -916,7 +898,9 @@ impl RunArgs {
     fn offload(&self) -> Result<Option<OffloadPlan>, String> {
         let prefix = self.offload_prefix.clone().unwrap_or_default();
         let bucket = match self.offload_bucket.as_deref().map(str::trim) {
-            Some(bucket) if !bucket.is_empty() => bucket.to_string(),
+            Some(bucket) if !bucket.is_empty() => {
+                Destination::bucket(bucket).map_err(|e| format!("--offload-bucket {e}"))?
+            }
             _ if self.offload_threshold.is_some() || !prefix.is_empty() => {
                 return Err(
                     "--offload-threshold and --offload-prefix need --offload-bucket (the S3 bucket large bodies go to)"
@@ -925,11 +909,6 @@ impl RunArgs {
             }
             _ => return Ok(None),
         };
-        if bucket.contains('/') {
-            return Err(format!(
-                "--offload-bucket {bucket:?} is a bucket name, not a URL or path: put key prefixes in --offload-prefix"
-            ));
-        }
         if prefix.len() > 1024 - 64 {
             return Err(format!(
                 "--offload-prefix is {} bytes; S3 keys hold 1024 and the relay adds 64",
@@ -1087,7 +1066,7 @@ mod tests {
         assert_eq!(
             c.plan.offload,
             Some(OffloadPlan {
-                bucket: "events".into(),
+                bucket: Destination::bucket("events").expect("a bucket name"),
                 prefix: "outbox/".into(),
                 threshold: Some(256 * 1024),
             })
@@ -1322,8 +1301,8 @@ mod tests {
         let topic = "arn:aws:sns:eu-west-1:123456789012:orders";
         let fifo_topic = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
         let c = run_args_to(topic, &["--route", &format!("pay={fifo_topic}")]).unwrap();
-        assert_eq!(c.queue_url, topic);
-        assert_eq!(c.plan.routes[0].1, fifo_topic);
+        assert_eq!(c.queue_url.to_string(), topic);
+        assert_eq!(c.plan.routes[0].1.to_string(), fifo_topic);
         // A FIFO topic route orders its rows like a FIFO queue route does.
         assert!(matches!(
             &c.claim.ordered().unwrap().scope,

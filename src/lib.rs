@@ -17,7 +17,8 @@
 //! - [`s3`]: the only owner of the S3 SDK: large message bodies stored before their pointer is sent.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
 //! - [`concurrency`]: each destination's requests in flight, adapted to its answers (pure rule inside).
-//! - [`destination`]: which queues refuse us and until when their rows wait (per-queue back-off).
+//! - [`destination`]: what a destination is (queue, topic, bucket; FIFO or standard), parsed once,
+//!   with its limits, client, FIFO rules and park key; which refuse us and until when their rows wait.
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
 //! - [`idle`]: pure: when an idle relay looks for work again (`--wakeup poll`).
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.

@@ -27,6 +27,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
+use crate::destination::{Client, Destination};
 use crate::row::{ClaimedRow, Settlement};
 
 /// The header (message attribute) that carries the W3C trace context.
@@ -91,7 +92,7 @@ impl Tracing {
     pub fn begin(
         &self,
         row: &mut ClaimedRow,
-        queue_url: &str,
+        queue_url: &Destination,
         picked_up: SystemTime,
     ) -> opentelemetry_sdk::trace::Span {
         let from_row = row
@@ -112,7 +113,7 @@ impl Tracing {
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
         let wait = (picked_up_epoch - row.created_at_epoch).max(0.0);
-        let queue = queue_name(queue_url);
+        let queue = queue_url.name();
         let span = self
             .tracer
             .span_builder(format!("send {queue}"))
@@ -251,25 +252,11 @@ fn is_w3c_traceparent(value: &str) -> bool {
     hex(version, 2) && hex(trace, 32) && hex(span, 16) && hex(flags, 2) && rest_ok
 }
 
-/// The destination's name as `messaging.destination.name`: a queue's is the last segment of its
-/// URL, a topic's the last field of its ARN.
-fn queue_name(queue_url: &str) -> &str {
-    if crate::batch::is_topic(queue_url) {
-        return queue_url.rsplit(':').next().unwrap_or(queue_url);
-    }
-    queue_url
-        .trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or(queue_url)
-}
-
 /// `messaging.system` as OpenTelemetry's semantic conventions name the two services.
-fn messaging_system(destination: &str) -> &'static str {
-    if crate::batch::is_topic(destination) {
-        "aws.sns"
-    } else {
-        "aws_sqs"
+fn messaging_system(destination: &Destination) -> &'static str {
+    match destination.client() {
+        Client::Sns => "aws.sns",
+        Client::Sqs | Client::S3 => "aws_sqs",
     }
 }
 
@@ -304,11 +291,11 @@ struct EventSpan {
 }
 
 impl ClaimSpans {
-    /// Starts a span for each row (see [`Tracing::begin`]); `queue_for` names each row's queue.
+    /// Starts a span for each row (see [`Tracing::begin`]); `queue_for` is each row's destination.
     pub fn begin(
         tracing: Option<&Tracing>,
         rows: &mut [ClaimedRow],
-        queue_for: impl Fn(&ClaimedRow) -> String,
+        queue_for: impl Fn(&ClaimedRow) -> Destination,
     ) -> ClaimSpans {
         let Some(tracing) = tracing else {
             return ClaimSpans::default();
@@ -494,7 +481,7 @@ mod tests {
     fn a_row_traceparent_becomes_the_span_context_of_the_same_length() {
         let t = tracing();
         let mut r = row(serde_json::json!({"traceparent": PARENT, "tracestate": "k=v"}));
-        let span = t.begin(&mut r, "http://q/1/orders", SystemTime::now());
+        let span = t.begin(&mut r, &orders(), SystemTime::now());
         let sent = r.headers["traceparent"].as_str().unwrap().to_string();
         assert_eq!(sent.len(), PARENT.len());
         let context = opentelemetry::trace::Span::span_context(&span);
@@ -515,7 +502,7 @@ mod tests {
         let t = tracing();
         let later = format!("{}-extra", PARENT.replacen("00", "01", 1));
         let mut r = row(serde_json::json!({ "traceparent": later }));
-        t.begin(&mut r, "http://q/1/orders", SystemTime::now());
+        t.begin(&mut r, &orders(), SystemTime::now());
         let sent = r.headers["traceparent"].as_str().unwrap();
         assert!(
             sent.starts_with("00-0af7651916cd43dd8448eb211c80319c-"),
@@ -535,7 +522,7 @@ mod tests {
         });
         let planned = |r: &ClaimedRow, max_request_bytes: usize| {
             let config = PlanConfig {
-                default_queue_url: "http://q/1/orders".into(),
+                default_queue_url: orders(),
                 routes: Vec::new(),
                 route_by: KeyColumn::AggregateType,
                 group_by: KeyColumn::AggregateId,
@@ -549,7 +536,7 @@ mod tests {
         };
         let mut r = row(headers);
         let before = planned(&r, usize::MAX).requests[0].size();
-        tracing().begin(&mut r, "http://q/1/orders", SystemTime::now());
+        tracing().begin(&mut r, &orders(), SystemTime::now());
         let after = planned(&r, before);
         assert!(after.rejected.is_empty(), "{:?}", after.rejected);
         assert_eq!(after.requests[0].size(), before);
@@ -561,7 +548,7 @@ mod tests {
         let t = tracing();
         let parent = PARENT.replace("-01", "-00");
         let mut r = row(serde_json::json!({ "traceparent": parent }));
-        let span = t.begin(&mut r, "http://q/1/orders", SystemTime::now());
+        let span = t.begin(&mut r, &orders(), SystemTime::now());
         assert!(!opentelemetry::trace::Span::is_recording(&span));
         assert!(r.headers["traceparent"].as_str().unwrap().ends_with("-00"));
         assert_ne!(r.headers["traceparent"], parent.as_str());
@@ -580,27 +567,22 @@ mod tests {
             serde_json::json!({"traceparent": 42}),
         ] {
             let mut r = row(headers.clone());
-            let span = t.begin(&mut r, "http://q/1/orders", SystemTime::now());
+            let span = t.begin(&mut r, &orders(), SystemTime::now());
             assert_eq!(r.headers, headers);
             // A new trace of its own.
             assert!(opentelemetry::trace::Span::span_context(&span).is_valid());
         }
     }
 
-    #[test]
-    fn the_queue_name_is_the_last_segment_of_its_url() {
-        assert_eq!(
-            queue_name("https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo"),
-            "orders.fifo"
-        );
-        assert_eq!(queue_name("http://127.0.0.1:4566/000000000000/q/"), "q");
+    fn orders() -> Destination {
+        Destination::parse("http://q/1/orders").expect("a queue URL")
     }
 
     #[test]
-    fn a_topic_is_named_by_the_last_field_of_its_arn_and_its_system_is_sns() {
-        let topic = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
-        assert_eq!(queue_name(topic), "orders.fifo");
-        assert_eq!(messaging_system(topic), "aws.sns");
-        assert_eq!(messaging_system("http://q/1/orders"), "aws_sqs");
+    fn a_topics_system_is_sns_and_a_queues_sqs() {
+        let topic = Destination::parse("arn:aws:sns:eu-west-1:123456789012:orders.fifo")
+            .expect("a topic ARN");
+        assert_eq!(messaging_system(&topic), "aws.sns");
+        assert_eq!(messaging_system(&orders()), "aws_sqs");
     }
 }

@@ -53,7 +53,9 @@ pub struct ClaimedRow {
     /// The payload as JSON text, which becomes the message body.
     pub payload: String,
     pub headers: serde_json::Value,
-    pub queue_url: Option<String>,
+    /// The row's own destination (its `queue_url` column, parsed as it is read); `None`: its
+    /// route or the default.
+    pub queue_url: Option<crate::destination::Destination>,
     /// Fencing generation: settlements only apply while the row still carries it.
     pub lease_token: i64,
     /// Attempts including this claim.

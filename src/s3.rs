@@ -11,6 +11,7 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::primitives::ByteStream;
 
 use crate::batch::Offload;
+use crate::destination::Destination;
 use crate::retry::RequestFailure;
 
 /// The key `check` writes to prove the bucket takes objects; the only object that is not an
@@ -22,7 +23,7 @@ pub const PROBE_KEY: &str = "outbox-relay-check";
 pub struct S3 {
     client: aws_sdk_s3::Client,
     /// The bucket every offloaded body goes to (`--offload-bucket`).
-    bucket: String,
+    bucket: Destination,
 }
 
 impl S3 {
@@ -30,7 +31,7 @@ impl S3 {
     /// `endpoint` (local servers, S3-compatible stores) is addressed path-style: a virtual-host
     /// name `bucket.127.0.0.1` does not resolve. SDK retries are off for the reason given in
     /// `sqs.rs`: the relay classifies failures itself.
-    pub async fn new(bucket: &str, endpoint: Option<&str>, timeout: Duration) -> S3 {
+    pub async fn new(bucket: &Destination, endpoint: Option<&str>, timeout: Duration) -> S3 {
         let shared = crate::aws::shared_config().await;
         let (retry, timeouts) = crate::aws::client_limits(timeout);
         let mut config = aws_sdk_s3::config::Builder::from(&shared)
@@ -41,12 +42,12 @@ impl S3 {
         }
         S3 {
             client: aws_sdk_s3::Client::from_conf(config.build()),
-            bucket: bucket.to_string(),
+            bucket: bucket.clone(),
         }
     }
 
     /// The bucket bodies go to.
-    pub fn bucket(&self) -> &str {
+    pub fn bucket(&self) -> &Destination {
         &self.bucket
     }
 
@@ -57,7 +58,7 @@ impl S3 {
         let (_, timeouts) = crate::aws::client_limits(deadline);
         self.client
             .put_object()
-            .bucket(&self.bucket)
+            .bucket(self.bucket.address())
             .key(&offload.key)
             .content_type("application/json")
             .body(ByteStream::from(offload.body.clone()))
@@ -74,7 +75,7 @@ impl S3 {
     pub async fn probe(&self, prefix: &str) -> Result<(), RequestFailure> {
         self.client
             .put_object()
-            .bucket(&self.bucket)
+            .bucket(self.bucket.address())
             .key(format!("{prefix}{PROBE_KEY}"))
             .body(ByteStream::from_static(b"written by outbox-relay check"))
             .send()

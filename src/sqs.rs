@@ -6,6 +6,7 @@ use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageB
 
 use crate::aws::request_failure;
 use crate::batch::BatchRequest;
+use crate::destination::Destination;
 use crate::retry::RequestFailure;
 
 /// What SQS said about one entry of a batch.
@@ -74,7 +75,7 @@ impl Sqs {
         let output = self
             .client
             .send_message_batch()
-            .queue_url(&request.queue_url)
+            .queue_url(request.queue_url.address())
             .set_entries(Some(entries))
             .send()
             .await
@@ -144,11 +145,11 @@ impl Sqs {
     /// Reads the queue's attributes; fails like a send would when the queue is missing or the
     /// credentials may not use it. `All` rather than a list: SQS refuses FIFO-only attribute
     /// names on some standard queues.
-    pub async fn queue_attributes(&self, queue_url: &str) -> Result<QueueInfo, RequestFailure> {
+    pub async fn queue_attributes(&self, queue: &Destination) -> Result<QueueInfo, RequestFailure> {
         let output = self
             .client
             .get_queue_attributes()
-            .queue_url(queue_url)
+            .queue_url(queue.address())
             .attribute_names(QueueAttributeName::All)
             .send()
             .await
@@ -176,7 +177,7 @@ mod tests {
 
     fn request(ids: &[&str]) -> BatchRequest {
         BatchRequest {
-            queue_url: "http://q".into(),
+            queue_url: Destination::of_row("http://q"),
             entries: ids
                 .iter()
                 .enumerate()

@@ -320,3 +320,27 @@ async fn with_on_poison_skip_a_row_parked_for_its_queue_still_holds_its_group() 
     assert_eq!(by_group[HELD_GROUP].len(), 2, "{by_group:?}");
     assert_eq!(violations, 0, "the group keeps its order: {by_group:?}");
 }
+
+/// A row's own destination is parsed once, where rows are read: an empty `queue_url` names
+/// none, so the row goes to the default queue like a NULL one, and a row that names the
+/// default queue's URL itself lands there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_row_destination_means_the_default_queue() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let default = create_queue("d-default", &[]).await;
+    let written = events("d-empty", 30, 5);
+    let to: Vec<Option<String>> = (0..written.len())
+        .map(|i| match i % 3 {
+            0 => Some(String::new()),
+            1 => Some(default.clone()),
+            _ => None,
+        })
+        .collect();
+    insert_to(&client, &written, &to).await;
+    let _relay = RelayProcess::spawn(&run_args(&db, &default, sqs().endpoint(), &[]), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 30, WAIT).await;
+    let arrived = copies(&receive_all(&default, 30, WAIT).await);
+    assert_eq!(arrived.len(), 30, "every row reached the default queue");
+    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
+}

@@ -10,6 +10,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::controller::{Controller, Outcome, Settings};
 use super::RequestConcurrency;
+use crate::destination::Destination;
 use crate::metrics as names;
 
 /// Destinations whose limit is remembered at most: rows may name queues of their own. Past it,
@@ -27,13 +28,15 @@ pub struct Limiter {
     settings: Settings,
     /// Destinations of the relay's own configuration (`--queue-url`, `--route`, the offload
     /// bucket): each is its own gauge series, and never forgotten.
-    configured: Vec<String>,
-    destinations: Mutex<HashMap<String, Arc<Destination>>>,
+    configured: Vec<Destination>,
+    /// Each destination's share, by the destination itself.
+    destinations: Mutex<HashMap<Destination, Arc<Share>>>,
 }
 
+/// One destination's share of the requests in flight.
 #[derive(Debug)]
-struct Destination {
-    /// Its queue URL, topic ARN or bucket key.
+struct Share {
+    /// Its `destination` label: a queue URL, topic ARN or `s3://bucket`.
     key: String,
     state: Mutex<State>,
     permits: Arc<Semaphore>,
@@ -55,13 +58,13 @@ struct State {
 #[derive(Debug)]
 pub struct Slot<'a> {
     limiter: &'a Limiter,
-    held: Option<(Arc<Destination>, OwnedSemaphorePermit)>,
+    held: Option<(Arc<Share>, OwnedSemaphorePermit)>,
 }
 
 impl Limiter {
     /// `ceiling`: `--max-in-flight`; `configured`: the relay's own destinations, whose gauges
     /// exist from the start.
-    pub fn new(mode: RequestConcurrency, ceiling: usize, configured: Vec<String>) -> Limiter {
+    pub fn new(mode: RequestConcurrency, ceiling: usize, configured: Vec<Destination>) -> Limiter {
         let limiter = Limiter {
             mode,
             settings: Settings::new(ceiling),
@@ -75,8 +78,8 @@ impl Limiter {
         limiter
     }
 
-    /// Waits for a slot of `destination` (a queue URL, topic ARN or bucket key).
-    pub async fn acquire(&self, destination: &str) -> Slot<'_> {
+    /// Waits for a slot of `destination` (a queue, topic or the offload bucket).
+    pub async fn acquire(&self, destination: &Destination) -> Slot<'_> {
         if self.mode == RequestConcurrency::Fixed {
             return Slot {
                 limiter: self,
@@ -100,7 +103,7 @@ impl Limiter {
         }
     }
 
-    fn destination(&self, key: &str) -> Arc<Destination> {
+    fn destination(&self, key: &Destination) -> Arc<Share> {
         let mut destinations = self.destinations.lock().expect("limiter lock");
         if let Some(d) = destinations.get(key) {
             return Arc::clone(d);
@@ -114,21 +117,21 @@ impl Limiter {
             RequestConcurrency::Adaptive => controller.limit(),
             RequestConcurrency::Fixed => self.settings.ceiling,
         };
-        let d = Arc::new(Destination {
+        let d = Arc::new(Share {
             key: key.to_string(),
             permits: Arc::new(Semaphore::new(limit)),
             limit: AtomicUsize::new(limit),
-            configured: self.configured.iter().any(|c| c == key),
+            configured: self.configured.contains(key),
             state: Mutex::new(State {
                 controller,
                 debt: 0,
             }),
         });
-        destinations.insert(key.to_string(), Arc::clone(&d));
+        destinations.insert(key.clone(), Arc::clone(&d));
         d
     }
 
-    fn export(&self, destination: &Destination) {
+    fn export(&self, destination: &Share) {
         if destination.configured {
             let limit = destination.limit.load(Ordering::Relaxed);
             metrics::gauge!(names::REQUEST_CONCURRENCY_LIMIT, "destination" => destination.key.clone())

@@ -11,6 +11,7 @@ use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
 
 use super::OutboxError;
+use crate::destination::Destination;
 use crate::row::{ClaimedRow, QuarantineReason, QuarantinedAtClaim, Unreadable};
 
 /// Positions in the RETURNING list of sql/claim.sql.
@@ -90,7 +91,10 @@ fn read(row: &Row, id: i64, lease_token: i64) -> Result<ClaimedRow, String> {
         event_type: required(row, EVENT_TYPE, "event_type")?,
         payload: required(row, PAYLOAD, "payload")?,
         headers: headers(optional(row, HEADERS, "headers")?)?,
-        queue_url: optional(row, QUEUE_URL, "queue_url")?,
+        // Parsed once, here: an empty text names no destination (the route or default applies).
+        queue_url: optional::<&str>(row, QUEUE_URL, "queue_url")?
+            .filter(|url| !url.is_empty())
+            .map(Destination::of_row),
         lease_token,
         attempts: required(row, ATTEMPTS, "attempts")?,
         created_at_epoch: required(row, CREATED_AT_EPOCH, "created_at")?,

@@ -8,7 +8,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch;
-use crate::destination::bucket_key;
+use crate::destination::Destination;
 use crate::metrics as names;
 use crate::otel::ClaimSpans;
 use crate::retry::{self, RequestReaction};
@@ -38,18 +38,18 @@ impl Relay {
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
         let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
-            self.plan_config.queue_for(row).to_string()
+            self.plan_config.queue_for(row).clone()
         });
         let mut limits = self.queue_limits(&rows).await;
         let mut plan = batch::plan_within(&rows, &self.plan_config, &limits);
         // A row refused for a queue's own limit is checked against that queue once more before
         // it is quarantined: an operator who raised the limit and re-drove it must not meet the
         // limit remembered from before.
-        let stale: Vec<String> = plan
+        let stale: Vec<Destination> = plan
             .rejected
             .iter()
             .filter(|r| r.reason == QuarantineReason::TooLarge)
-            .map(|r| self.plan_config.queue_for(&rows[r.row]).to_string())
+            .map(|r| self.plan_config.queue_for(&rows[r.row]).clone())
             .filter(|q| {
                 limits
                     .get(q)
@@ -116,7 +116,7 @@ impl Relay {
                 Err(Unsent::Parked(park)) => decide.parked(&rows, &request, &park),
                 Err(Unsent::Offload(failed)) => {
                     let bucket = match &self.s3 {
-                        Some(s3) => bucket_key(s3.bucket()),
+                        Some(s3) => s3.bucket().clone(),
                         None => unreachable!("entries are offloaded only with a bucket"),
                     };
                     let ordered = self.keeps_order(&request.queue_url);
@@ -211,10 +211,8 @@ impl Relay {
     }
 
     /// Whether requests to this queue carry ordered groups.
-    pub(super) fn keeps_order(&self, queue_url: &str) -> bool {
-        self.plan_config
-            .ordering
-            .is_some_and(|o| o.every_destination || batch::is_fifo(queue_url))
+    pub(super) fn keeps_order(&self, queue_url: &Destination) -> bool {
+        self.plan_config.keeps_order(queue_url)
     }
 
     /// Writes a claim's outcomes, retrying while the lease still protects the rows. If the

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::destination::Destination;
 use crate::row::QuarantineReason;
 
 use super::LOG_TARGET;
@@ -16,7 +17,7 @@ pub(super) enum Effect {
     /// A request went through: the relay-wide pause ends and its back-off starts afresh.
     Relieve,
     /// A request reached this destination: its park, if any, ends.
-    Reached(String),
+    Reached(Destination),
     /// This destination refused us: park it (or join its park already running), then decide
     /// its rows with that park (`Decide::refused`).
     Refused(Refusal),
@@ -44,7 +45,7 @@ pub(super) enum Effect {
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Refusal {
     /// The queue URL or topic ARN, or the offload bucket's key, that refused.
-    pub(super) destination: String,
+    pub(super) destination: Destination,
     /// What it said: the park's error, and part of the rows' `last_error`.
     pub(super) error: String,
     /// Which rows wait for it, and why.

@@ -29,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{self, PlanConfig};
 use crate::concurrency::Limiter;
 use crate::config::RunConfig;
-use crate::destination::{bucket_key, Destinations};
+use crate::destination::{Destination, Destinations};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::Tracing;
@@ -100,7 +100,7 @@ struct Relay {
     /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
     claim_floor: AtomicI64,
     /// Each destination queue's `MaximumMessageSize`, learnt on first use.
-    queue_limits: Mutex<HashMap<String, (usize, Instant)>>,
+    queue_limits: Mutex<HashMap<Destination, (usize, Instant)>>,
     /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
     tracing: Option<Arc<Tracing>>,
 }
@@ -209,7 +209,7 @@ pub async fn run(
     // The bucket is the relay's own configuration too: while it refuses us, large rows wait and
     // the relay is not ready.
     if let Some(offload) = &config.plan.offload {
-        configured_queues.push(bucket_key(&offload.bucket));
+        configured_queues.push(offload.bucket.clone());
     }
     let concurrency = Limiter::new(
         config.request_concurrency,

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::batch::{self, BatchRequest};
+use crate::batch::BatchRequest;
 use crate::concurrency::{self, Outcome};
-use crate::destination::{bucket_key, Park};
+use crate::destination::{Client, Destination, Park};
 use crate::metrics as names;
 use crate::retry::{self, RequestFailure, Transport};
 use crate::row::ClaimedRow;
@@ -26,21 +26,21 @@ impl Relay {
     /// next claim; meanwhile `--max-request-bytes` applies. Only ordered queues need it: there a
     /// refused entry after accepted entries of its group would break the group's order, while
     /// elsewhere SQS's own per-entry refusal quarantines the row just as well.
-    pub(super) async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<String, usize> {
-        let mut unknown: Vec<String> = Vec::new();
+    pub(super) async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<Destination, usize> {
+        let mut unknown: Vec<Destination> = Vec::new();
         {
             let known = self.queue_limits.lock().expect("queue limits lock");
             for row in rows {
                 let queue = self.plan_config.queue_for(row);
                 // A topic has no MaximumMessageSize to read: SNS's fixed limit applies.
-                if !self.keeps_order(queue) || batch::is_topic(queue) {
+                if !self.keeps_order(queue) || queue.client() != Client::Sqs {
                     continue;
                 }
                 let fresh = known
                     .get(queue)
                     .is_some_and(|(_, read)| read.elapsed() < self.config.stats_interval);
-                if !fresh && !unknown.iter().any(|q| q == queue) {
-                    unknown.push(queue.to_string());
+                if !fresh && !unknown.contains(queue) {
+                    unknown.push(queue.clone());
                 }
             }
         }
@@ -90,7 +90,7 @@ impl Relay {
             .s3
             .as_ref()
             .filter(|_| request.entries.iter().any(|e| e.offload.is_some()))
-            .map(|s3| bucket_key(s3.bucket()));
+            .map(|s3| s3.bucket().clone());
         let upload_slot = match &bucket {
             Some(bucket) => tokio::select! {
                 slot = self.concurrency.acquire(bucket) => Some(slot),
@@ -140,10 +140,10 @@ impl Relay {
         }
         let started = Instant::now();
         let sent = async {
-            if batch::is_topic(&request.queue_url) {
-                self.sns.publish(&request).await
-            } else {
-                self.sqs.send(&request).await
+            match request.queue_url.client() {
+                Client::Sns => self.sns.publish(&request).await,
+                // Rows never name a bucket: their text is a queue's or a topic's.
+                Client::Sqs | Client::S3 => self.sqs.send(&request).await,
             }
         };
         let result = match tokio::time::timeout(hard_limit, sent).await {
@@ -184,7 +184,7 @@ impl Relay {
         let after = c.send_timeout + c.settle_margin;
         let lease_left = lease_deadline.saturating_duration_since(Instant::now() + after);
         let lease_window = c.lease.saturating_sub(after);
-        let bucket = bucket_key(s3.bucket());
+        let bucket = s3.bucket().clone();
         if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
         }

@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::batch::{BatchRequest, Rejected};
-use crate::destination::{describe, Park};
+use crate::destination::{Destination, Park};
 use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestReaction};
 use crate::row::{
     ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
@@ -190,21 +190,17 @@ impl<J: FnMut() -> f64> Decide<J> {
         }
         // Whatever else is left pauses the relay and releases the rows.
         let delay = self.pause();
-        let (service, _) = describe(&request.queue_url);
+        let service = request.queue_url.service();
         if reaction == (RequestReaction::PauseAndRelease { not_ready: true }) {
             self.effect(Effect::NotReady(what.clone()));
             self.log(Log::CredentialsRefused {
                 service,
                 error: what.clone(),
                 retry_in: delay,
-                queue_url: request.queue_url.clone(),
+                queue_url: request.queue_url.to_string(),
             });
         } else {
-            let call = if service == "SNS" {
-                "PublishBatch"
-            } else {
-                "SendMessageBatch"
-            };
+            let call = request.queue_url.batch_call();
             self.log(Log::RequestFailed {
                 call,
                 error: what.clone(),
@@ -229,7 +225,7 @@ impl<J: FnMut() -> f64> Decide<J> {
                 if park.started {
                     self.log(Log::BucketRefused {
                         error: refusal.error,
-                        bucket: refusal.destination.clone(),
+                        bucket: refusal.destination.to_string(),
                         retry_in: park.remaining(self.now),
                     });
                 }
@@ -248,7 +244,7 @@ impl<J: FnMut() -> f64> Decide<J> {
         &mut self,
         rows: &[ClaimedRow],
         held: &[usize],
-        queue_url: &str,
+        queue_url: &Destination,
         what: &str,
         park: &Park,
     ) {
@@ -261,12 +257,11 @@ impl<J: FnMut() -> f64> Decide<J> {
         self.send_failures(kind, held.len() as u64);
         let retry_in = park.remaining(self.now);
         // "SQS refused the relay's configured queue", or "SNS ... topic" for a topic ARN.
-        let (service, noun) = describe(queue_url);
-        let fix = if noun == "topic" {
-            "topic ARN"
-        } else {
-            "queue URL"
-        };
+        let (service, noun, fix) = (
+            queue_url.service(),
+            queue_url.noun(),
+            queue_url.address_name(),
+        );
         if park.started && park.configured {
             self.log(Log::ConfiguredRefused {
                 service,
@@ -297,7 +292,7 @@ impl<J: FnMut() -> f64> Decide<J> {
         }
         self.log(Log::QueueParked {
             entries: request.entries.len(),
-            queue_url: request.queue_url.clone(),
+            queue_url: request.queue_url.to_string(),
         });
     }
 
@@ -402,12 +397,12 @@ impl<J: FnMut() -> f64> Decide<J> {
     /// the destination's park ends, then unsent again by itself with its attempt refunded.
     /// Logged once per park, not per row. `last_error` names the destination (`queue`,
     /// `topic` or `bucket`).
-    fn park_row(&mut self, row: &ClaimedRow, destination: &str, park: &Park) {
+    fn park_row(&mut self, row: &ClaimedRow, destination: &Destination, park: &Park) {
         self.out.settlement.quarantine.push(QuarantinedRow {
             id: row.id,
             lease_token: row.lease_token,
             reason: QuarantineReason::Destination,
-            error: format!("{} {destination}: {}", describe(destination).1, park.error),
+            error: format!("{} {destination}: {}", destination.noun(), park.error),
             retry_in: Some(park.remaining(self.now)),
         });
     }
@@ -433,6 +428,11 @@ pub(super) mod tests {
     pub(super) const QUEUE: &str = "http://sqs/1/orders";
     pub(super) const TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:orders";
     pub(super) const BUCKET: &str = "s3://bodies";
+
+    /// The offload bucket the tests' relay is configured with (its text is [`BUCKET`]).
+    pub(super) fn bucket() -> Destination {
+        Destination::bucket("bodies").expect("a bucket name")
+    }
     pub(super) const SECOND: Duration = Duration::from_secs(1);
 
     pub(super) fn policy() -> Policy {
@@ -489,7 +489,7 @@ pub(super) mod tests {
     /// A request to `destination` of the rows at `indices`, none of them large.
     pub(super) fn request(destination: &str, indices: &[usize]) -> BatchRequest {
         BatchRequest {
-            queue_url: destination.into(),
+            queue_url: Destination::of_row(destination),
             entries: indices.iter().map(|&i| entry(i, false)).collect(),
         }
     }
@@ -622,7 +622,7 @@ pub(super) mod tests {
             d.effects,
             [
                 Effect::Relieve,
-                Effect::Reached(QUEUE.into()),
+                Effect::Reached(Destination::of_row(QUEUE)),
                 Effect::Readiness,
                 Effect::Lag(10.0),
                 Effect::Lag(10.0),
@@ -844,7 +844,7 @@ pub(super) mod tests {
                 service: "SQS",
                 error: what,
                 retry_in: SECOND / 2,
-                queue_url: QUEUE.into(),
+                queue_url: QUEUE.to_string(),
             }]
         );
     }
@@ -885,7 +885,7 @@ pub(super) mod tests {
         assert_eq!(
             refusals(&d),
             [&Refusal {
-                destination: QUEUE.into(),
+                destination: Destination::of_row(QUEUE),
                 error: "QueueDoesNotExist: said so".into(),
                 held: Held::Request(vec![0, 1]),
             }]
@@ -896,7 +896,7 @@ pub(super) mod tests {
 
     pub(super) fn refusal(destination: &str, held: Held) -> Refusal {
         Refusal {
-            destination: destination.into(),
+            destination: Destination::of_row(destination),
             error: "QueueDoesNotExist: said so".into(),
             held,
         }
@@ -1002,7 +1002,7 @@ pub(super) mod tests {
             logs(&d),
             [&Log::QueueParked {
                 entries: 1,
-                queue_url: QUEUE.into()
+                queue_url: QUEUE.to_string()
             }]
         );
     }

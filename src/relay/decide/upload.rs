@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::batch::{BatchRequest, Entry};
+use crate::destination::Destination;
 use crate::retry::{self, EntryDecision, RequestReaction};
 use crate::row::{ClaimedRow, QuarantineReason};
 
@@ -24,7 +25,7 @@ impl<J: FnMut() -> f64> Decide<J> {
         rows: &[ClaimedRow],
         request: &BatchRequest,
         failed: OffloadFailed,
-        bucket: &str,
+        bucket: &Destination,
         ordered: bool,
     ) -> Option<BatchRequest> {
         let large: Vec<usize> = (0..request.entries.len())
@@ -73,7 +74,7 @@ impl<J: FnMut() -> f64> Decide<J> {
                     }
                     RequestReaction::ParkTheQueue => {
                         self.effect(Effect::Refused(Refusal {
-                            destination: bucket.to_string(),
+                            destination: bucket.clone(),
                             error: what,
                             held: Held::Uploads {
                                 rows: large_rows(),
@@ -150,7 +151,7 @@ mod tests {
     /// A request of a small row, a large one, and a small one.
     fn mixed() -> BatchRequest {
         BatchRequest {
-            queue_url: QUEUE.into(),
+            queue_url: Destination::of_row(QUEUE),
             entries: vec![entry(0, false), entry(1, true), entry(2, false)],
         }
     }
@@ -176,7 +177,7 @@ mod tests {
             &rows,
             &mixed(),
             refused_upload(failure("EntityTooLarge")),
-            BUCKET,
+            &bucket(),
             false,
         );
         assert_eq!(rest_rows(&rest), [0, 2]);
@@ -197,7 +198,7 @@ mod tests {
             &rows,
             &mixed(),
             refused_upload(failure("EntityTooLarge")),
-            BUCKET,
+            &bucket(),
             true,
         );
         assert_eq!(rest, None, "no group overtakes its held row");
@@ -215,7 +216,7 @@ mod tests {
         let (mut d, _) = decide(0);
         let mut f = failure("SlowDown");
         f.status = Some(503);
-        let rest = d.offload_failed(&rows, &mixed(), refused_upload(f), BUCKET, false);
+        let rest = d.offload_failed(&rows, &mixed(), refused_upload(f), &bucket(), false);
         assert_eq!(rest_rows(&rest), [0, 2]);
         let d = d.finish();
         assert_eq!(pauses(&d), [SECOND / 2]);
@@ -236,7 +237,7 @@ mod tests {
             &rows,
             &mixed(),
             refused_upload(failure("InvalidClientTokenId")),
-            BUCKET,
+            &bucket(),
             false,
         );
         let d = d.finish();
@@ -255,7 +256,7 @@ mod tests {
             &rows,
             &mixed(),
             refused_upload(failure("NoSuchBucket")),
-            BUCKET,
+            &bucket(),
             false,
         );
         assert_eq!(rest_rows(&rest), [0, 2], "the small rows flow");
@@ -263,7 +264,7 @@ mod tests {
         let [refusal] = &refusals(&first)[..] else {
             panic!("one refusal: {:?}", first.effects);
         };
-        assert_eq!(refusal.destination, BUCKET);
+        assert_eq!(refusal.destination, bucket());
         let mut d = Decide::new(policy(), now, 1_000.0, 0, || 0.5);
         d.refused(&rows, (*refusal).clone(), &park(true, true, now));
         let d = d.finish();
@@ -282,7 +283,7 @@ mod tests {
     fn an_upload_that_timed_out_spends_the_attempt_of_the_large_rows() {
         let rows = rows(3, 2);
         let (mut d, _) = decide(0);
-        d.offload_failed(&rows, &mixed(), refused_upload(timeout()), BUCKET, false);
+        d.offload_failed(&rows, &mixed(), refused_upload(timeout()), &bucket(), false);
         let d = d.finish();
         assert_eq!(rescheduled(&d), [(2, false, SECOND)]);
         assert!(
@@ -296,7 +297,7 @@ mod tests {
     fn an_upload_that_timed_out_on_the_last_attempt_quarantines_the_row() {
         let rows = rows(3, 5);
         let (mut d, _) = decide(0);
-        d.offload_failed(&rows, &mixed(), refused_upload(timeout()), BUCKET, false);
+        d.offload_failed(&rows, &mixed(), refused_upload(timeout()), &bucket(), false);
         let d = d.finish();
         assert_eq!(quarantined(&d), [(2, QuarantineReason::MaxAttempts, None)]);
         assert_eq!(
@@ -313,11 +314,11 @@ mod tests {
             &rows,
             &mixed(),
             OffloadFailed::Parked(park(false, true, now)),
-            BUCKET,
+            &bucket(),
             false,
         );
         assert_eq!(rest_rows(&rest), [0, 2]);
-        let rest = d.offload_failed(&rows, &mixed(), OffloadFailed::NoTime, BUCKET, false);
+        let rest = d.offload_failed(&rows, &mixed(), OffloadFailed::NoTime, &bucket(), false);
         assert_eq!(rest_rows(&rest), [0, 2]);
         let d = d.finish();
         assert_eq!(
