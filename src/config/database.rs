@@ -72,7 +72,10 @@ pub struct DatabaseArgs {
 
 /// A value that must never be printed.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(pub String);
+pub struct Secret(
+    /// The value itself, for the one place that uses it (the connection string's parser).
+    pub String,
+);
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -83,9 +86,11 @@ impl fmt::Debug for Secret {
 /// Where the database is and which table to use.
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
+    /// The connection string, with the TLS file flags appended; it may carry a password.
     pub url: Secret,
     /// What the relay reads and updates: the table, or an adopted table's view.
     pub table: TableName,
+    /// The bound of one connection attempt, where the URL sets none.
     pub connect_timeout: Duration,
     /// With --column: the application's own table and where its columns are.
     pub adopted: Option<(TableName, ColumnMap)>,
@@ -96,6 +101,8 @@ pub struct DatabaseConfig {
 }
 
 impl DatabaseArgs {
+    /// Checks every rule that needs no I/O; the files the flags name are read later, once
+    /// (see [`DatabaseConfig::read_secrets`]).
     pub fn validate(&self) -> Result<DatabaseConfig, String> {
         let url = match self.database_url.as_deref().map(str::trim) {
             Some(url) if !url.is_empty() => url.to_string(),
@@ -137,19 +144,7 @@ impl DatabaseArgs {
             // Outbox::new says what is wrong with the string, in the words every command uses.
             Err(_) => PasswordSource::Url,
         };
-        // The one look outside this process here: a missing secret is a configuration
-        // mistake, to be reported as one before anything starts. Later reads happen at each
-        // connection, where a failure is retried.
-        if let PasswordSource::File(path) = &password {
-            crate::dbauth::read_password_file(path)
-                .map_err(|e| format!("--database-password-file: {e}"))?;
-        }
-        let (table, adopted) = if self.columns.is_empty() {
-            (table, None)
-        } else {
-            let map = ColumnMap::from_pairs(&self.columns)?;
-            (table.relay_view(), Some((table, map)))
-        };
+        let (table, adopted) = self.table_and_columns(table)?;
         Ok(DatabaseConfig {
             url: Secret(url),
             table,
@@ -158,5 +153,45 @@ impl DatabaseArgs {
             password,
             pooler: self.pooler,
         })
+    }
+
+    /// `migrate --print-sql` without `--database-url`: the table and columns from the flags
+    /// alone, and a placeholder URL that is parsed but never connected to.
+    pub fn offline(&self) -> Result<DatabaseConfig, String> {
+        let table = self.table.parse::<TableName>()?;
+        let (table, adopted) = self.table_and_columns(table)?;
+        Ok(DatabaseConfig {
+            url: Secret("postgres://localhost".to_string()),
+            table,
+            connect_timeout: self.connect_timeout,
+            adopted,
+            password: PasswordSource::Url,
+            pooler: self.pooler,
+        })
+    }
+
+    /// The table the relay reads (an adopted table's view with --column) and the adopted one.
+    fn table_and_columns(
+        &self,
+        table: TableName,
+    ) -> Result<(TableName, Option<(TableName, ColumnMap)>), String> {
+        if self.columns.is_empty() {
+            return Ok((table, None));
+        }
+        let map = ColumnMap::from_pairs(&self.columns)?;
+        Ok((table.relay_view(), Some((table, map))))
+    }
+}
+
+impl DatabaseConfig {
+    /// The one look outside this process before anything starts: a missing or empty password
+    /// file is a configuration mistake, reported as one. Later reads happen at each new
+    /// connection, where a failure is retried.
+    pub fn read_secrets(&self) -> Result<(), String> {
+        if let PasswordSource::File(path) = &self.password {
+            crate::dbauth::read_password_file(path)
+                .map_err(|e| format!("--database-password-file: {e}"))?;
+        }
+        Ok(())
     }
 }

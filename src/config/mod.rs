@@ -4,14 +4,22 @@
 //! I/O. Every error is one line that says what to change.
 //!
 //! - `database`: the database flags every command shares, and their validated form.
-//! - `run`: `run`'s (and `check`'s) flags and their validated form.
+//! - `run`: `run`'s (and `check`'s) flags as groups, and [`RunConfig`], their validated form;
+//!   the groups live in `delivery` (claim, send, retry), `maintenance` (gauges, retention)
+//!   and `order` (order and routing, message format, offload).
 //! - `admin`: the flags of `migrate`, `status` and `quarantine`.
 //! - `parse`: value parsers for flags whose values clap does not know.
+//!
+//! Validation reads no file and opens no connection; what the settings name is read once at
+//! start-up ([`DatabaseConfig::read_secrets`], and the TLS files when the outbox is built).
 
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod admin;
 mod database;
+mod delivery;
+mod maintenance;
+mod order;
 mod parse;
 mod run;
 #[cfg(test)]
@@ -19,10 +27,17 @@ mod tests;
 
 pub use admin::{MigrateArgs, QuarantineListArgs, QuarantineRetryArgs, StatusArgs};
 pub use database::{DatabaseArgs, DatabaseConfig, Secret};
-pub use run::{
-    check_db_timeouts, check_lease, Format, OnPoison, Retention, RunArgs, RunConfig, Switch,
-    MAX_MAINTENANCE_TIMEOUT, RETENTION_BATCH, SQS_MAX_REQUEST_BYTES,
+pub use delivery::{
+    check_db_timeouts, check_lease, ClaimArgs, ClaimConfig, RetryArgs, RetryConfig, SendArgs,
+    SendConfig, SQS_MAX_REQUEST_BYTES,
 };
+pub use maintenance::{
+    MaintenanceArgs, MaintenanceConfig, Retention, MAX_MAINTENANCE_TIMEOUT, RETENTION_BATCH,
+};
+pub use order::{
+    Format, FormatArgs, OffloadArgs, OffloadConfig, OnPoison, OrderArgs, OrderConfig, Switch,
+};
+pub use run::{DestinationArgs, DestinationConfig, RunArgs, RunConfig};
 
 #[derive(Debug, Parser)]
 #[command(

@@ -1,7 +1,7 @@
 //! Value parsers for flags whose values clap does not know: sizes, routes, column pairs,
 //! retention.
 
-use super::Retention;
+use super::maintenance::Retention;
 use crate::batch::is_topic;
 
 pub(super) fn parse_column(s: &str) -> Result<(String, String), String> {

@@ -12,7 +12,7 @@ use crate::outbox::{ClaimStrategy, OrderScope, Pooler, Wakeup};
 #[test]
 fn the_maintenance_timeout_is_above_zero_and_within_postgresqls_limit() {
     assert_eq!(
-        run_args(&[]).unwrap().maintenance_timeout,
+        run_args(&[]).unwrap().maintenance.maintenance_timeout,
         Duration::from_secs(10)
     );
     assert_eq!(
@@ -27,6 +27,7 @@ fn the_maintenance_timeout_is_above_zero_and_within_postgresqls_limit() {
     assert_eq!(
         run_args(&["--maintenance-timeout", "500ms"])
             .unwrap()
+            .maintenance
             .maintenance_timeout,
         Duration::from_millis(500)
     );
@@ -56,11 +57,11 @@ fn run_args_to(queue_url: &str, extra: &[&str]) -> Result<RunConfig, String> {
 #[test]
 fn the_largest_payload_read_defaults_to_the_bytes_in_flight_and_cannot_exceed_them() {
     let c = run_args(&[]).unwrap();
-    assert_eq!(c.max_payload_bytes, c.max_bytes_in_flight);
+    assert_eq!(c.send.max_payload_bytes, c.send.max_bytes_in_flight);
     let c = run_args(&["--max-bytes-in-flight", "8MiB"]).unwrap();
-    assert_eq!(c.max_payload_bytes, 8 * 1024 * 1024);
+    assert_eq!(c.send.max_payload_bytes, 8 * 1024 * 1024);
     let c = run_args(&["--max-payload-bytes", "256KiB"]).unwrap();
-    assert_eq!(c.max_payload_bytes, 256 * 1024);
+    assert_eq!(c.send.max_payload_bytes, 256 * 1024);
     for bad in ["0", "64MiB"] {
         let err = run_args(&["--max-payload-bytes", bad]).unwrap_err();
         assert!(
@@ -73,7 +74,7 @@ fn the_largest_payload_read_defaults_to_the_bytes_in_flight_and_cannot_exceed_th
 
 #[test]
 fn offload_is_off_by_default_and_its_flags_need_a_bucket() {
-    assert_eq!(run_args(&[]).unwrap().plan.offload, None);
+    assert_eq!(run_args(&[]).unwrap().plan().offload, None);
     let c = run_args(&[
         "--offload-bucket",
         "events",
@@ -84,7 +85,7 @@ fn offload_is_off_by_default_and_its_flags_need_a_bucket() {
     ])
     .unwrap();
     assert_eq!(
-        c.plan.offload,
+        c.plan().offload,
         Some(OffloadPlan {
             bucket: "events".into(),
             prefix: "outbox/".into(),
@@ -102,11 +103,11 @@ fn offload_is_off_by_default_and_its_flags_need_a_bucket() {
 #[test]
 fn defaults_are_valid_and_keep_the_lease_relation() {
     let c = run_args(&[]).unwrap();
-    assert_eq!(c.batch_size, 100);
-    assert_eq!(c.lease, Duration::from_secs(30));
-    assert!(c.send_timeout + c.settle_margin < c.lease);
+    assert_eq!(c.claim.batch_size, 100);
+    assert_eq!(c.claim.lease, Duration::from_secs(30));
+    assert!(c.send.send_timeout + c.send.settle_margin < c.claim.lease);
     assert_eq!(c.database.table.quoted(), "\"outbox\"");
-    assert!(!c.relay_id.is_empty());
+    assert!(!c.claim.relay_id.is_empty());
 }
 
 #[test]
@@ -129,7 +130,7 @@ fn missing_queue_url_says_what_to_set() {
     let Command::Run(mut args) = cli.command else {
         panic!()
     };
-    args.queue_url = None;
+    args.destination.queue_url = None;
     let err = args.validate().unwrap_err();
     assert!(err.starts_with("--queue-url (or OUTBOX_QUEUE_URL) is required"));
     assert!(!err.contains('\n'));
@@ -175,33 +176,48 @@ fn ranges_and_shapes_are_checked() {
 #[test]
 fn the_database_deadline_defaults_to_the_settle_margin() {
     let c = run_args(&["--settle-margin", "3s"]).unwrap();
-    assert_eq!(c.db_timeout, Duration::from_secs(3));
-    assert_eq!(c.db_retry_max, Duration::from_secs(2));
+    assert_eq!(c.retry.db_timeout, Duration::from_secs(3));
+    assert_eq!(c.retry.db_retry_max, Duration::from_secs(2));
     let c = run_args(&["--db-timeout", "7s"]).unwrap();
-    assert_eq!(c.db_timeout, Duration::from_secs(7));
+    assert_eq!(c.retry.db_timeout, Duration::from_secs(7));
 }
 
 #[test]
 fn retention_takes_zero_a_duration_or_off() {
-    assert_eq!(run_args(&[]).unwrap().retention, Retention::OnAck);
+    assert_eq!(
+        run_args(&[]).unwrap().maintenance.retention,
+        Retention::OnAck
+    );
     for zero in ["0", "0s"] {
         assert_eq!(
-            run_args(&["--retention", zero]).unwrap().retention,
+            run_args(&["--retention", zero])
+                .unwrap()
+                .maintenance
+                .retention,
             Retention::OnAck
         );
     }
     assert_eq!(
-        run_args(&["--delete-on-ack"]).unwrap().retention,
+        run_args(&["--delete-on-ack"])
+            .unwrap()
+            .maintenance
+            .retention,
         Retention::OnAck
     );
     let err = run_args(&["--delete-on-ack", "--retention", "1h"]).unwrap_err();
     assert!(err.contains("contradicts --retention"), "{err}");
     assert_eq!(
-        run_args(&["--retention", "off"]).unwrap().retention,
+        run_args(&["--retention", "off"])
+            .unwrap()
+            .maintenance
+            .retention,
         Retention::Off
     );
     assert_eq!(
-        run_args(&["--retention", "90s"]).unwrap().retention,
+        run_args(&["--retention", "90s"])
+            .unwrap()
+            .maintenance
+            .retention,
         Retention::For(Duration::from_secs(90))
     );
     assert!(run_args(&["--retention", "soon"])
@@ -226,13 +242,13 @@ fn pooler_defaults_to_direct_connections_and_refuses_what_cannot_cross_it() {
 
 #[test]
 fn wakeup_defaults_to_polling_and_names_each_mode() {
-    assert_eq!(run_args(&[]).unwrap().wakeup, Wakeup::Poll);
+    assert_eq!(run_args(&[]).unwrap().claim.wakeup, Wakeup::Poll);
     for (flag, mode) in [
         ("poll", Wakeup::Poll),
         ("logical", Wakeup::Logical),
         ("notify", Wakeup::Notify),
     ] {
-        assert_eq!(run_args(&["--wakeup", flag]).unwrap().wakeup, mode);
+        assert_eq!(run_args(&["--wakeup", flag]).unwrap().claim.wakeup, mode);
     }
     let err = run_args(&["--wakeup", "listen"]).unwrap_err();
     assert!(err.contains("poll, logical or notify"), "{err}");
@@ -265,7 +281,12 @@ fn quarantine_retry_needs_exactly_one_selection() {
 fn ordering_is_decided_per_destination_queue() {
     let fifo = "http://127.0.0.1:4566/000000000000/orders.fifo";
     let c = run_args_to(fifo, &[]).unwrap();
-    let ordered = c.claim.ordered().expect("ordered on a FIFO queue").clone();
+    let ordered = c
+        .order
+        .strategy
+        .ordered()
+        .expect("ordered on a FIFO queue")
+        .clone();
     assert_eq!(ordered.key, KeyColumn::AggregateId);
     assert!(!ordered.skip_poison);
     assert_eq!(ordered.scope, OrderScope::Every);
@@ -273,11 +294,11 @@ fn ordering_is_decided_per_destination_queue() {
     // FIFO route) are ordered.
     let c = run_args(&[]).unwrap();
     assert!(matches!(
-        c.claim.ordered().unwrap().scope,
+        c.order.strategy.ordered().unwrap().scope,
         OrderScope::FifoDestinations { ref fifo_routes, .. } if fifo_routes.is_empty()
     ));
     assert_eq!(
-        c.plan.ordering,
+        c.plan().ordering,
         Some(PlanOrdering {
             every_destination: false,
             skip_poison: false
@@ -292,13 +313,13 @@ fn ordering_is_decided_per_destination_queue() {
         "skip",
     ])
     .unwrap();
-    let ordered = c.claim.ordered().unwrap();
+    let ordered = c.order.strategy.ordered().unwrap();
     assert_eq!(ordered.key, KeyColumn::Header("tenant".into()));
     assert!(ordered.skip_poison);
     assert_eq!(ordered.scope, OrderScope::Every);
     let off = run_args_to(fifo, &["--ordered", "off"]).unwrap();
-    assert_eq!(off.claim, ClaimStrategy::Plain);
-    assert_eq!(off.plan.ordering, None);
+    assert_eq!(off.order.strategy, ClaimStrategy::Plain);
+    assert_eq!(off.plan().ordering, None);
     let routed = run_args(&[
         "--route",
         "order=http://q/1/orders.fifo",
@@ -307,11 +328,14 @@ fn ordering_is_decided_per_destination_queue() {
     ])
     .unwrap();
     assert!(matches!(
-        &routed.claim.ordered().unwrap().scope,
+        &routed.order.strategy.ordered().unwrap().scope,
         OrderScope::FifoDestinations { fifo_routes, .. } if fifo_routes == &["order".to_string()]
     ));
     let fair = run_args_to(fifo, &["--fair-by", "aggregate_type"]).unwrap();
-    assert!(matches!(fair.claim, ClaimStrategy::OrderedFair { .. }));
+    assert!(matches!(
+        fair.order.strategy,
+        ClaimStrategy::OrderedFair { .. }
+    ));
 }
 
 #[test]
@@ -319,16 +343,19 @@ fn topic_arns_are_destinations_and_what_topics_cannot_do_is_refused() {
     let topic = "arn:aws:sns:eu-west-1:123456789012:orders";
     let fifo_topic = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
     let c = run_args_to(topic, &["--route", &format!("pay={fifo_topic}")]).unwrap();
-    assert_eq!(c.queue_url, topic);
-    assert_eq!(c.plan.routes[0].1, fifo_topic);
+    assert_eq!(c.destination.queue_url, topic);
+    assert_eq!(c.plan().routes[0].1, fifo_topic);
     // A FIFO topic route orders its rows like a FIFO queue route does.
     assert!(matches!(
-        &c.claim.ordered().unwrap().scope,
+        &c.order.strategy.ordered().unwrap().scope,
         OrderScope::FifoDestinations { fifo_routes, .. } if fifo_routes == &["pay".to_string()]
     ));
     let c = run_args_to(fifo_topic, &["--sns-endpoint-url", "http://127.0.0.1:1"]).unwrap();
-    assert_eq!(c.claim.ordered().unwrap().scope, OrderScope::Every);
-    assert_eq!(c.sns_endpoint.as_deref(), Some("http://127.0.0.1:1"));
+    assert_eq!(c.order.strategy.ordered().unwrap().scope, OrderScope::Every);
+    assert_eq!(
+        c.destination.sns_endpoint.as_deref(),
+        Some("http://127.0.0.1:1")
+    );
     let err = run_args_to("arn:aws:sns:eu-west-1:orders", &[]).unwrap_err();
     assert!(
         err.starts_with("--queue-url") && err.contains("not a topic ARN"),
@@ -359,8 +386,8 @@ fn routes_fairness_and_formats_are_validated() {
         "event_type",
     ])
     .unwrap();
-    assert_eq!(c.plan.routes.len(), 2);
-    assert_eq!(c.plan.route_by, KeyColumn::EventType);
+    assert_eq!(c.plan().routes.len(), 2);
+    assert_eq!(c.plan().route_by, KeyColumn::EventType);
     assert!(run_args(&["--route", "nourl"])
         .unwrap_err()
         .contains("KEY=QUEUE_URL"));
@@ -368,8 +395,8 @@ fn routes_fairness_and_formats_are_validated() {
         .unwrap_err()
         .contains("set --fair-by"));
     let c = run_args(&["--fair-by", "aggregate_type", "--fair-group-id"]).unwrap();
-    assert_eq!(c.claim.fair(), Some(&KeyColumn::AggregateType));
-    assert_eq!(c.plan.fair_group, Some(KeyColumn::AggregateType));
+    assert_eq!(c.order.strategy.fair(), Some(&KeyColumn::AggregateType));
+    assert_eq!(c.plan().fair_group, Some(KeyColumn::AggregateType));
     assert!(run_args(&["--group-by", "payload"])
         .unwrap_err()
         .contains("not a key"));
@@ -381,7 +408,7 @@ fn routes_fairness_and_formats_are_validated() {
     ])
     .unwrap();
     assert_eq!(
-        c.plan.format,
+        c.plan().format,
         MessageFormat::CloudEvents {
             source: "/shop".into()
         }
@@ -452,15 +479,17 @@ fn the_password_source_follows_the_flags_and_a_missing_file_is_a_configuration_e
 
     let path = std::env::temp_dir().join(format!("config-pw-{}", std::process::id()));
     let file = path.to_str().unwrap();
-    let err = database(bare, &["--database-password-file", file]).unwrap_err();
+    // Validation reads nothing; the file is read once at start-up, by read_secrets.
+    let config = database(bare, &["--database-password-file", file]).unwrap();
+    assert_eq!(config.password, PasswordSource::File(path.clone()));
+    let err = config.read_secrets().unwrap_err();
     assert!(
         err.starts_with("--database-password-file: cannot read the password file"),
         "{err}"
     );
     assert!(err.contains(file) && !err.contains('\n'), "{err}");
     std::fs::write(&path, "rotated-secret\n").unwrap();
-    let config = database(bare, &["--database-password-file", file]).unwrap();
-    assert_eq!(config.password, PasswordSource::File(path.clone()));
+    assert_eq!(config.read_secrets(), Ok(()));
     let err = run_args(&["--database-password-file", file]).unwrap_err();
     assert!(err.contains("remove the password from the URL"), "{err}");
     let err = database(
@@ -553,10 +582,13 @@ fn boolean_environment_variables_accept_the_usual_spellings() {
 #[test]
 fn boolean_flags_still_work_without_a_value() {
     let c = run_args(&["--fair-by", "aggregate_type", "--fair-group-id"]).unwrap();
-    assert!(c.plan.fair_group.is_some());
-    assert!(run_args(&[]).unwrap().plan.fair_group.is_none());
+    assert!(c.plan().fair_group.is_some());
+    assert!(run_args(&[]).unwrap().plan().fair_group.is_none());
     assert_eq!(
-        run_args(&["--delete-on-ack"]).unwrap().retention,
+        run_args(&["--delete-on-ack"])
+            .unwrap()
+            .maintenance
+            .retention,
         Retention::OnAck
     );
 }
