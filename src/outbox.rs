@@ -527,6 +527,73 @@ mod tests {
     }
 
     #[test]
+    fn from_config_gives_each_purpose_what_it_asks_for_and_the_adopted_table_always() {
+        let database = DatabaseConfig {
+            url: crate::config::Secret("postgres://relay@127.0.0.1:5/db".into()),
+            table: "app.outboxevent_relay".parse().unwrap(),
+            connect_timeout: Duration::from_secs(3),
+            adopted: Some((
+                "app.outboxevent".parse().unwrap(),
+                ColumnMap::from_pairs(&[("event_id".into(), "id".into())]).unwrap(),
+            )),
+            password: PasswordSource::Url,
+            pooler: Pooler::Transaction,
+        };
+        let admin = Outbox::from_config(&database, Purpose::Admin).unwrap();
+        assert_eq!(
+            admin.base.as_ref().map(TableName::quoted).as_deref(),
+            Some("\"app\".\"outboxevent\"")
+        );
+        assert_eq!(admin.pooler, Pooler::Transaction);
+        assert_eq!(
+            admin.pg.get_connect_timeout(),
+            Some(&Duration::from_secs(3))
+        );
+        assert_eq!(admin.round_trip, None);
+        assert!(!admin.delete_on_ack);
+
+        let locks = LockPolicy {
+            timeout: Duration::from_millis(250),
+            attempts: 7,
+        };
+        let migrate = Outbox::from_config(&database, Purpose::Migrate(locks)).unwrap();
+        assert_eq!(migrate.locks.attempts, 7);
+        assert_eq!(migrate.locks.timeout, Duration::from_millis(250));
+
+        let limits = ClaimLimits {
+            max_payload_bytes: 4096,
+            max_attempts: 3,
+        };
+        let strategy = ClaimStrategy::new(
+            Some(Ordered {
+                key: KeyColumn::AggregateId,
+                skip_poison: false,
+                scope: OrderScope::Every,
+            }),
+            None,
+        );
+        let relay = Outbox::from_config(
+            &database,
+            Purpose::Relay(RelaySettings {
+                delete_on_ack: true,
+                round_trip: Duration::from_secs(2),
+                limits,
+                strategy: strategy.clone(),
+            }),
+        )
+        .unwrap();
+        assert!(relay.delete_on_ack);
+        assert_eq!(relay.round_trip, Some(Duration::from_secs(2)));
+        assert_eq!(relay.limits, limits);
+        assert_eq!(relay.strategy, strategy);
+        assert!(relay.sql.park_blocked.is_some(), "blocking order parks");
+        assert_eq!(
+            relay.base.as_ref().map(TableName::quoted).as_deref(),
+            Some("\"app\".\"outboxevent\"")
+        );
+    }
+
+    #[test]
     fn the_connection_target_never_shows_the_password() {
         let outbox = Outbox::new(
             "postgres://relay:s3cret-pw@db.internal:6543/app",

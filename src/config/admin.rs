@@ -10,6 +10,7 @@ use crate::outbox::{KeyIndex, Wakeup};
 
 #[derive(Debug, Clone, Args)]
 pub struct QuarantineListArgs {
+    /// Where the database is and which table.
     #[command(flatten)]
     pub database: DatabaseArgs,
 
@@ -29,6 +30,7 @@ pub struct QuarantineListArgs {
 #[derive(Debug, Clone, Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "event_id", "all"])))]
 pub struct QuarantineRetryArgs {
+    /// Where the database is and which table.
     #[command(flatten)]
     pub database: DatabaseArgs,
 
@@ -51,6 +53,7 @@ pub struct QuarantineRetryArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
+    /// Where the database is and which table.
     #[command(flatten)]
     pub database: DatabaseArgs,
 
@@ -61,6 +64,7 @@ pub struct StatusArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct MigrateArgs {
+    /// Where the database is and which table.
     #[command(flatten)]
     pub database: DatabaseArgs,
 

@@ -50,6 +50,7 @@ pub struct Cli {
     #[arg(long, env = "OUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
 
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }

@@ -19,9 +19,11 @@ use crate::outbox::{ClaimLimits, RelaySettings};
 // The groups are declared in the order their flags have always had in `--help`.
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
+    /// Where the database is, which table, and how connections log in.
     #[command(flatten)]
     pub database: DatabaseArgs,
 
+    /// The default destination and the SQS and SNS endpoints.
     #[command(flatten)]
     pub destination: DestinationArgs,
 
@@ -29,24 +31,31 @@ pub struct RunArgs {
     #[arg(long, env = "OUTBOX_METRICS_ADDR", default_value = "0.0.0.0:9898")]
     pub metrics_addr: String,
 
+    /// How many rows are claimed and worked on at once, and by whom.
     #[command(flatten)]
     pub claim: ClaimArgs,
 
+    /// How long a send may take and how large requests and payloads may be.
     #[command(flatten)]
     pub send: SendArgs,
 
+    /// How failures wait, and how long a database round trip may take.
     #[command(flatten)]
     pub retry: RetryArgs,
 
+    /// Gauges and retention, and the timeout of their statements.
     #[command(flatten)]
     pub maintenance: MaintenanceArgs,
 
+    /// Per-group order, fairness and routing.
     #[command(flatten)]
     pub order: OrderArgs,
 
+    /// The message body's format.
     #[command(flatten)]
     pub format: FormatArgs,
 
+    /// Large bodies through S3.
     #[command(flatten)]
     pub offload: OffloadArgs,
 }

@@ -592,3 +592,94 @@ fn boolean_flags_still_work_without_a_value() {
         Retention::OnAck
     );
 }
+
+#[test]
+fn the_plan_is_assembled_from_the_destination_order_format_offload_and_send_groups() {
+    let c = run_args(&[
+        "--route",
+        "order=http://q/1/orders.fifo",
+        "--route-by",
+        "event_type",
+        "--group-by",
+        "aggregate_type",
+        "--fair-by",
+        "header:tenant",
+        "--fair-group-id",
+        "--max-request-bytes",
+        "262144",
+        "--message-format",
+        "cloudevents",
+        "--offload-bucket",
+        "events",
+    ])
+    .unwrap();
+    let plan = c.plan();
+    assert_eq!(plan.default_queue_url, c.destination.queue_url);
+    assert_eq!(
+        plan.routes,
+        vec![("order".to_string(), "http://q/1/orders.fifo".to_string())]
+    );
+    assert_eq!(plan.route_by, KeyColumn::EventType);
+    assert_eq!(plan.group_by, KeyColumn::AggregateType);
+    assert_eq!(plan.fair_group, Some(KeyColumn::Header("tenant".into())));
+    assert_eq!(plan.max_request_bytes, 262_144);
+    assert_eq!(plan.ordering, c.order.ordering);
+    assert_eq!(
+        plan.format,
+        MessageFormat::CloudEvents {
+            source: "/outbox-relay".into()
+        }
+    );
+    assert_eq!(plan.offload.map(|o| o.bucket), Some("events".to_string()));
+}
+
+#[test]
+fn the_outbox_gets_the_settlement_deadline_limits_and_strategy_of_run() {
+    let c = run_args(&[
+        "--retention",
+        "1h",
+        "--db-timeout",
+        "4s",
+        "--max-payload-bytes",
+        "64KiB",
+        "--max-attempts",
+        "4",
+    ])
+    .unwrap();
+    let relay = c.relay_settings();
+    assert!(!relay.delete_on_ack, "kept for an hour, so marked sent");
+    assert_eq!(relay.round_trip, Duration::from_secs(4));
+    assert_eq!(relay.limits.max_payload_bytes, 64 * 1024);
+    assert_eq!(relay.limits.max_attempts, 4);
+    assert_eq!(relay.strategy, c.order.strategy);
+    assert!(run_args(&[]).unwrap().relay_settings().delete_on_ack);
+}
+
+#[test]
+fn print_sql_without_a_database_takes_the_table_and_columns_from_the_flags_alone() {
+    let cli = Cli::try_parse_from([
+        "outbox-relay",
+        "migrate",
+        "--print-sql",
+        "--table",
+        "app.outboxevent",
+        "--column",
+        "event_id=id",
+    ])
+    .unwrap();
+    let Command::Migrate(args) = cli.command else {
+        panic!("parsed {:?}", cli.command)
+    };
+    assert!(args.database.validate().is_err(), "no --database-url");
+    let db = args.database.offline().unwrap();
+    assert_eq!(db.table.quoted(), "\"app\".\"outboxevent_relay\"");
+    let (base, map) = db.adopted.unwrap();
+    assert_eq!(base.quoted(), "\"app\".\"outboxevent\"");
+    assert_eq!(map.event_id, "id");
+    assert_eq!(db.password, PasswordSource::Url);
+    let cli = Cli::try_parse_from(["outbox-relay", "migrate", "--table", "a.b.c"]).unwrap();
+    let Command::Migrate(args) = cli.command else {
+        panic!()
+    };
+    assert!(args.database.offline().unwrap_err().contains("--table"));
+}
