@@ -16,7 +16,7 @@ use super::{DatabaseArgs, DatabaseConfig};
 use crate::batch::{MessageFormat, PlanConfig};
 use crate::outbox::{ClaimLimits, RelaySettings};
 
-// The groups are declared in the order their flags have always had in `--help`.
+// `--help` lists the flags in the order of the groups here (docs/configuration.md follows it).
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Where the database is, which table, and how connections log in.
