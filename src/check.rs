@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::config::{Retention, RunArgs, RunConfig};
 use crate::destination::{Client, Destination};
 use crate::outbox::inspect::{ColumnFacts, TableFacts, RELAY_COLUMNS};
-use crate::outbox::{quote_ident, Outbox, OutboxError};
+use crate::outbox::{quote_ident, Outbox, OutboxError, Purpose};
 use crate::retry::{RequestFailure, Transport};
 use crate::s3::S3;
 use crate::sns::{Sns, TopicInfo};
@@ -63,7 +63,11 @@ impl Report {
 /// Runs every check; true when all passed.
 pub async fn run(args: &RunArgs) -> bool {
     let mut report = Report::default();
-    let config = match args.validate() {
+    // A missing password file is a configuration mistake, as in every other command.
+    let config = match args
+        .validate()
+        .and_then(|config| config.database.read_secrets().map(|()| config))
+    {
         Ok(config) => {
             report.add("configuration", Ok(None));
             config
@@ -88,13 +92,14 @@ pub async fn run(args: &RunArgs) -> bool {
 async fn check_database(config: &RunConfig, report: &mut Report) {
     let db = &config.database;
     let table = db.table.quoted();
-    let outbox = match crate::relay::outbox_for(config) {
-        Ok(o) => o,
-        Err(e) => {
-            report.add("database settings", Err(e.to_string()));
-            return;
-        }
-    };
+    let outbox =
+        match Outbox::from_config(&config.database, Purpose::Relay(config.relay_settings())) {
+            Ok(o) => o,
+            Err(e) => {
+                report.add("database settings", Err(e.to_string()));
+                return;
+            }
+        };
     let reachable = format!("database reachable at {}", outbox.target());
     let facts = match outbox.inspect().await {
         Err(e @ OutboxError::Connect { .. }) => {
@@ -132,7 +137,7 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
         format!("table {table} has the relay's columns and types"),
         judge_columns(&facts.columns).map(|()| None),
     );
-    let needs_delete = config.retention != Retention::Off;
+    let needs_delete = config.maintenance.retention != Retention::Off;
     report.add(
         format!(
             "role {} has the privileges the relay needs on {table}",
@@ -158,13 +163,13 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
 /// The wake-up mode finds what it needs in the database, and nothing it does not use that
 /// costs the application (a leftover NOTIFY trigger).
 async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) {
-    let what = format!("wake-up mode {} is set up", config.wakeup);
+    let what = format!("wake-up mode {} is set up", config.claim.wakeup);
     let verdict = match outbox.installed_wakeup().await {
-        Ok(installed) => installed.judge(config.wakeup).map(|()| None),
+        Ok(installed) => installed.judge(config.claim.wakeup).map(|()| None),
         Err(e) => Err(e.to_string()),
     };
     let verdict = match verdict {
-        Ok(_) if config.wakeup == crate::outbox::Wakeup::Logical => outbox
+        Ok(_) if config.claim.wakeup == crate::outbox::Wakeup::Logical => outbox
             .check_logical()
             .await
             .map(|()| None)
@@ -269,21 +274,22 @@ pub fn judge_privileges(
 }
 
 async fn check_queues(config: &RunConfig, report: &mut Report) {
-    let mut queues: Vec<(&Destination, String)> = vec![(&config.queue_url, "--queue-url".into())];
-    for (key, url) in &config.plan.routes {
+    let mut queues: Vec<(&Destination, String)> =
+        vec![(&config.destination.queue_url, "--queue-url".into())];
+    for (key, url) in &config.order.routes {
         if !queues.iter().any(|(u, _)| *u == url) {
             queues.push((url, format!("--route {key}=...")));
         }
     }
     // The relay's own send timeout bounds each call, so an unreachable endpoint cannot hang.
     let sqs = Sqs::new(
-        config.sqs_endpoint.as_deref(),
-        config.send_timeout.max(Duration::from_secs(1)),
+        config.destination.sqs_endpoint.as_deref(),
+        config.send.send_timeout.max(Duration::from_secs(1)),
     )
     .await;
     let sns = Sns::new(
-        config.sns_endpoint.as_deref(),
-        config.send_timeout.max(Duration::from_secs(1)),
+        config.destination.sns_endpoint.as_deref(),
+        config.send.send_timeout.max(Duration::from_secs(1)),
     )
     .await;
     for (url, flag) in queues {
@@ -310,7 +316,7 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
         };
         report.add(
             format!("queue {url} accepts messages of --max-request-bytes"),
-            judge_message_size(&info, config.max_request_bytes),
+            judge_message_size(&info, config.send.max_request_bytes),
         );
         report.add(
             format!("queue {url} FIFO settings"),
@@ -323,13 +329,13 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
 /// and permission the relay needs (it never reads, lists or deletes). The probe stays, and the
 /// next check overwrites it.
 async fn check_offload(config: &RunConfig, report: &mut Report) {
-    let Some(offload) = &config.plan.offload else {
+    let Some(offload) = &config.offload.plan else {
         return;
     };
     let s3 = S3::new(
         &offload.bucket,
-        config.s3_endpoint.as_deref(),
-        config.send_timeout.max(Duration::from_secs(1)),
+        config.offload.s3_endpoint.as_deref(),
+        config.send.send_timeout.max(Duration::from_secs(1)),
     )
     .await;
     let what = format!(

@@ -8,12 +8,12 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 use outbox_relay::config::{
-    Cli, Command, DatabaseArgs, LogFormat, MigrateArgs, QuarantineCommand, QuarantineListArgs,
-    QuarantineRetryArgs, RunArgs,
+    Cli, Command, DatabaseArgs, DatabaseConfig, LogFormat, MigrateArgs, QuarantineCommand,
+    QuarantineListArgs, QuarantineRetryArgs, RunArgs,
 };
 use outbox_relay::metrics::{self, Health};
 use outbox_relay::otel::{self, Tracing};
-use outbox_relay::outbox::{ColumnMap, Outbox, RetrySelection, TableName};
+use outbox_relay::outbox::{Outbox, Purpose, RetrySelection};
 use outbox_relay::relay;
 
 fn main() -> ExitCode {
@@ -96,12 +96,22 @@ async fn dispatch(command: Command) -> ExitCode {
     }
 }
 
-/// The outbox of `args`, or the exit code for a bad database setting.
-fn outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
-    let db = args.validate().map_err(|e| config_error(&e))?;
-    Outbox::new(&db.url.0, db.table, db.connect_timeout)
-        .map(|o| o.password_source(db.password).pooler(db.pooler))
-        .map_err(|e| config_error(&e.to_string()))
+/// The database settings of `args`, validated, or the exit code for a bad one.
+fn database(args: &DatabaseArgs) -> Result<DatabaseConfig, ExitCode> {
+    args.validate().map_err(|e| config_error(&e))
+}
+
+/// The outbox a command uses, or the exit code for a bad database setting: the files the
+/// settings name (password, CA, client certificate and key) are read here, once, so an
+/// unusable one is a configuration error in every command.
+fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
+    db.read_secrets().map_err(|e| config_error(&e))?;
+    Outbox::from_config(db, purpose).map_err(|e| config_error(&e.to_string()))
+}
+
+/// The outbox of a one-shot command that reads or re-drives rows.
+fn admin_outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
+    outbox(&database(args)?, Purpose::Admin)
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {
@@ -112,12 +122,12 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
     if args.print_sql && args.database.database_url.is_none() {
         return print_sql_offline(&args, locks);
     }
-    let db = match args.database.validate() {
+    let db = match database(&args.database) {
         Ok(db) => db,
-        Err(e) => return config_error(&e),
+        Err(code) => return code,
     };
-    let outbox = match outbox(&args.database) {
-        Ok(o) => o.migration_locks(locks),
+    let outbox = match outbox(&db, Purpose::Migrate(locks)) {
+        Ok(o) => o,
         Err(code) => return code,
     };
     if args.print_sql {
@@ -148,7 +158,6 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         (None, false) => outbox.migrate(&args.keys()).await,
     };
     // The wake-up follows the table: it needs the table (or view) to exist.
-    let outbox = outbox.adopted_from(db.adopted.map(|(base, _)| base));
     let result = match result {
         Ok(report) => outbox.set_up_wakeup(args.wakeup).await.map(|installed| {
             println!(
@@ -193,28 +202,16 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
 
 /// `migrate --print-sql` without a database: the table and columns come from the flags alone.
 fn print_sql_offline(args: &MigrateArgs, locks: outbox_relay::outbox::LockPolicy) -> ExitCode {
-    let table = match args.database.table.parse::<TableName>() {
-        Ok(t) => t,
+    let db = match args.database.offline() {
+        Ok(db) => db,
         Err(e) => return config_error(&e),
     };
-    let adopted = if args.database.columns.is_empty() {
-        None
-    } else {
-        match ColumnMap::from_pairs(&args.database.columns) {
-            Ok(map) => Some((table.clone(), map)),
-            Err(e) => return config_error(&e),
-        }
-    };
-    let view = match &adopted {
-        Some(_) => table.relay_view(),
-        None => table,
-    };
     // Parsing only: no connection is made.
-    let outbox = match Outbox::new("postgres://localhost", view, args.database.connect_timeout) {
-        Ok(o) => o.migration_locks(locks),
+    let outbox = match Outbox::from_config(&db, Purpose::Migrate(locks)) {
+        Ok(o) => o,
         Err(e) => return config_error(&e.to_string()),
     };
-    let sql = match (&adopted, args.adopt) {
+    let sql = match (&db.adopted, args.adopt) {
         (Some((base, map)), true) => match outbox.adopt_sql_assumed(base, map, &args.keys()) {
             Ok(sql) => sql,
             Err(e) => return runtime_error(&e),
@@ -235,11 +232,10 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
-    // The files the database settings name (CA, client certificate and key) are read now, so
-    // an unusable one is a configuration error here as in every other command.
-    if let Err(code) = outbox(&args.database) {
-        return code;
-    }
+    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
     // Before anything connects: a bad OTEL_* setting is a configuration error like a bad flag.
     let traces = match Tracing::from_env() {
         Ok(t) => t.map(Arc::new),
@@ -247,7 +243,7 @@ async fn run(args: RunArgs) -> ExitCode {
     };
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
-    let connected = match relay::connect(config.clone()).await {
+    let connected = match relay::connect(config.clone(), outbox).await {
         Ok(c) => c,
         Err(e) => return runtime_error(&e),
     };
@@ -256,7 +252,7 @@ async fn run(args: RunArgs) -> ExitCode {
         Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
     };
     // Several poll intervals without a loop iteration means the loop is stuck.
-    let stuck_after = (config.poll_interval * 5).max(std::time::Duration::from_secs(10));
+    let stuck_after = (config.claim.poll_interval * 5).max(std::time::Duration::from_secs(10));
     let health = Health::new(stuck_after);
     // Separate from `shutdown`: metrics and probes keep answering while in-flight sends
     // drain after SIGTERM.
@@ -291,7 +287,7 @@ async fn run(args: RunArgs) -> ExitCode {
 }
 
 async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {
-    let outbox = match outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database) {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -320,7 +316,7 @@ async fn check(args: RunArgs) -> ExitCode {
 }
 
 async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
-    let outbox = match outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database) {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -363,7 +359,7 @@ async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
 }
 
 async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
-    let outbox = match outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database) {
         Ok(o) => o,
         Err(code) => return code,
     };

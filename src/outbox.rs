@@ -26,6 +26,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::config::DatabaseConfig;
 use crate::dbauth::{PasswordSource, Passwords};
 use crate::row::KeyColumn;
 use crate::tls::{PgTls, PgTlsStream};
@@ -91,6 +92,30 @@ struct Sql {
     delete_expired: String,
     quarantine_list: String,
     quarantine_retry: String,
+}
+
+/// What a command asks of the outbox besides where it is ([`Outbox::from_config`]).
+#[derive(Debug, Clone)]
+pub enum Purpose {
+    /// `status` and `quarantine`: one-shot reads and re-drives with the defaults.
+    Admin,
+    /// `migrate`: how its steps wait for the locks that block the application's writes.
+    Migrate(LockPolicy),
+    /// `run`, and `check`, which tries what `run` will do.
+    Relay(RelaySettings),
+}
+
+/// How `run` claims and settles rows.
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Acknowledged rows are deleted rather than marked sent (`--retention 0`).
+    pub delete_on_ack: bool,
+    /// The deadline of every round trip (`--db-timeout`), and the sockets' keepalives.
+    pub round_trip: Duration,
+    /// Which rows claims quarantine instead of leasing.
+    pub limits: ClaimLimits,
+    /// How claims choose rows.
+    pub strategy: ClaimStrategy,
 }
 
 /// How to reach the outbox: connection settings and the table's statements.
@@ -178,6 +203,28 @@ impl Outbox {
             writable_only: std::sync::atomic::AtomicBool::new(false),
             pooler: Pooler::None,
         })
+    }
+
+    /// The outbox a command uses: the one place the validated database settings and what the
+    /// command needs become an [`Outbox`]. Reads the TLS files the settings name.
+    pub fn from_config(database: &DatabaseConfig, purpose: Purpose) -> Result<Self, OutboxError> {
+        let outbox = Outbox::new(
+            &database.url.0,
+            database.table.clone(),
+            database.connect_timeout,
+        )?
+        .adopted_from(database.adopted.as_ref().map(|(base, _)| base.clone()))
+        .password_source(database.password.clone())
+        .pooler(database.pooler);
+        match purpose {
+            Purpose::Admin => Ok(outbox),
+            Purpose::Migrate(locks) => Ok(outbox.migration_locks(locks)),
+            Purpose::Relay(relay) => outbox
+                .delete_on_ack(relay.delete_on_ack)
+                .round_trip_deadline(relay.round_trip)
+                .claim_limits(relay.limits)
+                .claim_strategy(relay.strategy),
+        }
     }
 
     /// Chooses how claims pick rows (ordered per group, fair across keys).
@@ -481,6 +528,73 @@ mod tests {
                 assert!(sql.contains("\"app\".\"outbox\""), "{sql}");
             }
         }
+    }
+
+    #[test]
+    fn from_config_gives_each_purpose_what_it_asks_for_and_the_adopted_table_always() {
+        let database = DatabaseConfig {
+            url: crate::config::Secret("postgres://relay@127.0.0.1:5/db".into()),
+            table: "app.outboxevent_relay".parse().unwrap(),
+            connect_timeout: Duration::from_secs(3),
+            adopted: Some((
+                "app.outboxevent".parse().unwrap(),
+                ColumnMap::from_pairs(&[("event_id".into(), "id".into())]).unwrap(),
+            )),
+            password: PasswordSource::Url,
+            pooler: Pooler::Transaction,
+        };
+        let admin = Outbox::from_config(&database, Purpose::Admin).unwrap();
+        assert_eq!(
+            admin.base.as_ref().map(TableName::quoted).as_deref(),
+            Some("\"app\".\"outboxevent\"")
+        );
+        assert_eq!(admin.pooler, Pooler::Transaction);
+        assert_eq!(
+            admin.pg.get_connect_timeout(),
+            Some(&Duration::from_secs(3))
+        );
+        assert_eq!(admin.round_trip, None);
+        assert_eq!(admin.acknowledge, session::Acknowledge::MarkSent);
+
+        let locks = LockPolicy {
+            timeout: Duration::from_millis(250),
+            attempts: 7,
+        };
+        let migrate = Outbox::from_config(&database, Purpose::Migrate(locks)).unwrap();
+        assert_eq!(migrate.locks.attempts, 7);
+        assert_eq!(migrate.locks.timeout, Duration::from_millis(250));
+
+        let limits = ClaimLimits {
+            max_payload_bytes: 4096,
+            max_attempts: 3,
+        };
+        let strategy = ClaimStrategy::new(
+            Some(Ordered {
+                key: KeyColumn::AggregateId,
+                skip_poison: false,
+                scope: OrderScope::Every,
+            }),
+            None,
+        );
+        let relay = Outbox::from_config(
+            &database,
+            Purpose::Relay(RelaySettings {
+                delete_on_ack: true,
+                round_trip: Duration::from_secs(2),
+                limits,
+                strategy: strategy.clone(),
+            }),
+        )
+        .unwrap();
+        assert_eq!(relay.acknowledge, session::Acknowledge::Delete);
+        assert_eq!(relay.round_trip, Some(Duration::from_secs(2)));
+        assert_eq!(relay.limits, limits);
+        assert_eq!(relay.strategy, strategy);
+        assert!(relay.sql.park_blocked.is_some(), "blocking order parks");
+        assert_eq!(
+            relay.base.as_ref().map(TableName::quoted).as_deref(),
+            Some("\"app\".\"outboxevent\"")
+        );
     }
 
     #[test]

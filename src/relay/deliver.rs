@@ -53,7 +53,7 @@ impl Relay {
             .filter(|q| {
                 limits
                     .get(q)
-                    .is_some_and(|&l| l < self.config.max_request_bytes)
+                    .is_some_and(|&l| l < self.config.send.max_request_bytes)
             })
             .collect();
         if !stale.is_empty() {
@@ -147,9 +147,9 @@ impl Relay {
     /// Decisions taken at `now`, with the relay's rules and the relay-wide pause as it stands.
     fn decide(&self, now: Instant) -> Decide<fn() -> f64> {
         let policy = Policy {
-            max_attempts: self.config.max_attempts,
-            retry_base: self.config.retry_base,
-            retry_max: self.config.retry_max,
+            max_attempts: self.config.claim.max_attempts,
+            retry_base: self.config.retry.retry_base,
+            retry_max: self.config.retry.retry_max,
         };
         Decide::new(
             policy,
@@ -224,7 +224,7 @@ impl Relay {
         }
         let mut attempt = 0u32;
         loop {
-            let (owner, settlement) = (&self.config.relay_id, &settlement);
+            let (owner, settlement) = (&self.config.claim.relay_id, &settlement);
             let result = self
                 .session
                 .run("recording outcomes", |s| async move {

@@ -18,7 +18,7 @@ impl Relay {
     /// replication connection; each (re)connection also wakes the loop once, since what
     /// committed while it was down rang no bell.
     pub(super) async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
-        if self.config.wakeup == Wakeup::Poll {
+        if self.config.claim.wakeup == Wakeup::Poll {
             return;
         }
         let mut failures = 0u32;
@@ -26,12 +26,12 @@ impl Relay {
             let connected = std::sync::atomic::AtomicBool::new(false);
             let wake = || self.wake.notify_one();
             let ready = || {
-                tracing::debug!(target: LOG_TARGET, wakeup = %self.config.wakeup, "wake-ups connected");
+                tracing::debug!(target: LOG_TARGET, wakeup = %self.config.claim.wakeup, "wake-ups connected");
                 connected.store(true, std::sync::atomic::Ordering::Relaxed);
                 self.wake.notify_one();
             };
             let listening = async {
-                match self.config.wakeup {
+                match self.config.claim.wakeup {
                     Wakeup::Logical => self.outbox.doorbell(wake, ready).await,
                     _ => self.outbox.listen(wake, ready).await,
                 }
@@ -59,7 +59,7 @@ impl Relay {
 
     /// Refreshes the table gauges with one index-backed query every `--stats-interval`.
     pub(super) async fn refresh_stats(self: Arc<Self>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(self.config.stats_interval);
+        let mut tick = tokio::time::interval(self.config.maintenance.stats_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -101,10 +101,10 @@ impl Relay {
     /// Deletes sent rows past `--retention`, in short batches, every `--retention-interval`.
     /// Every replica may run it: SKIP LOCKED keeps them from waiting on each other.
     pub(super) async fn expire_sent(self: Arc<Self>, stop: CancellationToken) {
-        let Retention::For(retention) = self.config.retention else {
+        let Retention::For(retention) = self.config.maintenance.retention else {
             return;
         };
-        let mut tick = tokio::time::interval(self.config.retention_interval);
+        let mut tick = tokio::time::interval(self.config.maintenance.retention_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
@@ -188,9 +188,9 @@ impl Relay {
         shutdown: &CancellationToken,
     ) {
         loop {
-            let wait = match self.config.wakeup {
-                Wakeup::Poll => idle.next(Instant::now(), self.config.poll_interval),
-                Wakeup::Notify | Wakeup::Logical => self.config.poll_interval,
+            let wait = match self.config.claim.wakeup {
+                Wakeup::Poll => idle.next(Instant::now(), self.config.claim.poll_interval),
+                Wakeup::Notify | Wakeup::Logical => self.config.claim.poll_interval,
             };
             tokio::select! {
                 _ = self.wake.notified() => return,

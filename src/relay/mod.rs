@@ -33,9 +33,7 @@ use crate::destination::{Destination, Destinations};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::Tracing;
-use crate::outbox::{
-    ClaimLimits, ClaimRequest, Outbox, OutboxError, Session, SharedSession, Upkeep, Wakeup,
-};
+use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Upkeep, Wakeup};
 use crate::row::Claimed;
 use crate::s3::S3;
 use crate::sns::Sns;
@@ -115,39 +113,13 @@ pub struct Connected {
     first: Session,
 }
 
-/// The outbox as `run` uses it: table (or adopted view), settlement and claim mode.
-pub fn outbox_for(config: &RunConfig) -> Result<Outbox, OutboxError> {
-    Outbox::new(
-        &config.database.url.0,
-        config.database.table.clone(),
-        config.database.connect_timeout,
-    )?
-    .adopted_from(
-        config
-            .database
-            .adopted
-            .as_ref()
-            .map(|(base, _)| base.clone()),
-    )
-    .password_source(config.database.password.clone())
-    .pooler(config.database.pooler)
-    .delete_on_ack(config.retention.deletes_on_ack())
-    .round_trip_deadline(config.db_timeout)
-    .claim_limits(ClaimLimits {
-        max_payload_bytes: i64::try_from(config.max_payload_bytes).unwrap_or(i64::MAX),
-        max_attempts: i32::try_from(config.max_attempts).unwrap_or(i32::MAX),
-    })
-    .claim_strategy(config.claim.clone())
-}
-
-/// Connects and checks the table and the wake-up mode, so that start-up problems (database
-/// unreachable, table missing, `--wakeup` not set up) end the process with one clear line
-/// before anything else is started.
-pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
-    let outbox = Arc::new(outbox_for(&config)?);
+/// `outbox` is built from `config` ([`Outbox::from_config`]) by the caller, which reads the
+/// files its settings name once, at start-up.
+pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, RelayError> {
+    let outbox = Arc::new(outbox);
     // As for every later connection (SharedSession::get): the handshake has its own bound, the
     // statements prepared after it one round-trip deadline more.
-    let limit = config.database.connect_timeout + config.db_timeout;
+    let limit = config.database.connect_timeout + config.retry.db_timeout;
     let first = tokio::time::timeout(limit, outbox.connect())
         .await
         .map_err(|_| OutboxError::Unanswered {
@@ -155,13 +127,13 @@ pub async fn connect(config: RunConfig) -> Result<Connected, RelayError> {
             after: limit,
         })??;
     let installed = outbox.installed_wakeup().await?;
-    match (config.wakeup, installed.judge(config.wakeup)) {
+    match (config.claim.wakeup, installed.judge(config.claim.wakeup)) {
         (_, Ok(())) => {}
         // Polling works with the trigger still there; it only costs the application.
         (Wakeup::Poll, Err(harm)) => tracing::warn!("{harm}"),
         (_, Err(fix)) => return Err(OutboxError::Wakeup(fix).into()),
     }
-    if config.wakeup == Wakeup::Logical {
+    if config.claim.wakeup == Wakeup::Logical {
         outbox.check_logical().await?;
     }
     Ok(Connected {
@@ -187,40 +159,52 @@ pub async fn run(
     } = connected;
     health.set_database_ok(true);
     health.tick();
-    let sqs = Sqs::new(config.sqs_endpoint.as_deref(), config.send_timeout).await;
-    let sns = Sns::new(config.sns_endpoint.as_deref(), config.send_timeout).await;
-    let s3 = match &config.plan.offload {
+    let sqs = Sqs::new(
+        config.destination.sqs_endpoint.as_deref(),
+        config.send.send_timeout,
+    )
+    .await;
+    let sns = Sns::new(
+        config.destination.sns_endpoint.as_deref(),
+        config.send.send_timeout,
+    )
+    .await;
+    let s3 = match &config.offload.plan {
         Some(offload) => Some(
             S3::new(
                 &offload.bucket,
-                config.s3_endpoint.as_deref(),
-                config.send_timeout,
+                config.offload.s3_endpoint.as_deref(),
+                config.send.send_timeout,
             )
             .await,
         ),
         None => None,
     };
-    let mut configured_queues = vec![config.plan.default_queue_url.clone()];
-    for (_, url) in &config.plan.routes {
+    let mut configured_queues = vec![config.destination.queue_url.clone()];
+    for (_, url) in &config.order.routes {
         if !configured_queues.contains(url) {
             configured_queues.push(url.clone());
         }
     }
     // The bucket is the relay's own configuration too: while it refuses us, large rows wait and
     // the relay is not ready.
-    if let Some(offload) = &config.plan.offload {
+    if let Some(offload) = &config.offload.plan {
         configured_queues.push(offload.bucket.clone());
     }
     let concurrency = Limiter::new(
-        config.request_concurrency,
-        config.max_in_flight,
+        config.claim.request_concurrency,
+        config.claim.max_in_flight,
         configured_queues.clone(),
     );
     let relay = Arc::new(Relay {
-        destinations: Destinations::new(configured_queues, config.retry_base, config.retry_max),
-        plan_config: config.plan.clone(),
+        destinations: Destinations::new(
+            configured_queues,
+            config.retry.retry_base,
+            config.retry.retry_max,
+        ),
+        plan_config: config.plan(),
         session: SharedSession::new(Arc::clone(&outbox), first),
-        upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance_timeout),
+        upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
         outbox,
         sqs,
         sns,
@@ -228,7 +212,7 @@ pub async fn run(
         health,
         wake: Notify::new(),
         pressure: Pressure::default(),
-        request_permits: Arc::new(Semaphore::new(config.max_in_flight)),
+        request_permits: Arc::new(Semaphore::new(config.claim.max_in_flight)),
         concurrency,
         claim_floor: AtomicI64::new(0),
         queue_limits: Mutex::new(HashMap::new()),
@@ -236,13 +220,13 @@ pub async fn run(
         config,
     });
     tracing::info!(
-        relay_id = %relay.config.relay_id,
+        relay_id = %relay.config.claim.relay_id,
         table = %relay.config.database.table,
-        queue_url = %relay.config.queue_url,
-        wakeup = %relay.config.wakeup,
-        batch_size = relay.config.batch_size,
-        max_in_flight = relay.config.max_in_flight,
-        lease = %humantime::format_duration(relay.config.lease),
+        queue_url = %relay.config.destination.queue_url,
+        wakeup = %relay.config.claim.wakeup,
+        batch_size = relay.config.claim.batch_size,
+        max_in_flight = relay.config.claim.max_in_flight,
+        lease = %humantime::format_duration(relay.config.claim.lease),
         "relay started"
     );
     let background = CancellationToken::new();
@@ -262,16 +246,16 @@ impl Relay {
         // claim being prepared. Counting claims instead starved the request slots when claims
         // are small (a steady stream claims a few rows at a time): five claims of four rows
         // kept five requests in flight of 32.
-        let rows_in_delivery =
-            (c.max_in_flight * batch::MAX_ENTRIES).max(c.batch_size) + c.batch_size;
+        let rows_in_delivery = (c.claim.max_in_flight * batch::MAX_ENTRIES).max(c.claim.batch_size)
+            + c.claim.batch_size;
         let row_permits = Arc::new(Semaphore::new(rows_in_delivery));
         // Payload bytes in delivery are bounded too, so memory is: rows of 1 MiB would
         // otherwise fill the row bound with hundreds of MiB (each byte is held about three
         // times: the row, the message body, the request). A claim asks for at most what is
         // free; it waits until a large message's worth is free, or the whole budget if smaller.
-        let byte_budget = c.max_bytes_in_flight.min(u32::MAX as usize) as u32;
+        let byte_budget = c.send.max_bytes_in_flight.min(u32::MAX as usize) as u32;
         let byte_permits = Arc::new(Semaphore::new(byte_budget as usize));
-        let claim_threshold = byte_budget.min(c.max_request_bytes as u32);
+        let claim_threshold = byte_budget.min(c.send.max_request_bytes as u32);
         let mut cursor: Option<String> = None;
         let mut deliveries = JoinSet::new();
         let mut db_failures = 0u32;
@@ -280,21 +264,21 @@ impl Relay {
             self.health.tick();
             reap(&mut deliveries);
             if let Some(pause) = self.pressure.remaining(Instant::now()) {
-                self.sleep_or_shutdown(pause.min(c.poll_interval), shutdown)
+                self.sleep_or_shutdown(pause.min(c.claim.poll_interval), shutdown)
                     .await;
                 continue;
             }
             // A whole batch is reserved for the claim; what it does not fill goes back at once.
             let mut permit = tokio::select! {
-                permit = Arc::clone(&row_permits).acquire_many_owned(c.batch_size as u32) => permit.expect("never closed"),
-                _ = tokio::time::sleep(c.poll_interval) => continue,
+                permit = Arc::clone(&row_permits).acquire_many_owned(c.claim.batch_size as u32) => permit.expect("never closed"),
+                _ = tokio::time::sleep(c.claim.poll_interval) => continue,
                 _ = shutdown.cancelled() => break,
             };
             // The same for bytes: take what is free (at least a large message's worth), and
             // give back what the claim did not use.
             let mut bytes = tokio::select! {
                 bytes = Arc::clone(&byte_permits).acquire_many_owned(claim_threshold) => bytes.expect("never closed"),
-                _ = tokio::time::sleep(c.poll_interval) => continue,
+                _ = tokio::time::sleep(c.claim.poll_interval) => continue,
                 _ = shutdown.cancelled() => break,
             };
             if let Ok(more) = Arc::clone(&byte_permits)
@@ -304,9 +288,9 @@ impl Relay {
             }
             let claimed_at = Instant::now();
             let request = ClaimRequest {
-                limit: c.batch_size as i64,
-                owner: c.relay_id.clone(),
-                lease: c.lease,
+                limit: c.claim.batch_size as i64,
+                owner: c.claim.relay_id.clone(),
+                lease: c.claim.lease,
                 budget_bytes: i64::from(bytes.num_permits() as u32),
                 floor: self.claim_floor.load(Ordering::Relaxed),
                 cursor: cursor.clone(),
@@ -327,16 +311,16 @@ impl Relay {
                     self.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
                     record_quarantined_at_claim(&claimed);
-                    let full = claimed.len() == c.batch_size;
+                    let full = claimed.len() == c.claim.batch_size;
                     let rows_claimed = !claimed.is_empty();
                     if rows_claimed {
-                        drop(permit.split(c.batch_size - claimed.len()));
+                        drop(permit.split(c.claim.batch_size - claimed.len()));
                         // The first row is claimed whatever its size; it may hold more than was
                         // free, never more than the whole budget (which would wait for ever).
                         let held: usize = claimed.rows.iter().map(|r| r.payload.len()).sum();
                         let held = held.min(bytes.num_permits());
                         drop(bytes.split(bytes.num_permits() - held));
-                        let lease_deadline = claimed_at + c.lease;
+                        let lease_deadline = claimed_at + c.claim.lease;
                         let relay = Arc::clone(self);
                         let shutdown = shutdown.clone();
                         deliveries.spawn(async move {
@@ -348,7 +332,7 @@ impl Relay {
                     if full {
                         continue;
                     }
-                    if rows_claimed && c.wakeup == Wakeup::Poll {
+                    if rows_claimed && c.claim.wakeup == Wakeup::Poll {
                         // More is likely on its way: claim again after a moment, which lets
                         // the next claim gather several rows (each claim and settlement is
                         // a transaction in the application's database) for little latency.
@@ -381,7 +365,10 @@ impl Relay {
             "shutting down: no new claims; finishing in-flight sends"
         );
         let drain = async { while deliveries.join_next().await.is_some() {} };
-        if tokio::time::timeout(c.drain_timeout, drain).await.is_err() {
+        if tokio::time::timeout(c.send.drain_timeout, drain)
+            .await
+            .is_err()
+        {
             tracing::warn!(
                 "drain timeout reached; unsettled rows stay leased until their lease expires, then another replica sends them"
             );
@@ -414,8 +401,8 @@ impl Relay {
         crate::outbox::reconnect_delay(
             failures,
             replaced,
-            self.config.retry_base,
-            self.config.db_retry_max,
+            self.config.retry.retry_base,
+            self.config.retry.db_retry_max,
             fastrand::f64(),
         )
     }

@@ -36,22 +36,24 @@ impl Relay {
                 if !self.keeps_order(queue) || queue.client() != Client::Sqs {
                     continue;
                 }
-                let fresh = known
-                    .get(queue)
-                    .is_some_and(|(_, read)| read.elapsed() < self.config.stats_interval);
+                let fresh = known.get(queue).is_some_and(|(_, read)| {
+                    read.elapsed() < self.config.maintenance.stats_interval
+                });
                 if !fresh && !unknown.contains(queue) {
                     unknown.push(queue.clone());
                 }
             }
         }
         for queue in unknown {
-            let read =
-                tokio::time::timeout(self.config.send_timeout, self.sqs.queue_attributes(&queue))
-                    .await;
+            let read = tokio::time::timeout(
+                self.config.send.send_timeout,
+                self.sqs.queue_attributes(&queue),
+            )
+            .await;
             if let Ok(Ok(info)) = read {
                 let limit = info
                     .maximum_message_size
-                    .unwrap_or(self.config.max_request_bytes);
+                    .unwrap_or(self.config.send.max_request_bytes);
                 let mut known = self.queue_limits.lock().expect("queue limits lock");
                 // Rows may name any number of queues of their own; keep the memory bounded.
                 if known.len() >= MAX_KNOWN_QUEUES {
@@ -114,14 +116,14 @@ impl Relay {
         }
         // Sending now could outlive the lease: another replica might take the rows over while
         // SQS's answer is still on its way. Give them back instead.
-        if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
+        if Instant::now() + c.send.send_timeout + c.send.settle_margin > lease_deadline {
             return (
                 request,
                 Err(Unsent::NotSent("lease too short for another send")),
             );
         }
         // The SDK enforces the send timeout; this guard only covers a stuck future.
-        let hard_limit = c.send_timeout + Duration::from_secs(1);
+        let hard_limit = c.send.send_timeout + Duration::from_secs(1);
         if let Some(upload_slot) = upload_slot {
             let started = Instant::now();
             let uploaded = self.offload(&request, lease_deadline).await;
@@ -129,7 +131,7 @@ impl Relay {
             if let Err(failed) = uploaded {
                 return (request, Err(Unsent::Offload(failed)));
             }
-            if Instant::now() + c.send_timeout + c.settle_margin > lease_deadline {
+            if Instant::now() + c.send.send_timeout + c.send.settle_margin > lease_deadline {
                 return (
                     request,
                     Err(Unsent::NotSent(
@@ -181,9 +183,9 @@ impl Relay {
     ) -> Result<(), OffloadFailed> {
         let Some(s3) = &self.s3 else { return Ok(()) };
         let c = &self.config;
-        let after = c.send_timeout + c.settle_margin;
+        let after = c.send.send_timeout + c.send.settle_margin;
         let lease_left = lease_deadline.saturating_duration_since(Instant::now() + after);
-        let lease_window = c.lease.saturating_sub(after);
+        let lease_window = c.claim.lease.saturating_sub(after);
         let bucket = s3.bucket().clone();
         if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
@@ -195,7 +197,7 @@ impl Relay {
                     let bytes = offload.body.len();
                     match crate::s3::upload_deadline(
                         bytes,
-                        c.send_timeout,
+                        c.send.send_timeout,
                         lease_left,
                         lease_window,
                     ) {

@@ -1,0 +1,126 @@
+//! The flags of `migrate`, `status` and `quarantine`, the commands that run once.
+
+use std::time::Duration;
+
+use clap::Args;
+
+use super::DatabaseArgs;
+use crate::batch::KeyColumn;
+use crate::outbox::{KeyIndex, Wakeup};
+
+#[derive(Debug, Clone, Args)]
+pub struct QuarantineListArgs {
+    /// Where the database is and which table.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Print JSON (one array) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Only rows quarantined for this reason (too_large, invalid, sender_fault, rejected, max_attempts, blocked, destination).
+    #[arg(long)]
+    pub reason: Option<String>,
+
+    /// At most this many rows.
+    #[arg(long, default_value_t = 100)]
+    pub limit: i64,
+}
+
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "event_id", "all"])))]
+pub struct QuarantineRetryArgs {
+    /// Where the database is and which table.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// The row with this id.
+    #[arg(long)]
+    pub id: Option<i64>,
+
+    /// The row with this event_id.
+    #[arg(long)]
+    pub event_id: Option<String>,
+
+    /// Every quarantined row (narrow with --reason).
+    #[arg(long)]
+    pub all: bool,
+
+    /// With --all: only rows quarantined for this reason.
+    #[arg(long, requires = "all")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Where the database is and which table.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// Where the database is and which table.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Also create the group index for this --group-by key (aggregate_id always has one).
+    #[arg(long, env = "OUTBOX_GROUP_BY")]
+    pub group_by: Option<KeyColumn>,
+
+    /// Also create the index that --fair-by with this key needs.
+    #[arg(long, env = "OUTBOX_FAIR_BY")]
+    pub fair_by: Option<KeyColumn>,
+
+    /// Adopt an existing outbox table (e.g. Debezium's): add only the relay's columns, indexes
+    /// and a view; the application's columns are named with --column.
+    #[arg(long)]
+    pub adopt: bool,
+
+    /// The wake-up the relays will use: `notify` installs the NOTIFY trigger, `logical` the
+    /// publication; anything the chosen mode does not use is removed.
+    #[arg(long, env = "OUTBOX_WAKEUP", default_value = "poll")]
+    pub wakeup: Wakeup,
+
+    /// Print the statements a run would execute and change nothing (no database needed, except
+    /// that --adopt reads the table's columns when --database-url is given).
+    #[arg(long)]
+    pub print_sql: bool,
+
+    /// How long a step may wait for a lock that blocks the application's writes (the
+    /// application's inserts queue behind it meanwhile) before it tries again later.
+    #[arg(long, env = "OUTBOX_LOCK_TIMEOUT", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub lock_timeout: Duration,
+
+    /// Tries per step before migrate gives up with an error (capped backoff with jitter between).
+    #[arg(long, env = "OUTBOX_LOCK_ATTEMPTS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    pub lock_attempts: u32,
+}
+
+impl MigrateArgs {
+    /// How migrate takes the locks that block writes.
+    pub fn lock_policy(&self) -> Result<crate::outbox::LockPolicy, String> {
+        if self.lock_timeout.is_zero() {
+            return Err("--lock-timeout must be above zero: without it a waiting step blocks the application's writes for as long as it waits".into());
+        }
+        Ok(crate::outbox::LockPolicy {
+            timeout: self.lock_timeout,
+            attempts: self.lock_attempts,
+        })
+    }
+
+    /// The keys whose (key, id) index `migrate` creates besides the default one.
+    pub fn keys(&self) -> Vec<(KeyColumn, KeyIndex)> {
+        // Ordered claims need both of the group key's indexes (see KeyIndex).
+        let order = self
+            .group_by
+            .iter()
+            .flat_map(|k| [(k.clone(), KeyIndex::Order), (k.clone(), KeyIndex::Fair)]);
+        let fair = self.fair_by.iter().map(|k| (k.clone(), KeyIndex::Fair));
+        order.chain(fair).collect()
+    }
+}

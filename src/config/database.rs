@@ -1,0 +1,197 @@
+//! The database flags every command shares (`--database-url`, `--table`, TLS, password
+//! sources), and their validated form.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::builder::BoolishValueParser;
+use clap::Args;
+
+use super::parse::parse_column;
+use crate::dbauth::PasswordSource;
+use crate::outbox::{ColumnMap, Pooler, TableName};
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL connection: a libpq URL or key=value string.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Outbox table, optionally schema-qualified (`app.outbox`); quote a part containing a dot.
+    #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox")]
+    pub table: String,
+
+    /// Give up on one connection attempt after this long.
+    #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// A connection pooler between the relay and PostgreSQL: `none` (the relay's own
+    /// connections: session settings, prepared statements), `session` or `transaction`
+    /// (PgBouncer's pool modes; RDS Proxy is `transaction`): nothing is left on a server
+    /// connection, statements are unnamed and settings per transaction.
+    #[arg(long, env = "OUTBOX_POOLER", default_value = "none")]
+    pub pooler: Pooler,
+
+    /// An adopted table's column for a standard name: NAME=COLUMN, repeatable (env:
+    /// comma-separated), e.g. event_id=id aggregate_type=aggregatetype. With any of these the
+    /// relay reads the table through the view `migrate --adopt` created.
+    #[arg(long = "column", env = "OUTBOX_COLUMNS", value_delimiter = ',', value_parser = parse_column)]
+    pub columns: Vec<(String, String)>,
+
+    /// PEM file of the CA certificate(s) the database server's certificate must chain to
+    /// (libpq's sslrootcert; wins over one in --database-url). Used by sslmode verify-ca,
+    /// verify-full and require.
+    #[arg(long, env = "OUTBOX_DB_CA_CERT")]
+    pub db_ca_cert: Option<std::path::PathBuf>,
+
+    /// A file holding the database password (a mounted secret), read again for every new
+    /// connection so a rotated password is used without a restart; trailing newline ignored.
+    /// The URL must not carry a password then.
+    #[arg(long, env = "OUTBOX_DATABASE_PASSWORD_FILE")]
+    pub database_password_file: Option<std::path::PathBuf>,
+
+    /// Log in with a fresh RDS IAM auth token per connection, signed with the relay's AWS
+    /// credentials (the chain SQS uses) for the URL's host, port and user; needs TLS and a
+    /// URL without a password.
+    // Boolean variables also take 1/0, yes/no, on/off: manifests write those as often.
+    #[arg(long, env = "OUTBOX_DATABASE_IAM_AUTH", value_parser = BoolishValueParser::new())]
+    pub database_iam_auth: bool,
+
+    /// PEM file of the client certificate (or a chain starting with it) to present to the
+    /// database server (libpq's sslcert; wins over one in --database-url). Needs
+    /// --db-client-key; read again at each new connection.
+    #[arg(long, env = "OUTBOX_DB_CLIENT_CERT")]
+    pub db_client_cert: Option<std::path::PathBuf>,
+
+    /// PEM file of the client certificate's private key, unencrypted, readable by the relay's
+    /// user only (libpq's sslkey; wins over one in --database-url).
+    #[arg(long, env = "OUTBOX_DB_CLIENT_KEY")]
+    pub db_client_key: Option<std::path::PathBuf>,
+}
+
+/// A value that must never be printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(
+    /// The value itself, for the one place that uses it (the connection string's parser).
+    pub String,
+);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Where the database is and which table to use.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// The connection string, with the TLS file flags appended; it may carry a password.
+    pub url: Secret,
+    /// What the relay reads and updates: the table, or an adopted table's view.
+    pub table: TableName,
+    /// The bound of one connection attempt, where the URL sets none.
+    pub connect_timeout: Duration,
+    /// With --column: the application's own table and where its columns are.
+    pub adopted: Option<(TableName, ColumnMap)>,
+    /// Where each new connection's password comes from.
+    pub password: PasswordSource,
+    /// Whether a pooler shares the server connections with other clients.
+    pub pooler: Pooler,
+}
+
+impl DatabaseArgs {
+    /// Checks every rule that needs no I/O; the files the flags name are read later, once
+    /// (see [`DatabaseConfig::read_secrets`]).
+    pub fn validate(&self) -> Result<DatabaseConfig, String> {
+        let url = match self.database_url.as_deref().map(str::trim) {
+            Some(url) if !url.is_empty() => url.to_string(),
+            _ => {
+                return Err(
+                    "--database-url (or DATABASE_URL) is required: the PostgreSQL database holding the outbox table"
+                        .to_string(),
+                )
+            }
+        };
+        let table = self.table.parse::<TableName>()?;
+        if self.connect_timeout.is_zero() {
+            return Err("--connect-timeout must be above zero".to_string());
+        }
+        let url = match &self.db_ca_cert {
+            Some(path) => crate::tls::with_root_cert(&url, path)?,
+            None => url,
+        };
+        let url = match &self.db_client_cert {
+            Some(path) => crate::tls::with_client_cert(&url, path)?,
+            None => url,
+        };
+        let url = match &self.db_client_key {
+            Some(path) => crate::tls::with_client_key(&url, path)?,
+            None => url,
+        };
+        // sslmode and its certificate are checked now, before anything is touched.
+        let (rest, tls) = crate::tls::split(&url).map_err(|e| {
+            format!("--database-url is not a valid PostgreSQL URL or key=value string: {e}")
+        })?;
+        let ssl = tls.effective_mode()?;
+        let password = match tokio_postgres::Config::from_str(&rest) {
+            Ok(pg) => crate::dbauth::choose(
+                &pg,
+                ssl,
+                self.database_password_file.as_deref(),
+                self.database_iam_auth,
+            )?,
+            // Outbox::new says what is wrong with the string, in the words every command uses.
+            Err(_) => PasswordSource::Url,
+        };
+        let (table, adopted) = self.table_and_columns(table)?;
+        Ok(DatabaseConfig {
+            url: Secret(url),
+            table,
+            connect_timeout: self.connect_timeout,
+            adopted,
+            password,
+            pooler: self.pooler,
+        })
+    }
+
+    /// `migrate --print-sql` without `--database-url`: the table and columns from the flags
+    /// alone, and a placeholder URL that is parsed but never connected to.
+    pub fn offline(&self) -> Result<DatabaseConfig, String> {
+        let table = self.table.parse::<TableName>()?;
+        let (table, adopted) = self.table_and_columns(table)?;
+        Ok(DatabaseConfig {
+            url: Secret("postgres://localhost".to_string()),
+            table,
+            connect_timeout: self.connect_timeout,
+            adopted,
+            password: PasswordSource::Url,
+            pooler: self.pooler,
+        })
+    }
+
+    /// The table the relay reads (an adopted table's view with --column) and the adopted one.
+    fn table_and_columns(
+        &self,
+        table: TableName,
+    ) -> Result<(TableName, Option<(TableName, ColumnMap)>), String> {
+        if self.columns.is_empty() {
+            return Ok((table, None));
+        }
+        let map = ColumnMap::from_pairs(&self.columns)?;
+        Ok((table.relay_view(), Some((table, map))))
+    }
+}
+
+impl DatabaseConfig {
+    /// The one look outside this process before anything starts: a missing or empty password
+    /// file is a configuration mistake, reported as one. Later reads happen at each new
+    /// connection, where a failure is retried.
+    pub fn read_secrets(&self) -> Result<(), String> {
+        if let PasswordSource::File(path) = &self.password {
+            crate::dbauth::read_password_file(path)
+                .map_err(|e| format!("--database-password-file: {e}"))?;
+        }
+        Ok(())
+    }
+}
