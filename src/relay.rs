@@ -370,11 +370,7 @@ impl Relay {
         _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
         shutdown: CancellationToken,
     ) {
-        let Claimed {
-            mut rows,
-            unreadable,
-            ..
-        } = claimed;
+        let Claimed { mut rows, .. } = claimed;
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
         let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
@@ -407,10 +403,6 @@ impl Relay {
             plan = batch::plan_within(&rows, &self.plan_config, &limits);
         }
         let mut settlement = Settlement::default();
-        for row in unreadable {
-            tracing::warn!(id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
-            settlement.quarantine.push(row.quarantined());
-        }
         for rejected in plan.rejected {
             let row = &rows[rejected.row];
             quarantine(&mut settlement, row, rejected.reason, rejected.error);
@@ -1386,7 +1378,11 @@ fn quarantine(
     reason: QuarantineReason,
     error: String,
 ) {
-    tracing::warn!(event_id = %row.event_id, id = row.id, reason = reason.as_str(), error = %error, "row quarantined");
+    if row.unreadable.is_some() {
+        tracing::warn!(id = row.id, reason = reason.as_str(), error = %error, "unreadable row quarantined");
+    } else {
+        tracing::warn!(event_id = %row.event_id, id = row.id, reason = reason.as_str(), error = %error, "row quarantined");
+    }
     settlement.quarantine.push(QuarantinedRow {
         id: row.id,
         lease_token: row.lease_token,
