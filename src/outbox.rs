@@ -196,6 +196,18 @@ impl Outbox {
                     (&format!("key_{a}"), Value::Sql(&key_sql(key, Some(a)))),
                     (&format!("key_{b}"), Value::Sql(&key_sql(key, Some(b)))),
                     (
+                        &format!("dest_{a}"),
+                        Value::Sql(
+                            &claim::destination_sql(ordered, a).map_err(OutboxError::Template)?,
+                        ),
+                    ),
+                    (
+                        &format!("dest_{b}"),
+                        Value::Sql(
+                            &claim::destination_sql(ordered, b).map_err(OutboxError::Template)?,
+                        ),
+                    ),
+                    (
                         "ordered_o",
                         Value::Sql(&claim::fifo_bound(&ordered.scope, "o", "$1")),
                     ),
@@ -455,6 +467,7 @@ mod tests {
             let strategy = ClaimStrategy::OrderedFair {
                 ordered: Ordered {
                     key: "header:tenant".parse().unwrap(),
+                    routing: Default::default(),
                     skip_poison,
                     scope: OrderScope::Every,
                 },
