@@ -285,6 +285,7 @@ impl Outbox {
         for (key, kind) in Self::with_default_index(keys) {
             let name = self.key_index_name(&key, kind);
             steps.push(self.key_index_step(&self.table, &name, &key_sql(&key, None), "id", kind));
+            steps.extend(self.replaced_index_step(&self.table, &key, kind));
         }
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
@@ -316,6 +317,23 @@ impl Outbox {
             index: table.qualify(name),
             sql,
         }
+    }
+
+    /// Drops the index `kind` replaced, once the new one is built: concurrently, so the
+    /// application's writes go on; `IF EXISTS`, so a rerun or a fresh install skips it.
+    fn replaced_index_step(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        kind: KeyIndex,
+    ) -> Option<Step> {
+        let old = self
+            .table
+            .derived(&format!("{}_{}_idx", kind.replaces()?, key.slug()));
+        Some(Step::Unbounded {
+            what: format!("dropping index {}, replaced", quote_ident(&old)),
+            sql: format!("DROP INDEX CONCURRENTLY IF EXISTS {};", table.qualify(&old)),
+        })
     }
 
     /// Creates or upgrades the table and its indexes, online (see the module's documentation).
@@ -747,6 +765,7 @@ impl Outbox {
                         &seq,
                         kind,
                     ));
+                    steps.extend(self.replaced_index_step(base, &key, kind));
                 }
                 steps.push(Step::Transaction {
                     what: "creating the relay's view".into(),
@@ -1142,8 +1161,9 @@ mod tests {
         assert_eq!(
             kinds,
             [
+                // The last "validate": dropping the fair index schema version 1 named `key_`.
                 "tx", "tx", "backfill", "tx", "validate", "tx", "index", "index", "index", "index",
-                "index", "index", "tx", "tx"
+                "index", "index", "validate", "tx", "tx"
             ]
         );
     }
