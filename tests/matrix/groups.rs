@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 
 use super::{error_lines, panic_text, Table, PARALLEL};
-use crate::scenario::{args, attr, migrate_with, relay_args_for, set_arg};
+use crate::scenario::{args, attr, migrate_with, run_args, set_arg};
 use crate::support::{
     create_queue, fresh_db, receive_all, sqs, RelayProcess, TestDb, DEBEZIUM_COLUMNS,
     DEBEZIUM_OUTBOX_DDL,
@@ -191,7 +191,9 @@ impl GroupCell {
         (0..2)
             .map(|i| {
                 let id = format!("{}-{i}", self.to_string().replace('/', "-"));
-                let mut a = relay_args_for(db, queue, sqs().endpoint(), &id);
+                // No relay is killed here: the default lease and send timeout, which a slow
+                // SQS emulator on a busy machine needs.
+                let mut a = run_args(db, queue, sqs().endpoint(), &["--relay-id", &id]);
                 set_arg(&mut a, "--poll-interval", "20ms");
                 a.extend(args(extra));
                 if self.table == Table::Adopted {
