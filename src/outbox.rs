@@ -459,6 +459,14 @@ mod tests {
         assert!(
             migration.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"out\"\"box_unsent_idx\"")
         );
+        // The fair key index replaces version 1's: built first, then the old one dropped.
+        let built = migration
+            .find("IF NOT EXISTS \"out\"\"box_pending_aggregate_id_idx\"")
+            .expect("the pending-key index");
+        let dropped = migration
+            .find("DROP INDEX CONCURRENTLY IF EXISTS \"app\".\"out\"\"box_key_aggregate_id_idx\";")
+            .expect("the replaced index dropped");
+        assert!(built < dropped, "{migration}");
     }
 
     #[test]

@@ -206,6 +206,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_fair_key_index_holds_pending_rows_only_under_a_name_of_its_own() {
+        assert_eq!(
+            KeyIndex::Fair.predicate(),
+            " WHERE sent_at IS NULL AND quarantined_at IS NULL"
+        );
+        let replaced = KeyIndex::Fair.replaces().unwrap();
+        assert_ne!(
+            replaced,
+            KeyIndex::Fair.prefix(),
+            "built beside the old one"
+        );
+        assert_eq!(KeyIndex::Order.replaces(), None);
+    }
+
+    #[test]
     fn plain_and_schema_qualified_names() {
         let t: TableName = "outbox".parse().unwrap();
         assert_eq!(t.quoted(), "\"outbox\"");
