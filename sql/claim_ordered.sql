@@ -10,7 +10,7 @@
 -- request, its requests one after the other; the group's next rows become heads only once
 -- these are settled.
 --
--- Heads come from two places, so that none can starve:
+-- Heads come from three places, so that none can starve:
 -- - `oldest`: among the first $6 unsent rows from the floor $5 on (one bounded walk of the
 --   unsent index), each group's first: where most heads are;
 -- - `others`: when `oldest` does not fill the claim, up to $8 further keys in key order
