@@ -1,4 +1,6 @@
 -- Ordered delivery: a group's events are claimed in id order, one claim at a time per group.
+-- A group is (destination, group key): the key's rows bound for one destination (the one
+-- fragment sql/destination.sql); the same key on another destination is another group.
 --
 -- A row is a group's head when no earlier row of its group is unsent (the row just
 -- before it in the group's order index is sent, or, with --on-poison skip, quarantined as
@@ -8,13 +10,18 @@
 -- request, its requests one after the other; the group's next rows become heads only once
 -- these are settled.
 --
--- Heads come from two places, so that none can starve:
+-- Heads come from three places, so that none can starve:
 -- - `oldest`: among the first $6 unsent rows from the floor $5 on (one bounded walk of the
 --   unsent index), each group's first: where most heads are;
--- - `others`: when `oldest` does not fill the claim, up to $8 further groups in key order
---   after the cursor $7, each with its first unsent row (one probe each in the group's
---   unsent-key index); the relay moves the cursor on with every claim, so every group with a
---   head is reached within a few claims whatever the backlog of other groups.
+-- - `others`: when `oldest` does not fill the claim, up to $8 further keys in key order
+--   after the cursor $7, each with its first pending row (one probe each in the key's
+--   pending-key index) when that row is its group's head; the relay moves the cursor on with
+--   every claim, so every group with a head is reached within a few claims whatever the
+--   backlog of other groups;
+-- - `fair_heads` (with --fair-by): every value of the fair key with pending rows (one probe
+--   each in the fair key's index), with the heads among its first few pending rows, whether or
+--   not `oldest` filled the claim: the fair turn below puts them first, so a quiet tenant's
+--   event rides in the next claim however many groups another tenant's backlog spans.
 --
 -- Every row is ordered here (--ordered on, or a FIFO default queue); with a standard default
 -- queue only the rows bound for FIFO queues are, and the plain or fair claim holds back those
@@ -30,7 +37,7 @@
 -- next claim's `others` starts (NULL: from the first key again).
 WITH RECURSIVE
 window_rows AS (
-    SELECT w.id, {key_w} AS k
+    SELECT w.id, {key_w} AS k, {dest_w} AS d
     FROM {table} AS w
     WHERE w.sent_at IS NULL AND w.quarantined_at IS NULL AND w.id >= $5::bigint
     ORDER BY w.id
@@ -40,7 +47,7 @@ window_rows AS (
 -- unsent row), so a long group costs one probe here, not one per row it has in the window.
 oldest AS (
     SELECT c.id
-    FROM (SELECT id, row_number() OVER (PARTITION BY k ORDER BY id) AS nth
+    FROM (SELECT id, row_number() OVER (PARTITION BY k, d ORDER BY id) AS nth
           FROM window_rows) AS f
     JOIN {table} AS c ON c.id = f.id
     WHERE f.nth = 1
@@ -64,24 +71,37 @@ keys(k, n) AS (
     FROM keys
     WHERE keys.k IS NOT NULL AND keys.n < $8::bigint
 ),
+-- The key's first pending row is a head unless an earlier row of its group (its own
+-- destination's) is not done: quarantined rows are not in the pending index, so the group's
+-- order index answers that, one step back.
 others AS (
-    SELECT f.id
+    SELECT c.id
     FROM keys
     CROSS JOIN LATERAL (
-        SELECT c.id
-        FROM {table} AS c
-        WHERE {key_c} >= keys.k AND {key_c} <= keys.k
-          AND c.sent_at IS NULL
-          {not_poison_c}
-        ORDER BY {key_c}, c.id
+        SELECT f.id
+        FROM {table} AS f
+        WHERE {key_f} >= keys.k AND {key_f} <= keys.k
+          AND f.sent_at IS NULL
+          AND f.quarantined_at IS NULL
+        ORDER BY {key_f}, f.id
         LIMIT 1
     ) AS f
+    JOIN {table} AS c ON c.id = f.id
     WHERE keys.k IS NOT NULL
+      AND {head_c}
+),
+fair_values(k) AS (
+    {fair_values}
+),
+fair_heads AS (
+    {fair_heads}
 ),
 heads AS (
     SELECT id FROM oldest
     UNION
     SELECT id FROM others
+    UNION
+    SELECT id FROM fair_heads
 ),
 runs AS (
     SELECT h.id AS head, h.id, 0::bigint AS pos, {fair_h} AS fair
@@ -104,6 +124,7 @@ runs AS (
                     WHERE {key_c} >= {key_h} AND {key_c} <= {key_h}
                       AND c.id > h.id
                       AND c.sent_at IS NULL
+                      AND {dest_c} = {dest_h}
                       {not_poison_c}
                     ORDER BY {key_c}, c.id
                     -- 9 rows behind each head, up to 29 when the claim found few heads: a

@@ -1,6 +1,6 @@
--- The other half of park_blocked.sql: rows parked as `blocked` whose group no longer has an
--- earlier quarantined row (it was re-driven) become unsent again; ordering still holds them
--- behind the re-driven row until it is sent.
+-- The other half of park_blocked.sql: rows parked as `blocked` whose group (destination and
+-- group key) no longer has an earlier quarantined row (it was re-driven) become unsent again;
+-- ordering still holds them behind the re-driven row until it is sent.
 UPDATE {table} AS o
 SET quarantined_at = NULL,
     quarantine_reason = NULL,
@@ -11,6 +11,7 @@ WHERE o.quarantined_at IS NOT NULL
       SELECT 1
       FROM {table} AS p
       WHERE {key_p} = {key_o}
+        AND {dest_p} = {dest_o}
         AND p.id < o.id
         AND p.sent_at IS NULL
         AND p.quarantined_at IS NOT NULL

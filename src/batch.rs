@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 
 pub use crate::destination::MAX_ENTRIES;
 use crate::destination::{Destination, Limits, MessageGroup};
+use crate::group::Group;
 pub use crate::row::{fifo_id, KeyColumn};
 use crate::row::{ClaimedRow, QuarantineReason};
 
@@ -247,14 +248,14 @@ pub fn plan_within(
     // First the units that must travel together, in claim order: an ordered group's entries
     // (its head and the rows claimed behind it), or one entry of an unordered row.
     let mut units: Vec<(Destination, Vec<Entry>)> = Vec::new();
-    let mut group_unit: HashMap<(Destination, String), usize> = HashMap::new();
-    let mut held: HashSet<(Destination, String)> = HashSet::new();
+    let mut group_unit: HashMap<Group, usize> = HashMap::new();
+    let mut held: HashSet<Group> = HashSet::new();
     for (index, row) in rows.iter().enumerate() {
         let queue_url = config.queue_for(row);
-        let group = config.keeps_order(queue_url).then(|| {
-            let value = config.group_by.value(row).unwrap_or_default();
-            (queue_url.clone(), value.into_owned())
-        });
+        let group = config
+            .keeps_order(queue_url)
+            .then(|| Group::of(row, queue_url, &config.group_by))
+            .flatten();
         if let Some(g) = &group {
             if held.contains(g) {
                 plan.released.push(index);
@@ -352,6 +353,9 @@ fn entry_for(
         reason: QuarantineReason::Invalid,
         error,
     };
+    if let Some(unreadable) = &row.unreadable {
+        return Err(invalid(unreadable.error.clone()));
+    }
     let mut attributes = Vec::with_capacity(4);
     for (name, value) in [
         ("event_id", &row.event_id),
@@ -583,6 +587,7 @@ mod tests {
             attempts: 1,
             created_at_epoch: 0.0,
             created_at: "2026-11-29T10:00:00.123456Z".into(),
+            unreadable: None,
         }
     }
 
@@ -1026,6 +1031,74 @@ mod tests {
         let plan = super::plan(&rows, &skip);
         assert!(plan.released.is_empty());
         assert_eq!(plan.requests[0].entries.len(), 3);
+    }
+
+    #[test]
+    fn an_unreadable_row_is_rejected_in_its_place_and_holds_its_group_unless_poison_is_skipped() {
+        let mut rows = group(3);
+        rows[1].unreadable = Some(crate::row::Unreadable {
+            error: "column \"headers\" is not a JSON object but an array".into(),
+            columns: vec!["headers"],
+        });
+        let plan = plan(&rows, &ordered_fifo());
+        assert_eq!(plan.rejected.len(), 1);
+        assert_eq!(plan.rejected[0].row, 1);
+        assert_eq!(plan.rejected[0].reason, QuarantineReason::Invalid);
+        assert!(plan.rejected[0].error.contains("not a JSON object"));
+        assert_eq!(plan.released, vec![2], "behind the unreadable row");
+        let mut skip = ordered_fifo();
+        skip.ordering = Some(PlanOrdering {
+            every_destination: true,
+            skip_poison: true,
+        });
+        let plan = super::plan(&rows, &skip);
+        assert!(plan.released.is_empty());
+        let sent: Vec<&str> = plan.requests[0]
+            .entries
+            .iter()
+            .map(|e| e.id.as_str())
+            .collect();
+        assert_eq!(sent, ["1", "3"]);
+        // A row whose group key cannot be read is in no group: it holds nothing.
+        rows[1].unreadable = Some(crate::row::Unreadable {
+            error: "column \"aggregate_id\" is NULL".into(),
+            columns: vec!["aggregate_id"],
+        });
+        rows[1].aggregate_id = String::new();
+        let plan = super::plan(&rows, &ordered_fifo());
+        assert_eq!(plan.rejected.len(), 1);
+        assert!(plan.released.is_empty());
+    }
+
+    #[test]
+    fn the_same_key_on_two_destinations_is_two_groups() {
+        let mut rows = group(3);
+        rows[0].queue_url = Some(to("http://q/1/other.fifo"));
+        rows[0].aggregate_type = "bad\u{1}".into();
+        let plan = plan(&rows, &ordered_fifo());
+        assert_eq!(plan.rejected.len(), 1);
+        assert!(
+            plan.released.is_empty(),
+            "the default queue's group is not held"
+        );
+        assert_eq!(plan.requests[0].entries.len(), 2);
+    }
+
+    #[test]
+    fn header_numbers_keep_their_json_text() {
+        let headers: serde_json::Value = serde_json::from_str(
+            r#"{"big": 12345678901234567890123, "exact": 0.1000000000000000055511151231257827, "neg": -7}"#,
+        )
+        .unwrap();
+        let attributes: HashMap<String, String> =
+            header_attributes(&headers).unwrap().into_iter().collect();
+        assert_eq!(attributes["big"], "12345678901234567890123");
+        assert_eq!(attributes["exact"], "0.1000000000000000055511151231257827");
+        assert_eq!(attributes["neg"], "-7");
+        let mut r = row(1, "{}");
+        r.headers = headers;
+        let key: KeyColumn = "header:big".parse().unwrap();
+        assert_eq!(key.value(&r).unwrap(), "12345678901234567890123");
     }
 
     #[test]

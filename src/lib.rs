@@ -11,6 +11,7 @@
 //! - [`config`]: command line and environment -> validated configuration (pure rules).
 //! - [`outbox`]: the only owner of SQL: migrate, claim, settle (fenced by lease token), stats.
 //! - [`row`]: the rows and their outcomes, shared by `outbox` and `batch` (a leaf).
+//! - [`group`]: what a group is, (destination, group key), for the planner and the claim's SQL (a leaf).
 //! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
 //! - [`sqs`]: the only owner of the SQS SDK: one request in, one outcome per entry out.
 //! - [`sns`]: the only owner of the SNS SDK: the same for a topic destination (PublishBatch).
@@ -36,6 +37,7 @@ pub mod concurrency;
 pub mod config;
 pub mod dbauth;
 pub mod destination;
+pub mod group;
 pub mod idle;
 pub mod metrics;
 pub mod otel;

@@ -472,6 +472,7 @@ mod tests {
             attempts: 1,
             created_at_epoch: 0.0,
             created_at: "1970-01-01T00:00:00Z".into(),
+            unreadable: None,
         }
     }
 

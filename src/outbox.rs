@@ -243,6 +243,18 @@ impl Outbox {
                     (&format!("key_{a}"), Value::Sql(&key_sql(key, Some(a)))),
                     (&format!("key_{b}"), Value::Sql(&key_sql(key, Some(b)))),
                     (
+                        &format!("dest_{a}"),
+                        Value::Sql(
+                            &claim::destination_sql(ordered, a).map_err(OutboxError::Template)?,
+                        ),
+                    ),
+                    (
+                        &format!("dest_{b}"),
+                        Value::Sql(
+                            &claim::destination_sql(ordered, b).map_err(OutboxError::Template)?,
+                        ),
+                    ),
+                    (
                         "ordered_o",
                         Value::Sql(&claim::fifo_bound(&ordered.scope, "o", "$1")),
                     ),
@@ -498,6 +510,14 @@ mod tests {
         assert!(
             migration.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"out\"\"box_unsent_idx\"")
         );
+        // The fair key index replaces version 1's: built first, then the old one dropped.
+        let built = migration
+            .find("IF NOT EXISTS \"out\"\"box_pending_aggregate_id_idx\"")
+            .expect("the pending-key index");
+        let dropped = migration
+            .find("DROP INDEX CONCURRENTLY IF EXISTS \"app\".\"out\"\"box_key_aggregate_id_idx\";")
+            .expect("the replaced index dropped");
+        assert!(built < dropped, "{migration}");
     }
 
     #[test]
@@ -506,6 +526,7 @@ mod tests {
             let strategy = ClaimStrategy::OrderedFair {
                 ordered: Ordered {
                     key: "header:tenant".parse().unwrap(),
+                    routing: Default::default(),
                     skip_poison,
                     scope: OrderScope::Every,
                 },
@@ -571,6 +592,7 @@ mod tests {
         let strategy = ClaimStrategy::new(
             Some(Ordered {
                 key: KeyColumn::AggregateId,
+                routing: Default::default(),
                 skip_poison: false,
                 scope: OrderScope::Every,
             }),

@@ -64,15 +64,16 @@ pub struct ClaimedRow {
     pub created_at_epoch: f64,
     /// `created_at` in RFC 3339 (UTC), for envelopes such as CloudEvents' `time`.
     pub created_at: String,
+    /// Columns the relay could not read: the planner rejects the row `invalid` in its place in
+    /// its group, so under `--on-poison block` it holds the rows behind it like any poison.
+    pub unreadable: Option<Unreadable>,
 }
 
-/// The rows one claim leased: those the relay could read, and those it could not.
+/// The rows one claim leased (readable or not), and those it quarantined.
 #[derive(Debug, Default)]
 pub struct Claimed {
-    /// In `id` order.
+    /// In `id` order; an unreadable row among them says so ([`ClaimedRow::unreadable`]).
     pub rows: Vec<ClaimedRow>,
-    /// Leased like the others, and quarantined as `invalid` in the same settlement.
-    pub unreadable: Vec<Unreadable>,
     /// Quarantined by the claim itself, not leased: nothing to send or settle.
     pub quarantined: Vec<QuarantinedAtClaim>,
     /// Where the next ordered claim continues looking for groups (see claim_ordered.sql).
@@ -82,7 +83,7 @@ pub struct Claimed {
 impl Claimed {
     /// Rows the claim took: leased (readable or not) or quarantined by it.
     pub fn len(&self) -> usize {
-        self.rows.len() + self.unreadable.len() + self.quarantined.len()
+        self.rows.len() + self.quarantined.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -90,27 +91,16 @@ impl Claimed {
     }
 }
 
-/// A claimed row with a column the relay cannot use: NULL where a value is needed, text that
-/// is not UTF-8, headers that are not a JSON object. Its id and lease token are enough to
-/// quarantine it.
+/// What of a claimed row the relay cannot use: NULL where a value is needed, text that is
+/// not UTF-8, headers that are not a JSON object. The row's other columns were read as far as
+/// they could be (an unread one is empty), so it still has its place in its group.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unreadable {
-    pub id: i64,
-    pub lease_token: i64,
-    /// Names the column and what is wrong with it, never its value.
+    /// Names the first column that failed and what is wrong with it, never its value.
     pub error: String,
-}
-
-impl Unreadable {
-    pub fn quarantined(self) -> QuarantinedRow {
-        QuarantinedRow {
-            id: self.id,
-            lease_token: self.lease_token,
-            reason: QuarantineReason::Invalid,
-            error: self.error,
-            retry_in: None,
-        }
-    }
+    /// Every column that failed (`aggregate_id`, `headers`, ...): a row whose group key is
+    /// among them belongs to no group.
+    pub columns: Vec<&'static str>,
 }
 
 /// A row the claim quarantined instead of leasing it: its payload is larger than the relay
@@ -202,6 +192,16 @@ impl KeyColumn {
                 serde_json::Value::Bool(b) => Some(Cow::Owned(b.to_string())),
                 _ => None,
             },
+        }
+    }
+
+    /// The claimed column the value comes from (a header's: `headers`).
+    pub fn column(&self) -> &'static str {
+        match self {
+            KeyColumn::AggregateId => "aggregate_id",
+            KeyColumn::AggregateType => "aggregate_type",
+            KeyColumn::EventType => "event_type",
+            KeyColumn::Header(_) => "headers",
         }
     }
 

@@ -14,6 +14,7 @@ mod destination;
 mod failover;
 mod faults;
 mod fifo;
+mod groups;
 mod large_events;
 mod liveness;
 mod matrix;

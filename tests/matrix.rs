@@ -7,7 +7,10 @@
 //! row sent (or deleted) or quarantined with a reason (the rows behind the middle one `blocked`
 //! where that group is ordered), per-group order on FIFO queues, no undelivered row missing
 //! from the gauges, and no relay that exited on its own. Contradictory flags are refused at
-//! start-up with one line.
+//! start-up with one line. The group cells (`groups`) check that a group is (destination, key)
+//! on both table kinds.
+
+mod groups;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

@@ -439,3 +439,69 @@ async fn a_name_with_a_backslash_and_a_quote_is_adopted_without_standard_conform
         1
     );
 }
+
+/// Schema version 1's fair-key index (`<table>_key_<KEY>_idx`) held quarantined rows; `migrate`
+/// builds its replacement over pending rows only under a new name, concurrently, then drops it.
+/// Run twice, as a resumed run would be; `check` then finds the new index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fair_key_index_of_an_existing_install_is_replaced_by_one_without_quarantined_rows() {
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    let migrate = args(&[
+        "migrate",
+        "--database-url",
+        &db.url,
+        "--fair-by",
+        "aggregate_type",
+    ]);
+    let (status, output) = run_to_end(&migrate, &[], Duration::from_secs(60)).await;
+    assert!(status.success(), "{output}");
+    // The install as version 1 left it.
+    client
+        .batch_execute(
+            "DROP INDEX outbox_pending_aggregate_id_idx, outbox_pending_aggregate_type_idx;
+             CREATE INDEX outbox_key_aggregate_id_idx ON outbox (aggregate_id, id)
+                 WHERE sent_at IS NULL;
+             CREATE INDEX outbox_key_aggregate_type_idx ON outbox (aggregate_type, id)
+                 WHERE sent_at IS NULL;",
+        )
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let (status, output) = run_to_end(&migrate, &[], Duration::from_secs(60)).await;
+        assert!(status.success(), "{output}");
+    }
+    let indexes: Vec<String> = client
+        .query(
+            "SELECT i.indisvalid::text || ' ' || pg_get_indexdef(i.indexrelid)
+             FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             WHERE c.relname LIKE 'outbox\\_%\\_aggregate\\_%\\_idx' AND c.relname NOT LIKE 'outbox\\_order\\_%'
+             ORDER BY c.relname",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        indexes,
+        [
+            "true CREATE INDEX outbox_pending_aggregate_id_idx ON public.outbox USING btree (aggregate_id, id) \
+             WHERE ((sent_at IS NULL) AND (quarantined_at IS NULL))",
+            "true CREATE INDEX outbox_pending_aggregate_type_idx ON public.outbox USING btree (aggregate_type, id) \
+             WHERE ((sent_at IS NULL) AND (quarantined_at IS NULL))",
+        ]
+    );
+    let queue = crate::support::create_queue("fair-index.fifo", &[]).await;
+    let mut check = crate::scenario::run_args(
+        &db,
+        &queue,
+        crate::support::sqs().endpoint(),
+        &["--fair-by", "aggregate_type"],
+    );
+    check[0] = "check".to_string();
+    let check: Vec<&str> = check.iter().map(String::as_str).collect();
+    let output = crate::scenario::relay_command(&check).await;
+    assert!(!output.contains("FAIL"), "{output}");
+}

@@ -441,6 +441,7 @@ async fn ordered_session(db: &TestDb, skip_poison: bool) -> Session {
         .unwrap()
         .claim_strategy(ClaimStrategy::Ordered(Ordered {
             key: KeyColumn::AggregateId,
+            routing: Default::default(),
             skip_poison,
             scope: OrderScope::Every,
         }))

@@ -44,6 +44,7 @@ async fn session(db: &TestDb, strategy: ClaimStrategy, limits: ClaimLimits) -> S
 fn ordered(skip_poison: bool) -> Ordered {
     Ordered {
         key: KeyColumn::AggregateId,
+        routing: Default::default(),
         skip_poison,
         scope: OrderScope::Every,
     }

@@ -170,6 +170,7 @@ impl Database {
         .expect("outbox settings")
         .claim_strategy(ClaimStrategy::Ordered(Ordered {
             key: KeyColumn::AggregateId,
+            routing: Default::default(),
             skip_poison: false,
             scope: OrderScope::Every,
         }))

@@ -171,6 +171,7 @@ impl OrderArgs {
         }
         let ordered = scope.map(|scope| Ordered {
             key: self.group_by.clone(),
+            routing: crate::group::Routing::new(queue_url, &self.routes, &self.route_by),
             skip_poison: self.on_poison == OnPoison::Skip,
             scope,
         });

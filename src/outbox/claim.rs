@@ -10,6 +10,7 @@ use tokio_postgres::types::ToSql;
 
 use super::ident::{key_sql, TableName};
 use super::template::{render, Value};
+use crate::group::Routing;
 use crate::row::KeyColumn;
 
 /// How claims choose rows; built once at start-up from the configuration.
@@ -29,8 +30,10 @@ pub enum ClaimStrategy {
 /// Per-group ordered delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ordered {
-    /// The group: the same key as the FIFO MessageGroupId.
+    /// The group's key: the same key as the FIFO MessageGroupId.
     pub key: KeyColumn,
+    /// Where rows go: the group's other half, its destination (a group is (destination, key)).
+    pub routing: Routing,
     /// `--on-poison skip`: a row quarantined as poison no longer holds its group back.
     pub skip_poison: bool,
     /// Which rows are ordered.
@@ -237,20 +240,26 @@ impl ClaimStrategy {
         // sent rows left behind). As a correlated scalar subquery it cannot become a hash
         // anti-join over the backlog when statistics are missing; the range comparison keeps
         // the planner on the (key, id) index (see claim_candidates_fair.sql).
-        let head_c = ordered.map(|o| {
-            let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
-            format!(
-                "coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
-                 WHERE {p} >= {c} AND {p} <= {c} AND p.id < c.id \
-                 ORDER BY {p} DESC, p.id DESC LIMIT 1), true)",
-                if o.skip_poison {
-                    format!(" OR {}", poison("p"))
-                } else {
-                    String::new()
-                },
-                table = table.quoted(),
-            )
-        });
+        // Of the key's earlier rows only its own destination's are its group: a row of the
+        // same key bound elsewhere is stepped over (usually there is none).
+        let head_c = ordered
+            .map(|o| {
+                let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
+                Ok::<_, String>(format!(
+                    "coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
+                     WHERE {p} >= {c} AND {p} <= {c} AND p.id < c.id AND {} = {} \
+                     ORDER BY {p} DESC, p.id DESC LIMIT 1), true)",
+                    if o.skip_poison {
+                        format!(" OR {}", poison("p"))
+                    } else {
+                        String::new()
+                    },
+                    destination_sql(o, "p")?,
+                    destination_sql(o, "c")?,
+                    table = table.quoted(),
+                ))
+            })
+            .transpose()?;
         if !self.full_ordered() {
             // Rows bound for a FIFO queue ($5, or $6 after the fair claim's floor: the FIFO
             // routes' keys) wait until they are their group's head; the others are not held.
@@ -311,6 +320,27 @@ impl ClaimStrategy {
              WHERE (SELECT count(*) FROM oldest) < $1",
             &[("table", t), ("key_bare", Value::Sql(&key_sql(key, None)))],
         )?;
+        let head = head_c.as_deref().expect("ordered");
+        let (fair_values, fair_heads) = match self.fair() {
+            Some(f) => (
+                render(
+                    include_str!("../../sql/claim_ordered_fair_values.sql"),
+                    &[("table", t), ("fair_bare", Value::Sql(&key_sql(f, None)))],
+                )?,
+                render(
+                    include_str!("../../sql/claim_ordered_fair_heads.sql"),
+                    &[
+                        ("table", t),
+                        ("fair_f", Value::Sql(&key_sql(f, Some("f")))),
+                        ("head_c", Value::Sql(head)),
+                    ],
+                )?,
+            ),
+            None => (
+                "SELECT NULL::text WHERE false".to_string(),
+                "SELECT NULL::bigint AS id WHERE false".to_string(),
+            ),
+        };
         render(
             include_str!("../../sql/claim_ordered.sql"),
             &[
@@ -319,9 +349,15 @@ impl ClaimStrategy {
                 ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                 ("key_h", Value::Sql(&key_sql(key, Some("h")))),
                 ("key_w", Value::Sql(&key_sql(key, Some("w")))),
-                ("head_c", Value::Sql(head_c.as_deref().expect("ordered"))),
+                ("key_f", Value::Sql(&key_sql(key, Some("f")))),
+                ("head_c", Value::Sql(head)),
+                ("dest_w", Value::Sql(&destination_sql(ordered, "w")?)),
+                ("dest_c", Value::Sql(&destination_sql(ordered, "c")?)),
+                ("dest_h", Value::Sql(&destination_sql(ordered, "h")?)),
                 ("not_poison_c", Value::Sql(&not_poison_c)),
                 ("keys_anchor", Value::Sql(&keys_anchor)),
+                ("fair_values", Value::Sql(&fair_values)),
+                ("fair_heads", Value::Sql(&fair_heads)),
                 ("fair_h", Value::Sql(&fair_h)),
                 ("fair_turn", Value::Sql(&fair_turn)),
                 ("payload_bytes", Value::Sql(&payload)),
@@ -338,6 +374,47 @@ fn poison(alias: &str) -> String {
     format!(
         "({alias}.quarantined_at IS NOT NULL \
          AND {alias}.quarantine_reason NOT IN ('blocked', 'destination'))"
+    )
+}
+
+/// The row `alias`'s destination in SQL: the one fragment sql/destination.sql, with the
+/// routes as quoted literals. Two rows are one group when their keys and these are equal.
+pub(crate) fn destination_sql(ordered: &Ordered, alias: &str) -> Result<String, String> {
+    let routing = &ordered.routing;
+    let literals = |values: Vec<&str>| -> Result<String, String> {
+        let quoted = values
+            .into_iter()
+            .map(|v| render("{v}", &[("v", Value::Literal(v))]))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(format!("ARRAY[{}]::text[]", quoted.join(", ")))
+    };
+    let template: String = include_str!("../../sql/destination.sql")
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    render(
+        template.trim(),
+        &[
+            ("alias", Value::Sql(alias)),
+            (
+                "route_destinations",
+                Value::Sql(&literals(
+                    routing.routes.iter().map(|(_, d)| d.as_str()).collect(),
+                )?),
+            ),
+            (
+                "route_keys",
+                Value::Sql(&literals(
+                    routing.routes.iter().map(|(k, _)| k.as_str()).collect(),
+                )?),
+            ),
+            (
+                "route_key",
+                Value::Sql(&key_sql(&routing.route_by, Some(alias))),
+            ),
+            ("default_destination", Value::Literal(&routing.default)),
+        ],
     )
 }
 
@@ -399,10 +476,16 @@ fn weighed(max_payload: &str, max_attempts: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::destination::Destination;
 
     fn strategies() -> Vec<ClaimStrategy> {
         let ordered = |scope: OrderScope, skip_poison: bool| Ordered {
             key: KeyColumn::AggregateId,
+            routing: Routing::new(
+                &Destination::of_row("https://q/b.fifo"),
+                &[("order".into(), Destination::of_row("https://q/it's.fifo"))],
+                &KeyColumn::AggregateType,
+            ),
             skip_poison,
             scope,
         };
@@ -498,6 +581,7 @@ mod tests {
     fn strategies_follow_from_ordering_and_fairness() {
         let o = Ordered {
             key: KeyColumn::AggregateId,
+            routing: Routing::default(),
             skip_poison: false,
             scope: OrderScope::Every,
         };
@@ -516,9 +600,38 @@ mod tests {
     }
 
     #[test]
+    fn every_group_comparison_renders_the_one_destination_fragment_with_quoted_routes() {
+        let table: TableName = "outbox".parse().unwrap();
+        for strategy in strategies() {
+            let Some(ordered) = strategy.ordered() else {
+                continue;
+            };
+            let (p, c) = (
+                destination_sql(ordered, "p").unwrap(),
+                destination_sql(ordered, "c").unwrap(),
+            );
+            assert_eq!(
+                c,
+                "coalesce(nullif(c.queue_url, ''), \
+                 (ARRAY['https://q/it''s.fifo']::text[])[array_position(ARRAY['order']::text[], c.aggregate_type)], \
+                 'https://q/b.fifo')"
+            );
+            let sql = strategy.sql(&table).unwrap();
+            assert!(sql.contains(&format!("{p} = {c}")), "{strategy:?}");
+            if strategy.full_ordered() {
+                for alias in ["w", "h"] {
+                    let d = destination_sql(ordered, alias).unwrap();
+                    assert!(sql.contains(&d), "{alias}: {strategy:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn skipping_poison_never_skips_rows_the_relay_parked() {
         let sql = ClaimStrategy::Ordered(Ordered {
             key: KeyColumn::AggregateId,
+            routing: Routing::default(),
             skip_poison: true,
             scope: OrderScope::Every,
         })

@@ -2,8 +2,9 @@
 //!
 //! Whatever the application wrote, reading it must not stop the relay: an adopted table's
 //! payload may be NULL (Debezium's tombstones), a `SQL_ASCII` database may hold text that is
-//! not UTF-8, headers may not be a JSON object. Such a row comes back as an [`Unreadable`],
-//! which the relay quarantines as `invalid` while the rest of its claim flows. Only the relay's
+//! not UTF-8, headers may not be a JSON object. Such a row comes back with what could be read
+//! and an [`Unreadable`] naming what could not: the planner quarantines it as `invalid` in its
+//! place in its group, like any row it refuses, while the rest of its claim flows. Only the relay's
 //! own `id` and `lease_token` failing fails the claim: without them the row cannot even be
 //! quarantined, and it means the table is not the shape this relay was built for.
 
@@ -35,15 +36,14 @@ pub(super) const CURSOR: usize = 14;
 
 /// One row of a claim.
 pub(super) enum Decoded {
-    Row(ClaimedRow),
-    /// Leased, with a column the relay cannot use.
-    Unreadable(Unreadable),
+    /// Leased; possibly with columns the relay cannot use ([`ClaimedRow::unreadable`]).
+    Row(Box<ClaimedRow>),
     /// Quarantined by the claim itself; its payload was not read.
     Quarantined(QuarantinedAtClaim),
 }
 
-/// One row of a claim: readable, unreadable with the column that failed, or quarantined by
-/// the claim.
+/// One row of a claim: leased (with the columns that failed, if any), or quarantined by the
+/// claim.
 pub(super) fn decode(row: &Row) -> Result<Decoded, OutboxError> {
     let fenced = |index: usize, column: &'static str| {
         required::<i64>(row, index, column)
@@ -71,35 +71,72 @@ pub(super) fn decode(row: &Row) -> Result<Decoded, OutboxError> {
                 .unwrap_or_default(),
         }));
     }
-    Ok(match read(row, id, lease_token) {
-        Ok(row) => Decoded::Row(row),
-        Err(error) => Decoded::Unreadable(Unreadable {
-            id,
-            lease_token,
-            error,
-        }),
-    })
+    Ok(Decoded::Row(Box::new(read(row, id, lease_token))))
 }
 
-/// Everything but the fencing columns; the first column that fails names the error.
-fn read(row: &Row, id: i64, lease_token: i64) -> Result<ClaimedRow, String> {
-    Ok(ClaimedRow {
+/// Everything but the fencing columns, each on its own: a column that fails is left empty and
+/// recorded, and the first one that fails names the error.
+fn read(row: &Row, id: i64, lease_token: i64) -> ClaimedRow {
+    let mut failed = Failed::default();
+    let claimed = ClaimedRow {
         id,
-        event_id: required(row, EVENT_ID, "event_id")?,
-        aggregate_type: required(row, AGGREGATE_TYPE, "aggregate_type")?,
-        aggregate_id: required(row, AGGREGATE_ID, "aggregate_id")?,
-        event_type: required(row, EVENT_TYPE, "event_type")?,
-        payload: required(row, PAYLOAD, "payload")?,
-        headers: headers(optional(row, HEADERS, "headers")?)?,
+        event_id: failed.value("event_id", required(row, EVENT_ID, "event_id")),
+        aggregate_type: failed.value(
+            "aggregate_type",
+            required(row, AGGREGATE_TYPE, "aggregate_type"),
+        ),
+        aggregate_id: failed.value("aggregate_id", required(row, AGGREGATE_ID, "aggregate_id")),
+        event_type: failed.value("event_type", required(row, EVENT_TYPE, "event_type")),
+        payload: failed.value("payload", required(row, PAYLOAD, "payload")),
+        // Unread, `null`: no header, no traceparent, nothing that could be sent.
+        headers: failed.value(
+            "headers",
+            optional(row, HEADERS, "headers").and_then(headers),
+        ),
         // Parsed once, here: an empty text names no destination (the route or default applies).
-        queue_url: optional::<&str>(row, QUEUE_URL, "queue_url")?
+        queue_url: failed
+            .value("queue_url", optional::<String>(row, QUEUE_URL, "queue_url"))
             .filter(|url| !url.is_empty())
-            .map(Destination::of_row),
+            .map(|url| Destination::of_row(&url)),
         lease_token,
-        attempts: required(row, ATTEMPTS, "attempts")?,
-        created_at_epoch: required(row, CREATED_AT_EPOCH, "created_at")?,
-        created_at: required(row, CREATED_AT, "created_at")?,
-    })
+        attempts: failed.value("attempts", required(row, ATTEMPTS, "attempts")),
+        created_at_epoch: failed.value("created_at", required(row, CREATED_AT_EPOCH, "created_at")),
+        created_at: failed.value("created_at", required(row, CREATED_AT, "created_at")),
+        unreadable: None,
+    };
+    ClaimedRow {
+        unreadable: failed.into_unreadable(),
+        ..claimed
+    }
+}
+
+/// The columns of one row that failed, in reading order.
+#[derive(Default)]
+struct Failed {
+    /// The first failure's message: the one `last_error` gets.
+    first: Option<String>,
+    /// Every column that failed.
+    columns: Vec<&'static str>,
+}
+
+impl Failed {
+    /// The column's value, or its type's empty value with the failure recorded.
+    fn value<T: Default>(&mut self, column: &'static str, read: Result<T, String>) -> T {
+        read.unwrap_or_else(|error| {
+            self.first.get_or_insert(error);
+            if !self.columns.contains(&column) {
+                self.columns.push(column);
+            }
+            T::default()
+        })
+    }
+
+    fn into_unreadable(self) -> Option<Unreadable> {
+        self.first.map(|error| Unreadable {
+            error,
+            columns: self.columns,
+        })
+    }
 }
 
 /// A column the relay needs a value in.
@@ -142,6 +179,20 @@ fn headers(value: Option<serde_json::Value>) -> Result<serde_json::Value, String
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn every_failed_column_is_recorded_and_the_first_names_the_error() {
+        let mut failed = Failed::default();
+        let id: String = failed.value("event_id", Ok("e-1".to_string()));
+        let payload: String = failed.value("payload", Err("column \"payload\" is NULL".into()));
+        let headers: serde_json::Value = failed.value("headers", headers(Some(json!([1]))));
+        assert_eq!((id.as_str(), payload.as_str()), ("e-1", ""));
+        assert_eq!(headers, json!(null), "unread headers carry no header");
+        let unreadable = failed.into_unreadable().unwrap();
+        assert_eq!(unreadable.columns, ["payload", "headers"]);
+        assert!(unreadable.error.starts_with("column \"payload\" is NULL"));
+        assert!(Failed::default().into_unreadable().is_none());
+    }
 
     #[test]
     fn headers_must_be_an_object_and_null_means_none() {

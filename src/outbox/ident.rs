@@ -169,8 +169,10 @@ pub enum KeyIndex {
     /// Ordered delivery: over every row, so that "the row just before this one in its group"
     /// is one step in the index, however many of the group's rows were sent before.
     Order,
-    /// Over rows not yet sent, so that walking the distinct keys never visits keys whose rows
-    /// are all sent: fair claiming walks its key's values, ordered claims their groups.
+    /// Over pending rows (neither sent nor quarantined), so that walking the distinct keys
+    /// never visits keys whose rows are all sent or quarantined (a tenant's million quarantined
+    /// rows cost its fair claims nothing): fair claiming walks its key's values, ordered claims
+    /// their groups.
     Fair,
 }
 
@@ -178,14 +180,23 @@ impl KeyIndex {
     pub(crate) fn prefix(self) -> &'static str {
         match self {
             KeyIndex::Order => "order",
-            KeyIndex::Fair => "key",
+            KeyIndex::Fair => "pending",
         }
     }
 
     pub(crate) fn predicate(self) -> &'static str {
         match self {
             KeyIndex::Order => "",
-            KeyIndex::Fair => " WHERE sent_at IS NULL",
+            KeyIndex::Fair => " WHERE sent_at IS NULL AND quarantined_at IS NULL",
+        }
+    }
+
+    /// The prefix of the index this one replaced: `migrate` drops it once this one is built
+    /// (the fair index of schema version 1 also held quarantined rows, as `key_<KEY>_idx`).
+    pub(crate) fn replaces(self) -> Option<&'static str> {
+        match self {
+            KeyIndex::Order => None,
+            KeyIndex::Fair => Some("key"),
         }
     }
 }
@@ -193,6 +204,21 @@ impl KeyIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fair_key_index_holds_pending_rows_only_under_a_name_of_its_own() {
+        assert_eq!(
+            KeyIndex::Fair.predicate(),
+            " WHERE sent_at IS NULL AND quarantined_at IS NULL"
+        );
+        let replaced = KeyIndex::Fair.replaces().unwrap();
+        assert_ne!(
+            replaced,
+            KeyIndex::Fair.prefix(),
+            "built beside the old one"
+        );
+        assert_eq!(KeyIndex::Order.replaces(), None);
+    }
 
     #[test]
     fn plain_and_schema_qualified_names() {

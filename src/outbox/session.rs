@@ -155,7 +155,7 @@ impl Session {
 
     /// Claims rows as the strategy chooses them. Commits before returning: nothing is sent
     /// while a row lock is held. A row whose columns cannot be read comes back among the
-    /// claim's `unreadable` rows instead of failing the claim; one the claim quarantined
+    /// claim's rows, marked `unreadable`, instead of failing the claim; one the claim quarantined
     /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
         let bound = Bound::new(request, &self.strategy, &self.limits);
@@ -180,8 +180,7 @@ impl Session {
                 }
             }
             match decode(row)? {
-                Decoded::Row(row) => claimed.rows.push(row),
-                Decoded::Unreadable(unreadable) => claimed.unreadable.push(unreadable),
+                Decoded::Row(row) => claimed.rows.push(*row),
                 Decoded::Quarantined(row) => claimed.quarantined.push(row),
             }
         }

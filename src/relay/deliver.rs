@@ -30,11 +30,7 @@ impl Relay {
         _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
         shutdown: CancellationToken,
     ) {
-        let Claimed {
-            mut rows,
-            unreadable,
-            ..
-        } = claimed;
+        let Claimed { mut rows, .. } = claimed;
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
         let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
@@ -67,10 +63,6 @@ impl Relay {
             plan = batch::plan_within(&rows, &self.plan_config, &limits);
         }
         let mut settlement = Settlement::default();
-        for row in unreadable {
-            tracing::warn!(target: LOG_TARGET, id = row.id, reason = "invalid", error = %row.error, "unreadable row quarantined");
-            settlement.quarantine.push(row.quarantined());
-        }
         let mut planned = self.decide(Instant::now());
         planned.planned(&rows, plan.rejected, &plan.released);
         self.apply(planned.finish(), &rows, &mut settlement, &mut spans);

@@ -91,6 +91,13 @@ pub(super) enum Log {
         reason: QuarantineReason,
         error: String,
     },
+    /// A row the relay could not read, quarantined in its place in its group: it has no event
+    /// id to name.
+    UnreadableQuarantined {
+        id: i64,
+        reason: QuarantineReason,
+        error: String,
+    },
     /// A request's queue or topic is parked: its rows parked without a request.
     QueueParked { entries: usize, queue_url: String },
     /// A request was not sent (shutdown, lease): its rows released.
@@ -163,6 +170,9 @@ impl Log {
                 error,
             } => {
                 tracing::warn!(target: LOG_TARGET, event_id = %event_id, id = id, reason = reason.as_str(), error = %error, "row quarantined")
+            }
+            Log::UnreadableQuarantined { id, reason, error } => {
+                tracing::warn!(target: LOG_TARGET, id = id, reason = reason.as_str(), error = %error, "unreadable row quarantined")
             }
             Log::QueueParked { entries, queue_url } => tracing::debug!(
                 target: LOG_TARGET,

@@ -11,7 +11,7 @@ use super::plan::{SESSION_LOCK, TRANSACTION_LOCK};
 use super::{Step, BACKFILL_PAGES, RETRY_BASE, RETRY_CAP};
 
 /// What an interrupted concurrent build left behind goes before the build starts again.
-const DROP_INDEX: &str = "DROP INDEX CONCURRENTLY IF EXISTS {index};";
+pub(super) const DROP_INDEX: &str = "DROP INDEX CONCURRENTLY IF EXISTS {index};";
 
 impl Outbox {
     /// A connection holding the migration lock, with the session's timeouts set. The lock is

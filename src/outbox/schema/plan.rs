@@ -181,18 +181,41 @@ impl Outbox {
                 });
             }
         }
-        for (key, kind) in Self::with_default_index(keys) {
-            let name = self.key_index_name(&key, kind);
-            let key = key_sql(&key, None);
+        for (key_column, kind) in Self::with_default_index(keys) {
+            let name = self.key_index_name(&key_column, kind);
+            let key = key_sql(&key_column, None);
             // The column's own name, as every query of the relay writes it.
             let id = Value::Sql("id");
             steps.push(self.key_index_step(&self.table, name, &key, id, kind)?);
+            steps.extend(self.replaced_index_step(&self.table, &key_column, kind)?);
         }
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
             sql: self.record_version_sql()?,
         });
         Ok(steps)
+    }
+
+    /// Drops the index `kind` replaced, once the new one is built: concurrently, so the
+    /// application's writes go on; `IF EXISTS`, so a rerun or a fresh install skips it.
+    fn replaced_index_step(
+        &self,
+        table: &TableName,
+        key: &KeyColumn,
+        kind: KeyIndex,
+    ) -> Result<Option<Step>, OutboxError> {
+        let Some(replaces) = kind.replaces() else {
+            return Ok(None);
+        };
+        let old = in_schema(
+            table,
+            self.table
+                .derived(&format!("{replaces}_{}_idx", key.slug())),
+        );
+        Ok(Some(Step::Unbounded {
+            what: format!("dropping index {}, replaced", quote_ident(&old.name)),
+            sql: fill_in(super::apply::DROP_INDEX, &[("index", Value::Table(&old))])?,
+        }))
     }
 
     /// A (key, id) index on `table`; `key` is an expression the relay built from quoted parts.
@@ -351,9 +374,11 @@ impl Outbox {
                         }
                     };
                     let name = self.key_index_name(&key, kind);
+                    let replaced = self.replaced_index_step(base, &key, kind)?;
                     let key = format!("({expression})");
                     let id = Value::Ident(&map.id);
                     steps.push(self.key_index_step(base, name, &key, id, kind)?);
+                    steps.extend(replaced);
                 }
                 steps.push(Step::Transaction {
                     what: "creating the relay's view".into(),
@@ -628,8 +653,9 @@ mod tests {
         assert_eq!(
             kinds,
             [
+                // The last "validate": dropping the fair index schema version 1 named `key_`.
                 "tx", "tx", "backfill", "tx", "validate", "tx", "index", "index", "index", "index",
-                "index", "index", "tx", "tx"
+                "index", "index", "validate", "tx", "tx"
             ]
         );
     }

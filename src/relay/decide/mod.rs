@@ -378,11 +378,18 @@ impl<J: FnMut() -> f64> Decide<J> {
 
     /// Quarantines the row until an operator acts.
     fn quarantine(&mut self, row: &ClaimedRow, reason: QuarantineReason, error: String) {
-        self.log(Log::Quarantined {
-            event_id: row.event_id.clone(),
-            id: row.id,
-            reason,
-            error: error.clone(),
+        self.log(match row.unreadable {
+            Some(_) => Log::UnreadableQuarantined {
+                id: row.id,
+                reason,
+                error: error.clone(),
+            },
+            None => Log::Quarantined {
+                event_id: row.event_id.clone(),
+                id: row.id,
+                reason,
+                error: error.clone(),
+            },
         });
         self.out.settlement.quarantine.push(QuarantinedRow {
             id: row.id,
@@ -466,6 +473,7 @@ pub(super) mod tests {
                 attempts,
                 created_at_epoch: 990.0,
                 created_at: "2026-01-01T00:00:00Z".into(),
+                unreadable: None,
             })
             .collect()
     }
