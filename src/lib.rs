@@ -6,9 +6,15 @@
 //!
 //! # Layout
 //!
-//! Data flows one way: `outbox::claim -> batch::plan -> sqs::send -> outbox::settle -> metrics`.
+//! Data flows one way: `outbox::claim -> batch::plan -> relay::send -> relay::decide ->
+//! relay::apply -> outbox::settle -> metrics`. The one feedback (pause, park a destination,
+//! a destination reached) travels as data: decisions return `Effect`s that the loop applies.
+//! docs/architecture.md draws it, says where each decision lives and how to add a destination
+//! kind.
 //!
-//! - [`config`]: command line and environment -> validated configuration (pure rules).
+//! - [`config`]: command line and environment -> validated configuration, in groups (database,
+//!   destination, claim, send, retry, order, format, offload, maintenance), each validated purely;
+//!   the files the flags name are read once, at start-up.
 //! - [`outbox`]: the only owner of SQL: migrate, claim, settle (fenced by lease token), stats.
 //! - [`row`]: the rows and their outcomes, shared by `outbox` and `batch` (a leaf).
 //! - [`group`]: what a group is, (destination, group key), for the planner and the claim's SQL (a leaf).
@@ -20,7 +26,8 @@
 //! - [`concurrency`]: each destination's requests in flight, adapted to its answers (pure rule inside).
 //! - [`destination`]: what a destination is (queue, topic, bucket; FIFO or standard), parsed once,
 //!   with its limits, client, FIFO rules and park key; which refuse us and until when their rows wait.
-//! - [`relay`]: the loop that ties them together, with shutdown and back-pressure.
+//! - [`relay`]: the loop that ties them together, with shutdown and back-pressure; its decisions
+//!   are pure (`relay::decide`) and return their effects as data (`relay::effect`).
 //! - [`idle`]: pure: when an idle relay looks for work again (`--wakeup poll`).
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: TLS to PostgreSQL with libpq's `sslmode` semantics, and client certificates.
