@@ -18,6 +18,7 @@
 //! - `liveness`: round-trip deadlines, keepalives, and which failures replace a connection.
 //! - `admin`: `quarantine list` and `quarantine retry`.
 //! - `columns`: an adopted table's column map.
+//! - `settings`: the validated database settings an [`Outbox`] is built from.
 //! - [`schema`]: `migrate` and `migrate --adopt`, online (lock timeouts, concurrent indexes).
 //! - `wakeup`: the `--wakeup` modes and what each installs (trigger, publication).
 //! - `doorbell`: the `logical` mode's replication-protocol client.
@@ -26,7 +27,6 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::config::DatabaseConfig;
 use crate::dbauth::{PasswordSource, Passwords};
 use crate::row::KeyColumn;
 use crate::tls::{PgTls, PgTlsStream};
@@ -45,6 +45,7 @@ pub(crate) mod liveness;
 mod pooler;
 pub mod schema;
 mod session;
+mod settings;
 mod status;
 mod template;
 mod upkeep;
@@ -64,6 +65,7 @@ pub use liveness::{reconnect_delay, replacement, Replace};
 pub use pooler::Pooler;
 pub use schema::LockPolicy;
 pub use session::{Session, SharedSession, Stats};
+pub use settings::{DatabaseConfig, Secret};
 pub use status::TableStatus;
 pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
@@ -341,7 +343,11 @@ impl Outbox {
         let db = self.pg.get_dbname().unwrap_or("(default database)");
         format!("{host}:{port}/{db}")
     }
+}
 
+/// Connecting: the handshake within its bound, the session's settings, and the checks a new
+/// connection makes of the table (its key indexes, its wake-up channel).
+impl Outbox {
     /// Connects within the connect timeout. tokio-postgres applies its own timeout to the TCP
     /// connect only; a server that accepts and then never answers would hang the start-up
     /// handshake, so the whole handshake is bounded here.
@@ -554,7 +560,7 @@ mod tests {
     #[test]
     fn from_config_gives_each_purpose_what_it_asks_for_and_the_adopted_table_always() {
         let database = DatabaseConfig {
-            url: crate::config::Secret("postgres://relay@127.0.0.1:5/db".into()),
+            url: Secret("postgres://relay@127.0.0.1:5/db".into()),
             table: "app.outboxevent_relay".parse().unwrap(),
             connect_timeout: Duration::from_secs(3),
             adopted: Some((

@@ -1,7 +1,6 @@
 //! The database flags every command shares (`--database-url`, `--table`, TLS, password
 //! sources), and their validated form.
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -70,35 +69,9 @@ pub struct DatabaseArgs {
     pub db_client_key: Option<std::path::PathBuf>,
 }
 
-/// A value that must never be printed.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(
-    /// The value itself, for the one place that uses it (the connection string's parser).
-    pub String,
-);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("<redacted>")
-    }
-}
-
-/// Where the database is and which table to use.
-#[derive(Debug, Clone)]
-pub struct DatabaseConfig {
-    /// The connection string, with the TLS file flags appended; it may carry a password.
-    pub url: Secret,
-    /// What the relay reads and updates: the table, or an adopted table's view.
-    pub table: TableName,
-    /// The bound of one connection attempt, where the URL sets none.
-    pub connect_timeout: Duration,
-    /// With --column: the application's own table and where its columns are.
-    pub adopted: Option<(TableName, ColumnMap)>,
-    /// Where each new connection's password comes from.
-    pub password: PasswordSource,
-    /// Whether a pooler shares the server connections with other clients.
-    pub pooler: Pooler,
-}
+// The validated form lives with the outbox, which is built from it (`Outbox::from_config`):
+// so the outbox never imports the configuration, and the configuration builds it here.
+pub use crate::outbox::{DatabaseConfig, Secret};
 
 impl DatabaseArgs {
     /// Checks every rule that needs no I/O; the files the flags name are read later, once

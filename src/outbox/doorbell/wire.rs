@@ -351,7 +351,11 @@ impl Wire {
             }
         }
     }
+}
 
+/// A connection that is ready: replication commands, the CopyBoth stream, and the framing
+/// beneath both.
+impl Wire {
     /// Runs one command with the simple query protocol (replication commands take no other)
     /// and returns its rows as text.
     pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, WireError> {

@@ -1,0 +1,39 @@
+//! The validated database settings an [`Outbox`](super::Outbox) is built from: where the
+//! database is, which table, how to authenticate, whether a pooler sits between. The
+//! configuration builds them (`config::DatabaseArgs::validate`); the outbox only reads them.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{ColumnMap, Pooler, TableName};
+use crate::dbauth::PasswordSource;
+
+/// A value that must never be printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(
+    /// The value itself, for the one place that uses it (the connection string's parser).
+    pub String,
+);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// Where the database is and which table to use.
+#[derive(Debug, Clone)]
+pub struct DatabaseConfig {
+    /// The connection string, with the TLS file flags appended; it may carry a password.
+    pub url: Secret,
+    /// What the relay reads and updates: the table, or an adopted table's view.
+    pub table: TableName,
+    /// The bound of one connection attempt, where the URL sets none.
+    pub connect_timeout: Duration,
+    /// With --column: the application's own table and where its columns are.
+    pub adopted: Option<(TableName, ColumnMap)>,
+    /// Where each new connection's password comes from.
+    pub password: PasswordSource,
+    /// Whether a pooler shares the server connections with other clients.
+    pub pooler: Pooler,
+}
