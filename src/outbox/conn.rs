@@ -30,8 +30,9 @@ use tokio_postgres::{Client, Error, Row, Statement};
 
 use super::Pooler;
 
-/// The relay's own commits do not wait for their WAL flush (see `session`); per transaction.
-const RELAXED_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+/// The relay's own commits do not wait for their WAL flush, and its statements are never JIT
+/// compiled (see `session`); per transaction.
+const RELAXED_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off; SET LOCAL jit = off";
 
 /// A statement the relay runs many times, in the form its connection can keep.
 #[derive(Debug)]

@@ -51,10 +51,15 @@ impl Outbox {
         // (its commits no longer durable): there, unnamed statements are planned with their
         // parameters each time, and the relay's writes set synchronous_commit per transaction
         // (see `conn`).
+        // JIT: a claim's estimated cost counts each group-head probe at its worst (a bitmap
+        // scan and a sort per candidate row), so a claim over a large backlog passes
+        // `jit_above_cost` while it runs in a millisecond. JIT compiling then took 10–40 ms of
+        // every claim, four times the claim itself (docs/benchmarks.md, issue 19). The relay's
+        // statements are short and planned each time: compiling them never pays.
         if !client.pooled() {
             client
                 .batch_execute(
-                    "SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off",
+                    "SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off; SET jit = off",
                 )
                 .await
                 .map_err(query_err("setting up the relay's session"))?;
