@@ -1,19 +1,12 @@
 -- Fair claiming: up to $1 rows (as many as fit the byte budget $4) taken round-robin across the values of the key (the first
 -- unclaimed row of every key, then the second, ...), so a burst under one key cannot starve
--- the others. `keys` walks the distinct values with pending rows (neither sent nor
--- quarantined: what the key's index holds) with one index probe each. The per-key scan
+-- the others. `keys` walks the distinct values with pending rows (sql/fair_values.sql) with
+-- one index probe each. The per-key scan
 -- compares with `>= k AND <= k` rather than `= k` on purpose: with `=` the planner treats the
 -- key as constant, believes the primary key's id order serves as well, and walks a skewed
 -- backlog row by row; the range keeps it on the (key, id) index.
 keys(k) AS (
-    (SELECT {key_bare} FROM {table}
-     WHERE sent_at IS NULL AND quarantined_at IS NULL ORDER BY 1 LIMIT 1)
-    UNION ALL
-    SELECT (SELECT {key_bare} FROM {table}
-            WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key_bare} > keys.k
-            ORDER BY 1 LIMIT 1)
-    FROM keys
-    WHERE keys.k IS NOT NULL
+    {keys}
 ),
 ranked AS (
     SELECT picked.id, row_number() OVER (PARTITION BY keys.k ORDER BY picked.id) AS turn

@@ -289,7 +289,7 @@ impl ClaimStrategy {
                         include_str!("../../sql/claim_candidates_fair.sql"),
                         &[
                             ("table", t),
-                            ("key_bare", Value::Sql(&key_sql(key, None))),
+                            ("keys", Value::Sql(&fair_values(t, key, "keys")?)),
                             ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                             ("payload_bytes", Value::Sql(&payload)),
                             ("weighed", Value::Sql(&weighed)),
@@ -323,10 +323,7 @@ impl ClaimStrategy {
         let head = head_c.as_deref().expect("ordered");
         let (fair_values, fair_heads) = match self.fair() {
             Some(f) => (
-                render(
-                    include_str!("../../sql/claim_ordered_fair_values.sql"),
-                    &[("table", t), ("fair_bare", Value::Sql(&key_sql(f, None)))],
-                )?,
+                fair_values(t, f, "fair_values")?,
                 render(
                     include_str!("../../sql/claim_ordered_fair_heads.sql"),
                     &[
@@ -374,6 +371,19 @@ fn poison(alias: &str) -> String {
     format!(
         "({alias}.quarantined_at IS NOT NULL \
          AND {alias}.quarantine_reason NOT IN ('blocked', 'destination'))"
+    )
+}
+
+/// The body of a recursive CTE named `walk` that yields every value of the fair key `key`
+/// with pending rows: the one walk of plain and ordered fair claims alike.
+fn fair_values(table: Value<'_>, key: &KeyColumn, walk: &str) -> Result<String, String> {
+    render(
+        include_str!("../../sql/fair_values.sql"),
+        &[
+            ("table", table),
+            ("key_bare", Value::Sql(&key_sql(key, None))),
+            ("walk", Value::Sql(walk)),
+        ],
     )
 }
 
