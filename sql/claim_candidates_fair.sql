@@ -5,6 +5,12 @@
 -- compares with `>= k AND <= k` rather than `= k` on purpose: with `=` the planner treats the
 -- key as constant, believes the primary key's id order serves as well, and walks a skewed
 -- backlog row by row; the range keeps it on the (key, id) index.
+-- Every id held by a claim, ended or not: a claim that ended is removed by the next claim
+-- (`expired`, sql/claim.sql) and its rows are claimable from the one after, so that a row
+-- its owner is settling right now is never taken from under it.
+leased AS (
+    SELECT unnest(l.ids) AS id FROM {claims} AS l
+),
 keys(k) AS (
     {keys}
 ),
@@ -19,25 +25,20 @@ ranked AS (
           AND c.sent_at IS NULL
           AND c.quarantined_at IS NULL
           AND c.available_at <= now()
-          AND (c.lease_until IS NULL OR c.lease_until < now())
+          AND c.id NOT IN (SELECT id FROM leased)
           {ordered_filter}
         ORDER BY {key_c}, c.id
         LIMIT $1
     ) AS picked
     WHERE keys.k IS NOT NULL
 ),
-locked AS (
+chosen AS (
     SELECT c.id, c.attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key whatever the
     -- statistics say, never by a join over the table.
     WHERE c.id = ANY (ARRAY(SELECT id FROM ranked ORDER BY turn, id LIMIT $1))
-      AND c.sent_at IS NULL
-      AND c.quarantined_at IS NULL
-      AND c.available_at <= now()
-      AND (c.lease_until IS NULL OR c.lease_until < now())
     ORDER BY c.id
-    FOR UPDATE OF c SKIP LOCKED
 ),
 weighed AS (
     {weighed}

@@ -27,15 +27,22 @@
 -- queue only the rows bound for FIFO queues are, and the plain or fair claim holds back those
 -- that are not their group's head instead (see claim.rs).
 --
--- The chosen rows are locked (SKIP LOCKED, so replicas never wait on each other) and a run
--- is claimed only as a prefix: a row only together with every earlier row of its run, so a
--- group never has rows in two claims at once. The rows that fit the byte budget $4 (in claim
--- order, the first always) are leased to $2 for $3 seconds, at most $1 of them; rows too large
--- to hold, or out of attempts, are quarantined by the same statement (claim.sql).
+-- Claims run one at a time per table (sql/claim_lock.sql), so every claim sees the rows the
+-- claims before it took (`leased`). A run is claimed only as a prefix: a row only together
+-- with every earlier row of its run, so a group never has rows in two claims at once. The
+-- rows that fit the byte budget $4 (in claim order, the first always) are leased to $2 for $3
+-- seconds, at most $1 of them; rows too large to hold, or out of attempts, are quarantined by
+-- the same statement (claim.sql).
 --
 -- The statement returns one row even when it claims nothing: its last column is where the
 -- next claim's `others` starts (NULL: from the first key again).
 WITH RECURSIVE
+-- Every id held by a claim, ended or not: a claim that ended is removed by the next claim
+-- (`expired`, sql/claim.sql) and its rows are claimable from the one after, so that a row
+-- its owner is settling right now is never taken from under it.
+leased AS (
+    SELECT unnest(l.ids) AS id FROM {claims} AS l
+),
 window_rows AS (
     SELECT w.id, {key_w} AS k, {dest_w} AS d
     FROM {table} AS w
@@ -54,7 +61,7 @@ oldest AS (
       AND c.sent_at IS NULL
       AND c.quarantined_at IS NULL
       AND c.available_at <= now()
-      AND (c.lease_until IS NULL OR c.lease_until < now())
+      AND c.id NOT IN (SELECT id FROM leased)
       AND {head_c}
     ORDER BY c.id
     LIMIT $1
@@ -117,9 +124,9 @@ runs AS (
                      row_number() OVER (ORDER BY g.id) AS pos,
                      bool_and(g.quarantined_at IS NULL
                               AND g.available_at <= now()
-                              AND (g.lease_until IS NULL OR g.lease_until < now()))
+                              AND g.id NOT IN (SELECT id FROM leased))
                          OVER (ORDER BY g.id) AS open
-              FROM (SELECT c.id, c.quarantined_at, c.available_at, c.lease_until
+              FROM (SELECT c.id, c.quarantined_at, c.available_at
                     FROM {table} AS c
                     WHERE {key_c} >= {key_h} AND {key_c} <= {key_h}
                       AND c.id > h.id
@@ -141,16 +148,11 @@ picked AS (
     ORDER BY t.fair_turn, t.head, t.pos
     LIMIT $1
 ),
-locked AS (
+chosen AS (
     SELECT c.id, c.attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
-      AND c.sent_at IS NULL
-      AND c.quarantined_at IS NULL
-      AND c.available_at <= now()
-      AND (c.lease_until IS NULL OR c.lease_until < now())
-    FOR UPDATE OF c SKIP LOCKED
 ),
 weighed AS (
     {weighed}
@@ -171,9 +173,7 @@ candidates AS (
                                 WHERE m.id = q.id AND m.doom IS NULL))) AS b
     WHERE b.before < $4
 ),
-claimed AS (
-    {claim_update}
-)
+{claim_update}
 SELECT claimed.*,
        (SELECT CASE WHEN count(*) = 0 THEN $7::text
                     WHEN count(k) >= $8::bigint THEN max(k)

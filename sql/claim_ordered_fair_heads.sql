@@ -16,5 +16,5 @@ CROSS JOIN LATERAL (
 JOIN {table} AS c ON c.id = f.id
 WHERE fair_values.k IS NOT NULL
   AND c.available_at <= now()
-  AND (c.lease_until IS NULL OR c.lease_until < now())
+  AND c.id NOT IN (SELECT id FROM leased)
   AND {head_c}

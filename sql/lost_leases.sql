@@ -1,8 +1,6 @@
--- How many of these rows (id, our lease_token) another owner has claimed since: their
--- lease_token moved on. Asked only when a settlement changed fewer rows than it carried. A row
--- that is gone (deleted on acknowledgement) or still carries our token was settled by us, for
--- example by an earlier try of the same settlement whose answer the connection lost.
+-- How many of a settlement's rows another claim holds now. Asked only when a retried
+-- settlement found its claim gone: its first try may have applied (and removed the claim)
+-- before the connection lost the answer, so a row in no claim was settled by us.
 SELECT count(*)
-FROM {table} AS o
-JOIN unnest($1::bigint[], $2::bigint[]) AS u(id, lease_token) ON o.id = u.id
-WHERE o.lease_token <> u.lease_token
+FROM unnest($1::bigint[]) AS u(id)
+WHERE EXISTS (SELECT 1 FROM {claims} AS l WHERE u.id = ANY (l.ids))

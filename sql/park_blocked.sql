@@ -20,6 +20,6 @@ WHERE {key_o} = head.k
   AND o.id > head.id
   AND o.sent_at IS NULL
   AND o.quarantined_at IS NULL
-  AND (o.lease_until IS NULL OR o.lease_until < now())
+  AND o.id NOT IN (SELECT unnest(l.ids) FROM {claims} AS l)
   AND {ordered_o}
 RETURNING o.id

@@ -1,6 +1,6 @@
 -- `outbox-relay status`. Each part walks one of the partial indexes the migration creates
 -- (unsent, quarantined, sent), never the whole table, so it answers quickly on millions of
--- rows. Leased rows are a subset of the unsent ones: the lease check reads only those.
+-- rows. Leased rows are the unsent ones a claim that has not ended lists ({claims}).
 -- Rows parked in quarantine (`blocked`, `destination`) are waiting, not refused: they count
 -- as unsent (as in sql/stats.sql, the gauges) and under their reason in quarantine.
 WITH unsent AS (
@@ -8,7 +8,8 @@ WITH unsent AS (
         (SELECT count(*) FROM {table}
          WHERE sent_at IS NULL AND quarantined_at IS NULL) AS n,
         (SELECT count(*) FROM {table}
-         WHERE sent_at IS NULL AND quarantined_at IS NULL AND lease_until > now()) AS leased,
+         WHERE sent_at IS NULL AND quarantined_at IS NULL
+           AND id IN (SELECT unnest(l.ids) FROM {claims} AS l WHERE l.until > now())) AS leased,
         (SELECT created_at FROM {table}
          WHERE sent_at IS NULL AND quarantined_at IS NULL
          ORDER BY id

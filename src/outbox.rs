@@ -72,7 +72,7 @@ pub use wakeup::{Installed, Wakeup};
 
 /// Schema version this build creates and understands, recorded in `outbox_relay_schema` by
 /// `migrate` once every step of it is done (see [`schema`]).
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The table's statements with its quoted name filled in; built once.
 #[derive(Debug)]
@@ -81,11 +81,13 @@ struct Sql {
     /// Ordered delivery with poison blocking: park and unpark rows behind quarantined heads.
     park_blocked: Option<String>,
     unpark_blocked: Option<String>,
-    mark_sent: String,
-    delete_sent: String,
-    reschedule: String,
-    quarantine: String,
-    /// Which rows a settlement could not change were taken over by another owner.
+    /// Runs before every claim, in its transaction: claims of the table one at a time.
+    claim_lock: String,
+    /// A claim's outcomes in one statement, acknowledged rows marked sent (sql/settle.sql).
+    settle_mark: String,
+    /// The same, acknowledged rows deleted.
+    settle_delete: String,
+    /// Which rows of a settlement whose claim is gone another claim holds.
     lost_leases: String,
     /// Rows parked for their destination whose time has come become unsent again.
     unpark_destination: String,
@@ -169,8 +171,29 @@ impl Outbox {
         if pg.get_application_name().is_none() {
             pg.application_name("outbox-relay");
         }
+        let claims = table.claims();
         let fill = |template: &str| {
-            render(template, &[("table", Value::Table(&table))]).map_err(OutboxError::Template)
+            render(
+                template,
+                &[
+                    ("table", Value::Table(&table)),
+                    ("claims", Value::Table(&claims)),
+                    ("claims_literal", Value::TableLiteral(&claims)),
+                ],
+            )
+            .map_err(OutboxError::Template)
+        };
+        let settle = |acknowledge: &str| {
+            let acknowledge = fill(acknowledge)?;
+            render(
+                include_str!("../sql/settle.sql"),
+                &[
+                    ("table", Value::Table(&table)),
+                    ("claims", Value::Table(&claims)),
+                    ("acknowledge", Value::Sql(&acknowledge)),
+                ],
+            )
+            .map_err(OutboxError::Template)
         };
         let sql = Sql {
             claim: ClaimStrategy::Plain
@@ -178,10 +201,9 @@ impl Outbox {
                 .map_err(OutboxError::Template)?,
             park_blocked: None,
             unpark_blocked: None,
-            mark_sent: fill(include_str!("../sql/mark_sent.sql"))?,
-            delete_sent: fill(include_str!("../sql/delete_sent.sql"))?,
-            reschedule: fill(include_str!("../sql/reschedule.sql"))?,
-            quarantine: fill(include_str!("../sql/quarantine.sql"))?,
+            claim_lock: fill(include_str!("../sql/claim_lock.sql"))?,
+            settle_mark: settle(include_str!("../sql/settle_mark.sql"))?,
+            settle_delete: settle(include_str!("../sql/settle_delete.sql"))?,
             lost_leases: fill(include_str!("../sql/lost_leases.sql"))?,
             unpark_destination: fill(include_str!("../sql/unpark_destination.sql"))?,
             stats: fill(include_str!("../sql/stats.sql"))?,
@@ -234,6 +256,7 @@ impl Outbox {
         let table = &self.table;
         self.sql.claim = strategy.sql(table).map_err(OutboxError::Template)?;
         let blocking = strategy.ordered().filter(|o| !o.skip_poison);
+        let claims = table.claims();
         let park = |template: &str, aliases: [&str; 2]| {
             let (a, b) = (aliases[0], aliases[1]);
             let ordered = blocking.expect("blocking");
@@ -242,6 +265,7 @@ impl Outbox {
                 template,
                 &[
                     ("table", Value::Table(table)),
+                    ("claims", Value::Table(&claims)),
                     (&format!("key_{a}"), Value::Sql(&key_sql(key, Some(a)))),
                     (&format!("key_{b}"), Value::Sql(&key_sql(key, Some(b)))),
                     (
@@ -422,8 +446,9 @@ impl Outbox {
         Ok(Conn::new(client, self.pooler))
     }
 
-    /// The (key, id) indexes the claim mode needs; without them every claim would scan the
-    /// backlog, so their absence stops the start-up with the command that creates them.
+    /// The lease table and the (key, id) indexes the claim mode needs; without the indexes
+    /// every claim would scan the backlog, so their absence stops the start-up with the
+    /// command that creates them.
     async fn check_key_indexes(&self, client: &Conn) -> Result<(), OutboxError> {
         let mut needed = Vec::new();
         if let Some(o) = self.strategy.ordered() {
@@ -435,6 +460,17 @@ impl Outbox {
         }
         if let Some(k) = self.strategy.fair() {
             needed.push((k, KeyIndex::Fair, "--fair-by"));
+        }
+        let claims = self.table.claims();
+        let found = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&claims.quoted()])
+            .await
+            .map_err(query_err("looking up the lease table"))?;
+        if !found.get::<_, bool>(0) {
+            return Err(OutboxError::ClaimsTableMissing {
+                table: self.table.to_string(),
+                claims: claims.to_string(),
+            });
         }
         for (key, kind, flag) in needed {
             let index = self.table.qualify(&self.key_index_name(key, kind));

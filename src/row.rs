@@ -156,6 +156,32 @@ impl Settlement {
     pub fn is_empty(&self) -> bool {
         self.sent.is_empty() && self.reschedule.is_empty() && self.quarantine.is_empty()
     }
+
+    /// Rows it settles.
+    pub fn len(&self) -> usize {
+        self.sent.len() + self.reschedule.len() + self.quarantine.len()
+    }
+
+    /// The ids of every row it settles.
+    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
+        let sent = self.sent.iter().map(|r| r.id);
+        let rescheduled = self.reschedule.iter().map(|r| r.id);
+        sent.chain(rescheduled)
+            .chain(self.quarantine.iter().map(|r| r.id))
+    }
+
+    /// The lease token of the claim whose outcomes these are (one claim per settlement: its
+    /// rows all carry the claim's token); `None` when it settles nothing.
+    pub fn token(&self) -> Option<i64> {
+        let sent = self.sent.iter().map(|r| r.lease_token);
+        let rescheduled = self.reschedule.iter().map(|r| r.lease_token);
+        let mut tokens = sent
+            .chain(rescheduled)
+            .chain(self.quarantine.iter().map(|r| r.lease_token));
+        let token = tokens.next()?;
+        debug_assert!(tokens.all(|t| t == token), "one claim per settlement");
+        Some(token)
+    }
 }
 
 /// How many rows each statement actually changed; the rest had been taken over.

@@ -105,7 +105,7 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     assert!(b_rows.iter().all(|r| r.lease_token == 2 && r.attempts == 2));
 
     // Every kind of late settlement by A is refused and reported as lost.
-    let late = a.settle("a", &sent(&a_rows)).await.unwrap();
+    let late = a.settle("a", &sent(&a_rows), false).await.unwrap();
     assert_eq!((late.sent, late.lost), (0, 4));
     let late = a
         .settle(
@@ -127,6 +127,7 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
                 }],
                 ..Settlement::default()
             },
+            false,
         )
         .await
         .unwrap();
@@ -139,7 +140,7 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     assert_eq!(count(&client, "lease_owner = 'b'").await, 4);
 
     // The owner's settlement lands.
-    let done = b.settle("b", &sent(&b_rows)).await.unwrap();
+    let done = b.settle("b", &sent(&b_rows), false).await.unwrap();
     assert_eq!((done.sent, done.lost), (4, 0));
     assert_eq!(
         count(
@@ -150,7 +151,7 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
         4
     );
     // Settling twice does not count twice, nor as lost: the rows are B's own outcome.
-    let again = b.settle("b", &sent(&b_rows)).await.unwrap();
+    let again = b.settle("b", &sent(&b_rows), false).await.unwrap();
     assert_eq!((again.sent, again.lost), (0, 0));
 }
 
@@ -198,7 +199,7 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
         assert_eq!(rows.len(), 4);
 
         let settlement = mixed(&rows);
-        let first = a.settle("a", &settlement).await.unwrap();
+        let first = a.settle("a", &settlement, false).await.unwrap();
         assert_eq!(
             (
                 first.sent,
@@ -209,7 +210,7 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
             (1, 1, 1, 0),
             "delete_on_ack={delete_on_ack}"
         );
-        let again = a.settle("a", &settlement).await.unwrap();
+        let again = a.settle("a", &settlement, false).await.unwrap();
         assert_eq!(
             (
                 again.sent,
@@ -237,7 +238,7 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
         assert_eq!(taken[0].id, rows[3].id);
         let mut late = mixed(&rows);
         late.sent.extend(sent(&rows[3..]).sent);
-        let settled = a.settle("a", &late).await.unwrap();
+        let settled = a.settle("a", &late, false).await.unwrap();
         assert_eq!(
             (settled.sent, settled.lost),
             (0, 1),
@@ -274,6 +275,7 @@ async fn a_release_gives_the_attempt_back_and_a_retry_spends_it() {
                     .collect(),
                 ..Settlement::default()
             },
+            false,
         )
         .await
         .unwrap();
@@ -432,7 +434,7 @@ async fn a_schema_qualified_table_with_odd_names_is_claimed_through_quoted_ident
         .rows;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].payload, "{\"ok\": true}");
-    let done = s.settle("odd", &sent(&rows)).await.unwrap();
+    let done = s.settle("odd", &sent(&rows), false).await.unwrap();
     assert_eq!(done.sent, 1);
 }
 
@@ -494,7 +496,7 @@ async fn an_ordered_claim_takes_a_run_per_group_and_reaches_a_group_behind_a_lon
         .unwrap();
     assert!(again.rows.is_empty(), "{:?}", again.rows);
     // Settled, the next run follows.
-    let settled = s.settle("o", &sent(&claimed)).await.unwrap();
+    let settled = s.settle("o", &sent(&claimed), false).await.unwrap();
     assert_eq!(settled.sent, claimed.len() as u64);
     let next = s
         .claim(&request("o", Duration::from_secs(30), 100))
@@ -534,6 +536,7 @@ async fn a_row_parked_for_its_queue_keeps_its_attempt_and_comes_back_when_its_ti
                 ],
                 ..Settlement::default()
             },
+            false,
         )
         .await
         .unwrap();

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use outbox_relay::outbox::Session;
-use outbox_relay::outbox::{ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox};
+use outbox_relay::outbox::{
+    ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox, Upkeep,
+};
 use outbox_relay::row::{KeyColumn, QuarantineReason, SentRow, Settlement};
 
 use crate::scenario::{
@@ -206,7 +208,7 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
                 "{name}: the claim says what it wrote"
             );
         }
-        s.settle("r", &sent(&first.rows)).await.unwrap();
+        s.settle("r", &sent(&first.rows), false).await.unwrap();
 
         let second = s.claim(&request(Duration::from_secs(30))).await.unwrap();
         assert!(second.quarantined.is_empty(), "{name}");
@@ -219,7 +221,12 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
                     "{name}: the quarantined rows hold their groups"
                 );
                 // The parking sees a row quarantined by the claim like any quarantined head.
-                let (parked, _) = s.maintain_blocked_groups().await.unwrap();
+                let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+                    .unwrap()
+                    .claim_strategy(ClaimStrategy::Ordered(ordered(false)))
+                    .unwrap();
+                let upkeep = Upkeep::new(std::sync::Arc::new(outbox), Duration::from_secs(5));
+                let (parked, _) = upkeep.maintain_blocked_groups().await.unwrap();
                 assert_eq!(parked, 2, "{name}");
                 assert_eq!(
                     count(
@@ -264,7 +271,7 @@ async fn a_row_whose_claims_keep_ending_without_an_outcome_is_quarantined_by_the
             .filter(|r| r.event_id != "loop-0")
             .cloned()
             .collect();
-        s.settle("r", &sent(&rest)).await.unwrap();
+        s.settle("r", &sent(&rest), false).await.unwrap();
         wait_until("the lease expires", WAIT, || async {
             count(&client, "event_id = 'loop-0' AND lease_until < now()").await == 1
         })

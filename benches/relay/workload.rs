@@ -319,7 +319,7 @@ pub async fn ceiling(
                 };
                 let t = Instant::now();
                 let settled = session
-                    .settle(&owner, &settlement)
+                    .settle(&owner, &settlement, false)
                     .await
                     .expect("ceiling settle");
                 log.settle_time += t.elapsed();

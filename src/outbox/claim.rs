@@ -222,11 +222,14 @@ impl ClaimStrategy {
     /// The claim statement for `table`.
     pub fn sql(&self, table: &TableName) -> Result<String, String> {
         let t = Value::Table(table);
+        let claims = table.claims();
+        let l = Value::Table(&claims);
         let (max_payload, max_attempts) = self.limit_params();
         let update = render(
             include_str!("../../sql/claim.sql"),
             &[
                 ("table", t),
+                ("claims", l),
                 ("max_payload", Value::Sql(&max_payload)),
                 ("max_attempts", Value::Sql(&max_attempts)),
             ],
@@ -272,11 +275,12 @@ impl ClaimStrategy {
             };
             return match self.fair() {
                 None => Ok(format!(
-                    "WITH {}\n{update}",
+                    "WITH {},\n{update}\nSELECT * FROM claimed",
                     render(
                         include_str!("../../sql/claim_candidates.sql"),
                         &[
                             ("table", t),
+                            ("claims", l),
                             ("payload_bytes", Value::Sql(&payload)),
                             ("weighed", Value::Sql(&weighed)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
@@ -284,11 +288,12 @@ impl ClaimStrategy {
                     )?
                 )),
                 Some(key) => Ok(format!(
-                    "WITH RECURSIVE {}\n{update}",
+                    "WITH RECURSIVE {},\n{update}\nSELECT * FROM claimed",
                     render(
                         include_str!("../../sql/claim_candidates_fair.sql"),
                         &[
                             ("table", t),
+                            ("claims", l),
                             ("keys", Value::Sql(&fair_values(t, key, "keys")?)),
                             ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                             ("payload_bytes", Value::Sql(&payload)),
@@ -342,6 +347,7 @@ impl ClaimStrategy {
             include_str!("../../sql/claim_ordered.sql"),
             &[
                 ("table", t),
+                ("claims", l),
                 ("key_bare", Value::Sql(&key_sql(key, None))),
                 ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                 ("key_h", Value::Sql(&key_sql(key, Some("h")))),
@@ -479,7 +485,7 @@ fn weighed(max_payload: &str, max_attempts: &str) -> String {
          FROM (SELECT id, bytes, \
                       CASE WHEN bytes > {max_payload} THEN 'too_large' \
                            WHEN attempts >= {max_attempts} THEN 'max_attempts' END AS doom \
-               FROM locked) AS w"
+               FROM chosen) AS w"
     )
 }
 

@@ -16,7 +16,9 @@
 //!
 //! The claim loop, the settling tasks and the statistics share one connection; a pipelined
 //! transaction's three requests must leave with no other request between them, or another
-//! task's statement would run inside it. Each pooled request is sent under `order`.
+//! task's statement would run inside it. Every request is sent under `order`: through a
+//! pooler every write is such a transaction, and on either kind of connection a claim is (it
+//! runs after its lock, sql/claim_lock.sql).
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -168,8 +170,8 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
         match query.as_query() {
-            Query::Stmt(Stmt::Prepared(s)) => self.client.query(s, params).await,
-            Query::Text(sql) if !self.pooled() => self.client.query(sql, params).await,
+            Query::Stmt(Stmt::Prepared(s)) => self.in_order(self.client.query(s, params)).await,
+            Query::Text(sql) if !self.pooled() => self.in_order(self.client.query(sql, params)).await,
             Query::Stmt(Stmt::Unnamed { sql, types, writes }) => Ok(self
                 .unnamed(sql, types, writes.then_some(RELAXED_BEGIN), params)
                 .await?
@@ -187,8 +189,10 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, Error> {
         match query.as_query() {
-            Query::Stmt(Stmt::Prepared(s)) => self.client.execute(s, params).await,
-            Query::Text(sql) if !self.pooled() => self.client.execute(sql, params).await,
+            Query::Stmt(Stmt::Prepared(s)) => self.in_order(self.client.execute(s, params)).await,
+            Query::Text(sql) if !self.pooled() => {
+                self.in_order(self.client.execute(sql, params)).await
+            }
             Query::Stmt(Stmt::Unnamed { sql, types, writes }) => Ok(self
                 .unnamed(sql, types, writes.then_some(RELAXED_BEGIN), params)
                 .await?
@@ -206,8 +210,10 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
         match query.as_query() {
-            Query::Stmt(Stmt::Prepared(s)) => self.client.query_one(s, params).await,
-            Query::Text(sql) if !self.pooled() => self.client.query_one(sql, params).await,
+            Query::Stmt(Stmt::Prepared(s)) => self.in_order(self.client.query_one(s, params)).await,
+            Query::Text(sql) if !self.pooled() => {
+                self.in_order(self.client.query_one(sql, params)).await
+            }
             _ => match self.query_opt(query, params).await? {
                 Some(row) => Ok(row),
                 None => Err(self.row_count_error("SELECT WHERE false").await),
@@ -221,8 +227,10 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
         match query.as_query() {
-            Query::Stmt(Stmt::Prepared(s)) => self.client.query_opt(s, params).await,
-            Query::Text(sql) if !self.pooled() => self.client.query_opt(sql, params).await,
+            Query::Stmt(Stmt::Prepared(s)) => self.in_order(self.client.query_opt(s, params)).await,
+            Query::Text(sql) if !self.pooled() => {
+                self.in_order(self.client.query_opt(sql, params)).await
+            }
             _ => {
                 let mut rows = self.query(query, params).await?;
                 if rows.len() > 1 {
@@ -247,7 +255,44 @@ impl Conn {
             let _order = self.order.lock().await;
             return self.client.batch_execute(sql).await;
         }
-        self.client.batch_execute(sql).await
+        self.in_order(self.client.batch_execute(sql)).await
+    }
+
+    /// Runs `query` in a transaction of its own that starts with `first` (simple-protocol
+    /// statements), pipelined: one round trip. A claim runs this way after its lock.
+    pub(super) async fn query_in_transaction(
+        &self,
+        first: &str,
+        query: &Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        match query {
+            Stmt::Prepared(s) => {
+                let begin = format!("BEGIN; {first}");
+                self.pipelined(&begin, self.client.query(s, params)).await
+            }
+            Stmt::Unnamed { sql, types, .. } => {
+                let begin = format!("{RELAXED_BEGIN}; {first}");
+                Ok(self.unnamed(sql, types, Some(&begin), params).await?.0)
+            }
+        }
+    }
+
+    /// Sends `request` with no other request of this connection's users between it and the
+    /// transactions pipelined here (see [`Conn::pipelined`]); then waits for its answer.
+    async fn in_order<T>(&self, request: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        let mut request = pin!(maybe_done(request));
+        {
+            let _order = self.order.lock().await;
+            // The future sends its request on its first poll, before it first waits.
+            poll_fn(|cx| {
+                let _ = request.as_mut().poll(cx);
+                Poll::Ready(())
+            })
+            .await;
+        }
+        request.as_mut().await;
+        request.take_output().expect("done")
     }
 
     /// Runs `sql` in a transaction of its own that starts with `settings` (`SET LOCAL ...`),
@@ -292,20 +337,19 @@ impl Conn {
             }
             Ok::<_, Error>((rows, stream.rows_affected().unwrap_or(0)))
         };
-        let Some(begin) = begin else {
-            let mut statement = pin!(maybe_done(statement));
-            {
-                let _order = self.order.lock().await;
-                // The future sends its request on its first poll, before it first waits.
-                poll_fn(|cx| {
-                    let _ = statement.as_mut().poll(cx);
-                    Poll::Ready(())
-                })
-                .await;
-            }
-            statement.as_mut().await;
-            return statement.take_output().expect("done");
-        };
+        match begin {
+            None => self.in_order(statement).await,
+            Some(begin) => self.pipelined(begin, statement).await,
+        }
+    }
+
+    /// `statement` in a transaction of its own that starts with `begin`, pipelined: BEGIN,
+    /// the statement and COMMIT leave together, with no other request between them.
+    async fn pipelined<T>(
+        &self,
+        begin: &str,
+        statement: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
         let mut begin = pin!(maybe_done(self.client.batch_execute(begin)));
         let mut statement = pin!(maybe_done(statement));
         // After a failed statement the transaction is aborted, and COMMIT ends it (as a
@@ -328,8 +372,9 @@ impl Conn {
         let began = begin.take_output().expect("done");
         let done = statement.take_output().expect("done");
         let committed = commit.take_output().expect("done");
-        let done = done?;
+        // What failed first: a failed start (its lock) aborts the statement after it.
         began?;
+        let done = done?;
         committed?;
         Ok(done)
     }

@@ -24,6 +24,8 @@ pub enum OutboxError {
         key: String,
         flag: &'static str,
     },
+    #[error("the lease table {claims} of {table} is missing (an install of an older relay): stop the older relays, then run `outbox-relay migrate --table {table}` (with --adopt for an adopted table)")]
+    ClaimsTableMissing { table: String, claims: String },
     #[error("table {table} has no column {column:?} for {relay}: fix --column {relay}=COLUMN")]
     AdoptColumn {
         table: String,

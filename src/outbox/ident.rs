@@ -119,6 +119,14 @@ impl TableName {
 
     /// A name derived from the table's, kept within PostgreSQL's identifier length by
     /// shortening the table part and adding a hash of it, so two long names never collide.
+    /// The table of the relay's leases beside this one (sql/claims.sql), in its schema.
+    pub(crate) fn claims(&self) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: self.derived("claims"),
+        }
+    }
+
     pub(crate) fn derived(&self, suffix: &str) -> String {
         let full = format!("{}_{suffix}", self.name);
         if full.len() <= MAX_IDENTIFIER_BYTES {

@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope};
+use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy};
 use super::conn::{Conn, Stmt};
 use super::decode::{decode, Decoded, CURSOR};
 use super::liveness::{replacement, Replace};
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
 use super::{query_err, Outbox, OutboxError, Sql};
-use crate::row::{Claimed, SentRow, Settled, Settlement};
+use tokio_postgres::types::ToSql;
+
+use crate::row::{Claimed, Settled, Settlement};
 
 /// Gauges read from the table.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,19 +69,14 @@ impl Outbox {
         self.resolve_channel(&client).await?;
         self.check_key_indexes(&client).await?;
         // (statement, whether it writes)
-        let mut sqls: Vec<(&str, bool)> = vec![
+        let sqls: Vec<(&str, bool)> = vec![
             (&self.sql.claim, true),
             (self.acknowledge.sql(&self.sql), true),
-            (&self.sql.reschedule, true),
-            (&self.sql.quarantine, true),
             (&self.sql.stats, false),
             (&self.sql.probe, false),
             (&self.sql.unpark_destination, true),
             (&self.sql.lost_leases, false),
         ];
-        if let (Some(park), Some(unpark)) = (&self.sql.park_blocked, &self.sql.unpark_blocked) {
-            sqls.extend([(park.as_str(), true), (unpark.as_str(), true)]);
-        }
         let mut prepared = client
             .statements(&sqls)
             .await
@@ -89,17 +86,14 @@ impl Outbox {
         // Fields are evaluated in the order written: the order of `sqls`.
         let statements = Statements {
             claim: next(),
-            sent: SettleSent {
+            settle: Settle {
                 mode: self.acknowledge,
                 statement: next(),
             },
-            reschedule: next(),
-            quarantine: next(),
             stats: next(),
             probe: next(),
             unpark_destination: next(),
             lost_leases: next(),
-            park: self.sql.park_blocked.as_ref().map(|_| (next(), next())),
         };
         // The strategy and its statement are built from one description; this catches the day
         // they drift apart, at start-up (and in `check`) instead of at every claim.
@@ -110,10 +104,10 @@ impl Outbox {
                 self.strategy.param_count()
             )));
         }
-        let sent_params = statements.sent.statement.params().len();
-        if sent_params != self.acknowledge.param_count() {
+        let settle_params = statements.settle.statement.params().len();
+        if settle_params != self.acknowledge.param_count() {
             return Err(OutboxError::Template(format!(
-                "the statement for acknowledged rows takes {sent_params} parameters, {:?} binds {}",
+                "the settlement statement takes {settle_params} parameters, {:?} binds {}",
                 self.acknowledge,
                 self.acknowledge.param_count()
             )));
@@ -121,6 +115,7 @@ impl Outbox {
         Ok(Session {
             client,
             statements,
+            claim_lock: self.sql.claim_lock.clone(),
             strategy: self.strategy.clone(),
             limits: self.limits,
         })
@@ -130,16 +125,12 @@ impl Outbox {
 #[derive(Debug)]
 struct Statements {
     claim: Stmt,
-    /// What acknowledged rows become, and its statement.
-    sent: SettleSent,
-    reschedule: Stmt,
-    quarantine: Stmt,
+    /// A claim's outcomes, in the statement of what acknowledged rows become.
+    settle: Settle,
     lost_leases: Stmt,
     stats: Stmt,
     probe: Stmt,
     unpark_destination: Stmt,
-    /// park_blocked and unpark_blocked, with ordered delivery and poison blocking.
-    park: Option<(Stmt, Stmt)>,
 }
 
 /// One connection with the relay's prepared statements.
@@ -147,6 +138,8 @@ struct Statements {
 pub struct Session {
     client: Conn,
     statements: Statements,
+    /// Runs before each claim in its transaction (sql/claim_lock.sql).
+    claim_lock: String,
     /// How `claim` binds its statement's parameters.
     strategy: ClaimStrategy,
     /// The claim's last two parameters.
@@ -158,15 +151,19 @@ impl Session {
         self.client.is_closed()
     }
 
-    /// Claims rows as the strategy chooses them. Commits before returning: nothing is sent
-    /// while a row lock is held. A row whose columns cannot be read comes back among the
+    /// Claims rows as the strategy chooses them, after the table's claim lock, in one
+    /// pipelined transaction that commits before this returns. A row whose columns cannot be read comes back among the
     /// claim's rows, marked `unreadable`, instead of failing the claim; one the claim quarantined
     /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
         let bound = Bound::new(request, &self.strategy, &self.limits);
         let rows = self
             .client
-            .query(&self.statements.claim, &self.strategy.bind(&bound))
+            .query_in_transaction(
+                &self.claim_lock,
+                &self.statements.claim,
+                &self.strategy.bind(&bound),
+            )
             .await
             .map_err(query_err("claiming rows"))?;
         let mut claimed = Claimed {
@@ -189,118 +186,91 @@ impl Session {
                 Decoded::Quarantined(row) => claimed.quarantined.push(row),
             }
         }
-        // UPDATE ... RETURNING does not keep the CTE's order.
+        // The claim's rows come back in no particular order.
         claimed.rows.sort_unstable_by_key(|r| r.id);
         Ok(claimed)
     }
 
-    /// Applies a claim's outcomes, fenced by (id, owner, lease_token). The three statements
-    /// are pipelined on the connection; each commits on its own, which is safe because each
-    /// row appears in exactly one of them.
-    pub async fn settle(&self, owner: &str, s: &Settlement) -> Result<Settled, OutboxError> {
-        let sent = self.statements.sent.apply(&self.client, owner, &s.sent);
-        let rescheduled = async {
-            if s.reschedule.is_empty() {
-                return Ok(Vec::new());
-            }
-            let r = &s.reschedule;
-            let ids: Vec<i64> = r.iter().map(|r| r.id).collect();
-            let tokens: Vec<i64> = r.iter().map(|r| r.lease_token).collect();
-            let delays: Vec<f64> = r.iter().map(|r| r.delay.as_secs_f64()).collect();
-            let errors: Vec<Option<&str>> = r.iter().map(|r| r.error.as_deref()).collect();
-            let refunds: Vec<i32> = r.iter().map(|r| i32::from(r.refund)).collect();
-            // The ids tell, if some row is lost, which ones need not be looked at: a row
-            // released here may be claimed again at once, by anyone.
-            let changed = self
-                .client
-                .query(
-                    &self.statements.reschedule,
-                    &[&owner, &ids, &tokens, &delays, &errors, &refunds],
-                )
-                .await
-                .map_err(query_err("rescheduling rows"))?;
-            Ok(changed.iter().map(|r| r.get::<_, i64>(0)).collect())
+    /// Applies a claim's outcomes in one statement, fenced by the claim's row (owner and
+    /// token), which it removes. `retry`: an earlier try of this settlement may have applied
+    /// already, its answer lost with the connection.
+    pub async fn settle(
+        &self,
+        owner: &str,
+        s: &Settlement,
+        retry: bool,
+    ) -> Result<Settled, OutboxError> {
+        let Some(token) = s.token() else {
+            return Ok(Settled::default());
         };
-        let quarantined = async {
-            if s.quarantine.is_empty() {
-                return Ok(Vec::new());
-            }
-            let q = &s.quarantine;
-            let ids: Vec<i64> = q.iter().map(|r| r.id).collect();
-            let tokens: Vec<i64> = q.iter().map(|r| r.lease_token).collect();
-            let reasons: Vec<&str> = q.iter().map(|r| r.reason.as_str()).collect();
-            let errors: Vec<&str> = q.iter().map(|r| r.error.as_str()).collect();
-            let delays: Vec<Option<f64>> = q
-                .iter()
-                .map(|r| r.retry_in.map(|d| d.as_secs_f64()))
-                .collect();
-            // Quarantines are rare; returning their ids tells which reasons really landed.
-            let changed = self
-                .client
-                .query(
-                    &self.statements.quarantine,
-                    &[&owner, &ids, &tokens, &reasons, &errors, &delays],
-                )
-                .await
-                .map_err(query_err("quarantining rows"))?;
-            Ok(changed
-                .iter()
-                .map(|r| r.get::<_, i64>(0))
-                .collect::<Vec<i64>>())
-        };
-        let (sent, rescheduled, quarantined) = tokio::try_join!(sent, rescheduled, quarantined)?;
+        let sent_ids: Vec<i64> = s.sent.iter().map(|r| r.id).collect();
+        let r = &s.reschedule;
+        let rescheduled_ids: Vec<i64> = r.iter().map(|r| r.id).collect();
+        let delays: Vec<f64> = r.iter().map(|r| r.delay.as_secs_f64()).collect();
+        let errors: Vec<Option<&str>> = r.iter().map(|r| r.error.as_deref()).collect();
+        let refunds: Vec<i32> = r.iter().map(|r| i32::from(r.refund)).collect();
+        let q = &s.quarantine;
+        let quarantined_ids: Vec<i64> = q.iter().map(|r| r.id).collect();
+        let reasons: Vec<&str> = q.iter().map(|r| r.reason.as_str()).collect();
+        let q_errors: Vec<&str> = q.iter().map(|r| r.error.as_str()).collect();
+        let q_delays: Vec<Option<f64>> = q
+            .iter()
+            .map(|r| r.retry_in.map(|d| d.as_secs_f64()))
+            .collect();
+        let message_ids: Vec<&str> = s.sent.iter().map(|r| r.message_id.as_str()).collect();
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+            &owner,
+            &token,
+            &sent_ids,
+            &rescheduled_ids,
+            &delays,
+            &errors,
+            &refunds,
+            &quarantined_ids,
+            &reasons,
+            &q_errors,
+            &q_delays,
+        ];
+        if self.statements.settle.mode == Acknowledge::MarkSent {
+            params.push(&message_ids);
+        }
+        let row = self
+            .client
+            .query_one(&self.statements.settle.statement, &params)
+            .await
+            .map_err(query_err(self.statements.settle.mode.context()))?;
+        let fenced: bool = row.get(0);
+        let sent: i64 = row.get(1);
+        let rescheduled: Vec<i64> = row.get(2);
+        let quarantined: Vec<i64> = row.get(3);
         let quarantined_reasons = s
             .quarantine
             .iter()
             .filter(|r| quarantined.contains(&r.id))
             .map(|r| r.reason)
             .collect();
-        let expected = (s.sent.len() + s.reschedule.len() + s.quarantine.len()) as u64;
-        let applied = sent + (rescheduled.len() + quarantined.len()) as u64;
-        let lost = if applied < expected {
-            self.lost_leases(s, &rescheduled, &quarantined).await?
-        } else {
-            0
+        let lost = match (fenced, retry) {
+            (true, _) => 0,
+            // Nothing else removes a claim's row while its lease lasts but a claim after it
+            // ended: every row is another replica's to send now.
+            (false, false) => s.len() as u64,
+            (false, true) => self.lost_leases(s).await?,
         };
         Ok(Settled {
-            sent,
+            sent: sent as u64,
             rescheduled: rescheduled.len() as u64,
             quarantined_reasons,
             lost,
         })
     }
 
-    /// Of a settlement's rows that were not changed just now, how many another owner claimed
-    /// since. The others were settled by us already: a retried settlement meets the rows its
-    /// first try changed before the connection dropped, and they are not lost leases.
-    async fn lost_leases(
-        &self,
-        s: &Settlement,
-        rescheduled: &[i64],
-        quarantined: &[i64],
-    ) -> Result<u64, OutboxError> {
-        // Sent rows are all asked about: they cannot be claimed again once marked or deleted,
-        // so those changed just now are never counted.
-        let unchanged = s
-            .sent
-            .iter()
-            .map(|r| (r.id, r.lease_token))
-            .chain(
-                s.reschedule
-                    .iter()
-                    .filter(|r| !rescheduled.contains(&r.id))
-                    .map(|r| (r.id, r.lease_token)),
-            )
-            .chain(
-                s.quarantine
-                    .iter()
-                    .filter(|r| !quarantined.contains(&r.id))
-                    .map(|r| (r.id, r.lease_token)),
-            );
-        let (ids, tokens): (Vec<i64>, Vec<i64>) = unchanged.unzip();
+    /// Of a retried settlement whose claim is gone, how many rows another claim holds. The
+    /// others were settled by its first try, or are free again and not anyone's yet.
+    async fn lost_leases(&self, s: &Settlement) -> Result<u64, OutboxError> {
+        let ids: Vec<i64> = s.ids().collect();
         let row = self
             .client
-            .query_one(&self.statements.lost_leases, &[&ids, &tokens])
+            .query_one(&self.statements.lost_leases, &[&ids])
             .await
             .map_err(query_err("looking for rows taken over by another owner"))?;
         Ok(row.get::<_, i64>(0) as u64)
@@ -350,31 +320,6 @@ impl Session {
             .await
             .map_err(query_err("unparking rows whose destination is due a retry"))
     }
-
-    /// Ordered delivery with poison blocking: parks rows behind quarantined heads and unparks
-    /// those whose head was re-driven. Returns (parked, unparked); (0, 0) in other modes.
-    pub async fn maintain_blocked_groups(&self) -> Result<(u64, u64), OutboxError> {
-        let Some((park, unpark)) = &self.statements.park else {
-            return Ok((0, 0));
-        };
-        let unparked = self
-            .client
-            .execute(unpark, &[])
-            .await
-            .map_err(query_err("unparking rows of re-driven groups"))?;
-        // Parking applies to ordered rows only: with a standard default queue, those bound for a
-        // FIFO queue (the FIFO routes' keys are the statement's one parameter).
-        let routes = match self.strategy.ordered().map(|o| &o.scope) {
-            Some(OrderScope::FifoDestinations { fifo_routes, .. }) => Some(fifo_routes),
-            _ => None,
-        };
-        let parked = match routes {
-            Some(routes) => self.client.execute(park, &[routes]).await,
-            None => self.client.execute(park, &[]).await,
-        }
-        .map_err(query_err("parking rows behind quarantined heads"))?;
-        Ok((parked, unparked))
-    }
 }
 
 /// What becomes of a row its destination acknowledged. A mode, not a flag: each names its
@@ -389,59 +334,39 @@ pub(crate) enum Acknowledge {
 }
 
 impl Acknowledge {
-    /// This mode's statement among the table's.
+    /// This mode's settlement statement among the table's.
     fn sql(self, sql: &Sql) -> &str {
         match self {
-            Acknowledge::MarkSent => &sql.mark_sent,
-            Acknowledge::Delete => &sql.delete_sent,
+            Acknowledge::MarkSent => &sql.settle_mark,
+            Acknowledge::Delete => &sql.settle_delete,
         }
     }
 
-    /// How many parameters [`SettleSent::apply`] binds to this mode's statement.
+    /// How many parameters [`Session::settle`] binds to this mode's statement: the message
+    /// ids of the rows marked sent come last.
     fn param_count(self) -> usize {
         match self {
-            Acknowledge::MarkSent => 4,
-            Acknowledge::Delete => 3,
+            Acknowledge::MarkSent => 12,
+            Acknowledge::Delete => 11,
+        }
+    }
+
+    /// What a failed settlement was doing, for its error.
+    fn context(self) -> &'static str {
+        match self {
+            Acknowledge::MarkSent => "recording outcomes (marking rows sent)",
+            Acknowledge::Delete => "recording outcomes (deleting acknowledged rows)",
         }
     }
 }
 
-/// An acknowledgement mode with its statement, prepared once per session.
+/// An acknowledgement mode with its settlement statement, prepared once per session.
 #[derive(Debug)]
-struct SettleSent {
+struct Settle {
     /// Which parameters `statement` takes.
     mode: Acknowledge,
     /// `mode`'s statement, prepared.
     statement: Stmt,
-}
-
-impl SettleSent {
-    /// Settles acknowledged rows, fenced by (id, owner, lease_token); returns how many changed.
-    async fn apply(
-        &self,
-        client: &Conn,
-        owner: &str,
-        sent: &[SentRow],
-    ) -> Result<u64, OutboxError> {
-        if sent.is_empty() {
-            return Ok(0);
-        }
-        let ids: Vec<i64> = sent.iter().map(|r| r.id).collect();
-        let tokens: Vec<i64> = sent.iter().map(|r| r.lease_token).collect();
-        match self.mode {
-            Acknowledge::Delete => client
-                .execute(&self.statement, &[&owner, &ids, &tokens])
-                .await
-                .map_err(query_err("deleting acknowledged rows")),
-            Acknowledge::MarkSent => {
-                let message_ids: Vec<&str> = sent.iter().map(|r| r.message_id.as_str()).collect();
-                client
-                    .execute(&self.statement, &[&owner, &ids, &tokens, &message_ids])
-                    .await
-                    .map_err(query_err("marking rows sent"))
-            }
-        }
-    }
 }
 
 /// A session that reconnects on demand after the connection is lost; shared by the claim loop,

@@ -121,6 +121,18 @@ impl Upkeep {
         params: &[(&(dyn ToSql + Sync), Type)],
         context: &'static str,
     ) -> Result<Vec<Row>, OutboxError> {
+        self.run_locked(sql, params, context, false).await
+    }
+
+    /// [`Upkeep::run`]; with `after_claims`, once the claims before it are done and while no
+    /// other claim runs (sql/claim_lock.sql): a statement that must see every lease.
+    async fn run_locked(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        context: &'static str,
+        after_claims: bool,
+    ) -> Result<Vec<Row>, OutboxError> {
         let mut slot = self.client.lock().await;
         let work = async {
             if slot.as_ref().is_none_or(Conn::is_closed) {
@@ -135,6 +147,11 @@ impl Upkeep {
             )
             .await
             .map_err(query_err("setting the maintenance statement timeout"))?;
+            if after_claims {
+                tx.batch_execute(&self.outbox.sql.claim_lock)
+                    .await
+                    .map_err(query_err(context))?;
+            }
             let rows = tx
                 .query_typed(sql, params)
                 .await
@@ -235,10 +252,14 @@ impl Upkeep {
             Some(OrderScope::FifoDestinations { fifo_routes, .. }) => Some(fifo_routes),
             _ => None,
         };
+        // It leaves leased rows alone: it must see every claim's.
         let context = "parking rows behind quarantined heads";
         let parked = match routes {
-            Some(routes) => self.run(park, &[(routes, Type::TEXT_ARRAY)], context).await,
-            None => self.run(park, &[], context).await,
+            Some(routes) => {
+                let params = [(routes as &(dyn ToSql + Sync), Type::TEXT_ARRAY)];
+                self.run_locked(park, &params, context, true).await
+            }
+            None => self.run_locked(park, &[], context, true).await,
         }?
         .len() as u64;
         Ok((parked, unparked))

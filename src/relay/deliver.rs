@@ -217,10 +217,11 @@ impl Relay {
         let mut attempt = 0u32;
         loop {
             let (owner, settlement) = (&self.config.claim.relay_id, &settlement);
+            let retry = attempt > 0;
             let result = self
                 .session
                 .run("recording outcomes", |s| async move {
-                    s.settle(owner, settlement).await
+                    s.settle(owner, settlement, retry).await
                 })
                 .await;
             match result {

@@ -189,11 +189,24 @@ impl Outbox {
             steps.push(self.key_index_step(&self.table, name, &key, id, kind)?);
             steps.extend(self.replaced_index_step(&self.table, &key_column, kind)?);
         }
+        steps.push(self.claims_step()?);
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
             sql: self.record_version_sql()?,
         });
         Ok(steps)
+    }
+
+    /// The lease table beside the relay's table (or view), sql/claims.sql: created in a
+    /// transaction of its own, which takes no lock the application's writes wait for.
+    fn claims_step(&self) -> Result<Step, OutboxError> {
+        Ok(Step::Transaction {
+            what: "creating the lease table".into(),
+            sql: fill_in(
+                include_str!("../../../sql/claims.sql").trim_end(),
+                &[("claims", Value::Table(&self.table.claims()))],
+            )?,
+        })
     }
 
     /// Drops the index `kind` replaced, once the new one is built: concurrently, so the
@@ -386,6 +399,7 @@ impl Outbox {
                 });
             }
         }
+        steps.push(self.claims_step()?);
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
             sql: self.record_version_sql()?,

@@ -1,0 +1,60 @@
+-- A claim's outcomes, all in one statement and one transaction: the rows SQS acknowledged
+-- ($3: deleted or marked sent, sql/settle_*.sql), those given back for a retry ($4..$7) and
+-- those parked ($8..$11).
+--
+-- Fenced by the claim's own row (token $2, owner $1, sql/claims.sql): the statement deletes
+-- it and applies the outcomes only to the ids it listed. A claim that ended and was taken over
+-- is gone, and then nothing here changes anything; deleting it also waits for (or makes wait)
+-- the next claim's removal of ended claims, so the two never both apply. Deleting it releases
+-- the rows given back: they are claimable again once their delay has passed.
+--
+-- Given back: available again after their delay. `refund` is 1 where the failure was not the
+-- row's fault (throttling, an outage, a shutdown), so this attempt is not counted against it.
+-- A null error keeps the previous one.
+--
+-- Parked: rows that must not be retried as they are, with the reason and the error, until an
+-- operator re-drives them. A row with a delay ($11 not null) is parked for its destination
+-- instead: the relay's maintenance makes it unsent again once `available_at` has passed, and
+-- this attempt is not counted (the queue, not the row, failed).
+WITH fence AS (
+    DELETE FROM {claims} AS l
+    WHERE l.token = $2
+      AND l.owner = $1
+    RETURNING l.ids
+),
+sent AS (
+    {acknowledge}
+),
+rescheduled AS (
+    UPDATE {table} AS o
+    SET available_at = now() + make_interval(secs => u.delay),
+        attempts = greatest(o.attempts + 1 - u.refund, 0),
+        last_error = coalesce(u.error, o.last_error)
+    FROM unnest($4::bigint[], $5::float8[], $6::text[], $7::int[]) AS u(id, delay, error, refund),
+         fence
+    WHERE o.id = u.id
+      AND o.id = ANY (fence.ids)
+      AND o.sent_at IS NULL
+      AND o.quarantined_at IS NULL
+    RETURNING o.id
+),
+quarantined AS (
+    UPDATE {table} AS o
+    SET quarantined_at = now(),
+        quarantine_reason = u.reason,
+        last_error = u.error,
+        available_at = CASE WHEN u.delay IS NULL THEN o.available_at
+                            ELSE now() + make_interval(secs => u.delay) END,
+        attempts = o.attempts + CASE WHEN u.delay IS NULL THEN 1 ELSE 0 END
+    FROM unnest($8::bigint[], $9::text[], $10::text[], $11::float8[]) AS u(id, reason, error, delay),
+         fence
+    WHERE o.id = u.id
+      AND o.id = ANY (fence.ids)
+      AND o.sent_at IS NULL
+      AND o.quarantined_at IS NULL
+    RETURNING o.id
+)
+SELECT EXISTS (SELECT 1 FROM fence),
+       (SELECT count(*) FROM sent),
+       ARRAY(SELECT id FROM rescheduled),
+       ARRAY(SELECT id FROM quarantined)

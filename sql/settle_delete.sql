@@ -1,0 +1,8 @@
+-- --retention 0 (the default): acknowledged rows go (see sql/settle.sql).
+DELETE FROM {table} AS o
+USING fence
+WHERE o.id = ANY ($3::bigint[])
+  AND o.id = ANY (fence.ids)
+  AND o.sent_at IS NULL
+  AND o.quarantined_at IS NULL
+RETURNING o.id

@@ -1,0 +1,12 @@
+-- --retention other than 0: acknowledged rows are marked sent with their message id ($12),
+-- and kept until retention deletes them (see sql/settle.sql).
+UPDATE {table} AS o
+SET sent_at = now(),
+    message_id = u.message_id,
+    attempts = o.attempts + 1
+FROM unnest($3::bigint[], $12::text[]) AS u(id, message_id), fence
+WHERE o.id = u.id
+  AND o.id = ANY (fence.ids)
+  AND o.sent_at IS NULL
+  AND o.quarantined_at IS NULL
+RETURNING o.id
