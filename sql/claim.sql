@@ -1,13 +1,12 @@
 -- The claim's second half, shared by every claim mode: lease the chosen `candidates` to owner
 -- $2 for $3 seconds, as one row of {claims} listing their ids (sql/claims.sql); the outbox rows
--- themselves are not written. The first half (a WITH list ending in `candidates`) comes from
--- one of the claim_candidates*.sql files; the statement runs after sql/claim_lock.sql in the
--- same transaction.
+-- themselves are not written. The first half (sql/claim_leased.sql, then a WITH list ending in
+-- `candidates`) comes from one of the claim_candidates*.sql files; the statement runs after
+-- sql/claim_lock.sql in the same transaction.
 --
--- A claim that ended (its owner stopped, or took longer than its lease) is removed here; its
--- rows count the attempt that ended without an outcome and are claimable by the next claim
--- (this one still sees them in `leased`). Deleting its row waits for a settlement of that claim
--- under way, and a settlement that comes after finds nothing to apply: the fence.
+-- Rows of a claim that ended (`taken`) count the attempt that ended without an outcome; that
+-- count is written here for those not quarantined at claim (the others get it with their
+-- quarantine), and is in `attempts` from `chosen` on.
 --
 -- A candidate with a `doom` (see `weighed` in claim.rs) is quarantined here instead, in the
 -- same statement: its payload is larger than the relay can hold ({max_payload} bytes), or its
@@ -16,32 +15,29 @@
 -- reading it may be what killed the relays before.
 --
 -- `attempts` is returned as this claim's attempt: the attempts before it plus one. The row
--- keeps the count of attempts that ended; settlements write what this one came to.
-expired AS (
-    DELETE FROM {claims} AS l
-    WHERE l.until < now()
-    RETURNING l.ids
-),
+-- keeps the count of attempts that ended; the settlement writes what this one came to.
 abandoned AS (
     UPDATE {table} AS o
     SET attempts = o.attempts + 1
-    FROM (SELECT DISTINCT unnest(ids) AS id FROM expired) AS e
-    WHERE o.id = e.id
+    FROM taken AS t
+    WHERE o.id = t.id
       AND o.sent_at IS NULL
       AND o.quarantined_at IS NULL
+      AND o.id NOT IN (SELECT id FROM candidates WHERE doom IS NOT NULL)
     RETURNING o.id
 ),
 doomed AS (
     UPDATE {table} AS o
     SET quarantined_at = now(),
         quarantine_reason = candidates.doom,
+        attempts = candidates.attempts,
         last_error = CASE candidates.doom
             WHEN 'too_large' THEN format(
                 'payload of %s bytes is larger than the relay can hold (%s bytes, --max-payload-bytes); quarantined at claim without being read',
                 candidates.bytes, {max_payload})
             ELSE format(
                 'claimed %s times (--max-attempts %s) and the last claim ended without an outcome: the relay holding it stopped or lost its lease; quarantined at claim, not sent again',
-                o.attempts, {max_attempts})
+                candidates.attempts, {max_attempts})
             END
     FROM candidates
     WHERE o.id = candidates.id
@@ -61,7 +57,7 @@ claimed AS (
            CASE WHEN c.doom IS NULL THEN o.payload::text END,
            o.headers, o.queue_url,
            coalesce((SELECT token FROM lease), 0) AS lease_token,
-           o.attempts + CASE WHEN c.doom IS NULL THEN 1 ELSE 0 END AS attempts,
+           c.attempts + CASE WHEN c.doom IS NULL THEN 1 ELSE 0 END AS attempts,
            extract(epoch FROM o.created_at)::float8,
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
            c.doom,

@@ -4,14 +4,9 @@
 -- the planner may walk the primary key over sent rows, measured at half the throughput of
 -- walking the unsent index's dead entries.) The ordered filter holds back rows bound for a FIFO
 -- queue that are not their group's head (see claim.rs).
--- Every id held by a claim, ended or not: a claim that ended is removed by the next claim
--- (`expired`, sql/claim.sql) and its rows are claimable from the one after, so that a row
--- its owner is settling right now is never taken from under it.
-leased AS (
-    SELECT unnest(l.ids) AS id FROM {claims} AS l
-),
+{leased}
 chosen AS (
-    SELECT id, attempts, {payload_bytes} AS bytes
+    SELECT id, {attempts_c} AS attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     WHERE sent_at IS NULL
       AND quarantined_at IS NULL
@@ -25,7 +20,8 @@ weighed AS (
     {weighed}
 ),
 candidates AS (
-    SELECT id, doom, bytes
-    FROM (SELECT id, doom, bytes, sum(held) OVER (ORDER BY id) - held AS before FROM weighed) AS b
+    SELECT id, doom, bytes, attempts
+    FROM (SELECT id, doom, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
+          FROM weighed) AS b
     WHERE b.before < $4
 )

@@ -5,12 +5,7 @@
 -- compares with `>= k AND <= k` rather than `= k` on purpose: with `=` the planner treats the
 -- key as constant, believes the primary key's id order serves as well, and walks a skewed
 -- backlog row by row; the range keeps it on the (key, id) index.
--- Every id held by a claim, ended or not: a claim that ended is removed by the next claim
--- (`expired`, sql/claim.sql) and its rows are claimable from the one after, so that a row
--- its owner is settling right now is never taken from under it.
-leased AS (
-    SELECT unnest(l.ids) AS id FROM {claims} AS l
-),
+{leased}
 keys(k) AS (
     {keys}
 ),
@@ -33,7 +28,7 @@ ranked AS (
     WHERE keys.k IS NOT NULL
 ),
 chosen AS (
-    SELECT c.id, c.attempts, {payload_bytes} AS bytes
+    SELECT c.id, {attempts_c} AS attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key whatever the
     -- statistics say, never by a join over the table.
@@ -44,7 +39,8 @@ weighed AS (
     {weighed}
 ),
 candidates AS (
-    SELECT id, doom, bytes
-    FROM (SELECT id, doom, bytes, sum(held) OVER (ORDER BY id) - held AS before FROM weighed) AS b
+    SELECT id, doom, bytes, attempts
+    FROM (SELECT id, doom, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
+          FROM weighed) AS b
     WHERE b.before < $4
 )

@@ -37,12 +37,7 @@
 -- The statement returns one row even when it claims nothing: its last column is where the
 -- next claim's `others` starts (NULL: from the first key again).
 WITH RECURSIVE
--- Every id held by a claim, ended or not: a claim that ended is removed by the next claim
--- (`expired`, sql/claim.sql) and its rows are claimable from the one after, so that a row
--- its owner is settling right now is never taken from under it.
-leased AS (
-    SELECT unnest(l.ids) AS id FROM {claims} AS l
-),
+{leased}
 window_rows AS (
     SELECT w.id, {key_w} AS k, {dest_w} AS d
     FROM {table} AS w
@@ -149,7 +144,7 @@ picked AS (
     LIMIT $1
 ),
 chosen AS (
-    SELECT c.id, c.attempts, {payload_bytes} AS bytes
+    SELECT c.id, {attempts_c} AS attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
@@ -160,8 +155,8 @@ weighed AS (
 -- A run stops at a row quarantined at claim (`doom`): the rows behind it wait for the next
 -- claim, where --on-poison decides whether it still holds its group.
 candidates AS (
-    SELECT b.id, b.doom, b.bytes
-    FROM (SELECT p.id, l.doom, l.bytes, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
+    SELECT b.id, b.doom, b.bytes, b.attempts
+    FROM (SELECT p.id, l.doom, l.bytes, l.attempts, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
           FROM picked AS p
           JOIN weighed AS l ON l.id = p.id
           WHERE NOT EXISTS (

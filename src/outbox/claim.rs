@@ -235,6 +235,10 @@ impl ClaimStrategy {
             ],
         )?;
         let weighed = weighed(&max_payload, &max_attempts);
+        let leased = render(include_str!("../../sql/claim_leased.sql"), &[("claims", l)])?;
+        let leased = leased.trim_end();
+        // A row taken from a claim that ended has that attempt counted (sql/claim_leased.sql).
+        let attempts_c = "(c.attempts + (c.id IN (SELECT id FROM taken))::int)";
         let payload = payload_bytes(Some("c"), &max_payload);
         let ordered = self.ordered();
         // "The row just before c in its group is done": one step back in the group's order
@@ -280,7 +284,8 @@ impl ClaimStrategy {
                         include_str!("../../sql/claim_candidates.sql"),
                         &[
                             ("table", t),
-                            ("claims", l),
+                            ("leased", Value::Sql(leased)),
+                            ("attempts_c", Value::Sql(attempts_c)),
                             ("payload_bytes", Value::Sql(&payload)),
                             ("weighed", Value::Sql(&weighed)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
@@ -293,7 +298,8 @@ impl ClaimStrategy {
                         include_str!("../../sql/claim_candidates_fair.sql"),
                         &[
                             ("table", t),
-                            ("claims", l),
+                            ("leased", Value::Sql(leased)),
+                            ("attempts_c", Value::Sql(attempts_c)),
                             ("keys", Value::Sql(&fair_values(t, key, "keys")?)),
                             ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                             ("payload_bytes", Value::Sql(&payload)),
@@ -347,7 +353,8 @@ impl ClaimStrategy {
             include_str!("../../sql/claim_ordered.sql"),
             &[
                 ("table", t),
-                ("claims", l),
+                ("leased", Value::Sql(leased)),
+                ("attempts_c", Value::Sql(attempts_c)),
                 ("key_bare", Value::Sql(&key_sql(key, None))),
                 ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                 ("key_h", Value::Sql(&key_sql(key, Some("h")))),
@@ -481,8 +488,8 @@ fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
 /// One definition, rendered into each strategy's statement.
 fn weighed(max_payload: &str, max_attempts: &str) -> String {
     format!(
-        "SELECT id, bytes, doom, CASE WHEN doom IS NULL THEN bytes ELSE 0 END AS held \
-         FROM (SELECT id, bytes, \
+        "SELECT id, bytes, attempts, doom, CASE WHEN doom IS NULL THEN bytes ELSE 0 END AS held \
+         FROM (SELECT id, bytes, attempts, \
                       CASE WHEN bytes > {max_payload} THEN 'too_large' \
                            WHEN attempts >= {max_attempts} THEN 'max_attempts' END AS doom \
                FROM chosen) AS w"
