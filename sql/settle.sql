@@ -2,8 +2,9 @@
 -- ($3: deleted or marked sent, sql/settle_*.sql), those given back for a retry ($4..$7) and
 -- those parked ($8..$11).
 --
--- Fenced by the claim's own row (token $2, owner $1, sql/claims.sql): the statement deletes
--- it and applies the outcomes only to the ids it listed. A claim that ended and was taken over
+-- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql; the relay settles one
+-- claim at a time): the statement deletes them and applies the outcomes only to the ids they
+-- listed. A claim that ended and was taken over
 -- is gone, and then nothing here changes anything; deleting it also waits for (or makes wait)
 -- the next claim's removal of ended claims, so the two never both apply. Deleting it releases
 -- the rows given back: they are claimable again once their delay has passed.
@@ -18,9 +19,12 @@
 -- this attempt is not counted (the queue, not the row, failed).
 WITH fence AS (
     DELETE FROM {claims} AS l
-    WHERE l.token = $2
+    WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
-    RETURNING l.ids
+    RETURNING l.token, l.ids
+),
+held AS (
+    SELECT DISTINCT unnest(f.ids) AS id FROM fence AS f
 ),
 sent AS (
     {acknowledge}
@@ -30,10 +34,9 @@ rescheduled AS (
     SET available_at = now() + make_interval(secs => u.delay),
         attempts = greatest(o.attempts + 1 - u.refund, 0),
         last_error = coalesce(u.error, o.last_error)
-    FROM unnest($4::bigint[], $5::float8[], $6::text[], $7::int[]) AS u(id, delay, error, refund),
-         fence
+    FROM unnest($4::bigint[], $5::float8[], $6::text[], $7::int[]) AS u(id, delay, error, refund)
     WHERE o.id = u.id
-      AND o.id = ANY (fence.ids)
+      AND o.id IN (SELECT id FROM held)
       AND o.sent_at IS NULL
       AND o.quarantined_at IS NULL
     RETURNING o.id
@@ -46,15 +49,14 @@ quarantined AS (
         available_at = CASE WHEN u.delay IS NULL THEN o.available_at
                             ELSE now() + make_interval(secs => u.delay) END,
         attempts = o.attempts + CASE WHEN u.delay IS NULL THEN 1 ELSE 0 END
-    FROM unnest($8::bigint[], $9::text[], $10::text[], $11::float8[]) AS u(id, reason, error, delay),
-         fence
+    FROM unnest($8::bigint[], $9::text[], $10::text[], $11::float8[]) AS u(id, reason, error, delay)
     WHERE o.id = u.id
-      AND o.id = ANY (fence.ids)
+      AND o.id IN (SELECT id FROM held)
       AND o.sent_at IS NULL
       AND o.quarantined_at IS NULL
     RETURNING o.id
 )
-SELECT EXISTS (SELECT 1 FROM fence),
+SELECT ARRAY(SELECT token FROM fence),
        (SELECT count(*) FROM sent),
        ARRAY(SELECT id FROM rescheduled),
        ARRAY(SELECT id FROM quarantined)

@@ -4,9 +4,9 @@ UPDATE {table} AS o
 SET sent_at = now(),
     message_id = u.message_id,
     attempts = o.attempts + 1
-FROM unnest($3::bigint[], $12::text[]) AS u(id, message_id), fence
+FROM unnest($3::bigint[], $12::text[]) AS u(id, message_id)
 WHERE o.id = u.id
-  AND o.id = ANY (fence.ids)
+  AND o.id IN (SELECT id FROM held)
   AND o.sent_at IS NULL
   AND o.quarantined_at IS NULL
 RETURNING o.id

@@ -157,30 +157,29 @@ impl Settlement {
         self.sent.is_empty() && self.reschedule.is_empty() && self.quarantine.is_empty()
     }
 
-    /// Rows it settles.
-    pub fn len(&self) -> usize {
-        self.sent.len() + self.reschedule.len() + self.quarantine.len()
-    }
-
-    /// The ids of every row it settles.
-    pub fn ids(&self) -> impl Iterator<Item = i64> + '_ {
-        let sent = self.sent.iter().map(|r| r.id);
-        let rescheduled = self.reschedule.iter().map(|r| r.id);
+    /// The ids of its rows whose claim is not among `fenced`.
+    pub fn without_claims(&self, fenced: &[i64]) -> Vec<i64> {
+        let sent = self.sent.iter().map(|r| (r.id, r.lease_token));
+        let rescheduled = self.reschedule.iter().map(|r| (r.id, r.lease_token));
         sent.chain(rescheduled)
-            .chain(self.quarantine.iter().map(|r| r.id))
+            .chain(self.quarantine.iter().map(|r| (r.id, r.lease_token)))
+            .filter(|(_, token)| !fenced.contains(token))
+            .map(|(id, _)| id)
+            .collect()
     }
 
-    /// The lease token of the claim whose outcomes these are (one claim per settlement: its
-    /// rows all carry the claim's token); `None` when it settles nothing.
-    pub fn token(&self) -> Option<i64> {
+    /// The lease tokens of the claims whose outcomes these are (the relay settles one claim
+    /// at a time, so one), each once.
+    pub fn tokens(&self) -> Vec<i64> {
         let sent = self.sent.iter().map(|r| r.lease_token);
         let rescheduled = self.reschedule.iter().map(|r| r.lease_token);
-        let mut tokens = sent
+        let mut tokens: Vec<i64> = sent
             .chain(rescheduled)
-            .chain(self.quarantine.iter().map(|r| r.lease_token));
-        let token = tokens.next()?;
-        debug_assert!(tokens.all(|t| t == token), "one claim per settlement");
-        Some(token)
+            .chain(self.quarantine.iter().map(|r| r.lease_token))
+            .collect();
+        tokens.sort_unstable();
+        tokens.dedup();
+        tokens
     }
 }
 

@@ -221,10 +221,11 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
                     "{name}: the quarantined rows hold their groups"
                 );
                 // The parking sees a row quarantined by the claim like any quarantined head.
-                let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
-                    .unwrap()
-                    .claim_strategy(ClaimStrategy::Ordered(ordered(false)))
-                    .unwrap();
+                let outbox =
+                    Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+                        .unwrap()
+                        .claim_strategy(ClaimStrategy::Ordered(ordered(false)))
+                        .unwrap();
                 let upkeep = Upkeep::new(std::sync::Arc::new(outbox), Duration::from_secs(5));
                 let (parked, _) = upkeep.maintain_blocked_groups().await.unwrap();
                 assert_eq!(parked, 2, "{name}");

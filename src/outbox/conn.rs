@@ -171,7 +171,9 @@ impl Conn {
     ) -> Result<Vec<Row>, Error> {
         match query.as_query() {
             Query::Stmt(Stmt::Prepared(s)) => self.in_order(self.client.query(s, params)).await,
-            Query::Text(sql) if !self.pooled() => self.in_order(self.client.query(sql, params)).await,
+            Query::Text(sql) if !self.pooled() => {
+                self.in_order(self.client.query(sql, params)).await
+            }
             Query::Stmt(Stmt::Unnamed { sql, types, writes }) => Ok(self
                 .unnamed(sql, types, writes.then_some(RELAXED_BEGIN), params)
                 .await?
@@ -280,7 +282,10 @@ impl Conn {
 
     /// Sends `request` with no other request of this connection's users between it and the
     /// transactions pipelined here (see [`Conn::pipelined`]); then waits for its answer.
-    async fn in_order<T>(&self, request: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    async fn in_order<T>(
+        &self,
+        request: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
         let mut request = pin!(maybe_done(request));
         {
             let _order = self.order.lock().await;

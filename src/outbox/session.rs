@@ -200,9 +200,10 @@ impl Session {
         s: &Settlement,
         retry: bool,
     ) -> Result<Settled, OutboxError> {
-        let Some(token) = s.token() else {
+        if s.is_empty() {
             return Ok(Settled::default());
-        };
+        }
+        let tokens = s.tokens();
         let sent_ids: Vec<i64> = s.sent.iter().map(|r| r.id).collect();
         let r = &s.reschedule;
         let rescheduled_ids: Vec<i64> = r.iter().map(|r| r.id).collect();
@@ -220,7 +221,7 @@ impl Session {
         let message_ids: Vec<&str> = s.sent.iter().map(|r| r.message_id.as_str()).collect();
         let mut params: Vec<&(dyn ToSql + Sync)> = vec![
             &owner,
-            &token,
+            &tokens,
             &sent_ids,
             &rescheduled_ids,
             &delays,
@@ -239,7 +240,7 @@ impl Session {
             .query_one(&self.statements.settle.statement, &params)
             .await
             .map_err(query_err(self.statements.settle.mode.context()))?;
-        let fenced: bool = row.get(0);
+        let fenced: Vec<i64> = row.get(0);
         let sent: i64 = row.get(1);
         let rescheduled: Vec<i64> = row.get(2);
         let quarantined: Vec<i64> = row.get(3);
@@ -249,12 +250,13 @@ impl Session {
             .filter(|r| quarantined.contains(&r.id))
             .map(|r| r.reason)
             .collect();
-        let lost = match (fenced, retry) {
+        let unfenced = s.without_claims(&fenced);
+        let lost = match (unfenced.is_empty(), retry) {
             (true, _) => 0,
             // Nothing else removes a claim's row while its lease lasts but a claim after it
-            // ended: every row is another replica's to send now.
-            (false, false) => s.len() as u64,
-            (false, true) => self.lost_leases(s).await?,
+            // ended: every row of it is another replica's to send now.
+            (false, false) => unfenced.len() as u64,
+            (false, true) => self.lost_leases(&unfenced).await?,
         };
         Ok(Settled {
             sent: sent as u64,
@@ -266,8 +268,7 @@ impl Session {
 
     /// Of a retried settlement whose claim is gone, how many rows another claim holds. The
     /// others were settled by its first try, or are free again and not anyone's yet.
-    async fn lost_leases(&self, s: &Settlement) -> Result<u64, OutboxError> {
-        let ids: Vec<i64> = s.ids().collect();
+    async fn lost_leases(&self, ids: &[i64]) -> Result<u64, OutboxError> {
         let row = self
             .client
             .query_one(&self.statements.lost_leases, &[&ids])
