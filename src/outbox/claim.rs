@@ -593,7 +593,7 @@ mod tests {
             );
             // The doomed row's payload is not returned.
             assert!(
-                sql.contains("CASE WHEN candidates.doom IS NULL THEN o.payload::text END"),
+                sql.contains("CASE WHEN c.doom IS NULL THEN o.payload::text END"),
                 "{strategy:?}"
             );
             assert!(!sql.contains("o.payload::text,"), "{strategy:?}");
