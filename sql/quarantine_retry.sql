@@ -5,9 +5,7 @@ UPDATE {table}
 SET quarantined_at = NULL,
     quarantine_reason = NULL,
     attempts = 0,
-    available_at = now(),
-    lease_owner = NULL,
-    lease_until = NULL
+    available_at = now()
 WHERE quarantined_at IS NOT NULL
   AND (id = $1 OR event_id = $2 OR $3)
   AND ($4::text IS NULL OR quarantine_reason = $4)

@@ -1,6 +1,6 @@
 -- `outbox-relay status`. Each part walks one of the partial indexes the migration creates
 -- (unsent, quarantined, sent), never the whole table, so it answers quickly on millions of
--- rows. Leased rows are the unsent ones a claim that has not ended lists ({claims}).
+-- rows. Leased rows are the unsent ones a claim that has not ended lists (sql/claims.sql).
 -- Rows parked in quarantine (`blocked`, `destination`) are waiting, not refused: they count
 -- as unsent (as in sql/stats.sql, the gauges) and under their reason in quarantine.
 WITH unsent AS (

@@ -204,7 +204,7 @@ async fn a_password_file_rotated_in_place_is_read_at_the_next_connection() {
     admin
         .batch_execute(&format!(
             "CREATE ROLE {role} LOGIN PASSWORD '{first}';
-             GRANT SELECT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};"
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};"
         ))
         .await
         .expect("create the relay's role");

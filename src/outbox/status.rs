@@ -43,7 +43,10 @@ impl Outbox {
         self.resolve_channel(&client).await?;
         let sql = render(
             include_str!("../../sql/status.sql"),
-            &[("table", Value::Table(&self.table))],
+            &[
+                ("table", Value::Table(&self.table)),
+                ("claims", Value::Table(&self.table.claims())),
+            ],
         )
         .map_err(OutboxError::Template)?;
         let row = client
