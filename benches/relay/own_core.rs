@@ -86,8 +86,13 @@ pub struct Cell {
     /// CPU seconds of the cluster (postmaster, backends, reaped children) during the cell:
     /// what the database core did.
     pub postgres_cpu: f64,
+    /// Wall time over which `postgres_cpu` was read: the writer time, their connecting and
+    /// the samplers' start and end.
+    pub cpu_seconds: f64,
     /// CPU seconds of the reader's own process (relay or `pg_recvlogical`) during the cell.
     pub reader_cpu: f64,
+    /// The cores the reader's process could run on (`None`: no reader).
+    pub reader_cores: Option<String>,
     /// What the writers' backends waited on, sampled.
     pub writer_waits: BTreeMap<String, u64>,
 }
@@ -179,7 +184,7 @@ impl OwnCoreRun {
             .filter(|c| c.writers == writers && c.reader == reader)
             .collect();
         let cpu: f64 = cells.iter().map(|c| c.postgres_cpu).sum();
-        let seconds: f64 = cells.iter().map(|c| c.seconds).sum();
+        let seconds: f64 = cells.iter().map(|c| c.cpu_seconds).sum();
         cpu / seconds
     }
 
@@ -226,6 +231,8 @@ impl OwnCoreRun {
                 "commit_to_sent_p50_ms": (!c.latencies_ms.is_empty()).then(|| quantile(&c.latencies_ms, 0.5)),
                 "commit_to_sent_p99_ms": (!c.latencies_ms.is_empty()).then(|| quantile(&c.latencies_ms, 0.99)),
                 "postgres_cpu_seconds": c.postgres_cpu,
+                "postgres_cpu_window_seconds": c.cpu_seconds,
+                "reader_cores": c.reader_cores,
                 "reader_process_cpu_seconds": c.reader_cpu,
                 "writer_backend_samples": c.writer_waits,
             })).collect::<Vec<_>>(),
@@ -257,12 +264,20 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
     for pid in procstat::tree(postmaster) {
         affinity::pin_process(pid, &[database_core]).expect("pin the cluster");
     }
+    let db = cluster.create_db().await;
+    let backend: i32 = db
+        .client()
+        .await
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("a backend's pid")
+        .get(0);
     say(&format!(
-        "harm, own core: PostgreSQL (postmaster {postmaster}) on core {}; the benchmark, its sink, the relay and pg_recvlogical on core {}",
+        "harm, own core: PostgreSQL on core {} (postmaster), {} (a new backend); the benchmark, its sink, the relay and pg_recvlogical on core {}",
         affinity::list(&affinity::allowed(postmaster as i32)),
+        affinity::list(&affinity::allowed(backend)),
         affinity::list(&affinity::allowed(0)),
     ));
-    let db = cluster.create_db().await;
     migrate(&db, wakeup).await;
     db.client()
         .await
@@ -277,9 +292,13 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
             for reader in rotated(&Reader::ALL, round) {
                 let cell = cell(settings, &cluster, &db, wakeup, writers, round, reader).await;
                 say(&format!(
-                    "  harm, own core, {writers} writers, round {}, {}: {:.0} commits/s{}; database core {:.0}% busy; writers: {}",
+                    "  harm, own core, {writers} writers, round {}, {}{}: {:.0} commits/s{}; database core {:.0}% busy; writers: {}",
                     round + 1,
                     reader.label(),
+                    match &cell.reader_cores {
+                        Some(cores) => format!(" (on core {cores})"),
+                        None => String::new(),
+                    },
                     cell.commits_per_second,
                     if reader == Reader::Relay {
                         format!(
@@ -290,7 +309,7 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
                     } else {
                         String::new()
                     },
-                    cell.postgres_cpu / cell.seconds * 100.0,
+                    cell.postgres_cpu / cell.cpu_seconds * 100.0,
                     shares(&cell.writer_waits),
                 ));
                 cells.push(cell);
@@ -368,11 +387,14 @@ async fn cell(
         .or(consumer.as_ref().map(LogConsumer::pid));
     let reader_cpu = || reader_pid.and_then(procstat::cpu_seconds).unwrap_or(0.0);
     let postmaster = cluster.pid().expect("the cluster runs");
+    let reader_cores = reader_pid.map(|pid| affinity::list(&affinity::allowed(pid as i32)));
     let (postgres_before, reader_before) = (procstat::tree_cpu_seconds(postmaster), reader_cpu());
+    let window = Instant::now();
     let waits = WaitSampler::start(db).await;
     let written = workload::closed_loop(db, &tag, writers, settings.own_core_seconds).await;
     let writer_waits = waits.finish().await;
     let postgres_cpu = procstat::tree_cpu_seconds(postmaster) - postgres_before;
+    let cpu_seconds = window.elapsed().as_secs_f64();
     let reader_cpu = reader_cpu() - reader_before;
     let (latencies_ms, missing) = match relay {
         Some(relay) => commit_to_sent(&sink, relay, &written).await,
@@ -390,7 +412,9 @@ async fn cell(
         latencies_ms,
         missing,
         postgres_cpu,
+        cpu_seconds,
         reader_cpu,
+        reader_cores,
         writer_waits,
     }
 }
