@@ -4,6 +4,9 @@
 //! It runs on clusters of the benchmark's own with `fsync=on` and `synchronous_commit=on`, as
 //! in production: with `fsync=off` a commit never waits for its WAL flush, so whatever
 //! serializes commits (NOTIFY's database-wide lock, MEASURED.md trap 4) costs next to nothing.
+//!
+//! Here the relay process shares the machine's cores with PostgreSQL; own_core.rs measures the
+//! same with the database on a core of its own, as production has it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -93,8 +93,20 @@ pub struct Cell {
     pub reader_cpu: f64,
     /// The cores the reader's process could run on (`None`: no reader).
     pub reader_cores: Option<String>,
+    /// Log-based cells: how far decoding was behind when the writers stopped, and how long it
+    /// took to catch up (the anchor's counterpart of commit-to-sent).
+    pub decoding: Option<Decoding>,
     /// What the writers' backends waited on, sampled.
     pub writer_waits: BTreeMap<String, u64>,
+}
+
+/// Where the log-based consumer's walsender stood when the writers stopped.
+#[derive(Clone, Copy, Debug)]
+pub struct Decoding {
+    /// WAL not yet decoded and sent, bytes (`pg_current_wal_lsn() - sent_lsn`).
+    pub behind_bytes: f64,
+    /// Until `sent_lsn` reached the writers' last position (`None`: not within 60 s).
+    pub catch_up_seconds: Option<f64>,
 }
 
 /// The whole table: the cores used and every cell, or why it was skipped.
@@ -233,6 +245,8 @@ impl OwnCoreRun {
                 "postgres_cpu_seconds": c.postgres_cpu,
                 "postgres_cpu_window_seconds": c.cpu_seconds,
                 "reader_cores": c.reader_cores,
+                "decoding_behind_bytes_at_end": c.decoding.map(|d| d.behind_bytes),
+                "decoding_catch_up_seconds": c.decoding.and_then(|d| d.catch_up_seconds),
                 "reader_process_cpu_seconds": c.reader_cpu,
                 "writer_backend_samples": c.writer_waits,
             })).collect::<Vec<_>>(),
@@ -300,14 +314,19 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
                         None => String::new(),
                     },
                     cell.commits_per_second,
-                    if reader == Reader::Relay {
-                        format!(
+                    match (reader, cell.decoding) {
+                        (Reader::Relay, _) => format!(
                             ", commit-to-sent p50 {:.1} ms p99 {:.1} ms",
                             quantile(&cell.latencies_ms, 0.5),
                             quantile(&cell.latencies_ms, 0.99)
-                        )
-                    } else {
-                        String::new()
+                        ),
+                        (_, Some(d)) => format!(
+                            ", decoding {:.0} kB behind at the end, caught up in {}",
+                            d.behind_bytes / 1000.0,
+                            d.catch_up_seconds
+                                .map_or("over 60 s".to_string(), |s| format!("{:.0} ms", s * 1000.0))
+                        ),
+                        _ => String::new(),
                     },
                     cell.postgres_cpu / cell.cpu_seconds * 100.0,
                     shares(&cell.writer_waits),
@@ -400,6 +419,10 @@ async fn cell(
         Some(relay) => commit_to_sent(&sink, relay, &written).await,
         None => (Vec::new(), 0),
     };
+    let decoding = match &consumer {
+        Some(consumer) => Some(consumer.catch_up(db).await),
+        None => None,
+    };
     if let Some(consumer) = consumer {
         consumer.stop(db).await;
     }
@@ -415,6 +438,7 @@ async fn cell(
         cpu_seconds,
         reader_cpu,
         reader_cores,
+        decoding,
         writer_waits,
     }
 }
@@ -494,6 +518,41 @@ impl LogConsumer {
 
     fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// How far its walsender is behind the end of the WAL now, and how long it takes to send
+    /// up to there.
+    async fn catch_up(&self, db: &TestDb) -> Decoding {
+        let admin = db.client().await;
+        let behind = "SELECT pg_wal_lsn_diff($1::text::pg_lsn, r.sent_lsn)::float8 \
+             FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid \
+             WHERE s.slot_name = $2";
+        let end: String = admin
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .expect("read the WAL position")
+            .get(0);
+        let started = Instant::now();
+        let read = || async {
+            admin
+                .query_opt(behind, &[&end, &SLOT])
+                .await
+                .expect("read the walsender's position")
+                .map_or(f64::NAN, |r| r.get::<_, f64>(0))
+        };
+        let behind_bytes = read().await;
+        let mut catch_up_seconds = None;
+        while started.elapsed() < Duration::from_secs(60) {
+            if read().await <= 0.0 {
+                catch_up_seconds = Some(started.elapsed().as_secs_f64());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Decoding {
+            behind_bytes: behind_bytes.max(0.0),
+            catch_up_seconds,
+        }
     }
 
     /// SIGTERM, then drops the slot once its walsender has let go of it.

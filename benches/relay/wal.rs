@@ -161,7 +161,8 @@ pub struct WalRun {
     pub insert_wal: u64,
     /// See `insert_wal`.
     pub relay_wal: u64,
-    /// From the relay's start until every row was settled.
+    /// From the relay's start until every row was settled (at least the second
+    /// [`start_relay_at`] waits after the relay serves its metrics).
     pub relay_seconds: f64,
     /// utime + stime of the relay's backends (last reading of each), and how many there were.
     pub backend_cpu: f64,
@@ -256,7 +257,7 @@ pub async fn run(
     for mode in modes(relay_help) {
         let run = measure(settings, cluster, wakeup, &mode).await;
         say(&format!(
-            "wal, {}: insert {:.0} B/event, relay {:.0} B/event ({:.2} × the insert); relay's backends {:.0} µs CPU/event ({} backends), whole cluster {:.0} µs/event; outbox updates {} HOT; settled {} events in {:.1} s",
+            "wal, {}: insert {:.0} B/event, relay {:.0} B/event ({:.2} × the insert); relay's backends {:.0} µs CPU/event ({} backends), whole cluster {:.0} µs/event; outbox updates {} HOT; {} events, the relay ran {:.1} s",
             run.mode,
             run.insert_per_event(),
             run.relay_per_event(),
