@@ -30,6 +30,7 @@ mod support;
 
 mod adopt;
 mod affinity;
+mod backend_cpu;
 mod backlog;
 mod ceiling;
 mod cluster;
@@ -41,6 +42,7 @@ mod help;
 mod http;
 mod idle;
 mod large_events;
+mod log_consumer;
 mod meta;
 mod own_core;
 mod procstat;
@@ -58,6 +60,7 @@ mod timeline;
 mod traces;
 mod tracing_group;
 mod wal;
+mod waldump;
 mod workload;
 
 use std::time::Instant;

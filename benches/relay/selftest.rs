@@ -50,8 +50,8 @@ const TESTS: &[(&str, fn())] = &[
         crate::affinity::tests::cpu_lists_are_written_as_ranges,
     ),
     (
-        "wal::waldump_stats_are_parsed_largest_first",
-        crate::wal::tests::waldump_stats_are_parsed_largest_first,
+        "waldump::waldump_stats_are_parsed_largest_first",
+        crate::waldump::tests::waldump_stats_are_parsed_largest_first,
     ),
     (
         "wal::settlement_modes_start_with_the_default_and_repeat_none",

@@ -15,31 +15,27 @@
 //! each kept: backends exit with the relay.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::task::JoinHandle;
 
-use crate::cluster::{bin_dir, drop_db, Clusters};
+use crate::backend_cpu::BackendCpu;
+use crate::cluster::{drop_db, Clusters};
 use crate::drain::{drain, say_drain, spec, Destination, DrainRun};
 use crate::help::help_value;
 use crate::procstat;
 use crate::progress::say;
 use crate::relays::{check_alive, migrate, sent_total, start_relay_at, stop, Wakeup};
 use crate::settings::Settings;
+use crate::support;
 use crate::support::pg::PrivatePg;
-use crate::support::{self, TestDb};
+use crate::waldump::{self, WalRecord};
 use crate::workload::{self, Backlog};
 
 /// Writer connections of the insert phase: enough for commits to group, as an application's do.
 const INSERT_CONNECTIONS: usize = 16;
 /// A relay that has not settled the rows by then is stuck, not slow.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
-/// Record types printed per phase, by combined bytes.
-const TOP_RECORDS: usize = 5;
 
 /// A settlement mode: the relay's flags for it.
 pub struct Mode {
@@ -83,68 +79,6 @@ pub struct TableWrites {
     pub hot_updated: i64,
     /// See `inserted`.
     pub deleted: i64,
-}
-
-/// One line of `pg_waldump --stats=record`.
-#[derive(Debug, PartialEq)]
-pub struct WalRecord {
-    /// `Heap/INSERT`, `Btree/INSERT_LEAF`, …
-    pub kind: String,
-    /// Records of the kind.
-    pub count: u64,
-    /// Their bytes without full-page images, and the images' bytes.
-    pub record_bytes: u64,
-    /// See `record_bytes`.
-    pub fpi_bytes: u64,
-}
-
-impl WalRecord {
-    pub fn bytes(&self) -> u64 {
-        self.record_bytes + self.fpi_bytes
-    }
-}
-
-/// The record lines of `pg_waldump --stats=record` output, largest (record + FPI) first.
-pub fn parse_waldump_stats(output: &str) -> Vec<WalRecord> {
-    let mut records: Vec<WalRecord> = output
-        .lines()
-        .filter_map(|line| {
-            let cleaned = line.replace(['(', ')'], " ");
-            let t: Vec<&str> = cleaned.split_whitespace().collect();
-            // Type, N, %, record size, %, FPI size, %, combined size, %.
-            if t.len() != 9 || !t[0].contains('/') {
-                return None;
-            }
-            Some(WalRecord {
-                kind: t[0].to_string(),
-                count: t[1].parse().ok()?,
-                record_bytes: t[3].parse().ok()?,
-                fpi_bytes: t[5].parse().ok()?,
-            })
-        })
-        .filter(|r| r.count > 0)
-        .collect();
-    records.sort_by(|a, b| b.bytes().cmp(&a.bytes()).then(a.kind.cmp(&b.kind)));
-    records
-}
-
-/// `kind n × bytes (FPI share)` of the largest record types.
-fn top_records(records: &[WalRecord]) -> String {
-    let total: u64 = records.iter().map(WalRecord::bytes).sum::<u64>().max(1);
-    records
-        .iter()
-        .take(TOP_RECORDS)
-        .map(|r| {
-            format!(
-                "{} {:.0}% ({} records, {:.0}% of it FPI)",
-                r.kind,
-                r.bytes() as f64 * 100.0 / total as f64,
-                r.count,
-                r.fpi_bytes as f64 * 100.0 / r.bytes().max(1) as f64
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// What one settlement mode wrote.
@@ -283,7 +217,7 @@ pub async fn run(
             if let Some(records) = records {
                 say(&format!(
                     "  {phase} WAL by record type: {}",
-                    top_records(records)
+                    waldump::top(records)
                 ));
             }
         }
@@ -394,8 +328,8 @@ async fn measure(settings: &Settings, cluster: &PrivatePg, wakeup: &Wakeup, mode
         .filter(|t| t.inserted + t.updated + t.deleted > 0)
         .collect();
     let wal_dir = cluster.socket_dir().join("data/pg_wal");
-    let insert_records = waldump(&wal_dir, &lsn0, &lsn1);
-    let relay_records = waldump(&wal_dir, &lsn1, &lsn2);
+    let insert_records = waldump::stats(&wal_dir, &lsn0, &lsn1);
+    let relay_records = waldump::stats(&wal_dir, &lsn1, &lsn2);
     let (insert_wal, relay_wal) = (
         lsn_diff(&admin, &lsn1, &lsn0).await,
         lsn_diff(&admin, &lsn2, &lsn1).await,
@@ -471,123 +405,9 @@ async fn table_writes(client: &tokio_postgres::Client) -> BTreeMap<String, [i64;
         .collect()
 }
 
-/// `pg_waldump --stats=record` between two positions; `None` (and a line saying why) when
-/// the bindir has no pg_waldump or it fails.
-fn waldump(wal_dir: &Path, start: &str, end: &str) -> Option<Vec<WalRecord>> {
-    let tool = bin_dir().join("pg_waldump");
-    if !tool.is_file() || !wal_dir.is_dir() {
-        say(&format!(
-            "  (no WAL record mix: {} or {} is missing)",
-            tool.display(),
-            wal_dir.display()
-        ));
-        return None;
-    }
-    let out = std::process::Command::new(&tool)
-        .arg("--stats=record")
-        .arg("-p")
-        .arg(wal_dir)
-        .args(["-s", start, "-e", end])
-        .output()
-        .ok()?;
-    let records = parse_waldump_stats(&String::from_utf8_lossy(&out.stdout));
-    if records.is_empty() {
-        say(&format!(
-            "  (no WAL record mix: pg_waldump {start}..{end}: {})",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-        return None;
-    }
-    Some(records)
-}
-
-/// The relay's backends' CPU: `pg_stat_activity` lists them, /proc has their times.
-struct BackendCpu {
-    /// Set by [`BackendCpu::finish`]; the task reads once more and ends.
-    stop: Arc<AtomicBool>,
-    /// The sampling task: pid -> last utime + stime read.
-    task: JoinHandle<BTreeMap<i32, f64>>,
-}
-
-impl BackendCpu {
-    async fn start(db: &TestDb) -> BackendCpu {
-        let client = db.client().await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let task = tokio::spawn(async move {
-            let mut last: BTreeMap<i32, f64> = BTreeMap::new();
-            let mut tick = tokio::time::interval(Duration::from_millis(200));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            loop {
-                let stopping = stopped.load(Ordering::Relaxed);
-                if let Ok(rows) = client
-                    .query(
-                        "SELECT pid FROM pg_stat_activity \
-                         WHERE datname = current_database() AND application_name LIKE 'outbox-relay%'",
-                        &[],
-                    )
-                    .await
-                {
-                    for row in rows {
-                        last.entry(row.get(0)).or_insert(0.0);
-                    }
-                }
-                for (pid, cpu) in last.iter_mut() {
-                    if let Some(now) = procstat::cpu_seconds(*pid as u32) {
-                        *cpu = now;
-                    }
-                }
-                if stopping {
-                    return last;
-                }
-                tick.tick().await;
-            }
-        });
-        BackendCpu { stop, task }
-    }
-
-    /// (CPU seconds, backends seen). Called after the relay exited: the last readings of its
-    /// backends are the ones taken before they went.
-    async fn finish(self) -> (f64, usize) {
-        self.stop.store(true, Ordering::Relaxed);
-        let last = self.task.await.unwrap_or_default();
-        (last.values().sum(), last.len())
-    }
-}
-
 // Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
 pub mod tests {
-    use super::{modes, parse_waldump_stats, WalRecord};
-
-    /// The shape PostgreSQL 15's `pg_waldump --stats=record` prints.
-    const STATS: &str = "\
-Type                                           N      (%)          Record size      (%)             FPI size      (%)        Combined size      (%)
-----                                           -      ---          -----------      ---             --------      ---        -------------      ---
-XLOG/FPI_FOR_HINT                              0 (  0.00)                    0 (  0.00)                    0 (  0.00)                    0 (  0.00)
-Heap/INSERT                                20000 ( 40.00)              1620000 ( 60.00)                 8000 (  5.00)              1628000 ( 50.00)
-Btree/INSERT_LEAF                          40000 ( 55.00)              2400000 ( 35.00)               160000 ( 90.00)              2560000 ( 45.00)
-Transaction/COMMIT                         20000 (  5.00)               680000 (  5.00)                    0 (  0.00)               680000 (  5.00)
-                                        --------                      --------                      --------                      --------
-Total                                      80000                       4700000 [95.00%]               168000 [5.00%]               4868000 [100%]
-";
-
-    pub fn waldump_stats_are_parsed_largest_first() {
-        let records = parse_waldump_stats(STATS);
-        assert_eq!(
-            records.iter().map(|r| r.kind.as_str()).collect::<Vec<_>>(),
-            ["Btree/INSERT_LEAF", "Heap/INSERT", "Transaction/COMMIT"]
-        );
-        assert_eq!(
-            records[1],
-            WalRecord {
-                kind: "Heap/INSERT".into(),
-                count: 20000,
-                record_bytes: 1620000,
-                fpi_bytes: 8000,
-            }
-        );
-        assert!(parse_waldump_stats("pg_waldump: error: no such file").is_empty());
-    }
+    use super::modes;
 
     pub fn settlement_modes_start_with_the_default_and_repeat_none() {
         let help = "      --retention <RETENTION>\n          How long\n\n          [default: 0]\n";
