@@ -112,6 +112,9 @@ pub struct WalRun {
     pub insert_records: Option<Vec<WalRecord>>,
     /// See `insert_records`.
     pub relay_records: Option<Vec<WalRecord>>,
+    /// A checkpoint (timed, or forced by WAL volume) began inside the measured window: its
+    /// full-page images raise the figures, so the run says so.
+    pub checkpointed: bool,
 }
 
 impl WalRun {
@@ -175,6 +178,7 @@ impl WalRun {
             })).collect::<Vec<_>>(),
             "insert_wal_records": records(&self.insert_records),
             "relay_wal_records": records(&self.relay_records),
+            "checkpoint_inside_the_window": self.checkpointed,
         })
     }
 }
@@ -204,6 +208,9 @@ pub async fn run(
             run.rows,
             run.relay_seconds,
         ));
+        if run.checkpointed {
+            say("  a checkpoint began inside the measured window: its full-page images are in the figures above");
+        }
         for t in &run.tables {
             say(&format!(
                 "  {} in the relay phase: {} inserted, {} updated ({} HOT), {} deleted",
@@ -263,6 +270,7 @@ async fn measure(settings: &Settings, cluster: &PrivatePg, wakeup: &Wakeup, mode
         .await
         .expect("payload size")
         .get(0);
+    let redo = checkpoint_redo(&admin).await;
     let lsn0 = lsn(&admin).await;
     let tag = mode
         .label
@@ -309,6 +317,7 @@ async fn measure(settings: &Settings, cluster: &PrivatePg, wakeup: &Wakeup, mode
     let relay_cpu = procstat::cpu_seconds(relay.pid()).unwrap_or(0.0);
     stop(relays).await;
     let lsn2 = lsn(&admin).await;
+    let checkpointed = checkpoint_redo(&admin).await != redo;
     let (backend_cpu, backend_count) = backends.finish().await;
     let postgres_cpu = procstat::tree_cpu_seconds(postmaster) - postgres_before;
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -351,6 +360,7 @@ async fn measure(settings: &Settings, cluster: &PrivatePg, wakeup: &Wakeup, mode
         tables,
         insert_records,
         relay_records,
+        checkpointed,
     }
 }
 
@@ -359,6 +369,15 @@ async fn lsn(client: &tokio_postgres::Client) -> String {
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await
         .expect("read the WAL position")
+        .get(0)
+}
+
+/// Where the last checkpoint's redo starts: it moves when a checkpoint begins.
+async fn checkpoint_redo(client: &tokio_postgres::Client) -> String {
+    client
+        .query_one("SELECT redo_lsn::text FROM pg_control_checkpoint()", &[])
+        .await
+        .expect("read the last checkpoint")
         .get(0)
 }
 

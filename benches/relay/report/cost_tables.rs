@@ -219,8 +219,13 @@ impl Report {
                 });
                 let _ = writeln!(
                     t,
-                    "| {} | {:.0} | {:.0} | **{}** | {:.0} | {} | {} |",
+                    "| {}{} | {:.0} | {:.0} | **{}** | {:.0} | {} | {} |",
                     w.mode,
+                    if w.checkpointed {
+                        " (a checkpoint began inside the window)"
+                    } else {
+                        ""
+                    },
                     w.insert_per_event(),
                     w.relay_per_event(),
                     fmt_ratio(Some(w.ratio())),
