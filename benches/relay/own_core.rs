@@ -85,6 +85,9 @@ pub struct Cell {
     pub cpu_seconds: f64,
     /// CPU seconds of the reader's own process (relay or `pg_recvlogical`) during the cell.
     pub reader_cpu: f64,
+    /// CPU seconds of this process (writers, sink, samplers) during the cell: with
+    /// `reader_cpu`, how busy the other core was, which caps the writers if it is full.
+    pub bench_cpu: f64,
     /// The cores the reader's process could run on (`None`: no reader).
     pub reader_cores: Option<String>,
     /// Log-based cells: how far decoding was behind when the writers stopped, and how long it
@@ -173,16 +176,18 @@ impl OwnCoreRun {
             .collect()
     }
 
-    /// Mean share of the database core the cluster used in `reader`'s cells at `writers`.
-    pub fn database_core_busy(&self, writers: usize, reader: Reader) -> f64 {
+    /// Mean share of each core used in `reader`'s cells at `writers`: (the database's, by the
+    /// cluster; the other, by this process and the reader).
+    pub fn cores_busy(&self, writers: usize, reader: Reader) -> (f64, f64) {
         let cells: Vec<&Cell> = self
             .cells
             .iter()
             .filter(|c| c.writers == writers && c.reader == reader)
             .collect();
-        let cpu: f64 = cells.iter().map(|c| c.postgres_cpu).sum();
+        let database: f64 = cells.iter().map(|c| c.postgres_cpu).sum();
+        let other: f64 = cells.iter().map(|c| c.reader_cpu + c.bench_cpu).sum();
         let seconds: f64 = cells.iter().map(|c| c.cpu_seconds).sum();
-        cpu / seconds
+        (database / seconds, other / seconds)
     }
 
     pub fn to_json(&self) -> Value {
@@ -200,7 +205,8 @@ impl OwnCoreRun {
                         "median": s.median(r),
                         "min": min,
                         "max": max,
-                        "database_core_busy": self.database_core_busy(s.writers, r),
+                        "database_core_busy": self.cores_busy(s.writers, r).0,
+                        "other_core_busy": self.cores_busy(s.writers, r).1,
                     })
                 };
                 json!({
@@ -233,6 +239,8 @@ impl OwnCoreRun {
                 "decoding_behind_bytes_at_end": c.decoding.map(|d| d.behind_bytes),
                 "decoding_catch_up_seconds": c.decoding.and_then(|d| d.catch_up_seconds),
                 "reader_process_cpu_seconds": c.reader_cpu,
+                "bench_process_cpu_seconds": c.bench_cpu,
+                "other_core_busy": (c.reader_cpu + c.bench_cpu) / c.cpu_seconds,
                 "writer_backend_samples": c.writer_waits,
             })).collect::<Vec<_>>(),
         })
@@ -291,7 +299,7 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
             for reader in rotated(&Reader::ALL, round) {
                 let cell = cell(settings, &cluster, &db, wakeup, writers, round, reader).await;
                 say(&format!(
-                    "  harm, own core, {writers} writers, round {}, {}{}: {:.0} commits/s{}; database core {:.0}% busy; writers: {}",
+                    "  harm, own core, {writers} writers, round {}, {}{}: {:.0} commits/s{}; database core {:.0}% busy, the other {:.0}%; writers: {}",
                     round + 1,
                     reader.label(),
                     match &cell.reader_cores {
@@ -314,6 +322,7 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
                         _ => String::new(),
                     },
                     cell.postgres_cpu / cell.cpu_seconds * 100.0,
+                    (cell.reader_cpu + cell.bench_cpu) / cell.cpu_seconds * 100.0,
                     shares(&cell.writer_waits),
                 ));
                 cells.push(cell);
@@ -392,7 +401,9 @@ async fn cell(
     let reader_cpu = || reader_pid.and_then(procstat::cpu_seconds).unwrap_or(0.0);
     let postmaster = cluster.pid().expect("the cluster runs");
     let reader_cores = reader_pid.map(|pid| affinity::list(&affinity::allowed(pid as i32)));
+    let bench_cpu = || procstat::cpu_seconds(std::process::id()).unwrap_or(0.0);
     let (postgres_before, reader_before) = (procstat::tree_cpu_seconds(postmaster), reader_cpu());
+    let bench_before = bench_cpu();
     let window = Instant::now();
     let waits = WaitSampler::start(db).await;
     let written = workload::closed_loop(db, &tag, writers, settings.own_core_seconds).await;
@@ -400,6 +411,7 @@ async fn cell(
     let postgres_cpu = procstat::tree_cpu_seconds(postmaster) - postgres_before;
     let cpu_seconds = window.elapsed().as_secs_f64();
     let reader_cpu = reader_cpu() - reader_before;
+    let bench_cpu = bench_cpu() - bench_before;
     let (latencies_ms, missing) = match relay {
         Some(relay) => commit_to_sent(&sink, relay, &written).await,
         None => (Vec::new(), 0),
@@ -422,6 +434,7 @@ async fn cell(
         postgres_cpu,
         cpu_seconds,
         reader_cpu,
+        bench_cpu,
         reader_cores,
         decoding,
         writer_waits,

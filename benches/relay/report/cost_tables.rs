@@ -150,7 +150,7 @@ impl Report {
         );
         let _ = writeln!(
             t,
-            "| writers | none | relay ({}) | log-based (pgoutput slot) | relay ÷ none | log-based ÷ none | relay ÷ log-based | commit-to-sent p50 / p99 ms | database core busy, none / relay / log-based |",
+            "| writers | none | relay ({}) | log-based (pgoutput slot) | relay ÷ none | log-based ÷ none | relay ÷ log-based | commit-to-sent p50 / p99 ms | cores busy, database / other: none · relay · log-based |",
             run.wakeup.label()
         );
         let _ = writeln!(t, "|---:|---|---|---|---:|---:|---:|---|---|");
@@ -169,9 +169,12 @@ impl Report {
             };
             let busy = Reader::ALL
                 .iter()
-                .map(|r| format!("{:.0}%", run.database_core_busy(s.writers, *r) * 100.0))
+                .map(|r| {
+                    let (database, other) = run.cores_busy(s.writers, *r);
+                    format!("{:.0}% / {:.0}%", database * 100.0, other * 100.0)
+                })
                 .collect::<Vec<_>>()
-                .join(" / ");
+                .join(" · ");
             let _ = writeln!(
                 t,
                 "| {} | {} | {} | {} | {} | {} | {} | {:.1} / {:.1}{} | {busy} |",
