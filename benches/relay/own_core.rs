@@ -7,7 +7,10 @@
 //! process may use (as `taskset -c 0 postgres …` does: every backend is forked from the
 //! postmaster and inherits its mask, the relay's and the walsender's too), and this process
 //! (writers, the SQS sink), the relay and `pg_recvlogical` to the second. The benchmark's own
-//! mask is given back when the group ends, so later groups run on every core again.
+//! mask is given back when the group ends, so later groups run on every core again. The
+//! writers share the second core with the relay (the application and the sidecar on one
+//! host); each cell says how busy each core was, so a full second core, which would cap the
+//! writers rather than the database, shows.
 //!
 //! Cells, on one durable cluster with `wal_level=logical` (so the cells differ only in who
 //! reads the table), alternated in an order rotated every round:
