@@ -15,6 +15,15 @@ use crate::support::TestDb;
 pub const DURABLE: &[&str] = &["fsync=on", "synchronous_commit=on"];
 /// The same, with the WAL a logical-decoding wake-up needs.
 pub const DURABLE_LOGICAL: &[&str] = &["fsync=on", "synchronous_commit=on", "wal_level=logical"];
+/// The own-core harm table's cluster: durable, logical WAL for every cell (so that the cells
+/// differ only in who reads the table), and room for the log-based consumer's slot and sender.
+pub const DURABLE_LOGICAL_SLOTS: &[&str] = &[
+    "fsync=on",
+    "synchronous_commit=on",
+    "wal_level=logical",
+    "max_replication_slots=10",
+    "max_wal_senders=10",
+];
 
 /// The durable clusters, started when first needed and stopped when a group is done.
 #[derive(Default)]
@@ -201,7 +210,7 @@ impl Drop for DurablePg {
 
 /// The harness's rule: `OUTBOX_TEST_PG_BINDIR`, else `pg_config --bindir`, else Debian's
 /// newest `/usr/lib/postgresql/N/bin`.
-fn bin_dir() -> PathBuf {
+pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("OUTBOX_TEST_PG_BINDIR") {
         return PathBuf::from(dir);
     }

@@ -5,13 +5,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::cluster::DURABLE;
 use crate::collector::{self, Collector};
 use crate::procstat::{self, Snapshot};
 use crate::progress::say;
-use crate::relays::{check_alive_traced, relay_args, sent_total, stop};
+use crate::relays::{check_alive_traced, relay_args, relay_args_with_defaults, sent_total, stop};
 use crate::sampler::{Activity, Sampler};
 use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
+use crate::support::pg::PrivatePg;
 use crate::support::{self, RelayProcess};
 use crate::traces::{TraceRun, Traces};
 use crate::workload::{Backlog, Database};
@@ -64,6 +66,10 @@ pub struct DrainSpec {
     /// The relays reach the database through a PgBouncer of the run's own in transaction
     /// pooling (2 server connections), with `--pooler transaction`.
     pub pgbouncer: bool,
+    /// On a durable cluster of the drain's own (`fsync=on`, `synchronous_commit=on`) instead
+    /// of the shared `fsync=off` one, and with the relay's own `--retention` and `--lease`:
+    /// the drain as production runs it.
+    pub durable: bool,
 }
 
 /// A drain of the standard backlog ([`Backlog::orders`] of `OUTBOX_BENCH_ROWS`).
@@ -89,6 +95,7 @@ pub fn spec(
         env: Vec::new(),
         offload_above: None,
         pgbouncer: false,
+        durable: false,
     }
 }
 
@@ -110,7 +117,14 @@ pub fn say_drain(run: &DrainRun) {
 /// A pre-filled backlog drained by `spec.replicas` relays; timed from the relays' start until
 /// their `outbox_events_sent_total` adds up to the backlog (or the window ends).
 pub async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
-    let database = Database::create().await;
+    let cluster = match spec.durable {
+        true => Some(PrivatePg::start_with(DURABLE).await),
+        false => None,
+    };
+    let database = match &cluster {
+        Some(cluster) => Database::create_in(cluster).await,
+        None => Database::create().await,
+    };
     let rows = spec.backlog.rows;
     let payload_bytes = database.fill(&spec.backlog).await;
     let table_mib_before = database.size_mib().await;
@@ -167,7 +181,11 @@ pub async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
     let relays: Vec<RelayProcess> = (0..spec.replicas)
         .map(|i| {
             let id = format!("bench-{tag}-{i}");
-            let mut args = relay_args(
+            let args_of = match spec.durable {
+                true => relay_args_with_defaults,
+                false => relay_args,
+            };
+            let mut args = args_of(
                 settings,
                 &database_url,
                 &queue_url,
@@ -255,6 +273,7 @@ pub async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
     let objects = sink.as_ref().map(Sink::objects);
     drop(sink);
     database.drop_now().await;
+    drop(cluster);
     DrainRun {
         name: spec.name,
         destination: spec.destination,

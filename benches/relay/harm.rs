@@ -4,6 +4,9 @@
 //! It runs on clusters of the benchmark's own with `fsync=on` and `synchronous_commit=on`, as
 //! in production: with `fsync=off` a commit never waits for its WAL flush, so whatever
 //! serializes commits (NOTIFY's database-wide lock, MEASURED.md trap 4) costs next to nothing.
+//!
+//! Here the relay process shares the machine's cores with PostgreSQL; own_core.rs measures the
+//! same with the database on a core of its own, as production has it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,8 +24,8 @@ use crate::settings::{Settings, SQS_LATENCY};
 use crate::sink::Sink;
 use crate::stats::{median, quantile, shares, signed_ms};
 use crate::support::pg::PrivatePg;
-use crate::support::TestDb;
-use crate::workload::{self, WRITER_APP};
+use crate::support::{RelayProcess, TestDb};
+use crate::workload::{self, Written, WRITER_APP};
 
 /// What the writers' backends waited on, sampled every 100 ms: `CPU` (running, or waiting
 /// for a core), `idle` (the benchmark has the next INSERT on its way), or the wait event
@@ -248,6 +251,49 @@ pub async fn harm(
     }
 }
 
+/// Every cell starts from an empty table just after a checkpoint: the same full-page writes,
+/// no backlog left by a cell without the relay for the next one to drain; `trigger` off means
+/// without the relay's trigger too.
+pub async fn reset_outbox(db: &TestDb, trigger: bool) {
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "TRUNCATE outbox CASCADE; ALTER TABLE outbox {} TRIGGER USER; CHECKPOINT",
+            if trigger { "ENABLE" } else { "DISABLE" }
+        ))
+        .await
+        .expect("reset the outbox for a harm cell");
+}
+
+/// Waits (up to 60 s) until `sink` has every event `written` committed, stops `relay`, and
+/// returns each event's commit-to-sent, sorted, and how many never arrived.
+pub async fn commit_to_sent(
+    sink: &Sink,
+    relay: RelayProcess,
+    written: &Written,
+) -> (Vec<f64>, usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.arrivals_len() < written.commits.len() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check_alive(std::slice::from_ref(&relay));
+    stop(std::slice::from_ref(&relay)).await;
+    let mut arrived: BTreeMap<u64, Instant> = BTreeMap::new();
+    for (n, at) in sink.arrivals() {
+        let slot = arrived.entry(n).or_insert(at);
+        *slot = (*slot).min(at);
+    }
+    let (mut latencies_ms, mut missing) = (Vec::new(), 0);
+    for (n, commit) in &written.commits {
+        match arrived.get(n) {
+            Some(at) => latencies_ms.push(signed_ms(*commit, *at)),
+            None => missing += 1,
+        }
+    }
+    latencies_ms.sort_by(f64::total_cmp);
+    (latencies_ms, missing)
+}
+
 async fn harm_cell(
     settings: &Settings,
     db: &TestDb,
@@ -256,18 +302,7 @@ async fn harm_cell(
     round: usize,
     with_relay: bool,
 ) -> HarmCell {
-    // Every cell starts from an empty table just after a checkpoint: the same full-page
-    // writes, no backlog left by a cell without the relay for the next one to drain, and
-    // "without" means without the trigger too.
-    let admin = db.client().await;
-    admin
-        .batch_execute(&format!(
-            "TRUNCATE outbox; ALTER TABLE outbox {} TRIGGER USER; CHECKPOINT",
-            if with_relay { "ENABLE" } else { "DISABLE" }
-        ))
-        .await
-        .expect("reset the outbox for a harm cell");
-    drop(admin);
+    reset_outbox(db, with_relay).await;
     let tag = format!("h{writers}r{round}{}", if with_relay { "w" } else { "o" });
     let mut relay = None;
     let sink = Sink::start(SQS_LATENCY, with_relay).await;
@@ -289,27 +324,10 @@ async fn harm_cell(
         .and_then(|r| procstat::cpu_seconds(r.pid()))
         .unwrap_or(0.0)
         - relay_cpu_before;
-    let (mut latencies_ms, mut missing) = (Vec::new(), 0);
-    if let Some(relay) = relay {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while sink.arrivals_len() < written.commits.len() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        check_alive(std::slice::from_ref(&relay));
-        stop(std::slice::from_ref(&relay)).await;
-        let mut arrived: BTreeMap<u64, Instant> = BTreeMap::new();
-        for (n, at) in sink.arrivals() {
-            let slot = arrived.entry(n).or_insert(at);
-            *slot = (*slot).min(at);
-        }
-        for (n, commit) in &written.commits {
-            match arrived.get(n) {
-                Some(at) => latencies_ms.push(signed_ms(*commit, *at)),
-                None => missing += 1,
-            }
-        }
-        latencies_ms.sort_by(f64::total_cmp);
-    }
+    let (latencies_ms, missing) = match relay {
+        Some(relay) => commit_to_sent(&sink, relay, &written).await,
+        None => (Vec::new(), 0),
+    };
     HarmCell {
         writers,
         round,

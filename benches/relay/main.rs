@@ -11,14 +11,16 @@
 //! | `OUTBOX_BENCH_BATCH` | the relay's `--batch-size` default | every relay's `--batch-size`, and the ceiling's batch |
 //! | `OUTBOX_BENCH_WINDOW` | 15 (quick: 5) | seconds a slow run may take before it is cut |
 //! | `OUTBOX_BENCH_STEADY_SECONDS` | 15 (quick: 5) | producer time per steady rate |
-//! | `OUTBOX_BENCH_HARM_SECONDS` | 15 (quick: 5) | writer time per harm cell |
-//! | `OUTBOX_BENCH_HARM_ROUNDS` | 3 (quick: 1) | without/with alternations per writer count |
+//! | `OUTBOX_BENCH_HARM_SECONDS` | 15, own-core table 8 (quick: 5) | writer time per harm cell |
+//! | `OUTBOX_BENCH_HARM_ROUNDS` | 3, own-core table 5 (quick: 1) | alternations per writer count (own-core: each round runs none, relay, log-based in rotated order) |
+//! | `OUTBOX_BENCH_WAL_ROWS` | 20000 (quick: 5000) | events of each settlement mode of the `wal` group |
+//! | `OUTBOX_BENCH_DURABLE_DRAIN_ROWS` | 50000 (quick: 10000) | backlog of the `wal` group's durable drain |
 //! | `OUTBOX_BENCH_IDLE_SECONDS` | 60 (quick: 10) | measured idle window |
 //! | `OUTBOX_BENCH_STORAGE_SECONDS` | 600 (quick: 60) | producer time of the storage run |
 //! | `OUTBOX_BENCH_TRACING_ROUNDS` | 3 (quick: 1) | rounds of the tracing group (each runs every variant once) |
 //! | `OUTBOX_BENCH_BACKLOG_ROWS` | 1000000 (quick: 100000) | backlog of the `big-backlog` group (the target: 10000000) |
 //! | `OUTBOX_BENCH_BACKLOG_BASELINE_SECONDS` | 30 (quick: 10) | the application's 500 commits/s without the relay, before it starts |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,idle,storage,adopt,big-backlog,pooler` (adopt: see adopt.rs; big-backlog: backlog.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,wal,idle,storage,adopt,big-backlog,pooler` (harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -27,6 +29,8 @@
 mod support;
 
 mod adopt;
+mod affinity;
+mod backend_cpu;
 mod backlog;
 mod ceiling;
 mod cluster;
@@ -38,7 +42,9 @@ mod help;
 mod http;
 mod idle;
 mod large_events;
+mod log_consumer;
 mod meta;
+mod own_core;
 mod procstat;
 mod progress;
 mod relays;
@@ -53,6 +59,8 @@ mod storage;
 mod timeline;
 mod traces;
 mod tracing_group;
+mod wal;
+mod waldump;
 mod workload;
 
 use std::time::Instant;
@@ -121,6 +129,14 @@ async fn run(settings: Settings) {
     }
     if settings.runs("harm") {
         report.harm = harm::run(&settings, &mut clusters, &modes).await;
+        clusters.stop();
+    }
+    if settings.runs("harm") || settings.runs("harm-own-core") {
+        report.own_core = own_core::run(&settings, &modes[0]).await;
+    }
+    if settings.runs("wal") {
+        (report.wal, report.durable_drain) =
+            wal::run(&settings, &mut clusters, &modes[0], &help).await;
         clusters.stop();
     }
     if settings.runs("idle") {

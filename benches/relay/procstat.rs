@@ -63,6 +63,23 @@ pub fn tree_cpu_seconds(pid: u32) -> f64 {
     tree_seconds(&processes(), pid as i32)
 }
 
+/// A live process and all its descendants, e.g. a postmaster and every backend it has now.
+pub fn tree(pid: u32) -> Vec<u32> {
+    let all = processes();
+    let mut found = vec![pid as i32];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            all.iter()
+                .filter(|(_, (_, s))| s.ppid == parent)
+                .map(|(&child, _)| child),
+        );
+        i += 1;
+    }
+    found.into_iter().map(|p| p as u32).collect()
+}
+
 /// Every process on the machine: pid -> (command name, stat).
 fn processes() -> HashMap<i32, (String, Stat)> {
     let mut all = HashMap::new();

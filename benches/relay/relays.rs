@@ -19,6 +19,34 @@ pub fn relay_args(
     relay_id: &str,
     max_in_flight: usize,
 ) -> Vec<String> {
+    // A lease long enough that none runs out during a run: a takeover would be a different
+    // benchmark.
+    let fixed = ["--retention", "off", "--lease", "5m"];
+    let target = (db_url, queue_url, endpoint);
+    args_with(settings, target, relay_id, max_in_flight, &fixed)
+}
+
+/// [`relay_args`] without `--retention off` and the long lease: the relay's own defaults for
+/// those, as production runs it.
+pub fn relay_args_with_defaults(
+    settings: &Settings,
+    db_url: &str,
+    queue_url: &str,
+    endpoint: &str,
+    relay_id: &str,
+    max_in_flight: usize,
+) -> Vec<String> {
+    let target = (db_url, queue_url, endpoint);
+    args_with(settings, target, relay_id, max_in_flight, &[])
+}
+
+fn args_with(
+    settings: &Settings,
+    (db_url, queue_url, endpoint): (&str, &str, &str),
+    relay_id: &str,
+    max_in_flight: usize,
+    fixed: &[&str],
+) -> Vec<String> {
     let db_url = settings.relay_url(db_url);
     let mut args: Vec<String> = [
         "run",
@@ -32,14 +60,9 @@ pub fn relay_args(
         relay_id,
         "--metrics-addr",
         "127.0.0.1:0",
-        "--retention",
-        "off",
-        // Long enough that no lease runs out during a run: a takeover would be a different
-        // benchmark.
-        "--lease",
-        "5m",
     ]
     .iter()
+    .chain(fixed)
     .map(|s| s.to_string())
     .collect();
     args.extend([
@@ -175,15 +198,35 @@ pub async fn start_relay(
     id: &str,
     extra: &[String],
 ) -> RelayProcess {
+    start_relay_at(
+        settings,
+        db,
+        wakeup,
+        (&sink.queue_url("bench"), &sink.endpoint),
+        id,
+        extra,
+    )
+    .await
+}
+
+/// [`start_relay`] sending to `(queue URL, endpoint)`, e.g. a fauxqs queue.
+pub async fn start_relay_at(
+    settings: &Settings,
+    db: &TestDb,
+    wakeup: &Wakeup,
+    (queue_url, endpoint): (&str, &str),
+    id: &str,
+    extra: &[String],
+) -> RelayProcess {
     let url = settings.relay_url(&db.url);
     let mut args: Vec<String> = [
         "run",
         "--database-url",
         &url,
         "--queue-url",
-        &sink.queue_url("bench"),
+        queue_url,
         "--sqs-endpoint-url",
-        &sink.endpoint,
+        endpoint,
         "--relay-id",
         id,
         "--metrics-addr",

@@ -34,6 +34,30 @@ const TESTS: &[(&str, fn())] = &[
         crate::stats::tests::slope_fits_a_line,
     ),
     (
+        "stats::rotation_gives_each_item_each_place",
+        crate::stats::tests::rotation_gives_each_item_each_place,
+    ),
+    (
+        "stats::per_round_ratios_pair_cells_of_the_same_round",
+        crate::stats::tests::per_round_ratios_pair_cells_of_the_same_round,
+    ),
+    (
+        "stats::spread_is_min_and_max",
+        crate::stats::tests::spread_is_min_and_max,
+    ),
+    (
+        "affinity::cpu_lists_are_written_as_ranges",
+        crate::affinity::tests::cpu_lists_are_written_as_ranges,
+    ),
+    (
+        "waldump::waldump_stats_are_parsed_largest_first",
+        crate::waldump::tests::waldump_stats_are_parsed_largest_first,
+    ),
+    (
+        "wal::settlement_modes_start_with_the_default_and_repeat_none",
+        crate::wal::tests::settlement_modes_start_with_the_default_and_repeat_none,
+    ),
+    (
         "settings::pg_options_are_percent_encoded_after_any_query",
         crate::settings::tests::pg_options_are_percent_encoded_after_any_query,
     ),

@@ -29,6 +29,15 @@ pub struct Settings {
     pub harm_seconds: Duration,
     /// Without/with alternations per writer count of the harm group.
     pub harm_rounds: usize,
+    /// Writer time of one own-core harm cell: `OUTBOX_BENCH_HARM_SECONDS` when set, else 8 s.
+    pub own_core_seconds: Duration,
+    /// Rounds of the own-core harm table (each runs every cell once, in rotated order):
+    /// `OUTBOX_BENCH_HARM_ROUNDS` when set, else 5.
+    pub own_core_rounds: usize,
+    /// Events of each settlement mode of the `wal` group (`OUTBOX_BENCH_WAL_ROWS`).
+    pub wal_rows: u64,
+    /// Backlog of the `wal` group's durable drain (`OUTBOX_BENCH_DURABLE_DRAIN_ROWS`).
+    pub durable_drain_rows: u64,
     /// Rounds of the tracing group; each round drains once per variant, in rotated order.
     pub tracing_rounds: usize,
     /// Idle relays run this long before the measured window, so that a wait that stretches
@@ -108,6 +117,16 @@ impl Settings {
                 if quick { 5 } else { 15 },
             )),
             harm_rounds: number("OUTBOX_BENCH_HARM_ROUNDS", if quick { 1 } else { 3 }) as usize,
+            own_core_seconds: Duration::from_secs(number(
+                "OUTBOX_BENCH_HARM_SECONDS",
+                if quick { 5 } else { 8 },
+            )),
+            own_core_rounds: number("OUTBOX_BENCH_HARM_ROUNDS", if quick { 1 } else { 5 }) as usize,
+            wal_rows: number("OUTBOX_BENCH_WAL_ROWS", if quick { 5_000 } else { 20_000 }),
+            durable_drain_rows: number(
+                "OUTBOX_BENCH_DURABLE_DRAIN_ROWS",
+                if quick { 10_000 } else { 50_000 },
+            ),
             tracing_rounds: number("OUTBOX_BENCH_TRACING_ROUNDS", if quick { 1 } else { 3 })
                 as usize,
             idle_settle: Duration::from_secs(if quick { 3 } else { 10 }),

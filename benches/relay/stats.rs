@@ -70,6 +70,41 @@ pub fn slope(points: &[(f64, f64)]) -> f64 {
     sxy / sxx
 }
 
+/// `items` rotated left by `round`: round 0 runs them in order, round 1 starts with the
+/// second, and so on, so that each takes each place in turn and a drift of the machine over
+/// the rounds favours none of them.
+pub fn rotated<T: Copy>(items: &[T], round: usize) -> Vec<T> {
+    let n = items.len().max(1);
+    (0..items.len()).map(|i| items[(i + round) % n]).collect()
+}
+
+/// `a ÷ b` of every round both have a value for (`(round, value)` pairs), in round order:
+/// the ratio of cells measured minutes apart, which a slow drift of the machine moves less
+/// than it moves the ratio of medians.
+pub fn per_round_ratios(a: &[(usize, f64)], b: &[(usize, f64)]) -> Vec<f64> {
+    let mut rounds: Vec<usize> = a.iter().map(|(r, _)| *r).collect();
+    rounds.sort_unstable();
+    rounds.dedup();
+    rounds
+        .into_iter()
+        .filter_map(|r| {
+            let of = |v: &[(usize, f64)]| v.iter().find(|(x, _)| *x == r).map(|(_, y)| *y);
+            Some(of(a)? / of(b)?)
+        })
+        .collect()
+}
+
+/// (min, max) of the values; NaN for none.
+pub fn spread(values: &[f64]) -> (f64, f64) {
+    if values.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    (
+        values.iter().copied().fold(f64::INFINITY, f64::min),
+        values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+    )
+}
+
 // Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
 pub mod tests {
     use std::collections::BTreeMap;
@@ -127,5 +162,28 @@ pub mod tests {
             1.0
         );
         assert!(slope(&[(1.0, 1.0)]).is_nan());
+    }
+
+    pub fn rotation_gives_each_item_each_place() {
+        let cells = ['n', 'r', 'l'];
+        assert_eq!(rotated(&cells, 0), vec!['n', 'r', 'l']);
+        assert_eq!(rotated(&cells, 1), vec!['r', 'l', 'n']);
+        assert_eq!(rotated(&cells, 2), vec!['l', 'n', 'r']);
+        assert_eq!(rotated(&cells, 3), rotated(&cells, 0));
+        assert!(rotated::<char>(&[], 4).is_empty());
+    }
+
+    pub fn per_round_ratios_pair_cells_of_the_same_round() {
+        let relay = [(1, 90.0), (0, 80.0), (2, 50.0)];
+        let none = [(0, 100.0), (1, 100.0)];
+        // Round 2 has no `none` cell: no ratio for it.
+        assert_eq!(per_round_ratios(&relay, &none), vec![0.8, 0.9]);
+        assert!(per_round_ratios(&[], &none).is_empty());
+    }
+
+    pub fn spread_is_min_and_max() {
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), (1.0, 3.0));
+        let (lo, hi) = spread(&[]);
+        assert!(lo.is_nan() && hi.is_nan());
     }
 }

@@ -80,6 +80,11 @@ const PAYLOAD_SQL: &str = "jsonb_build_object(\
 const HEADERS_SQL: &str = "jsonb_build_object('traceparent', \
     '00-' || lpad(to_hex({n}), 32, '0') || '-' || lpad(to_hex({n} * 31), 16, '0') || '-01')";
 
+/// The ~300-byte order event of event number `n` (an SQL expression), as SQL.
+pub fn order_payload_sql(n: &str) -> String {
+    with_n(PAYLOAD_SQL, n)
+}
+
 fn with_n(template: &str, n: &str) -> String {
     template.replace("{n}", n)
 }
@@ -611,5 +616,34 @@ pub async fn closed_loop(db: &TestDb, prefix: &str, writers: usize, duration: Du
         commits,
         committed_in_time,
         seconds: duration.as_secs_f64(),
+    }
+}
+
+/// Events `{prefix}-1` … `{prefix}-{rows}`, each the application's single-row INSERT in a
+/// transaction of its own, over `connections` writers as fast as their commits return.
+pub async fn insert_events(db: &TestDb, prefix: &str, rows: u64, connections: usize) {
+    let next = Arc::new(AtomicU64::new(1));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..connections {
+        let client = writer_client(db).await;
+        let statement = client.prepare(&insert_sql()).await.expect("prepare insert");
+        let (next, prefix) = (Arc::clone(&next), prefix.to_string());
+        tasks.spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n > rows {
+                    return;
+                }
+                let event_id = format!("{prefix}-{n}");
+                let group = (n % GROUPS).to_string();
+                client
+                    .execute(&statement, &[&event_id, &group, &(n as i64)])
+                    .await
+                    .expect("insert an event");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("writer");
     }
 }

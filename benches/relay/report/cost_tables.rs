@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use super::Report;
-use crate::stats::{median, quantile, shares};
+use super::{fmt_ratio, Report};
+use crate::stats::{median, quantile, shares, spread};
 
 impl Report {
     /// Harm, idle and storage: the tables of what the relay costs the application.
@@ -60,6 +60,8 @@ impl Report {
                 }
             }
         }
+        self.own_core_table(t);
+        self.wal_table(t);
         if !self.idle.is_empty() {
             let _ = writeln!(
                 t,
@@ -133,6 +135,119 @@ impl Report {
                     r.growth_per_day() / 1073741824.0,
                 );
             }
+        }
+    }
+
+    /// The own-core harm table: the database on a core of its own, with the log-based anchor.
+    fn own_core_table(&self, t: &mut String) {
+        let Some(run) = &self.own_core else {
+            return;
+        };
+        let _ = writeln!(
+            t,
+            "\n### Harm, database on its own core: application commits/s by who reads the table (durable, wal_level=logical; PostgreSQL on core {}, writers, sink, relay and pg_recvlogical on core {}; medians and min–max of cells in rotated order)\n",
+            run.cores.0, run.cores.1
+        );
+        let _ = writeln!(
+            t,
+            "| writers | none | relay ({}) | log-based (pgoutput slot) | relay ÷ none | log-based ÷ none | relay ÷ log-based | commit-to-sent p50 / p99 ms | cores busy, database / other: none · relay · log-based |",
+            run.wakeup.label()
+        );
+        let _ = writeln!(t, "|---:|---|---|---|---:|---:|---:|---|---|");
+        use crate::own_core::Reader::{self, LogBased, None as Nothing, Relay};
+        for s in run.summaries() {
+            let cell = |r: Reader| {
+                let (min, max) = spread(&s.values(r));
+                format!("{:.0} ({min:.0}–{max:.0})", s.median(r))
+            };
+            let ratio = |a: Reader, b: Reader| {
+                format!(
+                    "**{}** (rounds {})",
+                    fmt_ratio(Some(s.ratio(a, b))),
+                    fmt_ratio(Some(s.round_ratio(a, b)))
+                )
+            };
+            let busy = Reader::ALL
+                .iter()
+                .map(|r| {
+                    let (database, other) = run.cores_busy(s.writers, *r);
+                    format!("{:.0}% / {:.0}%", database * 100.0, other * 100.0)
+                })
+                .collect::<Vec<_>>()
+                .join(" · ");
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {} | {} | {} | {} | {:.1} / {:.1}{} | {busy} |",
+                s.writers,
+                cell(Nothing),
+                cell(Relay),
+                cell(LogBased),
+                ratio(Relay, Nothing),
+                ratio(LogBased, Nothing),
+                ratio(Relay, LogBased),
+                quantile(&s.latencies_ms, 0.5),
+                quantile(&s.latencies_ms, 0.99),
+                if s.missing > 0 {
+                    format!(" ({} never arrived)", s.missing)
+                } else {
+                    String::new()
+                },
+            );
+        }
+    }
+
+    /// WAL per event for each settlement mode, and the durable drain.
+    fn wal_table(&self, t: &mut String) {
+        if !self.wal.is_empty() {
+            let _ = writeln!(
+                t,
+                "\n### WAL per event (durable cluster; {} events of ~{:.0} B payload, single-row INSERTs, then the relay to fauxqs; LSN deltas, no checkpoint between)\n",
+                self.wal[0].rows, self.wal[0].payload_bytes
+            );
+            let _ = writeln!(
+                t,
+                "| mode | insert B/event | relay B/event | relay ÷ insert | relay DB CPU µs/event | HOT share of outbox updates | relay WAL, top record types |"
+            );
+            let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---|");
+            for w in &self.wal {
+                let top = w.relay_records.as_ref().map_or("—".to_string(), |r| {
+                    let total: u64 = r.iter().map(|x| x.bytes()).sum::<u64>().max(1);
+                    r.iter()
+                        .take(3)
+                        .map(|x| {
+                            format!("{} {:.0}%", x.kind, x.bytes() as f64 * 100.0 / total as f64)
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                });
+                let _ = writeln!(
+                    t,
+                    "| {}{} | {:.0} | {:.0} | **{}** | {:.0} | {} | {} |",
+                    w.mode,
+                    if w.checkpointed {
+                        " (a checkpoint began inside the window)"
+                    } else {
+                        ""
+                    },
+                    w.insert_per_event(),
+                    w.relay_per_event(),
+                    fmt_ratio(Some(w.ratio())),
+                    w.backend_cpu_us_per_event(),
+                    w.hot_share()
+                        .map_or("—".to_string(), |h| format!("{:.0}%", h * 100.0)),
+                    top,
+                );
+            }
+        }
+        if let Some(d) = &self.durable_drain {
+            let _ = writeln!(
+                t,
+                "\nDurable drain (fsync=on, synchronous_commit=on; fauxqs; the relay's defaults): **{:.0} events/s** ({} events in {:.2} s), relay {:.2} CPU s/10k events.",
+                d.events_per_second(),
+                d.sent,
+                d.seconds,
+                d.relay_cpu_per_10k(),
+            );
         }
     }
 }

@@ -11,9 +11,11 @@ use crate::backlog::BacklogRun;
 use crate::drain::DrainRun;
 use crate::harm::HarmRun;
 use crate::idle::IdleRun;
+use crate::own_core::OwnCoreRun;
 use crate::settings::SQS_LATENCY;
 use crate::steady::SteadyRun;
 use crate::storage::StorageRun;
+use crate::wal::WalRun;
 
 impl Report {
     /// results.json, table.md, and the plot data: inflight.tsv, inflight0.tsv, latency_cdf.tsv,
@@ -53,6 +55,9 @@ impl Report {
             }).collect::<Vec<_>>(),
             "steady": self.steady.iter().map(SteadyRun::to_json).collect::<Vec<_>>(),
             "harm": self.harm.iter().map(HarmRun::to_json).collect::<Vec<_>>(),
+            "harm_own_core": self.own_core.as_ref().map(OwnCoreRun::to_json),
+            "wal_per_event": self.wal.iter().map(WalRun::to_json).collect::<Vec<_>>(),
+            "durable_drain": self.durable_drain.as_ref().map(DrainRun::to_json),
             "idle": self.idle.iter().map(IdleRun::to_json).collect::<Vec<_>>(),
             "idle_whole_clusters": self.idle_clusters.iter().map(|c| json!({
                 "cluster": c.cluster,

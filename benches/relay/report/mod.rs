@@ -20,10 +20,12 @@ use crate::ceiling::CeilingRun;
 use crate::drain::{Destination, DrainRun};
 use crate::harm::HarmRun;
 use crate::idle::{IdleClusterCpu, IdleRun};
+use crate::own_core::OwnCoreRun;
 use crate::settings::Settings;
 use crate::steady::SteadyRun;
 use crate::storage::StorageRun;
 use crate::tracing_group::TracingDrain;
+use crate::wal::WalRun;
 
 /// Entries per SendMessageBatch request (SQS's limit, and what the relay packs).
 const ENTRIES_PER_REQUEST: f64 = 10.0;
@@ -47,6 +49,13 @@ pub struct Report {
     pub steady: Vec<SteadyRun>,
     /// Group `harm`, one run per wake-up mode.
     pub harm: Vec<HarmRun>,
+    /// Group `harm` (or `harm-own-core`): the database on a core of its own, with the
+    /// log-based anchor; `None` when not run or skipped.
+    pub own_core: Option<OwnCoreRun>,
+    /// Group `wal`: WAL and database CPU per relayed event, one run per settlement mode.
+    pub wal: Vec<WalRun>,
+    /// Group `wal`: the default drain on a durable cluster.
+    pub durable_drain: Option<DrainRun>,
     /// Group `idle`: every set of idle relays.
     pub idle: Vec<IdleRun>,
     /// Group `idle`: each cluster as a whole over the same window.
@@ -91,6 +100,9 @@ impl Report {
             tracing: Vec::new(),
             steady: Vec::new(),
             harm: Vec::new(),
+            own_core: None,
+            wal: Vec::new(),
+            durable_drain: None,
             idle: Vec::new(),
             idle_clusters: Vec::new(),
             storage: Vec::new(),

@@ -153,6 +153,64 @@ impl Report {
                 }
             }
         }
+        // Issue 20: the harm as production has it (database on its own core), against the
+        // log-based anchor of the same run, and what the relay writes per event.
+        if let Some(run) = &self.own_core {
+            use crate::own_core::Reader::{LogBased, None as Nothing, Relay};
+            for s in run.summaries() {
+                let anchor = s.ratio(LogBased, Nothing);
+                targets.push(at_least(
+                    &format!(
+                        "database on its own core: commits with ÷ without the relay, {} writers",
+                        s.writers
+                    ),
+                    0.95,
+                    Some(s.ratio(Relay, Nothing)),
+                    format!(
+                        "median of per-round ratios {:.2}; the log-based anchor's {:.2}",
+                        s.round_ratio(Relay, Nothing),
+                        anchor
+                    ),
+                ));
+                let mut vs_anchor = at_least(
+                    &format!(
+                        "database on its own core: relay ÷ log-based anchor, {} writers",
+                        s.writers
+                    ),
+                    1.0,
+                    Some(s.ratio(Relay, LogBased)),
+                    format!(
+                        "median of per-round ratios {:.2}",
+                        s.round_ratio(Relay, LogBased)
+                    ),
+                );
+                vs_anchor.goal = "≥ 1 (the relay's ratio ≥ the anchor's)".to_string();
+                targets.push(vs_anchor);
+                if s.writers == 16 {
+                    targets.push(at_most(
+                        "database on its own core: commit-to-sent p99, 16 writers",
+                        25.0,
+                        "ms",
+                        Some(quantile(&s.latencies_ms, 0.99)),
+                    ));
+                }
+            }
+        }
+        if let Some(w) = self.wal.first() {
+            let mut wal = at_most(
+                "relay WAL per event ÷ the application's insert WAL per event",
+                0.25,
+                "×",
+                Some(w.ratio()),
+            );
+            wal.note = format!(
+                "{}: {:.0} / {:.0} B per event",
+                w.mode,
+                w.relay_per_event(),
+                w.insert_per_event()
+            );
+            targets.push(wal);
+        }
         let steady_5k = self.steady.iter().find(|s| s.rate == 5_000);
         targets.push(at_most(
             "steady 5,000/s (durable): commit-to-send p50",
