@@ -148,6 +148,12 @@ chosen AS (
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
+      -- `others` offers a key's first pending row whoever holds it: a head some claim holds
+      -- drops out here, and the rest of its run with it (`candidates` takes runs as prefixes).
+      AND c.sent_at IS NULL
+      AND c.quarantined_at IS NULL
+      AND c.available_at <= now()
+      AND c.id NOT IN (SELECT id FROM leased)
 ),
 weighed AS (
     {weighed}
