@@ -171,8 +171,8 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
     // A schema with a quote in its name and a table with a dot in its name.
     let table = "\"we\"\"ird\".\"my.outbox\"";
     for expected in [
-        "from schema version 0 to 1",
-        "is up to date (schema version 1)",
+        "from schema version 0 to 2",
+        "is up to date (schema version 2)",
     ] {
         let (status, output) = run_to_end(
             &args(&["migrate", "--database-url", &db.url, "--table", table]),
@@ -205,7 +205,18 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 1);
+    assert_eq!(version, 2);
+    // The lease table beside it, under its exact name too.
+    let leases: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = 'we\"ird' AND c.relname = 'my.outbox_claims'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(leases, 1, "the lease table exists beside it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
