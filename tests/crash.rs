@@ -4,7 +4,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::scenario::{copies, count, events, insert, migrated_db, run_args, wait_count};
-use crate::support::{create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess};
+use crate::support::{
+    count_claims, create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_killed_after_sqs_accepted_a_batch_is_followed_by_a_resend_with_the_same_event_id()
@@ -125,21 +127,38 @@ async fn a_replica_whose_lease_expired_cannot_settle_rows_another_replica_now_ow
     .await;
     proxy.set_mode(Mode::Pass);
     wait_until("A's lease expired", Duration::from_secs(10), || async {
-        count(&client, "lease_until IS NULL OR lease_until < now()").await == n as i64
+        count(
+            &client,
+            "id IN (SELECT unnest(ids) FROM outbox_claims WHERE until >= now())",
+        )
+        .await
+            == 0
     })
     .await;
+    assert!(
+        count_claims(&client, "owner = 'replica-a'").await >= 1,
+        "A's ended claim is still there for B to take over"
+    );
 
     let mut b_args = run_args(&db, &queue, sqs().endpoint(), &timing);
     b_args.extend(["--relay-id".into(), "replica-b".into()]);
     let b = RelayProcess::spawn_named("b", &b_args, &[]);
     wait_count(
         &client,
-        "sent_at IS NOT NULL AND lease_owner = 'replica-b'",
+        "sent_at IS NOT NULL",
         n as i64,
         Duration::from_secs(30),
     )
     .await;
-    let before: HashMap<i64, (String, i64)> = snapshot(&client).await;
+    // B sent them all: B's claim took every row over from A's ended one (that attempt counted),
+    // and B's settlement counted its own.
+    wait_until("B counts what it sent", Duration::from_secs(10), || async {
+        b.metric("outbox_events_sent_total").await == Some(n as f64)
+    })
+    .await;
+    assert_eq!(count(&client, "attempts = 2").await, n as i64);
+    assert_eq!(count_claims(&client, "owner = 'replica-a'").await, 0);
+    let before: HashMap<i64, String> = snapshot(&client).await;
 
     // A wakes up and tries to settle what it sent: every settlement is refused.
     a.sigcont();
@@ -154,8 +173,9 @@ async fn a_replica_whose_lease_expired_cannot_settle_rows_another_replica_now_ow
         before,
         "A's late settlement changed nothing"
     );
-    assert_eq!(count(&client, "lease_owner = 'replica-a'").await, 0);
+    assert_eq!(count_claims(&client, "owner = 'replica-a'").await, 0);
     assert_eq!(b.metric("outbox_lease_lost_total").await, Some(0.0));
+    assert_eq!(a.metric("outbox_events_sent_total").await, Some(0.0));
     let received = receive_all(&queue, 2 * n, Duration::from_secs(30)).await;
     assert!(
         copies(&received).values().all(|&c| c == 2),
@@ -163,16 +183,18 @@ async fn a_replica_whose_lease_expired_cannot_settle_rows_another_replica_now_ow
     );
 }
 
-async fn snapshot(client: &tokio_postgres::Client) -> HashMap<i64, (String, i64)> {
+/// Every row as a settlement could change it.
+async fn snapshot(client: &tokio_postgres::Client) -> HashMap<i64, String> {
     client
         .query(
-            "SELECT id, coalesce(message_id, '') || '|' || coalesce(lease_owner, '') || '|' || coalesce(sent_at::text, ''), lease_token FROM outbox",
+            "SELECT id, concat_ws('|', message_id, sent_at, attempts, available_at, last_error, \
+                                  quarantined_at) FROM outbox",
             &[],
         )
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get(0), (r.get(1), r.get(2))))
+        .map(|r| (r.get(0), r.get(1)))
         .collect()
 }
 
@@ -212,15 +234,26 @@ async fn four_relay_processes_share_ten_thousand_rows_without_sending_any_twice(
     assert_eq!(by_id.len(), n, "every row arrives");
     let twice = by_id.values().filter(|&&c| c > 1).count();
     assert_eq!(twice, 0, "no message is received twice in a crash-free run");
-    let owners = client
-        .query("SELECT DISTINCT lease_owner FROM outbox", &[])
-        .await
-        .unwrap()
-        .len();
+    let mut sent_by = Vec::new();
+    for relay in &relays {
+        sent_by.push(
+            relay
+                .metric("outbox_events_sent_total")
+                .await
+                .unwrap_or(0.0) as usize,
+        );
+    }
+    assert_eq!(
+        sent_by.iter().sum::<usize>(),
+        n,
+        "each row is counted sent by one replica: {sent_by:?}"
+    );
+    let owners = sent_by.iter().filter(|&&s| s > 0).count();
     assert!(
         owners >= 2,
-        "the work was shared, {owners} replica(s) sent rows"
+        "the work was shared, {owners} replica(s) sent rows: {sent_by:?}"
     );
+    assert_eq!(count_claims(&client, "true").await, 0, "no lease left");
     drop(relays);
 }
 
@@ -251,7 +284,9 @@ async fn sigterm_during_a_steady_stream_exits_zero_and_leaves_no_row_leased() {
     wait_until("a batch in flight", Duration::from_secs(10), || async {
         count(
             &client,
-            "lease_owner = 'stopping' AND lease_until > now() AND sent_at IS NULL",
+            "sent_at IS NULL \
+             AND id IN (SELECT unnest(ids) FROM outbox_claims \
+                        WHERE owner = 'stopping' AND until > now())",
         )
         .await
             > 0
@@ -265,7 +300,7 @@ async fn sigterm_during_a_steady_stream_exits_zero_and_leaves_no_row_leased() {
     producer.abort();
     assert!(status.success(), "exit status {status:?}");
     assert_eq!(
-        count(&client, "lease_owner = 'stopping' AND lease_until IS NOT NULL AND sent_at IS NULL AND quarantined_at IS NULL").await,
+        count_claims(&client, "owner = 'stopping'").await,
         0,
         "every lease was settled or released"
     );

@@ -7,7 +7,7 @@ use outbox_relay::row::KeyColumn;
 use outbox_relay::row::{QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement};
 
 use crate::scenario::{count, events, insert, migrated_db};
-use crate::support::{wait_until, TestDb};
+use crate::support::{count_claims, wait_until, TestDb};
 
 fn request(owner: &str, lease: Duration, limit: i64) -> ClaimRequest {
     ClaimRequest {
@@ -78,6 +78,24 @@ async fn claims_take_rows_in_id_order_and_skip_leased_and_future_rows() {
         .is_empty());
 }
 
+/// Every row as a settlement could change it.
+async fn snapshot(client: &tokio_postgres::Client) -> Vec<String> {
+    client
+        .query(
+            "SELECT concat_ws('|', id, attempts, available_at, last_error, sent_at, message_id, \
+                              quarantined_at, quarantine_reason) \
+             FROM outbox ORDER BY id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The fence end to end: A's claim ends, B's claim takes its rows over (removing A's claim), so
+/// A's late settlement of any kind changes nothing and counts its rows lost, while B's lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     let db = migrated_db().await;
@@ -92,8 +110,9 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
         .unwrap()
         .rows;
     assert_eq!(a_rows.len(), 4);
+    assert!(a_rows.iter().all(|r| r.lease_token == 1 && r.attempts == 1));
     wait_until("A's lease expires", Duration::from_secs(10), || async {
-        count(&client, "lease_until < now()").await == 4
+        count_claims(&client, "owner = 'a' AND until < now()").await == 1
     })
     .await;
     let b_rows = b
@@ -103,6 +122,17 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
         .rows;
     assert_eq!(b_rows.len(), 4, "expired leases are taken over");
     assert!(b_rows.iter().all(|r| r.lease_token == 2 && r.attempts == 2));
+    assert_eq!(
+        count_claims(&client, "true").await,
+        1,
+        "the takeover removed A's claim"
+    );
+    assert_eq!(
+        count(&client, "attempts = 1").await,
+        4,
+        "A's attempt, ended without an outcome, is counted by the takeover"
+    );
+    let before = snapshot(&client).await;
 
     // Every kind of late settlement by A is refused and reported as lost.
     let late = a.settle("a", &sent(&a_rows), false).await.unwrap();
@@ -131,27 +161,49 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
         )
         .await
         .unwrap();
-    assert_eq!(late.lost, 2);
+    assert_eq!((late.rescheduled, late.lost), (0, 2));
     assert!(late.quarantined_reasons.is_empty());
+    // All three kinds at once, as the relay settles a claim.
+    let late = a.settle("a", &mixed(&a_rows), false).await.unwrap();
     assert_eq!(
-        count(&client, "sent_at IS NOT NULL OR quarantined_at IS NOT NULL").await,
-        0
+        (
+            late.sent,
+            late.rescheduled,
+            late.quarantined_reasons.len(),
+            late.lost
+        ),
+        (0, 0, 0, 3)
     );
-    assert_eq!(count(&client, "lease_owner = 'b'").await, 4);
+    assert_eq!(
+        snapshot(&client).await,
+        before,
+        "A's late settlements changed nothing"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "id IN (SELECT unnest(ids) FROM outbox_claims WHERE owner = 'b' AND until > now())"
+        )
+        .await,
+        4,
+        "B still holds every row"
+    );
 
-    // The owner's settlement lands.
+    // The owner's settlement lands, and ends its claim.
     let done = b.settle("b", &sent(&b_rows), false).await.unwrap();
     assert_eq!((done.sent, done.lost), (4, 0));
     assert_eq!(
         count(
             &client,
-            "sent_at IS NOT NULL AND message_id LIKE 'm-%' AND lease_until IS NULL"
+            "sent_at IS NOT NULL AND message_id LIKE 'm-%' AND attempts = 2"
         )
         .await,
         4
     );
-    // Settling twice does not count twice, nor as lost: the rows are B's own outcome.
-    let again = b.settle("b", &sent(&b_rows), false).await.unwrap();
+    assert_eq!(count_claims(&client, "true").await, 0, "no lease left");
+    // Settling again (as the relay does when the first answer was lost) does not count twice,
+    // nor as lost: the rows are B's own outcome.
+    let again = b.settle("b", &sent(&b_rows), true).await.unwrap();
     assert_eq!((again.sent, again.lost), (0, 0));
 }
 
@@ -176,9 +228,10 @@ fn mixed(rows: &[outbox_relay::row::ClaimedRow]) -> Settlement {
     }
 }
 
-/// The relay retries a settlement whose statements may have committed before the connection
+/// The relay retries a settlement whose statement may have committed before the connection
 /// dropped: the rows the first try settled are not lost leases the second time, whether
-/// marked or deleted; a row another owner claimed meanwhile still is.
+/// marked or deleted; a row another owner claimed meanwhile still is. (A settlement that is not
+/// a retry and finds its claim gone counts every row lost: only a takeover removes a claim.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
     for delete_on_ack in [false, true] {
@@ -191,12 +244,20 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
             .connect()
             .await
             .unwrap();
-        let rows = a
-            .claim(&request("a", Duration::from_millis(300), 10))
+        // Two claims: the first three rows, settled; the fourth, whose lease B takes over.
+        let mut rows = a
+            .claim(&request("a", Duration::from_secs(30), 3))
             .await
             .unwrap()
             .rows;
+        rows.extend(
+            a.claim(&request("a", Duration::from_millis(300), 10))
+                .await
+                .unwrap()
+                .rows,
+        );
         assert_eq!(rows.len(), 4);
+        assert_eq!(rows[3].lease_token, 2, "delete_on_ack={delete_on_ack}");
 
         let settlement = mixed(&rows);
         let first = a.settle("a", &settlement, false).await.unwrap();
@@ -210,7 +271,8 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
             (1, 1, 1, 0),
             "delete_on_ack={delete_on_ack}"
         );
-        let again = a.settle("a", &settlement, false).await.unwrap();
+        let settled = snapshot(&client).await;
+        let again = a.settle("a", &settlement, true).await.unwrap();
         assert_eq!(
             (
                 again.sent,
@@ -221,11 +283,22 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
             (0, 0, 0, 0),
             "delete_on_ack={delete_on_ack}: applied by the first try, not lost"
         );
+        let unretried = a.settle("a", &settlement, false).await.unwrap();
+        assert_eq!(
+            (unretried.sent, unretried.lost),
+            (0, 3),
+            "delete_on_ack={delete_on_ack}"
+        );
+        assert_eq!(
+            snapshot(&client).await,
+            settled,
+            "delete_on_ack={delete_on_ack}: applied once"
+        );
 
         // The fourth row's lease expires and B takes it over: A's late outcome is lost,
         // counted once, next to rows A had settled already.
         wait_until("A's lease expires", Duration::from_secs(10), || async {
-            count(&client, "lease_until < now()").await == 1
+            count_claims(&client, "owner = 'a' AND until < now()").await == 1
         })
         .await;
         let b = session(&db, "outbox").await;
@@ -238,13 +311,21 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
         assert_eq!(taken[0].id, rows[3].id);
         let mut late = mixed(&rows);
         late.sent.extend(sent(&rows[3..]).sent);
-        let settled = a.settle("a", &late, false).await.unwrap();
+        let settled = a.settle("a", &late, true).await.unwrap();
         assert_eq!(
             (settled.sent, settled.lost),
             (0, 1),
             "delete_on_ack={delete_on_ack}: only B's row is lost"
         );
-        assert_eq!(count(&client, "lease_owner = 'b'").await, 1);
+        assert_eq!(
+            count(
+                &client,
+                "sent_at IS NULL AND id IN (SELECT unnest(ids) FROM outbox_claims WHERE owner = 'b')"
+            )
+            .await,
+            1
+        );
+        assert_eq!(count_claims(&client, "owner = 'a'").await, 0);
     }
 }
 
@@ -298,8 +379,20 @@ async fn a_release_gives_the_attempt_back_and_a_retry_spends_it() {
         ]
     );
     assert_eq!(
-        count(&client, "lease_owner IS NULL AND lease_until IS NULL").await,
-        2
+        count_claims(&client, "true").await,
+        0,
+        "released: the claim is gone"
+    );
+    assert_eq!(
+        s.claim(&request("r", Duration::from_secs(30), 10))
+            .await
+            .unwrap()
+            .rows
+            .iter()
+            .map(|r| (r.id, r.attempts))
+            .collect::<Vec<_>>(),
+        vec![(1, 1)],
+        "the refunded row is claimable at once, this attempt still its first"
     );
 }
 
@@ -544,7 +637,8 @@ async fn a_row_parked_for_its_queue_keeps_its_attempt_and_comes_back_when_its_ti
     assert_eq!(
         count(
             &client,
-            "quarantine_reason = 'destination' AND attempts = 0 AND lease_until IS NULL"
+            "quarantine_reason = 'destination' AND attempts = 0 \
+             AND id NOT IN (SELECT unnest(ids) FROM outbox_claims)"
         )
         .await,
         2,

@@ -15,7 +15,8 @@ use crate::scenario::{
     copies, count, events, insert, migrate_with, migrated_db, run_args, wait_count,
 };
 use crate::support::{
-    create_queue, fresh_db, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess, TestDb,
+    count_claims, create_queue, fresh_db, receive_all, sqs, wait_until, FaultProxy, Mode,
+    RelayProcess, TestDb,
 };
 
 /// Generous for a loaded 2-core machine; a bound on waiting only, never a measured time.
@@ -179,7 +180,8 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
         for big in ["g0-big", "g1-big"] {
             let row = client
                 .query_one(
-                    "SELECT quarantine_reason, attempts, lease_until IS NULL, last_error, \
+                    "SELECT quarantine_reason, attempts, \
+                            id NOT IN (SELECT unnest(ids) FROM outbox_claims), last_error, \
                             octet_length(payload::text) FROM outbox WHERE event_id = $1",
                     &[&big],
                 )
@@ -243,38 +245,50 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
     }
 }
 
-/// The crash-loop breaker in SQL: a row whose leases keep expiring without a settlement (as
-/// when every relay that claims it dies) spends an attempt per claim; the claim after the
-/// `max_attempts`-th quarantines it instead of leasing it again, and spends nothing more.
+/// The crash-loop breaker in SQL: a row whose claims keep ending without a settlement (as
+/// when every relay that claims it dies) spends an attempt per claim, counted by the claim that
+/// takes it over; the claim after the `max_attempts`-th quarantines it instead of leasing it
+/// again, and spends nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_whose_claims_keep_ending_without_an_outcome_is_quarantined_by_the_next_claim() {
     let db = migrated_db().await;
     let client = db.client().await;
-    insert(&client, &events("loop", 2, 2), Duration::ZERO).await;
+    // loop-1 first: a settlement ends its whole claim, so the neighbour is claimed and settled
+    // on its own before loop-0's claims, which all end without an outcome.
+    let mut written = events("loop", 2, 2);
+    written.reverse();
+    insert(&client, &written, Duration::ZERO).await;
     let limits = ClaimLimits {
         max_attempts: 3,
         ..ClaimLimits::default()
     };
     let s = session(&db, ClaimStrategy::Plain, limits).await;
-    // loop-1 is settled every time; loop-0's claims all end without an outcome.
+    let mut neighbour = request(Duration::from_secs(30));
+    neighbour.limit = 1;
+    let settled = s.claim(&neighbour).await.unwrap();
+    assert_eq!(leased(&settled), vec!["loop-1"]);
+    s.settle("r", &sent(&settled.rows), false).await.unwrap();
     for attempt in 1..=3 {
         let claimed = s.claim(&request(Duration::from_millis(300))).await.unwrap();
         assert!(claimed.quarantined.is_empty(), "claim {attempt}");
-        let dying = claimed
-            .rows
-            .iter()
-            .find(|r| r.event_id == "loop-0")
-            .unwrap();
-        assert_eq!(dying.attempts, attempt);
-        let rest: Vec<_> = claimed
-            .rows
-            .iter()
-            .filter(|r| r.event_id != "loop-0")
-            .cloned()
-            .collect();
-        s.settle("r", &sent(&rest), false).await.unwrap();
+        assert_eq!(leased(&claimed), vec!["loop-0"], "claim {attempt}");
+        assert_eq!(claimed.rows[0].attempts, attempt);
+        assert_eq!(
+            count(
+                &client,
+                &format!("event_id = 'loop-0' AND attempts = {}", attempt - 1)
+            )
+            .await,
+            1,
+            "claim {attempt}: the attempts before it that ended are counted, this one not yet"
+        );
+        assert_eq!(
+            count_claims(&client, "true").await,
+            1,
+            "claim {attempt} removed the claim it took the row over from"
+        );
         wait_until("the lease expires", WAIT, || async {
-            count(&client, "event_id = 'loop-0' AND lease_until < now()").await == 1
+            count_claims(&client, "until < now()").await == 1
         })
         .await;
     }
@@ -289,7 +303,8 @@ async fn a_row_whose_claims_keep_ending_without_an_outcome_is_quarantined_by_the
     assert_eq!(claimed.quarantined[0].reason, QuarantineReason::MaxAttempts);
     let row = client
         .query_one(
-            "SELECT quarantine_reason, attempts, lease_until IS NULL, last_error \
+            "SELECT quarantine_reason, attempts, \
+                    id NOT IN (SELECT unnest(ids) FROM outbox_claims), last_error \
              FROM outbox WHERE event_id = 'loop-0'",
             &[],
         )
@@ -301,13 +316,18 @@ async fn a_row_whose_claims_keep_ending_without_an_outcome_is_quarantined_by_the
         3,
         "the breaking claim spends no attempt"
     );
-    assert!(row.get::<_, bool>(2));
+    assert!(row.get::<_, bool>(2), "not leased");
     assert!(
         row.get::<_, String>(3).starts_with(
             "claimed 3 times (--max-attempts 3) and the last claim ended without an outcome"
         ),
         "{}",
         row.get::<_, String>(3)
+    );
+    assert_eq!(
+        count_claims(&client, "true").await,
+        1,
+        "the last ended claim is gone; only after-0's remains"
     );
 }
 
@@ -428,16 +448,22 @@ async fn relays_killed_while_holding_a_row_again_and_again_end_with_the_row_quar
         })
         .await;
         relay.kill9();
+        // This relay's claim took the row over from the last one's, counting that attempt;
+        // its own is counted by the claim after it.
         assert_eq!(
             count(
                 &client,
                 &format!(
-                    "event_id = 'doomed-0' AND attempts = {attempt} AND quarantined_at IS NULL"
+                    "event_id = 'doomed-0' AND attempts = {} AND quarantined_at IS NULL \
+                     AND id IN (SELECT unnest(ids) FROM outbox_claims)",
+                    attempt - 1
                 )
             )
             .await,
-            1
+            1,
+            "relay {attempt}"
         );
+        assert_eq!(count_claims(&client, "true").await, 1, "relay {attempt}");
     }
     let relay = RelayProcess::spawn(&args, &[]);
     wait_count(

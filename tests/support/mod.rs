@@ -75,6 +75,19 @@ where
     }
 }
 
+/// How many of the relay's claims of the default table (rows of `outbox_claims`, one per claim
+/// still holding its rows: `owner`, `until`, `ids`) meet `condition`.
+pub async fn count_claims(client: &tokio_postgres::Client, condition: &str) -> i64 {
+    client
+        .query_one(
+            &format!("SELECT count(*) FROM outbox_claims WHERE {condition}"),
+            &[],
+        )
+        .await
+        .expect("count claims")
+        .get(0)
+}
+
 /// A number unique within this test process, for database and queue names.
 pub fn unique() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
