@@ -192,8 +192,10 @@ impl Session {
     }
 
     /// Applies a claim's outcomes in one statement, fenced by the claim's row (owner and
-    /// token), which it removes. `retry`: an earlier try of this settlement may have applied
-    /// already, its answer lost with the connection.
+    /// token), which it removes. A settlement is a whole claim's: rows of the claim it does not
+    /// mention are free for the next claim at once, their attempt not counted. `retry`: an
+    /// earlier try of this settlement may have applied already, its answer lost with the
+    /// connection.
     pub async fn settle(
         &self,
         owner: &str,
