@@ -1,7 +1,14 @@
 -- --retention 0 (the default): acknowledged rows go (see sql/settle.sql).
-DELETE FROM {table} AS o
-WHERE o.id = ANY ($3::bigint[])
-  AND o.id IN (SELECT id FROM held)
-  AND o.sent_at IS NULL
-  AND o.quarantined_at IS NULL
-RETURNING o.id
+acked AS MATERIALIZED (
+    SELECT u.id
+    FROM unnest($3::bigint[]) AS u(id)
+    WHERE u.id IN (SELECT id FROM held)
+),
+sent AS (
+    DELETE FROM {table} AS o
+    USING acked AS u
+    WHERE o.id = u.id
+      AND o.sent_at IS NULL
+      AND o.quarantined_at IS NULL
+    RETURNING o.id
+)

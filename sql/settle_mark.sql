@@ -1,12 +1,18 @@
 -- --retention other than 0: acknowledged rows are marked sent with their message id ($12),
 -- and kept until retention deletes them (see sql/settle.sql).
-UPDATE {table} AS o
-SET sent_at = now(),
-    message_id = u.message_id,
-    attempts = o.attempts + 1
-FROM unnest($3::bigint[], $12::text[]) AS u(id, message_id)
-WHERE o.id = u.id
-  AND o.id IN (SELECT id FROM held)
-  AND o.sent_at IS NULL
-  AND o.quarantined_at IS NULL
-RETURNING o.id
+acked AS MATERIALIZED (
+    SELECT u.*
+    FROM unnest($3::bigint[], $12::text[]) AS u(id, message_id)
+    WHERE u.id IN (SELECT id FROM held)
+),
+sent AS (
+    UPDATE {table} AS o
+    SET sent_at = now(),
+        message_id = u.message_id,
+        attempts = o.attempts + 1
+    FROM acked AS u
+    WHERE o.id = u.id
+      AND o.sent_at IS NULL
+      AND o.quarantined_at IS NULL
+    RETURNING o.id
+)

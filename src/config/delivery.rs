@@ -49,6 +49,13 @@ pub struct ClaimArgs {
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub poll_interval: Duration,
 
+    /// With `--wakeup poll`, how long the relay waits after a claim that found rows but did
+    /// not fill --batch-size before it claims again: the rows a stream writes meanwhile ride in
+    /// the next claim instead of one claim each (every claim and settlement is a transaction in
+    /// the application's database). The most it adds to an event's delivery; 0 claims again at once.
+    #[arg(long, env = "OUTBOX_LINGER", default_value = "5ms", value_parser = humantime::parse_duration)]
+    pub linger: Duration,
+
     /// Quarantine a row after this many failed attempts.
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
     pub max_attempts: u32,
@@ -131,6 +138,8 @@ pub struct ClaimConfig {
     pub wakeup: Wakeup,
     /// The longest an idle relay waits before looking for work.
     pub poll_interval: Duration,
+    /// The wait after a claim that found rows but not a full batch (`--wakeup poll`).
+    pub linger: Duration,
     /// Failed attempts after which a row is quarantined.
     pub max_attempts: u32,
     /// The lease owner written on claimed rows, so an operator sees who holds them.
@@ -187,6 +196,13 @@ impl ClaimArgs {
             return Err("--max-attempts must be at least 1".to_string());
         }
         above_zero(&[("--poll-interval", self.poll_interval)])?;
+        if self.linger > self.poll_interval {
+            return Err(format!(
+                "--linger {} is longer than --poll-interval {}: a stream would wait longer than an idle relay; lower --linger",
+                humantime::format_duration(self.linger),
+                humantime::format_duration(self.poll_interval)
+            ));
+        }
         pooler.allows(self.wakeup)?;
         let relay_id = match self.relay_id.as_deref().map(str::trim) {
             Some("") => return Err("--relay-id must not be empty".to_string()),
@@ -200,6 +216,7 @@ impl ClaimArgs {
             request_concurrency: self.request_concurrency,
             wakeup: self.wakeup,
             poll_interval: self.poll_interval,
+            linger: self.linger,
             max_attempts: self.max_attempts,
             relay_id,
         })

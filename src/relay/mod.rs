@@ -333,11 +333,12 @@ impl Relay {
                         continue;
                     }
                     if rows_claimed && c.claim.wakeup == Wakeup::Poll {
-                        // More is likely on its way: claim again after a moment, which lets
-                        // the next claim gather several rows (each claim and settlement is
-                        // a transaction in the application's database) for little latency.
+                        // More is likely on its way: claim again after --linger, which lets
+                        // the next claim gather the rows written meanwhile (each claim and
+                        // settlement costs the application's database a transaction and a
+                        // plan, whatever its size) for a bounded latency.
                         idle.worked(Instant::now());
-                        self.sleep_or_shutdown(idle::FAST, shutdown).await;
+                        self.sleep_or_shutdown(c.claim.linger, shutdown).await;
                         continue;
                     }
                     self.wait_for_work(&mut idle, shutdown).await;
