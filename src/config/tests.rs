@@ -690,3 +690,21 @@ fn print_sql_without_a_database_takes_the_table_and_columns_from_the_flags_alone
     };
     assert!(args.database.offline().unwrap_err().contains("--table"));
 }
+
+#[test]
+fn the_linger_defaults_to_five_milliseconds_and_stays_within_the_poll_interval() {
+    assert_eq!(
+        run_args(&[]).unwrap().claim.linger,
+        Duration::from_millis(5)
+    );
+    assert_eq!(
+        run_args(&["--linger", "0s"]).unwrap().claim.linger,
+        Duration::ZERO
+    );
+    let err = run_args(&["--linger", "200ms"]).unwrap_err();
+    assert!(
+        err.starts_with("--linger 200ms is longer than --poll-interval 100ms"),
+        "{err}"
+    );
+    assert!(run_args(&["--linger", "200ms", "--poll-interval", "1s"]).is_ok());
+}
