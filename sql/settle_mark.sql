@@ -1,8 +1,8 @@
--- --retention other than 0: acknowledged rows are marked sent with their message id ($12),
+-- --retention other than 0: acknowledged rows are marked sent with their message id (the last parameter),
 -- and kept until retention deletes them (see sql/settle.sql).
 acked AS MATERIALIZED (
     SELECT u.*
-    FROM unnest($3::bigint[], $12::text[]) AS u(id, message_id)
+    FROM unnest($3::bigint[], {message_ids}::text[]) AS u(id, message_id)
     WHERE u.id IN (SELECT id FROM held)
 ),
 sent AS (

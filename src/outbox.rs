@@ -84,9 +84,9 @@ struct Sql {
     /// Runs before every claim, in its transaction: claims of the table one at a time.
     claim_lock: String,
     /// A claim's outcomes in one statement, acknowledged rows marked sent (sql/settle.sql).
-    settle_mark: String,
+    settle_mark: SettleSql,
     /// The same, acknowledged rows deleted.
-    settle_delete: String,
+    settle_delete: SettleSql,
     /// Which rows of a settlement whose claim is gone another claim holds.
     lost_leases: String,
     /// Rows parked for their destination whose time has come become unsent again.
@@ -96,6 +96,16 @@ struct Sql {
     delete_expired: String,
     quarantine_list: String,
     quarantine_retry: String,
+}
+
+/// One acknowledgement mode's settlement statements.
+#[derive(Debug)]
+struct SettleSql {
+    /// Every kind of outcome.
+    full: String,
+    /// Every row acknowledged (the usual settlement): the same without the given-back and
+    /// parked parts, a cheaper plan.
+    sent_only: String,
 }
 
 /// What a command asks of the outbox besides where it is ([`Outbox::from_config`]).
@@ -183,17 +193,52 @@ impl Outbox {
             )
             .map_err(OutboxError::Template)
         };
+        // The message ids of rows marked sent come last: $12 after the others' parameters, $4
+        // without them.
         let settle = |acknowledge: &str| {
-            let acknowledge = fill(acknowledge)?;
-            render(
-                include_str!("../sql/settle.sql"),
-                &[
-                    ("table", Value::Table(&table)),
-                    ("claims", Value::Table(&claims)),
-                    ("acknowledge", Value::Sql(&acknowledge)),
-                ],
-            )
-            .map_err(OutboxError::Template)
+            let statement = |message_ids: &str, others: &str, (r, q): (&str, &str)| {
+                let acknowledge = render(
+                    acknowledge,
+                    &[
+                        ("table", Value::Table(&table)),
+                        ("message_ids", Value::Sql(message_ids)),
+                    ],
+                )?;
+                render(
+                    include_str!("../sql/settle.sql"),
+                    &[
+                        ("table", Value::Table(&table)),
+                        ("claims", Value::Table(&claims)),
+                        ("acknowledge", Value::Sql(&acknowledge)),
+                        ("others", Value::Sql(others)),
+                        ("rescheduled", Value::Sql(r)),
+                        ("quarantined", Value::Sql(q)),
+                    ],
+                )
+            };
+            let others = format!(
+                ",\n{}",
+                render(
+                    include_str!("../sql/settle_others.sql"),
+                    &[("table", Value::Table(&table))]
+                )
+                .map_err(OutboxError::Template)?
+                .trim_end()
+            );
+            let full = statement(
+                "$12",
+                &others,
+                (
+                    "ARRAY(SELECT id FROM rescheduled)",
+                    "ARRAY(SELECT id FROM quarantined)",
+                ),
+            );
+            let none = "'{}'::bigint[]";
+            let sent_only = statement("$4", "", (none, none));
+            Ok::<_, OutboxError>(SettleSql {
+                full: full.map_err(OutboxError::Template)?,
+                sent_only: sent_only.map_err(OutboxError::Template)?,
+            })
         };
         let sql = Sql {
             claim: ClaimStrategy::Plain

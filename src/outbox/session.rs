@@ -69,9 +69,11 @@ impl Outbox {
         self.resolve_channel(&client).await?;
         self.check_key_indexes(&client).await?;
         // (statement, whether it writes)
+        let settle = self.acknowledge.sql(&self.sql);
         let sqls: Vec<(&str, bool)> = vec![
             (&self.sql.claim, true),
-            (self.acknowledge.sql(&self.sql), true),
+            (&settle.full, true),
+            (&settle.sent_only, true),
             (&self.sql.stats, false),
             (&self.sql.probe, false),
             (&self.sql.unpark_destination, true),
@@ -88,7 +90,8 @@ impl Outbox {
             claim: next(),
             settle: Settle {
                 mode: self.acknowledge,
-                statement: next(),
+                full: next(),
+                sent_only: next(),
             },
             stats: next(),
             probe: next(),
@@ -104,13 +107,18 @@ impl Outbox {
                 self.strategy.param_count()
             )));
         }
-        let settle_params = statements.settle.statement.params().len();
-        if settle_params != self.acknowledge.param_count() {
-            return Err(OutboxError::Template(format!(
-                "the settlement statement takes {settle_params} parameters, {:?} binds {}",
-                self.acknowledge,
-                self.acknowledge.param_count()
-            )));
+        for (statement, others) in [
+            (&statements.settle.full, true),
+            (&statements.settle.sent_only, false),
+        ] {
+            let takes = statement.params().len();
+            let binds = self.acknowledge.param_count(others);
+            if takes != binds {
+                return Err(OutboxError::Template(format!(
+                    "the settlement statement takes {takes} parameters, {:?} binds {binds}",
+                    self.acknowledge
+                )));
+            }
         }
         Ok(Session {
             client,
@@ -221,25 +229,30 @@ impl Session {
             .map(|r| r.retry_in.map(|d| d.as_secs_f64()))
             .collect();
         let message_ids: Vec<&str> = s.sent.iter().map(|r| r.message_id.as_str()).collect();
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
-            &owner,
-            &tokens,
-            &sent_ids,
-            &rescheduled_ids,
-            &delays,
-            &errors,
-            &refunds,
-            &quarantined_ids,
-            &reasons,
-            &q_errors,
-            &q_delays,
-        ];
+        let others = !(r.is_empty() && q.is_empty());
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&owner, &tokens, &sent_ids];
+        if others {
+            params.extend([
+                &rescheduled_ids as &(dyn ToSql + Sync),
+                &delays,
+                &errors,
+                &refunds,
+                &quarantined_ids,
+                &reasons,
+                &q_errors,
+                &q_delays,
+            ]);
+        }
         if self.statements.settle.mode == Acknowledge::MarkSent {
             params.push(&message_ids);
         }
+        let statement = match others {
+            true => &self.statements.settle.full,
+            false => &self.statements.settle.sent_only,
+        };
         let row = self
             .client
-            .query_one(&self.statements.settle.statement, &params)
+            .query_one(statement, &params)
             .await
             .map_err(query_err(self.statements.settle.mode.context()))?;
         let fenced: Vec<i64> = row.get(0);
@@ -337,20 +350,21 @@ pub(crate) enum Acknowledge {
 }
 
 impl Acknowledge {
-    /// This mode's settlement statement among the table's.
-    fn sql(self, sql: &Sql) -> &str {
+    /// This mode's settlement statements among the table's.
+    fn sql(self, sql: &Sql) -> &super::SettleSql {
         match self {
             Acknowledge::MarkSent => &sql.settle_mark,
             Acknowledge::Delete => &sql.settle_delete,
         }
     }
 
-    /// How many parameters [`Session::settle`] binds to this mode's statement: the message
-    /// ids of the rows marked sent come last.
-    fn param_count(self) -> usize {
+    /// How many parameters [`Session::settle`] binds to this mode's statement, with or without
+    /// the given-back and parked rows: the message ids of the rows marked sent come last.
+    fn param_count(self, others: bool) -> usize {
+        let base = if others { 11 } else { 3 };
         match self {
-            Acknowledge::MarkSent => 12,
-            Acknowledge::Delete => 11,
+            Acknowledge::MarkSent => base + 1,
+            Acknowledge::Delete => base,
         }
     }
 
@@ -363,13 +377,15 @@ impl Acknowledge {
     }
 }
 
-/// An acknowledgement mode with its settlement statement, prepared once per session.
+/// An acknowledgement mode with its settlement statements, prepared once per session.
 #[derive(Debug)]
 struct Settle {
-    /// Which parameters `statement` takes.
+    /// Which parameters the statements take.
     mode: Acknowledge,
-    /// `mode`'s statement, prepared.
-    statement: Stmt,
+    /// `mode`'s statement for every kind of outcome, prepared.
+    full: Stmt,
+    /// The same for a claim whose rows were all acknowledged.
+    sent_only: Stmt,
 }
 
 /// A session that reconnects on demand after the connection is lost; shared by the claim loop,
@@ -514,12 +530,14 @@ mod tests {
         assert!(kept
             .acknowledge
             .sql(&kept.sql)
+            .sent_only
             .contains("SET sent_at = now()"));
         let deleted = outbox(true);
         assert_eq!(deleted.acknowledge, Acknowledge::Delete);
         assert!(deleted
             .acknowledge
             .sql(&deleted.sql)
+            .sent_only
             .contains("DELETE FROM \"outbox\""));
     }
 }
