@@ -41,9 +41,13 @@ impl Outbox {
     pub async fn status(&self) -> Result<TableStatus, OutboxError> {
         let client = self.raw_connect().await?;
         self.resolve_channel(&client).await?;
+        let claims = self.table.claims();
         let sql = render(
             include_str!("../../sql/status.sql"),
-            &[("table", Value::Table(&self.table))],
+            &[
+                ("table", Value::Table(&self.table)),
+                ("claims", Value::Table(&claims)),
+            ],
         )
         .map_err(OutboxError::Template)?;
         let row = client
