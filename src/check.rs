@@ -238,25 +238,21 @@ pub fn judge_privileges(
         missing.push("DELETE (retention deletes sent rows; or set --retention off)".to_string());
         grant.push("DELETE");
     }
-    let claims_grant: Vec<&str> = facts
-        .claims
-        .iter()
-        .flat_map(|c| {
-            [
-                (c.can_select, "SELECT"),
-                (c.can_insert, "INSERT"),
-                (c.can_delete, "DELETE"),
-            ]
-        })
+    // The lease table's missing privileges, with its name; `None` when nothing is missing.
+    let claims_grant = facts.claims.as_ref().and_then(|c| {
+        let lacking: Vec<&str> = [
+            (c.can_select, "SELECT"),
+            (c.can_insert, "INSERT"),
+            (c.can_delete, "DELETE"),
+        ]
+        .into_iter()
         .filter(|(held, _)| !held)
         .map(|(_, privilege)| privilege)
         .collect();
-    if let Some(claims) = facts.claims.as_ref().filter(|_| !claims_grant.is_empty()) {
-        missing.push(format!(
-            "{} on the lease table {}",
-            claims_grant.join(", "),
-            claims.name
-        ));
+        (!lacking.is_empty()).then(|| (c.name.as_str(), lacking.join(", ")))
+    });
+    if let Some((name, lacking)) = &claims_grant {
+        missing.push(format!("{lacking} on the lease table {name}"));
     }
     let role = quote_ident(&facts.role);
     if !facts.schema_usage {
@@ -267,12 +263,8 @@ pub fn judge_privileges(
         if !grant.is_empty() {
             fix.push(format!("GRANT {} ON {table} TO {role};", grant.join(", ")));
         }
-        if let Some(claims) = facts.claims.as_ref().filter(|_| !claims_grant.is_empty()) {
-            fix.push(format!(
-                "GRANT {} ON {} TO {role};",
-                claims_grant.join(", "),
-                claims.name
-            ));
+        if let Some((name, lacking)) = &claims_grant {
+            fix.push(format!("GRANT {lacking} ON {name} TO {role};"));
         }
         if !facts.schema_usage {
             fix.push(format!(
