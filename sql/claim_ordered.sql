@@ -90,6 +90,8 @@ others AS (
     ) AS f
     JOIN {table} AS c ON c.id = f.id
     WHERE keys.k IS NOT NULL
+      AND c.available_at <= now()
+      AND c.id NOT IN (SELECT id FROM leased)
       AND {head_c}
 ),
 fair_values(k) AS (

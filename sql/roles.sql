@@ -1,12 +1,15 @@
 -- Least-privilege roles for an outbox table: the relay's and the application's.
 --
--- The relay reads, leases, settles and deletes rows (once sent, or after --retention): SELECT,
--- UPDATE, DELETE on the table and USAGE on its schema, nothing else. With `--wakeup logical`
--- its role also needs REPLICATION (ALTER ROLE outbox_relay REPLICATION), which this file does
--- not grant: the default wake-up, `poll`, needs no more than the above. It never INSERTs. The application only
--- INSERTs; the `id` column is GENERATED ALWAYS AS IDENTITY, whose sequence PostgreSQL advances
--- without checking the inserting role's sequence privileges, so INSERT alone suffices (add
--- SELECT on the columns it names in a RETURNING clause, if it uses one).
+-- The relay reads, settles and deletes rows (once sent, or after --retention): SELECT,
+-- UPDATE, DELETE on the table and USAGE on its schema. It leases rows in the lease table
+-- beside it, <relay_table>_claims (sql/claims.sql): a claim reads it and inserts one row, a
+-- settlement or the next claim deletes that row: SELECT, INSERT, DELETE there. Nothing else.
+-- With `--wakeup logical` its role also needs REPLICATION (ALTER ROLE outbox_relay
+-- REPLICATION), which this file does not grant: the default wake-up, `poll`, needs no more than
+-- the above. It never INSERTs into the outbox table. The application only INSERTs; the `id`
+-- column (and the lease table's `token`) is GENERATED ALWAYS AS IDENTITY, whose sequence
+-- PostgreSQL advances without checking the inserting role's sequence privileges, so INSERT
+-- alone suffices (add SELECT on the columns it names in a RETURNING clause, if it uses one).
 --
 -- `outbox-relay migrate` creates and upgrades the table and needs its owner's rights: run it
 -- separately (e.g. from the deploy pipeline) as the owner, then this file, as the owner or a
@@ -20,6 +23,9 @@
 --   table           the outbox table                            (default outbox)
 --   relay_table     what the relay reads: the table, or for a table adopted with
 --                   `migrate --adopt` the view it created, <table>_relay  (default :table)
+--   relay_claims    the relay's lease table        (default <relay_table>_claims; for a
+--                   relay_table longer than 56 bytes the relay shortens the name with a
+--                   hash: pass the name `outbox-relay check` shows)
 --   relay_role      the relay's login role                      (default outbox_relay)
 --   app_role        the application's role                      (default outbox_app)
 --   relay_password, app_password
@@ -43,6 +49,10 @@
 \if :{?relay_table}
 \else
 \set relay_table :table
+\endif
+\if :{?relay_claims}
+\else
+\set relay_claims :relay_table '_claims'
 \endif
 \if :{?relay_role}
 \else
@@ -81,6 +91,7 @@ ALTER ROLE :"relay_role" LOGIN PASSWORD :'relay_password';
 GRANT CONNECT ON DATABASE :"database" TO :"relay_role";
 GRANT USAGE ON SCHEMA :"schema" TO :"relay_role";
 GRANT SELECT, UPDATE, DELETE ON TABLE :"schema".:"relay_table" TO :"relay_role";
+GRANT SELECT, INSERT, DELETE ON TABLE :"schema".:"relay_claims" TO :"relay_role";
 
 -- The application: it writes outbox rows in its own transactions, and nothing more here.
 \if :create_app

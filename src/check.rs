@@ -203,8 +203,11 @@ pub fn judge_columns(columns: &[ColumnFacts]) -> Result<(), String> {
 }
 
 /// SELECT on every column, UPDATE on the columns the relay owns, DELETE when sent rows are
-/// deleted (retention or --delete-on-ack), USAGE on the schema; nothing else. What is more than
-/// needed is remarked on, not failed: it works, it is just not least privilege.
+/// deleted (retention or --delete-on-ack), USAGE on the schema; SELECT, INSERT and DELETE on
+/// the lease table (a claim reads it and adds its row, a settlement or the next claim removes
+/// it); nothing else. What is more than needed is remarked on, not failed: it works, it is just
+/// not least privilege. A missing lease table is not judged here: preparing the relay's
+/// statements names it, with the `migrate` that creates it.
 pub fn judge_privileges(
     facts: &TableFacts,
     table: &str,
@@ -235,6 +238,22 @@ pub fn judge_privileges(
         missing.push("DELETE (retention deletes sent rows; or set --retention off)".to_string());
         grant.push("DELETE");
     }
+    // The lease table's missing privileges, with its name; `None` when nothing is missing.
+    let claims_grant = facts.claims.as_ref().and_then(|c| {
+        let lacking: Vec<&str> = [
+            (c.can_select, "SELECT"),
+            (c.can_insert, "INSERT"),
+            (c.can_delete, "DELETE"),
+        ]
+        .into_iter()
+        .filter(|(held, _)| !held)
+        .map(|(_, privilege)| privilege)
+        .collect();
+        (!lacking.is_empty()).then(|| (c.name.as_str(), lacking.join(", ")))
+    });
+    if let Some((name, lacking)) = &claims_grant {
+        missing.push(format!("{lacking} on the lease table {name}"));
+    }
     let role = quote_ident(&facts.role);
     if !facts.schema_usage {
         missing.push("USAGE on the table's schema".to_string());
@@ -243,6 +262,9 @@ pub fn judge_privileges(
         let mut fix = Vec::new();
         if !grant.is_empty() {
             fix.push(format!("GRANT {} ON {table} TO {role};", grant.join(", ")));
+        }
+        if let Some((name, lacking)) = &claims_grant {
+            fix.push(format!("GRANT {lacking} ON {name} TO {role};"));
         }
         if !facts.schema_usage {
             fix.push(format!(
@@ -259,7 +281,7 @@ pub fn judge_privileges(
         Some("a superuser: it passes every check, so this proves little; run the relay as a role like sql/roles.sql's".to_string())
     } else if facts.owner {
         Some(
-            "it owns the table: the relay needs only SELECT, UPDATE and DELETE, see sql/roles.sql"
+            "it owns the table: the relay needs only SELECT, UPDATE and DELETE on it and SELECT, INSERT and DELETE on its lease table, see sql/roles.sql"
                 .to_string(),
         )
     } else if !facts.extra.is_empty() {
@@ -530,6 +552,7 @@ pub fn judge_fifo(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::outbox::inspect::ClaimsFacts;
 
     fn column(name: &str, sql_type: &str, category: &str) -> ColumnFacts {
         ColumnFacts {
@@ -562,6 +585,12 @@ mod tests {
             can_delete: true,
             extra: vec![],
             columns: migrated_columns(),
+            claims: Some(ClaimsFacts {
+                name: "\"outbox_claims\"".into(),
+                can_select: true,
+                can_insert: true,
+                can_delete: true,
+            }),
         }
     }
 
@@ -617,6 +646,64 @@ mod tests {
         assert!(judge_privileges(&no_schema, "\"app\".\"outbox\"", true)
             .unwrap_err()
             .contains("GRANT USAGE ON SCHEMA"));
+    }
+
+    #[test]
+    fn missing_privileges_on_the_lease_table_are_named_with_the_grant_that_fixes_them() {
+        // As the role of an older sql/roles.sql has it: all it needs on the table, nothing on
+        // the lease table that came with schema version 2.
+        let mut old_role = facts();
+        old_role.claims = Some(ClaimsFacts {
+            name: "\"app\".\"outbox_claims\"".into(),
+            can_select: false,
+            can_insert: false,
+            can_delete: false,
+        });
+        let err = judge_privileges(&old_role, "\"app\".\"outbox\"", true).unwrap_err();
+        assert!(
+            err.contains(
+                "missing SELECT, INSERT, DELETE on the lease table \"app\".\"outbox_claims\""
+            ),
+            "{err}"
+        );
+        assert!(
+            err.contains("GRANT SELECT, INSERT, DELETE ON \"app\".\"outbox_claims\" TO \"relay\";"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("ON \"app\".\"outbox\" TO"),
+            "nothing is missing on the table itself: {err}"
+        );
+        // Each privilege on its own, also when DELETE on the table is not needed: the lease
+        // table's rows are deleted by every settlement, whatever the retention.
+        for privilege in ["SELECT", "INSERT", "DELETE"] {
+            let mut one = facts();
+            let claims = one.claims.as_mut().unwrap();
+            match privilege {
+                "SELECT" => claims.can_select = false,
+                "INSERT" => claims.can_insert = false,
+                _ => claims.can_delete = false,
+            }
+            let err = judge_privileges(&one, "\"outbox\"", false).unwrap_err();
+            assert!(
+                err.contains(&format!(
+                    "GRANT {privilege} ON \"outbox_claims\" TO \"relay\";"
+                )),
+                "{err}"
+            );
+        }
+        // Both tables short of something: one line, both GRANTs.
+        let mut both = old_role.clone();
+        both.can_delete = false;
+        let err = judge_privileges(&both, "\"app\".\"outbox\"", true).unwrap_err();
+        assert!(
+            err.contains("GRANT DELETE ON \"app\".\"outbox\" TO \"relay\"; GRANT SELECT, INSERT, DELETE ON \"app\".\"outbox_claims\" TO \"relay\";"),
+            "{err}"
+        );
+        // No lease table yet: preparing the statements reports it (with `migrate`), not this.
+        let mut none = facts();
+        none.claims = None;
+        assert_eq!(judge_privileges(&none, "\"outbox\"", true), Ok(None));
     }
 
     #[test]

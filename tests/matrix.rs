@@ -143,6 +143,22 @@ impl Cell {
         }
     }
 
+    /// The lease table beside the table (or view) the relay reads: `<relay table>_claims`.
+    fn claims_table(&self) -> &'static str {
+        match self.table {
+            Table::Native => "outbox_claims",
+            Table::Adopted => "outboxevent_relay_claims",
+        }
+    }
+
+    /// What the relay reads: the table, or the view over an adopted one (standard names).
+    fn relay_table(&self) -> &'static str {
+        match self.table {
+            Table::Native => "outbox",
+            Table::Adopted => "outboxevent_relay",
+        }
+    }
+
     fn event_id_column(&self) -> &'static str {
         match self.table {
             Table::Native => "event_id",
@@ -610,9 +626,10 @@ async fn leaseholder_mid_send(
     proxy: &FaultProxy,
 ) -> String {
     let sql = format!(
-        "SELECT lease_owner FROM {} WHERE sent_at IS NULL AND quarantined_at IS NULL
-           AND lease_until > now() LIMIT 1",
-        cell.base_table()
+        "SELECT l.owner FROM {} AS l JOIN {} AS o ON o.id = ANY (l.ids)
+         WHERE o.sent_at IS NULL AND o.quarantined_at IS NULL AND l.until > now() LIMIT 1",
+        cell.claims_table(),
+        cell.relay_table()
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

@@ -505,3 +505,132 @@ async fn the_fair_key_index_of_an_existing_install_is_replaced_by_one_without_qu
     let output = crate::scenario::relay_command(&check).await;
     assert!(!output.contains("FAIL"), "{output}");
 }
+
+/// An install of schema version 1 (leases on the outbox rows, no lease table): a relay of
+/// this version refuses to run on it, with one line naming `migrate`, and touches no row.
+/// `migrate` then adds the lease table beside it while the application goes on writing: no
+/// rewrite of the outbox table, and no lock its writes wait for (it completes while an
+/// application transaction that inserted a row is still open). The relay then delivers every
+/// row, those from before the upgrade and those written during it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_install_is_refused_by_run_until_migrate_adds_the_lease_table_online() {
+    use crate::scenario::{copies, count, events, insert, run_args, wait_count, Producer};
+
+    let db = migrated_db().await;
+    let client = db.client().await;
+    // The install as version 1 left it: the same outbox table, no lease table, version 1.
+    client
+        .batch_execute(
+            "DROP TABLE outbox_claims;
+             UPDATE outbox_relay_schema SET version = 1;",
+        )
+        .await
+        .unwrap();
+    let before = events("v1-before", 20, 4);
+    insert(&client, &before, Duration::ZERO).await;
+    let queue = crate::support::create_queue("v1-upgrade", &[]).await;
+    let run = run_args(&db, &queue, crate::support::sqs().endpoint(), &[]);
+
+    let (status, output) = run_to_end(&run, &[], Duration::from_secs(60)).await;
+    assert!(
+        !status.success(),
+        "run refuses a version 1 install:\n{output}"
+    );
+    let errors: Vec<&str> = output.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "one line:\n{output}");
+    assert!(
+        errors[0].contains("the lease table \"outbox_claims\" of \"outbox\" is missing")
+            && errors[0].contains("outbox-relay migrate"),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(
+        count(&client, "sent_at IS NOT NULL OR attempts > 0").await,
+        0,
+        "nothing was claimed or sent"
+    );
+
+    let filenode = "SELECT pg_relation_filenode('outbox')::bigint";
+    let filenode_before = scalar_i64(&client, filenode).await;
+    // An application transaction that wrote a row and stays open through the migration: its
+    // ROW EXCLUSIVE lock would hold up any step that locks the table against writes.
+    let open = db.client().await;
+    open.batch_execute("BEGIN").await.unwrap();
+    let during = events("v1-open", 1, 1);
+    insert(&open, &during, Duration::ZERO).await;
+    let producer = Producer::start(&db.url, "v1-during", 20, 5, Duration::from_millis(50));
+    crate::support::wait_until(
+        "the application writing",
+        Duration::from_secs(30),
+        || async { producer.committed_batches() >= 2 },
+    )
+    .await;
+
+    let (status, output) = run_to_end(
+        &args(&["migrate", "--database-url", &db.url]),
+        &[],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(status.success(), "{output}");
+    assert!(
+        output.contains("migrated \"outbox\" from schema version 1 to 2"),
+        "{output}"
+    );
+    assert!(
+        scalar_bool(
+            &client,
+            "SELECT EXISTS (SELECT FROM pg_stat_activity
+                            WHERE state = 'idle in transaction' AND backend_xid IS NOT NULL
+                              AND datname = current_database())"
+        )
+        .await,
+        "the application's transaction was open all along"
+    );
+    open.batch_execute("COMMIT").await.unwrap();
+    let report = producer.finish().await;
+    assert_eq!(
+        report.retries, 0,
+        "no write of the application failed or waited 10 s"
+    );
+    assert_eq!(
+        scalar_i64(&client, filenode).await,
+        filenode_before,
+        "the outbox table was not rewritten"
+    );
+    assert!(
+        scalar_bool(
+            &client,
+            "SELECT to_regclass('outbox_claims') IS NOT NULL
+                AND (SELECT version FROM outbox_relay_schema) = 2"
+        )
+        .await
+    );
+
+    let mut written: Vec<String> = before
+        .iter()
+        .chain(&during)
+        .chain(&report.events)
+        .map(|e| e.event_id.clone())
+        .collect();
+    written.sort();
+    let total = written.len();
+    let relay = RelayProcess::spawn(&run, &[]);
+    wait_count(
+        &client,
+        "sent_at IS NOT NULL",
+        total as i64,
+        Duration::from_secs(60),
+    )
+    .await;
+    let received = crate::support::receive_all(&queue, total, Duration::from_secs(60)).await;
+    let mut delivered: Vec<String> = copies(&received).into_keys().collect();
+    delivered.sort();
+    assert_eq!(delivered, written, "every row, old and new, delivered");
+    relay.sigterm();
+    let status = relay
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .expect("relay stops");
+    assert!(status.success(), "{}", relay.output());
+}

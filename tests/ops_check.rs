@@ -299,9 +299,48 @@ async fn check_fails_on_a_role_without_update() {
             &format!("FAIL role {role} has the privileges the relay needs on \"outbox\":"),
             "missing UPDATE on available_at, attempts, lease_owner",
             &format!("GRANT UPDATE, DELETE ON \"outbox\" TO \"{role}\";"),
+            &format!("GRANT SELECT, INSERT, DELETE ON \"outbox_claims\" TO \"{role}\";"),
         ],
     );
     assert!(!output.contains(&password), "{output}");
+
+    // What an older sql/roles.sql granted: all the relay needs on the table, nothing on the
+    // lease table of schema version 2. The one line names only the lease table's GRANT.
+    admin
+        .batch_execute(&format!("GRANT UPDATE, DELETE ON outbox TO {role};"))
+        .await
+        .unwrap();
+    let (code, output) = check(
+        &url_as(&db, &role, &password),
+        &queue,
+        &["--max-request-bytes", SIZE],
+    )
+    .await;
+    assert_fails_once(
+        code,
+        &output,
+        &[
+            &format!("FAIL role {role} has the privileges the relay needs on \"outbox\":"),
+            "missing SELECT, INSERT, DELETE on the lease table \"outbox_claims\"",
+            &format!("GRANT SELECT, INSERT, DELETE ON \"outbox_claims\" TO \"{role}\";"),
+        ],
+    );
+    assert!(!output.contains("ON \"outbox\" TO"), "{output}");
+
+    // That GRANT is all it takes.
+    admin
+        .batch_execute(&format!(
+            "GRANT SELECT, INSERT, DELETE ON outbox_claims TO {role};"
+        ))
+        .await
+        .unwrap();
+    let (code, output) = check(
+        &url_as(&db, &role, &password),
+        &queue,
+        &["--max-request-bytes", SIZE],
+    )
+    .await;
+    assert_eq!(code, Some(0), "{output}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

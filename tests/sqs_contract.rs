@@ -166,6 +166,13 @@ async fn a_bad_entry_is_quarantined_with_the_sqs_error_and_its_batch_mates_are_s
             && relay.metric("outbox_quarantined_rows").await == Some(1.0)
     })
     .await;
+    // Every claim was settled, the quarantined row's too: its lease row went with the outcome.
+    let claims: i64 = client
+        .query_one("SELECT count(*) FROM outbox_claims", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(claims, 0, "no lease is left");
     assert_eq!(count(&client, "lease_until IS NOT NULL").await, 0);
 }
 

@@ -1,5 +1,5 @@
 //! What `outbox-relay check` reads about the table: its columns and the connected role's
-//! privileges. Judging them is `check`'s; this module only asks the catalog.
+//! privileges, on it and on its lease table. Judging them is `check`'s; this module only asks the catalog.
 
 use super::{query_err, Outbox, OutboxError};
 
@@ -91,6 +91,19 @@ pub struct TableFacts {
     /// Table privileges the relay never uses (INSERT, TRUNCATE, ...).
     pub extra: Vec<String>,
     pub columns: Vec<ColumnFacts>,
+    /// The lease table beside it (sql/claims.sql); `None` when it does not exist yet.
+    pub claims: Option<ClaimsFacts>,
+}
+
+/// The lease table as the connected role sees it: a claim reads it and inserts its row, a
+/// settlement or the next claim deletes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimsFacts {
+    /// Its quoted, possibly schema-qualified name, for the GRANT that fixes what is missing.
+    pub name: String,
+    pub can_select: bool,
+    pub can_insert: bool,
+    pub can_delete: bool,
 }
 
 impl Outbox {
@@ -120,6 +133,20 @@ impl Outbox {
                 can_update: r.get(4),
             })
             .collect();
+        let claims_name = self.table.claims().quoted();
+        let claims = client
+            .query_opt(
+                include_str!("../../sql/inspect_claims.sql"),
+                &[&claims_name],
+            )
+            .await
+            .map_err(query_err("looking up the lease table's privileges"))?
+            .map(|r| ClaimsFacts {
+                name: claims_name,
+                can_select: r.get(0),
+                can_insert: r.get(1),
+                can_delete: r.get(2),
+            });
         Ok(Some(TableFacts {
             role: row.get(0),
             superuser: row.get(1),
@@ -128,6 +155,7 @@ impl Outbox {
             can_delete: row.get(4),
             extra: row.get(5),
             columns,
+            claims,
         }))
     }
 }
