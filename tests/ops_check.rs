@@ -297,7 +297,7 @@ async fn check_fails_on_a_role_without_update() {
         &output,
         &[
             &format!("FAIL role {role} has the privileges the relay needs on \"outbox\":"),
-            "missing UPDATE on available_at, attempts, lease_owner",
+            "missing UPDATE on available_at, attempts, sent_at",
             &format!("GRANT UPDATE, DELETE ON \"outbox\" TO \"{role}\";"),
             &format!("GRANT SELECT, INSERT, DELETE ON \"outbox_claims\" TO \"{role}\";"),
         ],

@@ -117,8 +117,6 @@ impl TableName {
         }
     }
 
-    /// A name derived from the table's, kept within PostgreSQL's identifier length by
-    /// shortening the table part and adding a hash of it, so two long names never collide.
     /// The table of the relay's leases beside this one (sql/claims.sql), in its schema.
     pub(crate) fn claims(&self) -> TableName {
         TableName {
@@ -127,6 +125,8 @@ impl TableName {
         }
     }
 
+    /// A name derived from the table's, kept within PostgreSQL's identifier length by
+    /// shortening the table part and adding a hash of it, so two long names never collide.
     pub(crate) fn derived(&self, suffix: &str) -> String {
         let full = format!("{}_{suffix}", self.name);
         if full.len() <= MAX_IDENTIFIER_BYTES {

@@ -42,7 +42,8 @@ impl ColumnKind {
     }
 }
 
-/// Every column of sql/migrate_v1.sql, whether the relay updates it, and its kind.
+/// Every column of sql/migrate_v1.sql, whether the relay updates it, and its kind. The lease
+/// columns stay for installs of before the lease table (sql/claims.sql); nothing writes them.
 pub const RELAY_COLUMNS: &[(&str, ColumnKind, bool)] = &[
     ("id", ColumnKind::Bigint, false),
     ("event_id", ColumnKind::Text, false),
@@ -55,9 +56,9 @@ pub const RELAY_COLUMNS: &[(&str, ColumnKind, bool)] = &[
     ("created_at", ColumnKind::Timestamptz, false),
     ("available_at", ColumnKind::Timestamptz, true),
     ("attempts", ColumnKind::Integer, true),
-    ("lease_owner", ColumnKind::Text, true),
-    ("lease_until", ColumnKind::Timestamptz, true),
-    ("lease_token", ColumnKind::Bigint, true),
+    ("lease_owner", ColumnKind::Text, false),
+    ("lease_until", ColumnKind::Timestamptz, false),
+    ("lease_token", ColumnKind::Bigint, false),
     ("sent_at", ColumnKind::Timestamptz, true),
     ("message_id", ColumnKind::Text, true),
     ("quarantined_at", ColumnKind::Timestamptz, true),
