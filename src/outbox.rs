@@ -488,7 +488,7 @@ impl Outbox {
                 tracing::debug!(error = %e, "database connection ended");
             }
         });
-        Ok(Conn::new(client, self.pooler))
+        Ok(Conn::new(client, self.pooler).with_deadline(self.round_trip))
     }
 
     /// The lease table and the (key, id) indexes the claim mode needs; without the indexes

@@ -361,3 +361,65 @@ async fn a_slow_connection_within_the_deadline_is_kept() {
         "the relay replaced its connection:\n{output}"
     );
 }
+
+/// A claim runs in a transaction of its own behind the claims' lock. A connection the relay
+/// gave up on leaves its backend behind on the server, still waiting for that lock or idle in
+/// its transaction holding it, for as long as TCP takes to tell (minutes). The relay's
+/// transactions carry its deadline to the server (`statement_timeout`,
+/// `idle_in_transaction_session_timeout`), so such backends end by themselves instead of
+/// piling up behind the lock: held here by another session for six deadlines, the relay's
+/// waiting backends never number more than the one it is using and the one being cancelled,
+/// and every row is delivered once the lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_the_relay_gave_up_on_end_on_the_server_instead_of_piling_up_behind_the_lock() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("lock-held", &[]).await;
+    let holder = db.client().await;
+    holder
+        .batch_execute(
+            "BEGIN; SELECT pg_advisory_xact_lock(1869968482, 'outbox_claims'::regclass::oid::int)",
+        )
+        .await
+        .unwrap();
+    let timings = [
+        "--lease",
+        "6s",
+        "--send-timeout",
+        "1s",
+        "--settle-margin",
+        "1s",
+        "--db-timeout",
+        "1s",
+    ];
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &timings), &[]);
+    let rows = events("lock-held", 20, 4);
+    insert(&client, &rows, Duration::ZERO).await;
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE datname = current_database() AND application_name LIKE 'outbox-relay%' \
+                   AND wait_event_type = 'Lock'";
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < until {
+        let n: i64 = client.query_one(waiting, &[]).await.unwrap().get(0);
+        most = most.max(n);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        most <= 2,
+        "{most} of the relay's backends waited for the claims' lock at once"
+    );
+    assert!(
+        relay.output().contains("claiming rows"),
+        "the relay's claims met the held lock:\n{}",
+        relay.output()
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    crate::scenario::wait_count(&client, "sent_at IS NOT NULL", 20, Duration::from_secs(60)).await;
+    let messages = receive_all(&queue, 20, Duration::from_secs(30)).await;
+    assert_eq!(copies(&messages).len(), 20);
+    assert!(
+        copies(&messages).values().all(|&n| n == 1),
+        "each row sent once"
+    );
+}

@@ -284,7 +284,8 @@ async fn migrate_check_status_and_quarantine_work_through_transaction_pooling() 
     let direct = db.client().await;
     let locks: i64 = direct
         .query_one(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             &[],
         )
         .await

@@ -23,6 +23,7 @@
 use std::future::{poll_fn, Future};
 use std::pin::pin;
 use std::task::Poll;
+use std::time::Duration;
 
 use futures_util::future::{join3, maybe_done};
 use futures_util::TryStreamExt;
@@ -33,8 +34,8 @@ use tokio_postgres::{Client, Error, Row, Statement};
 use super::Pooler;
 
 /// The relay's own commits do not wait for their WAL flush, and its statements are never JIT
-/// compiled (see `session`); per transaction.
-const RELAXED_BEGIN: &str = "BEGIN; SET LOCAL synchronous_commit = off; SET LOCAL jit = off";
+/// compiled (see `session`); per transaction, through a pooler.
+const RELAXED: &str = "SET LOCAL synchronous_commit = off; SET LOCAL jit = off";
 
 /// A statement the relay runs many times, in the form its connection can keep.
 #[derive(Debug)]
@@ -97,6 +98,9 @@ pub struct Conn {
     pooler: Pooler,
     /// Held while a pooled request is being sent (see the module's documentation).
     order: Mutex<()>,
+    /// `run`'s round-trip deadline (`--db-timeout`): how long the server gives a transaction
+    /// this connection pipelined (see [`Conn::pipelined`]).
+    deadline: Option<Duration>,
 }
 
 impl Conn {
@@ -105,7 +109,34 @@ impl Conn {
             client,
             pooler,
             order: Mutex::new(()),
+            deadline: None,
         }
+    }
+
+    /// The server ends a transaction of ours that outlives `deadline`, running or left idle.
+    pub(super) fn with_deadline(mut self, deadline: Option<Duration>) -> Conn {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The start of a transaction pipelined here: `settings` (on a pooled connection, what a
+    /// session setting does on a direct one), then the deadline on the server's side. A
+    /// connection that goes dark mid-transaction leaves the server holding what the
+    /// transaction took (a claim's lock, a settlement's rows) for as long as TCP takes to tell,
+    /// minutes: `idle_in_transaction_session_timeout` ends a transaction whose next statement
+    /// never came, `statement_timeout` one waiting for a lock such a transaction holds.
+    fn begin(&self, settings: &str) -> String {
+        let mut parts = vec!["BEGIN".to_string()];
+        if !settings.is_empty() {
+            parts.push(settings.to_string());
+        }
+        if let Some(deadline) = self.deadline {
+            let ms = deadline.as_millis().max(1);
+            parts.push(format!(
+                "SET LOCAL idle_in_transaction_session_timeout = {ms}; SET LOCAL statement_timeout = {ms}"
+            ));
+        }
+        parts.join("; ")
     }
 
     pub(super) fn pooled(&self) -> bool {
@@ -175,7 +206,12 @@ impl Conn {
                 self.in_order(self.client.query(sql, params)).await
             }
             Query::Stmt(Stmt::Unnamed { sql, types, writes }) => Ok(self
-                .unnamed(sql, types, writes.then_some(RELAXED_BEGIN), params)
+                .unnamed(
+                    sql,
+                    types,
+                    writes.then(|| self.begin(RELAXED)).as_deref(),
+                    params,
+                )
                 .await?
                 .0),
             Query::Text(sql) => {
@@ -196,7 +232,12 @@ impl Conn {
                 self.in_order(self.client.execute(sql, params)).await
             }
             Query::Stmt(Stmt::Unnamed { sql, types, writes }) => Ok(self
-                .unnamed(sql, types, writes.then_some(RELAXED_BEGIN), params)
+                .unnamed(
+                    sql,
+                    types,
+                    writes.then(|| self.begin(RELAXED)).as_deref(),
+                    params,
+                )
                 .await?
                 .1),
             Query::Text(sql) => {
@@ -270,11 +311,11 @@ impl Conn {
     ) -> Result<Vec<Row>, Error> {
         match query {
             Stmt::Prepared(s) => {
-                let begin = format!("BEGIN; {first}");
+                let begin = format!("{}; {first}", self.begin(""));
                 self.pipelined(&begin, self.client.query(s, params)).await
             }
             Stmt::Unnamed { sql, types, .. } => {
-                let begin = format!("{RELAXED_BEGIN}; {first}");
+                let begin = format!("{}; {first}", self.begin(RELAXED));
                 Ok(self.unnamed(sql, types, Some(&begin), params).await?.0)
             }
         }
@@ -309,8 +350,10 @@ impl Conn {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, Error> {
         let types = self.learn(&[sql]).await?.remove(0);
-        let begin = format!("BEGIN; {settings}");
-        Ok(self.unnamed(sql, &types, Some(&begin), params).await?.1)
+        Ok(self
+            .unnamed(sql, &types, Some(&self.begin(settings)), params)
+            .await?
+            .1)
     }
 
     /// tokio-postgres's own error for a query that returned a count of rows other than the one
