@@ -38,7 +38,14 @@ pub struct WaitSampler {
 }
 
 impl WaitSampler {
+    /// Samples the writers' backends.
     pub async fn start(db: &TestDb) -> WaitSampler {
+        WaitSampler::start_for(db, WRITER_APP).await
+    }
+
+    /// Samples the backends whose `application_name` is like `pattern` (the relay's:
+    /// `outbox-relay%`).
+    pub async fn start_for(db: &TestDb, pattern: &'static str) -> WaitSampler {
         let client = db.client().await;
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
@@ -48,7 +55,7 @@ impl WaitSampler {
                 .prepare(
                     "SELECT state, coalesce(wait_event_type || ':' || wait_event, '') \
                      FROM pg_stat_activity \
-                     WHERE datname = current_database() AND application_name = $1",
+                     WHERE datname = current_database() AND application_name LIKE $1",
                 )
                 .await
                 .expect("prepare the wait sample");
@@ -56,7 +63,7 @@ impl WaitSampler {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             while !stopped.load(Ordering::Relaxed) {
                 tick.tick().await;
-                let Ok(rows) = client.query(&statement, &[&WRITER_APP]).await else {
+                let Ok(rows) = client.query(&statement, &[&pattern]).await else {
                     break;
                 };
                 for row in rows {

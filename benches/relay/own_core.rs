@@ -98,6 +98,8 @@ pub struct Cell {
     pub decoding: Option<Decoding>,
     /// What the writers' backends waited on, sampled.
     pub writer_waits: BTreeMap<String, u64>,
+    /// The same for the relay's backends (none in the other cells): what paces the relay.
+    pub relay_waits: BTreeMap<String, u64>,
 }
 
 /// The whole table: the cores used and every cell, or why it was skipped.
@@ -245,6 +247,7 @@ impl OwnCoreRun {
                 "bench_process_cpu_seconds": c.bench_cpu,
                 "other_core_busy": (c.reader_cpu + c.bench_cpu) / c.cpu_seconds,
                 "writer_backend_samples": c.writer_waits,
+                "relay_backend_samples": c.relay_waits,
             })).collect::<Vec<_>>(),
         })
     }
@@ -302,7 +305,7 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
             for reader in rotated(&Reader::ALL, round) {
                 let cell = cell(settings, &cluster, &db, wakeup, writers, round, reader).await;
                 say(&format!(
-                    "  harm, own core, {writers} writers, round {}, {}{}: {:.0} commits/s{}; database core {:.0}% busy, the other {:.0}%; writers: {}",
+                    "  harm, own core, {writers} writers, round {}, {}{}: {:.0} commits/s{}; database core {:.0}% busy, the other {:.0}%; writers: {}{}",
                     round + 1,
                     reader.label(),
                     match &cell.reader_cores {
@@ -327,6 +330,11 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
                     cell.postgres_cpu / cell.cpu_seconds * 100.0,
                     (cell.reader_cpu + cell.bench_cpu) / cell.cpu_seconds * 100.0,
                     shares(&cell.writer_waits),
+                    if cell.relay_waits.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; relay's backends: {}", shares(&cell.relay_waits))
+                    },
                 ));
                 cells.push(cell);
             }
@@ -409,8 +417,10 @@ async fn cell(
     let bench_before = bench_cpu();
     let window = Instant::now();
     let waits = WaitSampler::start(db).await;
+    let relay_sampler = WaitSampler::start_for(db, "outbox-relay%").await;
     let written = workload::closed_loop(db, &tag, writers, settings.own_core_seconds).await;
     let writer_waits = waits.finish().await;
+    let relay_waits = relay_sampler.finish().await;
     let postgres_cpu = procstat::tree_cpu_seconds(postmaster) - postgres_before;
     let cpu_seconds = window.elapsed().as_secs_f64();
     let reader_cpu = reader_cpu() - reader_before;
@@ -441,5 +451,6 @@ async fn cell(
         reader_cores,
         decoding,
         writer_waits,
+        relay_waits,
     }
 }

@@ -20,7 +20,8 @@ pub struct ClaimArgs {
     #[arg(long, env = "OUTBOX_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
     pub lease: Duration,
 
-    /// Rows per claim.
+    /// Rows per claim; a relay that falls behind (its claims come back full) claims up to four
+    /// times this at once until it has caught up.
     #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value_t = 100)]
     pub batch_size: usize,
 

@@ -39,6 +39,7 @@ use crate::s3::S3;
 use crate::sns::Sns;
 use crate::sqs::Sqs;
 
+mod claim_size;
 mod decide;
 mod deliver;
 mod effect;
@@ -246,8 +247,10 @@ impl Relay {
         // claim being prepared. Counting claims instead starved the request slots when claims
         // are small (a steady stream claims a few rows at a time): five claims of four rows
         // kept five requests in flight of 32.
-        let rows_in_delivery = (c.claim.max_in_flight * batch::MAX_ENTRIES).max(c.claim.batch_size)
-            + c.claim.batch_size;
+        // A relay behind claims up to claim_size::CATCH_UP batches at once.
+        let most = c.claim.batch_size * claim_size::CATCH_UP;
+        let rows_in_delivery = (c.claim.max_in_flight * batch::MAX_ENTRIES).max(most) + most;
+        let mut limit = c.claim.batch_size;
         let row_permits = Arc::new(Semaphore::new(rows_in_delivery));
         // Payload bytes in delivery are bounded too, so memory is: rows of 1 MiB would
         // otherwise fill the row bound with hundreds of MiB (each byte is held about three
@@ -270,7 +273,7 @@ impl Relay {
             }
             // A whole batch is reserved for the claim; what it does not fill goes back at once.
             let mut permit = tokio::select! {
-                permit = Arc::clone(&row_permits).acquire_many_owned(c.claim.batch_size as u32) => permit.expect("never closed"),
+                permit = Arc::clone(&row_permits).acquire_many_owned(limit as u32) => permit.expect("never closed"),
                 _ = tokio::time::sleep(c.claim.poll_interval) => continue,
                 _ = shutdown.cancelled() => break,
             };
@@ -288,7 +291,7 @@ impl Relay {
             }
             let claimed_at = Instant::now();
             let request = ClaimRequest {
-                limit: c.claim.batch_size as i64,
+                limit: limit as i64,
                 owner: c.claim.relay_id.clone(),
                 lease: c.claim.lease,
                 budget_bytes: i64::from(bytes.num_permits() as u32),
@@ -311,10 +314,11 @@ impl Relay {
                     self.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
                     record_quarantined_at_claim(&claimed);
-                    let full = claimed.len() == c.claim.batch_size;
+                    let full = claimed.len() == limit;
+                    limit = claim_size::next(c.claim.batch_size, limit, claimed.len());
                     let rows_claimed = !claimed.is_empty();
                     if rows_claimed {
-                        drop(permit.split(c.claim.batch_size - claimed.len()));
+                        drop(permit.split(permit.num_permits() - claimed.len()));
                         // The first row is claimed whatever its size; it may hold more than was
                         // free, never more than the whole budget (which would wait for ever).
                         let held: usize = claimed.rows.iter().map(|r| r.payload.len()).sum();
