@@ -216,8 +216,8 @@ async fn direct_connection_settings_leak_through_a_transaction_pool() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_with_notify_through_session_pooling_leaves_its_connections_clean() {
     let db = fresh_db().await;
-    // The relay's session and its LISTEN connection, and the application's.
-    let size = 3;
+    // The relay's claims, its settlements, its maintenance and its LISTEN connection.
+    let size = 4;
     let bouncer = bouncer(PoolMode::Session, size).await;
     let pooled = through(&bouncer, &db);
     migrate_through(&pooled, &["--pooler", "session", "--wakeup", "notify"]).await;

@@ -394,6 +394,9 @@ struct Settle {
 pub struct SharedSession {
     outbox: Arc<Outbox>,
     current: Mutex<Option<Arc<Session>>>,
+    /// Whether a connection was ever established: only a later one is news (INFO), the first
+    /// of a lazy session is not.
+    connected: std::sync::atomic::AtomicBool,
 }
 
 impl SharedSession {
@@ -401,6 +404,16 @@ impl SharedSession {
         SharedSession {
             outbox,
             current: Mutex::new(Some(Arc::new(first))),
+            connected: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// A session that connects at its first use.
+    pub fn lazy(outbox: Arc<Outbox>) -> Self {
+        SharedSession {
+            outbox,
+            current: Mutex::new(None),
+            connected: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -436,7 +449,14 @@ impl SharedSession {
         };
         let session = Arc::new(session);
         *current = Some(Arc::clone(&session));
-        tracing::info!(target = %self.outbox.target(), "database connection established");
+        if self
+            .connected
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::info!(target = %self.outbox.target(), "database connection established");
+        } else {
+            tracing::debug!(target = %self.outbox.target(), "database connection established");
+        }
         Ok(session)
     }
 }

@@ -16,7 +16,10 @@ pub const CATCH_UP: usize = 4;
 /// The next claim's row limit after a claim that asked for `asked` rows got `got`.
 pub fn next(batch_size: usize, asked: usize, got: usize) -> usize {
     if got >= asked {
-        asked.saturating_mul(2).min(batch_size * CATCH_UP).max(batch_size)
+        asked
+            .saturating_mul(2)
+            .min(batch_size * CATCH_UP)
+            .max(batch_size)
     } else {
         batch_size
     }
@@ -31,7 +34,11 @@ mod tests {
         assert_eq!(next(100, 100, 100), 200);
         assert_eq!(next(100, 200, 200), 400);
         assert_eq!(next(100, 400, 400), 400, "capped at CATCH_UP batches");
-        assert_eq!(next(100, 400, 399), 100, "room to spare: back to --batch-size");
+        assert_eq!(
+            next(100, 400, 399),
+            100,
+            "room to spare: back to --batch-size"
+        );
         assert_eq!(next(100, 100, 0), 100);
         assert_eq!(next(1, 1, 1), 2);
     }

@@ -219,7 +219,7 @@ impl Relay {
             let (owner, settlement) = (&self.config.claim.relay_id, &settlement);
             let retry = attempt > 0;
             let result = self
-                .session
+                .settlements
                 .run("recording outcomes", |s| async move {
                     s.settle(owner, settlement, retry).await
                 })

@@ -71,6 +71,9 @@ struct Relay {
     outbox: Arc<Outbox>,
     /// The connection claims and settlements share, replaced when it goes dark.
     session: SharedSession,
+    /// Settlements' own connection: a second backend, so that with the database's cores
+    /// saturated by the application the relay's claims and settlements each get a share.
+    settlements: SharedSession,
     /// Statistics and maintenance, on a connection of their own so they never delay claims
     /// and settlements.
     upkeep: Upkeep,
@@ -205,6 +208,7 @@ pub async fn run(
         ),
         plan_config: config.plan(),
         session: SharedSession::new(Arc::clone(&outbox), first),
+        settlements: SharedSession::lazy(Arc::clone(&outbox)),
         upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
         outbox,
         sqs,
