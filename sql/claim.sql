@@ -61,7 +61,9 @@ claimed AS (
            extract(epoch FROM o.created_at)::float8,
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
            c.doom,
-           d.last_error AS doom_error
+           d.last_error AS doom_error,
+           -- Where the row stands in its group's order: the relay keeps a group's rows so.
+           row_number() OVER (ORDER BY {order_o}) AS turn
     FROM candidates AS c
     JOIN {table} AS o ON o.id = c.id
     LEFT JOIN doomed AS d ON d.id = c.id

@@ -1,4 +1,6 @@
--- Ordered delivery: a group's events are claimed in id order, one claim at a time per group.
+-- Ordered delivery: a group's events are claimed in its order (`id`, or with --order-by
+-- transaction `(xact_id, id)`: src/outbox/order_by.rs; "earlier" below is that order), one
+-- claim at a time per group.
 -- A group is (destination, group key): the key's rows bound for one destination (the one
 -- fragment sql/destination.sql); the same key on another destination is another group.
 --
@@ -39,7 +41,7 @@
 WITH RECURSIVE
 {leased}
 window_rows AS (
-    SELECT w.id, {key_w} AS k, {dest_w} AS d
+    SELECT w.id{carried_w}, {key_w} AS k, {dest_w} AS d
     FROM {table} AS w
     WHERE w.sent_at IS NULL AND w.quarantined_at IS NULL AND w.id >= $5::bigint
     ORDER BY w.id
@@ -49,7 +51,7 @@ window_rows AS (
 -- unsent row), so a long group costs one probe here, not one per row it has in the window.
 oldest AS (
     SELECT c.id
-    FROM (SELECT id, row_number() OVER (PARTITION BY k, d ORDER BY id) AS nth
+    FROM (SELECT id, row_number() OVER (PARTITION BY k, d ORDER BY {order_bare}) AS nth
           FROM window_rows) AS f
     JOIN {table} AS c ON c.id = f.id
     WHERE f.nth = 1
@@ -85,7 +87,7 @@ others AS (
         WHERE {key_f} >= keys.k AND {key_f} <= keys.k
           AND f.sent_at IS NULL
           AND f.quarantined_at IS NULL
-        ORDER BY {key_f}, f.id
+        ORDER BY {key_f}, {order_f}
         LIMIT 1
     ) AS f
     JOIN {table} AS c ON c.id = f.id
@@ -118,19 +120,19 @@ runs AS (
     CROSS JOIN LATERAL (
         SELECT s.id, s.pos
         FROM (SELECT g.id,
-                     row_number() OVER (ORDER BY g.id) AS pos,
+                     row_number() OVER (ORDER BY {order_g}) AS pos,
                      bool_and(g.quarantined_at IS NULL
                               AND g.available_at <= now()
                               AND g.id NOT IN (SELECT id FROM leased))
-                         OVER (ORDER BY g.id) AS open
-              FROM (SELECT c.id, c.quarantined_at, c.available_at
+                         OVER (ORDER BY {order_g}) AS open
+              FROM (SELECT c.id{carried_c}, c.quarantined_at, c.available_at
                     FROM {table} AS c
                     WHERE {key_c} >= {key_h} AND {key_c} <= {key_h}
-                      AND c.id > h.id
+                      AND {position_c} > {position_h}
                       AND c.sent_at IS NULL
                       AND {dest_c} = {dest_h}
                       {not_poison_c}
-                    ORDER BY {key_c}, c.id
+                    ORDER BY {key_c}, {order_c}
                     -- 9 rows behind each head, up to 29 when the claim found few heads: a
                     -- lone long group then sends up to three requests of 10, one after
                     -- the other, per claim and settlement.
@@ -156,6 +158,8 @@ chosen AS (
       AND c.quarantined_at IS NULL
       AND c.available_at <= now()
       AND c.id NOT IN (SELECT id FROM leased)
+      -- --order-by transaction: not while an older transaction still runs (order_by.rs).
+      AND {released_c}
 ),
 weighed AS (
     {weighed}

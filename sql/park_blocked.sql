@@ -1,4 +1,5 @@
--- Ordered delivery with --on-poison block: unsent rows waiting behind a quarantined row of
+-- Ordered delivery with --on-poison block: unsent rows waiting behind (in the group's order,
+-- src/outbox/order_by.rs) a quarantined row of
 -- their group (destination and group key; the destination is sql/destination.sql) are parked
 -- as quarantined with reason `blocked`, so they show up in `quarantine list` and stop being
 -- walked by every claim. Rows under a lease are left alone, and
@@ -9,15 +10,15 @@ SET quarantined_at = now(),
     quarantine_reason = 'blocked',
     last_error = 'waiting behind quarantined event ' || head.event_id || ' (id ' || head.id || ') of its group'
 FROM (
-    SELECT DISTINCT ON ({key_q}, {dest_q}) {key_q} AS k, {dest_q} AS d, q.id, q.event_id
+    SELECT DISTINCT ON ({key_q}, {dest_q}) {key_q} AS k, {dest_q} AS d, q.id{carried_q}, q.event_id
     FROM {table} AS q
     WHERE q.quarantined_at IS NOT NULL
       AND q.quarantine_reason IS DISTINCT FROM 'blocked'
-    ORDER BY {key_q}, {dest_q}, q.id
+    ORDER BY {key_q}, {dest_q}, {order_q}
 ) AS head
 WHERE {key_o} = head.k
   AND {dest_o} = head.d
-  AND o.id > head.id
+  AND {position_o} > {position_head}
   AND o.sent_at IS NULL
   AND o.quarantined_at IS NULL
   AND o.id NOT IN (SELECT unnest(l.ids) FROM {claims} AS l)

@@ -9,4 +9,6 @@ SELECT EXISTS (
       AND quarantined_at IS NULL
       AND available_at <= now()
       AND id NOT IN (SELECT unnest(l.ids) FROM {claims} AS l WHERE l.until >= now())
+      -- --order-by transaction: rows behind a running older transaction are not work yet.
+      AND {released}
 )

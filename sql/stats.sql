@@ -10,7 +10,7 @@
 -- quarantine gauges both, so an undelivered row is never missing from the age an operator
 -- alerts on. Only the claims' floor keeps to claimable rows.
 WITH unsent_head AS (
-    SELECT id, created_at
+    SELECT id, created_at{carried}
     FROM {table}
     WHERE sent_at IS NULL AND quarantined_at IS NULL
     ORDER BY id
@@ -63,5 +63,9 @@ SELECT
     q.head_first,
     q.head_last,
     q.top,
-    coalesce(greatest(extract(epoch FROM now() - q.oldest), 0)::float8, 0)
+    coalesce(greatest(extract(epoch FROM now() - q.oldest), 0)::float8, 0),
+    -- --order-by transaction: of the first $1 unsent rows, those the claims' watermark holds
+    -- back (an older transaction still runs, src/outbox/order_by.rs), and the age of the
+    -- oldest of them; 0 and 0 otherwise.
+    {watermark}
 FROM unsent AS u, quarantined AS q

@@ -12,7 +12,7 @@ WHERE o.quarantined_at IS NOT NULL
       FROM {table} AS p
       WHERE {key_p} = {key_o}
         AND {dest_p} = {dest_o}
-        AND p.id < o.id
+        AND {position_p} < {position_o}
         AND p.sent_at IS NULL
         AND p.quarantined_at IS NOT NULL
         AND p.quarantine_reason IS DISTINCT FROM 'blocked'

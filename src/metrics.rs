@@ -15,6 +15,10 @@ pub const UNSENT_ROWS: &str = "outbox_unsent_rows";
 pub const QUARANTINED_ROWS: &str = "outbox_quarantined_rows";
 pub const OLDEST_QUARANTINED_AGE: &str = "outbox_oldest_quarantined_age_seconds";
 pub const BLOCKED_ROWS: &str = "outbox_blocked_rows";
+/// `--order-by transaction`: how long the oldest committed event has been held back behind
+/// an older transaction that still runs (the claims' watermark), and how many are.
+pub const WATERMARK_AGE: &str = "outbox_order_watermark_age_seconds";
+pub const WATERMARK_HELD_ROWS: &str = "outbox_order_watermark_held_rows";
 pub const EVENTS_SENT: &str = "outbox_events_sent_total";
 pub const SEND_FAILURES: &str = "outbox_send_failures_total";
 pub const OFFLOADED: &str = "outbox_offloaded_total";
@@ -73,6 +77,15 @@ fn describe() {
     describe_gauge!(
         BLOCKED_ROWS,
         "quarantined rows parked behind a quarantined event of their group (ordered delivery)"
+    );
+    describe_gauge!(
+        WATERMARK_AGE,
+        Unit::Seconds,
+        "--order-by transaction: now - created_at of the oldest committed row held back because an older transaction still runs; 0 when none"
+    );
+    describe_gauge!(
+        WATERMARK_HELD_ROWS,
+        "--order-by transaction: committed unsent rows held back because an older transaction still runs"
     );
     describe_counter!(EVENTS_SENT, "rows marked sent");
     describe_counter!(SEND_FAILURES, "failed sends per entry, by kind");

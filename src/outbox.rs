@@ -42,6 +42,7 @@ mod ident;
 pub mod inspect;
 mod listen;
 pub(crate) mod liveness;
+mod order_by;
 mod pooler;
 pub mod schema;
 mod session;
@@ -62,6 +63,7 @@ pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use liveness::{reconnect_delay, replacement, Replace};
+pub use order_by::{OrderBy, XACT_COLUMN};
 pub use pooler::Pooler;
 pub use schema::LockPolicy;
 pub use session::{Session, SharedSession, Stats};
@@ -251,8 +253,8 @@ impl Outbox {
             settle_delete: settle(include_str!("../sql/settle_delete.sql"))?,
             lost_leases: fill(include_str!("../sql/lost_leases.sql"))?,
             unpark_destination: fill(include_str!("../sql/unpark_destination.sql"))?,
-            stats: fill(include_str!("../sql/stats.sql"))?,
-            probe: fill(include_str!("../sql/probe.sql"))?,
+            stats: stats_sql(&table, OrderBy::Id)?,
+            probe: probe_sql(&table, OrderBy::Id)?,
             delete_expired: fill(include_str!("../sql/delete_expired.sql"))?,
             quarantine_list: fill(include_str!("../sql/quarantine_list.sql"))?,
             quarantine_retry: fill(include_str!("../sql/quarantine_retry.sql"))?,
@@ -329,6 +331,20 @@ impl Outbox {
                         "ordered_o",
                         Value::Sql(&claim::fifo_bound(&ordered.scope, "o", "$1")),
                     ),
+                    (&format!("carried_{a}"), Value::Sql(&ordered.by.carried(a))),
+                    (
+                        &format!("order_{a}"),
+                        Value::Sql(&ordered.by.columns(Some(a))),
+                    ),
+                    (
+                        &format!("position_{a}"),
+                        Value::Sql(&ordered.by.position(a)),
+                    ),
+                    (
+                        &format!("position_{b}"),
+                        Value::Sql(&ordered.by.position(b)),
+                    ),
+                    ("position_head", Value::Sql(&ordered.by.position("head"))),
                 ],
             )
             .map_err(OutboxError::Template)
@@ -342,6 +358,8 @@ impl Outbox {
             self.sql.park_blocked = None;
             self.sql.unpark_blocked = None;
         }
+        self.sql.probe = probe_sql(table, strategy.order_by())?;
+        self.sql.stats = stats_sql(table, strategy.order_by())?;
         self.strategy = strategy;
         Ok(self)
     }
@@ -412,6 +430,47 @@ impl Outbox {
         let db = self.pg.get_dbname().unwrap_or("(default database)");
         format!("{host}:{port}/{db}")
     }
+}
+
+/// The idle relay's look for work (sql/probe.sql): rows an order holds back are not work yet.
+fn probe_sql(table: &TableName, by: OrderBy) -> Result<String, OutboxError> {
+    let claims = table.claims();
+    render(
+        include_str!("../sql/probe.sql"),
+        &[
+            ("table", Value::Table(table)),
+            ("claims", Value::Table(&claims)),
+            ("released", Value::Sql(&by.released(None))),
+        ],
+    )
+    .map_err(OutboxError::Template)
+}
+
+/// The gauges (sql/stats.sql); under transaction order also the first unsent rows the claims'
+/// watermark holds back, and the age of the oldest of them.
+fn stats_sql(table: &TableName, by: OrderBy) -> Result<String, OutboxError> {
+    let (carried, watermark) = match by {
+        OrderBy::Id => (String::new(), "0::bigint, 0::float8".to_string()),
+        OrderBy::Transaction => {
+            let held = format!("FROM unsent_head WHERE NOT {}", by.released(None));
+            (
+                format!(", {XACT_COLUMN}"),
+                format!(
+                    "(SELECT count(*) {held}), \
+                     coalesce(greatest(extract(epoch FROM now() - (SELECT min(created_at) {held})), 0)::float8, 0)"
+                ),
+            )
+        }
+    };
+    render(
+        include_str!("../sql/stats.sql"),
+        &[
+            ("table", Value::Table(table)),
+            ("carried", Value::Sql(&carried)),
+            ("watermark", Value::Sql(&watermark)),
+        ],
+    )
+    .map_err(OutboxError::Template)
 }
 
 /// Connecting: the handshake within its bound, the session's settings, and the checks a new
@@ -497,10 +556,11 @@ impl Outbox {
     async fn check_key_indexes(&self, client: &Conn) -> Result<(), OutboxError> {
         let mut needed = Vec::new();
         if let Some(o) = self.strategy.ordered() {
-            needed.push((&o.key, KeyIndex::Order, "--group-by"));
+            let [order, pending] = KeyIndex::for_groups(o.by);
+            needed.push((&o.key, order, "--group-by"));
             // The ordered claim's `others` walks the groups with unsent rows in this index.
             if o.scope == OrderScope::Every {
-                needed.push((&o.key, KeyIndex::Fair, "--group-by"));
+                needed.push((&o.key, pending, "--group-by"));
             }
         }
         if let Some(k) = self.strategy.fair() {
@@ -528,6 +588,10 @@ impl Outbox {
                     table: self.table.to_string(),
                     key: key.to_string(),
                     flag,
+                    order: match kind.order_by() {
+                        OrderBy::Id => "",
+                        OrderBy::Transaction => " --order-by transaction",
+                    },
                 });
             }
         }
@@ -616,6 +680,7 @@ mod tests {
                     routing: Default::default(),
                     skip_poison,
                     scope: OrderScope::Every,
+                    by: Default::default(),
                 },
                 fair: KeyColumn::EventType,
             };
@@ -682,6 +747,7 @@ mod tests {
                 routing: Default::default(),
                 skip_poison: false,
                 scope: OrderScope::Every,
+                by: Default::default(),
             }),
             None,
         );

@@ -27,6 +27,7 @@ mod ops_secrets;
 mod ops_status;
 mod ops_tls;
 mod ops_tls_client;
+mod order_by;
 mod otel;
 mod outbox_sql;
 mod partition;

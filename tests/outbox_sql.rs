@@ -539,6 +539,7 @@ async fn ordered_session(db: &TestDb, skip_poison: bool) -> Session {
             routing: Default::default(),
             skip_poison,
             scope: OrderScope::Every,
+            by: Default::default(),
         }))
         .unwrap()
         .connect()

@@ -50,6 +50,7 @@ fn ordered(skip_poison: bool) -> Ordered {
         routing: Default::default(),
         skip_poison,
         scope: OrderScope::Every,
+        by: Default::default(),
     }
 }
 

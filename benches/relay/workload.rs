@@ -178,6 +178,7 @@ impl Database {
             routing: Default::default(),
             skip_poison: false,
             scope: OrderScope::Every,
+            by: Default::default(),
         }))
         .expect("claim statement");
         Arc::new(outbox)

@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::DatabaseArgs;
 use crate::batch::KeyColumn;
-use crate::outbox::{KeyIndex, Wakeup};
+use crate::outbox::{KeyIndex, OrderBy, Wakeup};
 
 #[derive(Debug, Clone, Args)]
 pub struct QuarantineListArgs {
@@ -72,6 +72,11 @@ pub struct MigrateArgs {
     #[arg(long, env = "OUTBOX_GROUP_BY")]
     pub group_by: Option<KeyColumn>,
 
+    /// With `transaction`, also add what --order-by transaction needs: the xact_id column
+    /// (catalog only, no rewrite) and the group key's indexes in that order.
+    #[arg(long, env = "OUTBOX_ORDER_BY", default_value = "id")]
+    pub order_by: OrderBy,
+
     /// Also create the index that --fair-by with this key needs.
     #[arg(long, env = "OUTBOX_FAIR_BY")]
     pub fair_by: Option<KeyColumn>,
@@ -115,11 +120,17 @@ impl MigrateArgs {
 
     /// The keys whose (key, id) index `migrate` creates besides the default one.
     pub fn keys(&self) -> Vec<(KeyColumn, KeyIndex)> {
-        // Ordered claims need both of the group key's indexes (see KeyIndex).
+        // Ordered claims need both of the group key's indexes (see KeyIndex); transaction
+        // order its own two, for the default key too.
+        let transaction = (self.order_by == OrderBy::Transaction).then(|| {
+            let key = self.group_by.clone().unwrap_or(KeyColumn::AggregateId);
+            KeyIndex::for_groups(OrderBy::Transaction).map(|kind| (key.clone(), kind))
+        });
         let order = self
             .group_by
             .iter()
-            .flat_map(|k| [(k.clone(), KeyIndex::Order), (k.clone(), KeyIndex::Fair)]);
+            .flat_map(|k| KeyIndex::for_groups(OrderBy::Id).map(|kind| (k.clone(), kind)))
+            .chain(transaction.into_iter().flatten());
         let fair = self.fair_by.iter().map(|k| (k.clone(), KeyIndex::Fair));
         order.chain(fair).collect()
     }

@@ -8,7 +8,7 @@ use super::parse::{parse_bytes, parse_route};
 use super::run::DestinationConfig;
 use crate::batch::{KeyColumn, MessageFormat, OffloadPlan, PlanOrdering};
 use crate::destination::{Destination, MessageGroup};
-use crate::outbox::{ClaimStrategy, OrderScope, Ordered};
+use crate::outbox::{ClaimStrategy, OrderBy, OrderScope, Ordered};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Switch {
@@ -41,6 +41,12 @@ pub struct OrderArgs {
     /// acknowledged, across all replicas.
     #[arg(long, env = "OUTBOX_ORDERED", value_enum, default_value_t = Switch::Auto)]
     pub ordered: Switch,
+
+    /// A group's order: id (insertion order) or transaction (the writing transactions' order;
+    /// a row waits while an older transaction still runs; needs `migrate --order-by
+    /// transaction`).
+    #[arg(long, env = "OUTBOX_ORDER_BY", default_value = "id")]
+    pub order_by: OrderBy,
 
     /// The group key: FIFO MessageGroupId and the unit of ordering (aggregate_id, aggregate_type,
     /// event_type or header:NAME).
@@ -155,6 +161,9 @@ impl OrderArgs {
                     .collect(),
             }),
         };
+        if self.order_by == OrderBy::Transaction && scope != Some(OrderScope::Every) {
+            return Err("--order-by transaction orders every group: it needs --ordered on, or --ordered auto with a FIFO --queue-url".to_string());
+        }
         if self.fair_group_id && self.fair_by.is_none() {
             return Err(
                 "--fair-group-id sends the --fair-by key as MessageGroupId: set --fair-by too"
@@ -174,6 +183,7 @@ impl OrderArgs {
             routing: crate::group::Routing::new(queue_url, &self.routes, &self.route_by),
             skip_poison: self.on_poison == OnPoison::Skip,
             scope,
+            by: self.order_by,
         });
         let ordering = ordered.as_ref().map(|o| PlanOrdering {
             every_destination: o.scope == OrderScope::Every,

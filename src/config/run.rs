@@ -14,7 +14,7 @@ use super::order::{FormatArgs, OffloadArgs, OffloadConfig, OrderArgs, OrderConfi
 use super::{DatabaseArgs, DatabaseConfig};
 use crate::batch::{MessageFormat, PlanConfig};
 use crate::destination::Destination;
-use crate::outbox::{ClaimLimits, RelaySettings};
+use crate::outbox::{ClaimLimits, OrderBy, RelaySettings};
 
 // `--help` lists the flags in the order of the groups here (docs/configuration.md follows it).
 #[derive(Debug, Clone, Args)]
@@ -130,6 +130,9 @@ impl RunArgs {
         let retry = self.retry.validate(&send, claim.lease)?;
         let maintenance = self.maintenance.validate()?;
         let order = self.order.validate(&destination)?;
+        if database.adopted.is_some() && self.order.order_by == OrderBy::Transaction {
+            return Err("--order-by transaction is not supported on an adopted table (--adopt, --column): the relay adds its xact_id column only to tables migrate created".to_string());
+        }
         let format = self.format.validate()?;
         let offload = self.offload.validate(send.max_request_bytes)?;
         Ok(RunConfig {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
 use super::ident::{key_sql, TableName};
+use super::order_by::OrderBy;
 use super::template::{render, Value};
 use crate::group::Routing;
 use crate::row::KeyColumn;
@@ -38,6 +39,8 @@ pub struct Ordered {
     pub skip_poison: bool,
     /// Which rows are ordered.
     pub scope: OrderScope,
+    /// What "earlier" means within a group (`--order-by`).
+    pub by: OrderBy,
 }
 
 /// Which rows ordered delivery applies to: ordering is decided per destination queue.
@@ -153,6 +156,11 @@ impl ClaimStrategy {
         }
     }
 
+    /// The order within a group; insertion order when nothing is ordered.
+    pub fn order_by(&self) -> OrderBy {
+        self.ordered().map(|o| o.by).unwrap_or_default()
+    }
+
     pub fn fair(&self) -> Option<&KeyColumn> {
         match self {
             ClaimStrategy::Fair { key } | ClaimStrategy::OrderedFair { fair: key, .. } => Some(key),
@@ -232,6 +240,7 @@ impl ClaimStrategy {
                 ("claims", l),
                 ("max_payload", Value::Sql(&max_payload)),
                 ("max_attempts", Value::Sql(&max_attempts)),
+                ("order_o", Value::Sql(&self.order_by().columns(Some("o")))),
             ],
         )?;
         let weighed = weighed(&max_payload, &max_attempts);
@@ -253,16 +262,20 @@ impl ClaimStrategy {
             .map(|o| {
                 let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
                 Ok::<_, String>(format!(
-                    "coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
-                     WHERE {p} >= {c} AND {p} <= {c} AND p.id < c.id AND {} = {} \
-                     ORDER BY {p} DESC, p.id DESC LIMIT 1), true)",
+                    "({} AND coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
+                     WHERE {p} >= {c} AND {p} <= {c} AND {} < {} AND {} = {} \
+                     ORDER BY {p} DESC, {} LIMIT 1), true))",
+                    o.by.released(Some("c")),
                     if o.skip_poison {
                         format!(" OR {}", poison("p"))
                     } else {
                         String::new()
                     },
+                    o.by.position("p"),
+                    o.by.position("c"),
                     destination_sql(o, "p")?,
                     destination_sql(o, "c")?,
+                    o.by.columns_desc(Some("p")),
                     table = table.quoted(),
                 ))
             })
@@ -312,6 +325,7 @@ impl ClaimStrategy {
         }
         let ordered = ordered.expect("full ordered");
         let key = &ordered.key;
+        let by = ordered.by;
         let (fair_h, fair_turn) = match self.fair() {
             Some(f) => (
                 key_sql(f, Some("h")),
@@ -373,6 +387,15 @@ impl ClaimStrategy {
                 ("payload_bytes", Value::Sql(&payload)),
                 ("weighed", Value::Sql(&weighed)),
                 ("claim_update", Value::Sql(&update)),
+                ("carried_w", Value::Sql(&by.carried("w"))),
+                ("carried_c", Value::Sql(&by.carried("c"))),
+                ("order_bare", Value::Sql(&by.columns(None))),
+                ("order_c", Value::Sql(&by.columns(Some("c")))),
+                ("order_f", Value::Sql(&by.columns(Some("f")))),
+                ("order_g", Value::Sql(&by.columns(Some("g")))),
+                ("position_c", Value::Sql(&by.position("c"))),
+                ("position_h", Value::Sql(&by.position("h"))),
+                ("released_c", Value::Sql(&by.released(Some("c")))),
             ],
         )
     }
@@ -511,6 +534,7 @@ mod tests {
             ),
             skip_poison,
             scope,
+            by: OrderBy::Id,
         };
         let fifo_rows = OrderScope::FifoDestinations {
             route_by: KeyColumn::AggregateType,
@@ -532,7 +556,38 @@ mod tests {
                 ordered: ordered(fifo_rows, true),
                 fair: KeyColumn::EventType,
             },
+            ClaimStrategy::Ordered(Ordered {
+                by: OrderBy::Transaction,
+                ..ordered(OrderScope::Every, false)
+            }),
+            ClaimStrategy::OrderedFair {
+                ordered: Ordered {
+                    by: OrderBy::Transaction,
+                    ..ordered(OrderScope::Every, true)
+                },
+                fair: KeyColumn::AggregateType,
+            },
         ]
+    }
+
+    #[test]
+    fn transaction_order_compares_transactions_and_claims_nothing_past_the_watermark() {
+        let table: TableName = "outbox".parse().unwrap();
+        for strategy in strategies() {
+            let sql = strategy.sql(&table).unwrap();
+            let watermark = "pg_snapshot_xmin(pg_current_snapshot())";
+            if strategy.order_by() == OrderBy::Transaction {
+                // Heads (in `oldest`, `others`, the fair heads) and every chosen row.
+                assert!(sql.matches(watermark).count() >= 2, "{strategy:?}");
+                assert!(sql.contains("(p.xact_id, p.id) < (c.xact_id, c.id)"));
+                assert!(sql.contains("(c.xact_id, c.id) > (h.xact_id, h.id)"));
+                assert!(sql.contains("ORDER BY o.xact_id, o.id) AS turn"));
+                assert!(!sql.contains("p.id < c.id"), "{strategy:?}");
+            } else {
+                assert!(!sql.contains(".xact_id"), "{strategy:?}");
+                assert!(sql.contains("ORDER BY o.id) AS turn"), "{strategy:?}");
+            }
+        }
     }
 
     /// The `$n` numbers a statement uses.
@@ -607,6 +662,7 @@ mod tests {
             routing: Routing::default(),
             skip_poison: false,
             scope: OrderScope::Every,
+            by: OrderBy::Id,
         };
         assert_eq!(ClaimStrategy::new(None, None), ClaimStrategy::Plain);
         assert!(matches!(
@@ -657,6 +713,7 @@ mod tests {
             routing: Routing::default(),
             skip_poison: true,
             scope: OrderScope::Every,
+            by: OrderBy::Id,
         })
         .sql(&"outbox".parse().unwrap())
         .unwrap();

@@ -31,8 +31,10 @@ const CREATED_AT: usize = 11;
 /// Why the claim quarantined the row instead of leasing it; NULL for a leased row.
 const DOOM: usize = 12;
 const DOOM_ERROR: usize = 13;
+/// The row's place in its group's order among the claim's rows (`--order-by`).
+pub(super) const TURN: usize = 14;
 /// Full ordered claims: where the next claim's search for groups continues.
-pub(super) const CURSOR: usize = 14;
+pub(super) const CURSOR: usize = 15;
 
 /// One row of a claim.
 pub(super) enum Decoded {

@@ -18,11 +18,13 @@ pub enum OutboxError {
     Wakeup(String),
     #[error("table {0} does not exist: run `outbox-relay migrate` with the same --table, or fix --table")]
     TableMissing(String),
-    #[error("the index for {key} is missing on {table}: run `outbox-relay migrate --table {table} {flag} {key}`")]
+    #[error("the index for {key} is missing on {table}: run `outbox-relay migrate --table {table} {flag} {key}{order}`")]
     KeyIndexMissing {
         table: String,
         key: String,
         flag: &'static str,
+        /// ` --order-by transaction` when that order's indexes are the missing ones.
+        order: &'static str,
     },
     #[error("the lease table {claims} of {table} is missing (an install of an older relay): stop the older relays, then run `outbox-relay migrate --table {table}` (with --adopt for an adopted table)")]
     ClaimsTableMissing { table: String, claims: String },

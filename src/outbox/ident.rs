@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::order_by::OrderBy;
 use crate::row::KeyColumn;
 
 /// A possibly schema-qualified table name from configuration.
@@ -182,20 +183,45 @@ pub enum KeyIndex {
     /// rows cost its fair claims nothing): fair claiming walks its key's values, ordered claims
     /// their groups.
     Fair,
+    /// [`KeyIndex::Order`] under `--order-by transaction`: (key, xact_id, id).
+    TransactionOrder,
+    /// [`KeyIndex::Fair`] under `--order-by transaction`: the first pending row of a group in
+    /// its order is one probe.
+    TransactionPending,
 }
 
 impl KeyIndex {
+    /// The two indexes ordered claims of `by` need for a group key.
+    pub fn for_groups(by: OrderBy) -> [KeyIndex; 2] {
+        match by {
+            OrderBy::Id => [KeyIndex::Order, KeyIndex::Fair],
+            OrderBy::Transaction => [KeyIndex::TransactionOrder, KeyIndex::TransactionPending],
+        }
+    }
+
     pub(crate) fn prefix(self) -> &'static str {
         match self {
             KeyIndex::Order => "order",
             KeyIndex::Fair => "pending",
+            KeyIndex::TransactionOrder => "xact_order",
+            KeyIndex::TransactionPending => "xact_pending",
         }
     }
 
     pub(crate) fn predicate(self) -> &'static str {
         match self {
-            KeyIndex::Order => "",
-            KeyIndex::Fair => " WHERE sent_at IS NULL AND quarantined_at IS NULL",
+            KeyIndex::Order | KeyIndex::TransactionOrder => "",
+            KeyIndex::Fair | KeyIndex::TransactionPending => {
+                " WHERE sent_at IS NULL AND quarantined_at IS NULL"
+            }
+        }
+    }
+
+    /// The order the index keeps each key's rows in.
+    pub(crate) fn order_by(self) -> OrderBy {
+        match self {
+            KeyIndex::Order | KeyIndex::Fair => OrderBy::Id,
+            KeyIndex::TransactionOrder | KeyIndex::TransactionPending => OrderBy::Transaction,
         }
     }
 
@@ -203,8 +229,8 @@ impl KeyIndex {
     /// (the fair index of schema version 1 also held quarantined rows, as `key_<KEY>_idx`).
     pub(crate) fn replaces(self) -> Option<&'static str> {
         match self {
-            KeyIndex::Order => None,
             KeyIndex::Fair => Some("key"),
+            _ => None,
         }
     }
 }

@@ -7,7 +7,7 @@ use tokio::sync::Mutex;
 
 use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy};
 use super::conn::{Conn, Stmt};
-use super::decode::{decode, Decoded, CURSOR};
+use super::decode::{decode, Decoded, CURSOR, TURN};
 use super::liveness::{replacement, Replace};
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
 use super::{query_err, Outbox, OutboxError, Sql};
@@ -32,6 +32,10 @@ pub struct Stats {
     pub oldest_quarantined_age_seconds: f64,
     /// Some count was extrapolated past `upkeep::STATS_EXACT_UP_TO` rows rather than counted.
     pub estimated: bool,
+    /// `--order-by transaction`: unsent rows (of the first counted) held back because an older
+    /// transaction still runs, and now − created_at of the oldest of them; 0 otherwise.
+    pub held_back: i64,
+    pub oldest_held_back_age_seconds: f64,
 }
 
 impl Outbox {
@@ -178,6 +182,7 @@ impl Session {
             cursor: request.cursor.clone(),
             ..Claimed::default()
         };
+        let mut turns = Vec::with_capacity(rows.len());
         for row in &rows {
             if self.strategy.returns_cursor() {
                 claimed.cursor = row
@@ -189,13 +194,18 @@ impl Session {
                     continue;
                 }
             }
+            let turn: i64 = row
+                .try_get(TURN)
+                .map_err(query_err("reading a claimed row's turn"))?;
             match decode(row)? {
-                Decoded::Row(row) => claimed.rows.push(*row),
+                Decoded::Row(row) => turns.push((turn, *row)),
                 Decoded::Quarantined(row) => claimed.quarantined.push(row),
             }
         }
-        // The claim's rows come back in no particular order.
-        claimed.rows.sort_unstable_by_key(|r| r.id);
+        // The claim's rows come back in no particular order; the planner keeps a group's rows
+        // in the order they are given, so they are given in the group's (`--order-by`).
+        turns.sort_unstable_by_key(|(turn, _)| *turn);
+        claimed.rows = turns.into_iter().map(|(_, row)| row).collect();
         Ok(claimed)
     }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::template::{render, Value};
-use super::{query_err, Outbox, OutboxError};
+use super::{query_err, OrderBy, Outbox, OutboxError, XACT_COLUMN};
 
 /// A snapshot of the outbox table. The JSON field names are part of the interface: scripts
 /// and monitors read them.
@@ -34,6 +34,18 @@ pub struct TableStatus {
     pub oldest_quarantined_age_seconds: f64,
     /// Rows marked sent within the last minute: is anything moving?
     pub sent_last_minute: i64,
+    /// A table migrated for `--order-by transaction`: unsent rows held back because a
+    /// transaction older than theirs still runs (the claims' watermark), and now − created_at
+    /// of the oldest of them (`outbox_order_watermark_age_seconds`). Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_back: Option<HeldBack>,
+}
+
+/// Rows the transaction order's watermark holds back.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct HeldBack {
+    pub rows: i64,
+    pub oldest_age_seconds: f64,
 }
 
 impl Outbox {
@@ -53,6 +65,7 @@ impl Outbox {
             .query_one(&sql, &[])
             .await
             .map_err(query_err("reading the outbox status"))?;
+        let held_back = self.held_back(&client).await?;
         let by_reason: serde_json::Value = row.get(4);
         let quarantined_by_reason: BTreeMap<String, i64> = by_reason
             .as_object()
@@ -70,7 +83,40 @@ impl Outbox {
             oldest_unsent_age_seconds: row.get(2),
             oldest_quarantined_age_seconds: row.get(6),
             sent_last_minute: row.get(3),
+            held_back,
         })
+    }
+
+    /// The watermark's hold-back, on a table that has the `xact_id` column.
+    async fn held_back(&self, client: &super::Conn) -> Result<Option<HeldBack>, OutboxError> {
+        let has_column: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+                &[&self.table.quoted(), &XACT_COLUMN],
+            )
+            .await
+            .map_err(query_err("looking for the xact_id column"))?
+            .get(0);
+        if !has_column {
+            return Ok(None);
+        }
+        let sql = render(
+            include_str!("../../sql/status_held_back.sql"),
+            &[
+                ("table", Value::Table(&self.table)),
+                ("released", Value::Sql(&OrderBy::Transaction.released(None))),
+            ],
+        )
+        .map_err(OutboxError::Template)?;
+        let row = client
+            .query_one(&sql, &[])
+            .await
+            .map_err(query_err("reading the rows held back"))?;
+        Ok(Some(HeldBack {
+            rows: row.get(0),
+            oldest_age_seconds: row.get(1),
+        }))
     }
 }
 
@@ -99,6 +145,16 @@ impl fmt::Display for TableStatus {
             "oldest quarantined age".into(),
             format!("{:.1}s", self.oldest_quarantined_age_seconds),
         ));
+        if let Some(held) = &self.held_back {
+            lines.push((
+                "held back by an older transaction".into(),
+                held.rows.to_string(),
+            ));
+            lines.push((
+                "oldest held back age".into(),
+                format!("{:.1}s", held.oldest_age_seconds),
+            ));
+        }
         let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         let value_width = lines
             .iter()
@@ -139,6 +195,7 @@ mod tests {
             oldest_unsent_age_seconds: 12.34,
             oldest_quarantined_age_seconds: 3600.0,
             sent_last_minute: 56,
+            held_back: None,
         };
         let text = status.to_string();
         let lines: Vec<&str> = text.lines().collect();

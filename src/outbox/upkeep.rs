@@ -83,6 +83,8 @@ impl Stats {
             claim_floor: row.get(2),
             oldest_quarantined_age_seconds: row.get(11),
             estimated: unsent.estimated || quarantined.estimated,
+            held_back: row.get(12),
+            oldest_held_back_age_seconds: row.get(13),
         }
     }
 }

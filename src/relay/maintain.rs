@@ -79,6 +79,8 @@ impl Relay {
                     metrics::gauge!(names::BLOCKED_ROWS).set(s.blocked as f64);
                     metrics::gauge!(names::OLDEST_QUARANTINED_AGE)
                         .set(s.oldest_quarantined_age_seconds);
+                    metrics::gauge!(names::WATERMARK_AGE).set(s.oldest_held_back_age_seconds);
+                    metrics::gauge!(names::WATERMARK_HELD_ROWS).set(s.held_back as f64);
                     // With nothing unsent the floor stays: a row committing late below the
                     // last unsent id must still be found.
                     if s.claim_floor > 0 {

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use super::super::template::{literal, render, Value};
 use super::super::{
-    ident::key_sql, quote_ident, ColumnMap, KeyIndex, Outbox, OutboxError, TableName,
+    ident::key_sql, quote_ident, ColumnMap, KeyIndex, OrderBy, Outbox, OutboxError, TableName,
     SCHEMA_VERSION,
 };
 use super::catalog::Column;
@@ -181,6 +181,18 @@ impl Outbox {
                 });
             }
         }
+        if keys
+            .iter()
+            .any(|(_, kind)| kind.order_by() == OrderBy::Transaction)
+        {
+            steps.push(Step::Transaction {
+                what: "adding the xact_id column (--order-by transaction)".into(),
+                sql: fill_in(
+                    include_str!("../../../sql/xact_column.sql"),
+                    &[("table", Value::Table(&self.table))],
+                )?,
+            });
+        }
         for (key_column, kind) in Self::with_default_index(keys) {
             let name = self.key_index_name(&key_column, kind);
             let key = key_sql(&key_column, None);
@@ -247,6 +259,13 @@ impl Outbox {
                 ("table", Value::Table(table)),
                 ("key", Value::Sql(key)),
                 ("id", id),
+                (
+                    "order_columns",
+                    Value::Sql(match kind.order_by() {
+                        OrderBy::Id => "",
+                        OrderBy::Transaction => "xact_id, ",
+                    }),
+                ),
                 ("predicate", Value::Sql(kind.predicate())),
             ],
         )?;
