@@ -182,6 +182,9 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
             .unwrap()
             .replace("{table}", "\"outbox\"")
             .replace("{claims}", "\"outbox_claims\"")
+            // The insertion order's (--order-by id) parts of the gauges.
+            .replace("{carried}", "")
+            .replace("{watermark}", "0::bigint, 0::float8")
             // The gauges' bound on how many index entries each side counts.
             .replace("$1", &outbox_relay::outbox::STATS_EXACT_UP_TO.to_string());
         let plan: Vec<String> = client
