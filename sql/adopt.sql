@@ -16,6 +16,6 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS {sent_index} ON {base} (sent_at)
 CREATE OR REPLACE VIEW {view} AS
 SELECT {view_columns},
        created_at, available_at, attempts, lease_owner, lease_until, lease_token,
-       sent_at, message_id, quarantined_at, quarantine_reason, last_error
+       sent_at, message_id, quarantined_at, quarantine_reason, last_error, dedup_id
 FROM {base}
 WHERE {seq} IS NOT NULL;

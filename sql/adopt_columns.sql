@@ -15,4 +15,5 @@ ALTER TABLE {base}
     ADD COLUMN IF NOT EXISTS message_id text,
     ADD COLUMN IF NOT EXISTS quarantined_at timestamptz,
     ADD COLUMN IF NOT EXISTS quarantine_reason text,
-    ADD COLUMN IF NOT EXISTS last_error text;
+    ADD COLUMN IF NOT EXISTS last_error text,
+    ADD COLUMN IF NOT EXISTS dedup_id text;

@@ -62,6 +62,7 @@ claimed AS (
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
            c.doom,
            d.last_error AS doom_error,
+           o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
            row_number() OVER (ORDER BY {order_o}) AS turn
     FROM candidates AS c

@@ -456,7 +456,9 @@ fn entry_for(
         },
         None => None,
     };
-    let dedup_id = destination.takes_dedup_id().then(|| fifo_id(&row.event_id));
+    let dedup_id = destination
+        .takes_dedup_id()
+        .then(|| fifo_id(row.dedup_id.as_deref().unwrap_or(&row.event_id)));
     Ok(Entry {
         row: index,
         id: row.id.to_string(),
@@ -588,6 +590,7 @@ mod tests {
             created_at_epoch: 0.0,
             created_at: "2026-11-29T10:00:00.123456Z".into(),
             unreadable: None,
+            dedup_id: None,
         }
     }
 
@@ -812,6 +815,20 @@ mod tests {
         let e = &plan.requests[0].entries[0];
         assert_eq!(e.group_id.as_deref(), Some("order-17"));
         assert_eq!(e.dedup_id.as_deref(), Some("order-17:paid"));
+    }
+
+    #[test]
+    fn a_replayed_row_carries_its_own_dedup_id_and_keeps_its_event_id() {
+        let mut cfg = config();
+        cfg.default_queue_url = to("http://q/000000000000/orders.fifo");
+        let mut r = row(5, "{}");
+        r.event_id = "order-17:paid".into();
+        r.dedup_id = Some("order-17:paid:replay:1".into());
+        let plan = plan(&[r], &cfg);
+        let e = &plan.requests[0].entries[0];
+        assert_eq!(e.dedup_id.as_deref(), Some("order-17:paid:replay:1"));
+        let attribute = e.attributes.iter().find(|(k, _)| k == "event_id");
+        assert_eq!(attribute.map(|(_, v)| v.as_str()), Some("order-17:paid"));
     }
 
     #[test]

@@ -101,6 +101,7 @@ mod tests {
             created_at_epoch: 0.0,
             created_at: String::new(),
             unreadable: None,
+            dedup_id: None,
         }
     }
 

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use outbox_relay::config::{
     Cli, Command, DatabaseArgs, DatabaseConfig, LogFormat, MigrateArgs, QuarantineCommand,
-    QuarantineListArgs, QuarantineRetryArgs, RunArgs,
+    QuarantineListArgs, QuarantineRetryArgs, ReplayArgs, RunArgs,
 };
 use outbox_relay::metrics::{self, Health};
 use outbox_relay::otel::{self, Tracing};
@@ -93,6 +93,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Check(args) => check(*args).await,
         Command::Quarantine(QuarantineCommand::List(args)) => quarantine_list(args).await,
         Command::Quarantine(QuarantineCommand::Retry(args)) => quarantine_retry(args).await,
+        Command::Replay(args) => replay(args).await,
     }
 }
 
@@ -375,11 +376,56 @@ async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
     };
     match outbox.quarantine_retry(&which).await {
         Ok(moved) => {
-            println!("moved {moved} quarantined row(s) back to unsent");
+            println!("moved {} quarantined row(s) back to unsent", moved.moved);
+            if moved.maybe_accepted > 0 {
+                eprintln!(
+                    "warning: {} of them were quarantined less than 5 minutes ago after claims that ended without an outcome (max_attempts): SQS may have accepted a copy then, and a FIFO queue or topic silently drops the re-driven copy as its duplicate within 5 minutes of it",
+                    moved.maybe_accepted
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => runtime_error(&e),
     }
+}
+
+async fn replay(args: ReplayArgs) -> ExitCode {
+    let which = match args.selection() {
+        Ok(w) => w,
+        Err(e) => return config_error(&e),
+    };
+    let outbox = match admin_outbox(&args.database) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let done = match outbox.replay(&which).await {
+        Ok(done) => done,
+        Err(e) => return runtime_error(&e),
+    };
+    let ids = match (done.first_id, done.last_id) {
+        (Some(a), Some(b)) => format!(" (ids {a} to {b})"),
+        _ => String::new(),
+    };
+    if done.selected == 0 {
+        println!("no sent rows match; sent rows are kept only with --retention (the default, 0, deletes each row once SQS acknowledged it)");
+    } else if which.dry_run {
+        println!(
+            "would replay {} sent row(s){ids}; nothing changed",
+            done.selected
+        );
+    } else {
+        println!(
+            "replayed {} sent row(s){ids}: unsent again, the relays send them with the same event_id",
+            done.replayed
+        );
+    }
+    if done.sent_within_dedup_window > 0 && !which.new_dedup_id {
+        eprintln!(
+            "warning: {} of them were sent less than 5 minutes ago: a FIFO queue or topic silently drops a copy whose deduplication ID (the event_id) it accepted in the last 5 minutes; replay with --new-dedup-id for those to arrive",
+            done.sent_within_dedup_window
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// SIGTERM or SIGINT starts a clean shutdown; a second signal is left to the default action

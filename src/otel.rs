@@ -473,6 +473,7 @@ mod tests {
             created_at_epoch: 0.0,
             created_at: "1970-01-01T00:00:00Z".into(),
             unreadable: None,
+            dedup_id: None,
         }
     }
 

@@ -55,7 +55,7 @@ mod wakeup;
 use ident::key_sql;
 use template::{render, Value};
 
-pub use admin::{QuarantineEntry, RetrySelection};
+pub use admin::{QuarantineEntry, Redriven, ReplaySelection, Replayed, RetrySelection};
 pub use claim::{ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered};
 pub use columns::ColumnMap;
 pub use conn::Conn;
@@ -74,7 +74,7 @@ pub use wakeup::{Installed, Wakeup};
 
 /// Schema version this build creates and understands, recorded in `outbox_relay_schema` by
 /// `migrate` once every step of it is done (see [`schema`]).
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// The table's statements with its quoted name filled in; built once.
 #[derive(Debug)]
@@ -575,6 +575,20 @@ impl Outbox {
             return Err(OutboxError::ClaimsTableMissing {
                 table: self.table.to_string(),
                 claims: claims.to_string(),
+            });
+        }
+        let has_dedup: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attname = 'dedup_id' AND NOT attisdropped)",
+                &[&self.table.quoted()],
+            )
+            .await
+            .map_err(query_err("looking up the dedup_id column"))?
+            .get(0);
+        if !has_dedup {
+            return Err(OutboxError::DedupColumnMissing {
+                table: self.table.to_string(),
             });
         }
         for (key, kind, flag) in needed {

@@ -67,6 +67,9 @@ pub struct ClaimedRow {
     /// Columns the relay could not read: the planner rejects the row `invalid` in its place in
     /// its group, so under `--on-poison block` it holds the rows behind it like any poison.
     pub unreadable: Option<Unreadable>,
+    /// The FIFO deduplication ID when it is not the `event_id`: set by `replay
+    /// --new-dedup-id`, so that a copy sent again within SQS's deduplication window arrives.
+    pub dedup_id: Option<String>,
 }
 
 /// The rows one claim leased (readable or not), and those it quarantined.

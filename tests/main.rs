@@ -32,6 +32,7 @@ mod otel;
 mod outbox_sql;
 mod partition;
 mod pooler;
+mod replay;
 mod retention;
 mod rows_that_kill;
 mod slow_destination;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::scenario::{events, insert, migrated_db, run_args, wait_count};
 use crate::support::{create_queue, metric_value, sqs, wait_until, RelayProcess};
 
-/// Every metric the relay exports (the product contract's eleven, the claim duration and the
-/// concurrency limit);
+/// Every metric the relay exports (the product contract's eleven, the claim duration, the
+/// concurrency limit and the transaction order's watermark gauges, 0 in insertion order);
 /// the scrape must hold each one, so the lint below covers them all.
 const EXPORTED_METRICS: &[&str] = &[
     "outbox_oldest_unsent_age_seconds",
@@ -25,6 +25,8 @@ const EXPORTED_METRICS: &[&str] = &[
     "outbox_delivery_lag_seconds",
     "outbox_claim_duration_seconds",
     "outbox_request_concurrency_limit",
+    "outbox_order_watermark_age_seconds",
+    "outbox_order_watermark_held_rows",
 ];
 
 /// Runs `promtool check metrics` with the exposition on stdin; returns its exit status and

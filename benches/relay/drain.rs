@@ -70,6 +70,8 @@ pub struct DrainSpec {
     /// of the shared `fsync=off` one, and with the relay's own `--retention` and `--lease`:
     /// the drain as production runs it.
     pub durable: bool,
+    /// The table migrated for `--order-by transaction`, and the relays run with it.
+    pub order_by_transaction: bool,
 }
 
 /// A drain of the standard backlog ([`Backlog::orders`] of `OUTBOX_BENCH_ROWS`).
@@ -96,6 +98,7 @@ pub fn spec(
         offload_above: None,
         pgbouncer: false,
         durable: false,
+        order_by_transaction: false,
     }
 }
 
@@ -125,6 +128,9 @@ pub async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
         Some(cluster) => Database::create_in(cluster).await,
         None => Database::create().await,
     };
+    if spec.order_by_transaction {
+        database.order_by_transaction().await;
+    }
     let rows = spec.backlog.rows;
     let payload_bytes = database.fill(&spec.backlog).await;
     let table_mib_before = database.size_mib().await;
@@ -194,6 +200,9 @@ pub async fn drain(settings: &Settings, spec: DrainSpec) -> DrainRun {
                 spec.max_in_flight,
             );
             args.extend(spec.flags.iter().cloned());
+            if spec.order_by_transaction {
+                args.extend(["--order-by".to_string(), "transaction".to_string()]);
+            }
             if let Some(threshold) = spec.offload_above {
                 args.extend(
                     [

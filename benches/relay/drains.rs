@@ -83,6 +83,26 @@ pub fn specs(settings: &Settings, ordered_flag: bool) -> Vec<DrainSpec> {
             drains.push(fifo);
         }
     }
+    if settings.runs("order-by") {
+        for transaction in [false, true] {
+            let mut fifo = spec(
+                settings,
+                if transaction {
+                    "drain, sink 0 ms, FIFO, --ordered on, --order-by transaction"
+                } else {
+                    "drain, sink 0 ms, FIFO, --ordered on, --order-by id"
+                },
+                sink0,
+                1,
+                settings.in_flight,
+            );
+            fifo.fifo = true;
+            fifo.ordered = true;
+            fifo.flags = vec!["--ordered".to_string(), "on".to_string()];
+            fifo.order_by_transaction = transaction;
+            drains.push(fifo);
+        }
+    }
     if settings.runs("sweep") {
         for &in_flight in &settings.sweep {
             let mut s = spec(

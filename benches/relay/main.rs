@@ -20,7 +20,7 @@
 //! | `OUTBOX_BENCH_TRACING_ROUNDS` | 3 (quick: 1) | rounds of the tracing group (each runs every variant once) |
 //! | `OUTBOX_BENCH_BACKLOG_ROWS` | 1000000 (quick: 100000) | backlog of the `big-backlog` group (the target: 10000000) |
 //! | `OUTBOX_BENCH_BACKLOG_BASELINE_SECONDS` | 30 (quick: 10) | the application's 500 commits/s without the relay, before it starts |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,wal,idle,storage,adopt,big-backlog,pooler` (harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,wal,idle,storage,adopt,big-backlog,pooler,order-by` (order-by: the FIFO ordered drain and the 2,000/s durable steady stream in insertion and in transaction order, see steady.rs; harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -125,6 +125,26 @@ async fn run(settings: Settings) {
     let mut clusters = Clusters::default();
     if settings.runs("steady") {
         report.steady = steady::run(&settings, &mut clusters).await;
+        clusters.stop();
+    }
+    if settings.runs("order-by") {
+        let ratio = |name: &str| {
+            report
+                .drains
+                .iter()
+                .find(|d| d.name == name)
+                .map(|d| d.events_per_second())
+        };
+        if let (Some(id), Some(transaction)) = (
+            ratio("drain, sink 0 ms, FIFO, --ordered on, --order-by id"),
+            ratio("drain, sink 0 ms, FIFO, --ordered on, --order-by transaction"),
+        ) {
+            say(&format!(
+                "order-by: drain {transaction:.0} events/s with --order-by transaction, {id:.0} with --order-by id: {:.2}x",
+                transaction / id
+            ));
+        }
+        steady::order_by(&settings, &mut clusters, 3).await;
         clusters.stop();
     }
     if settings.runs("harm") {

@@ -17,6 +17,7 @@ use crate::stats::{quantile, signed_ms};
 use crate::support::{self, RelayProcess};
 use crate::timeline::{self, Second};
 use crate::workload::{self, Database};
+use outbox_relay::outbox::OrderBy;
 
 /// What one steady run measured, before the statistics.
 pub struct SteadyInput {
@@ -175,18 +176,35 @@ impl SteadyRun {
 
 /// A producer at `rate` events/s into an empty outbox, one relay on the 0 ms sink; commit-to-
 /// send latency per event, from the producer's clock after COMMIT to the sink's on arrival.
-async fn steady(settings: &Settings, cluster: &support::pg::PrivatePg, rate: u64) -> SteadyRun {
+async fn steady(
+    settings: &Settings,
+    cluster: &support::pg::PrivatePg,
+    rate: u64,
+    order: Option<OrderBy>,
+) -> SteadyRun {
     let database = Database::create_in(cluster).await;
     let sink = std::sync::Arc::new(Sink::start(Duration::ZERO, true).await);
     let relay_id = format!("bench-steady-{rate}");
-    let args = relay_args(
+    // Group `order-by`: a FIFO queue, every group ordered, in the order asked for.
+    let queue = if order.is_some() {
+        "bench.fifo"
+    } else {
+        "bench"
+    };
+    let mut args = relay_args(
         settings,
         &database.db.url,
-        &sink.queue_url("bench"),
+        &sink.queue_url(queue),
         &sink.endpoint,
         &relay_id,
         settings.in_flight,
     );
+    if let Some(order) = order {
+        if order == OrderBy::Transaction {
+            database.order_by_transaction().await;
+        }
+        args.extend(["--ordered", "on", "--order-by", &order.to_string()].map(String::from));
+    }
     let relay = RelayProcess::spawn_named(&relay_id, &args, &[]);
     // Ready once it answers /metrics; its LISTEN connection comes up just after that, and
     // events committed before it would wait for the 1 s poll instead of a wake-up.
@@ -278,7 +296,7 @@ async fn steady(settings: &Settings, cluster: &support::pg::PrivatePg, rate: u64
 pub async fn run(settings: &Settings, clusters: &mut Clusters) -> Vec<SteadyRun> {
     let mut runs = Vec::new();
     for &rate in &settings.steady_rates {
-        let run = steady(settings, clusters.durable().await, rate).await;
+        let run = steady(settings, clusters.durable().await, rate, None).await;
         say(&format!(
             "steady {} events/s, durable (achieved {:.0}): commit-to-send p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms, max {:.2} ms; producers late p50 {:.1} ms, p99 {:.1} ms; {}",
             rate, run.achieved_rate, run.p50_ms, run.p99_ms, run.p999_ms, run.max_ms,
@@ -288,4 +306,39 @@ pub async fn run(settings: &Settings, clusters: &mut Clusters) -> Vec<SteadyRun>
         runs.push(run);
     }
     runs
+}
+
+/// Group `order-by`: the steady stream at 2,000 events/s on the durable cluster, FIFO and
+/// ordered, in insertion order and in transaction order, alternated `rounds` times.
+pub async fn order_by(settings: &Settings, clusters: &mut Clusters, rounds: usize) {
+    let rate = 2_000;
+    let mut runs: Vec<(OrderBy, SteadyRun)> = Vec::new();
+    for _ in 0..rounds {
+        for order in [OrderBy::Id, OrderBy::Transaction] {
+            let run = steady(settings, clusters.durable().await, rate, Some(order)).await;
+            say(&format!(
+                "order-by {order}: steady {rate} events/s, durable, FIFO ordered (achieved {:.0}): commit-to-send p50 {:.2} ms, p99 {:.2} ms, p99.9 {:.2} ms",
+                run.achieved_rate, run.p50_ms, run.p99_ms, run.p999_ms
+            ));
+            runs.push((order, run));
+        }
+    }
+    for order in [OrderBy::Id, OrderBy::Transaction] {
+        let of: Vec<&SteadyRun> = runs
+            .iter()
+            .filter(|(o, _)| *o == order)
+            .map(|(_, r)| r)
+            .collect();
+        let median = |f: fn(&SteadyRun) -> f64| {
+            let mut v: Vec<f64> = of.iter().map(|r| f(r)).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        say(&format!(
+            "order-by {order}: median of {} rounds: p50 {:.2} ms, p99 {:.2} ms",
+            of.len(),
+            median(|r| r.p50_ms),
+            median(|r| r.p99_ms)
+        ));
+    }
 }

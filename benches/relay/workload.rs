@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_relay::batch::KeyColumn;
-use outbox_relay::outbox::{ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox, Wakeup};
+use outbox_relay::outbox::{
+    ClaimRequest, ClaimStrategy, KeyIndex, OrderBy, OrderScope, Ordered, Outbox, Wakeup,
+};
 use outbox_relay::row::{SentRow, Settlement};
 
 use crate::cluster;
@@ -129,6 +131,16 @@ impl Database {
             outbox: Arc::new(outbox),
             admin_url,
         }
+    }
+
+    /// What `migrate --order-by transaction` adds: the xact_id column and the default group
+    /// key's indexes in that order.
+    pub async fn order_by_transaction(&self) {
+        let keys = KeyIndex::for_groups(OrderBy::Transaction).map(|k| (KeyColumn::AggregateId, k));
+        self.outbox
+            .migrate(&keys)
+            .await
+            .expect("migrate --order-by transaction");
     }
 
     /// Writes the backlog's unsent events `bench-1` … `bench-{rows}` in one statement, then

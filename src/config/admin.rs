@@ -1,12 +1,12 @@
 //! The flags of `migrate`, `status` and `quarantine`, the commands that run once.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::Args;
 
 use super::DatabaseArgs;
 use crate::batch::KeyColumn;
-use crate::outbox::{KeyIndex, OrderBy, Wakeup};
+use crate::outbox::{KeyIndex, OrderBy, ReplaySelection, Wakeup};
 
 #[derive(Debug, Clone, Args)]
 pub struct QuarantineListArgs {
@@ -49,6 +49,81 @@ pub struct QuarantineRetryArgs {
     /// With --all: only rows quarantined for this reason.
     #[arg(long, requires = "all")]
     pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// Where the database is and which table.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// The sent row with this event_id (repeatable).
+    #[arg(long = "event-id")]
+    pub event_ids: Vec<String>,
+
+    /// Rows created at or after this time: RFC 3339 (2026-12-01T10:00:00Z) or a duration ago (2h).
+    #[arg(long, value_parser = parse_when)]
+    pub since: Option<SystemTime>,
+
+    /// Rows created before this time: RFC 3339 or a duration ago.
+    #[arg(long, value_parser = parse_when)]
+    pub until: Option<SystemTime>,
+
+    /// Rows of this event_type (repeatable).
+    #[arg(long = "event-type")]
+    pub event_types: Vec<String>,
+
+    /// At most this many rows, lowest ids first; run again for more.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(i64).range(1..))]
+    pub limit: i64,
+
+    /// Give each row a fresh FIFO deduplication ID instead of its event_id, so that a FIFO queue
+    /// or topic does not drop the copy as a duplicate of one it accepted in the last 5 minutes.
+    #[arg(long)]
+    pub new_dedup_id: bool,
+
+    /// Count what would be replayed and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+impl ReplayArgs {
+    /// At least one selector: a replay of every kept row is asked for by a range, not by default.
+    pub fn selection(&self) -> Result<ReplaySelection, String> {
+        let list = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+        if self.event_ids.is_empty()
+            && self.event_types.is_empty()
+            && self.since.is_none()
+            && self.until.is_none()
+        {
+            return Err("replay needs a selection: --event-id, --event-type, --since or --until (e.g. --since 2h)".into());
+        }
+        Ok(ReplaySelection {
+            event_ids: list(&self.event_ids),
+            since: self.since,
+            until: self.until,
+            event_types: list(&self.event_types),
+            limit: self.limit,
+            new_dedup_id: self.new_dedup_id,
+            dry_run: self.dry_run,
+        })
+    }
+}
+
+/// A point in time: RFC 3339 (a UTC `Z` or an offset-free time read as UTC), or a duration
+/// before now.
+fn parse_when(text: &str) -> Result<SystemTime, String> {
+    if let Ok(at) = humantime::parse_rfc3339_weak(text) {
+        return Ok(at);
+    }
+    match humantime::parse_duration(text) {
+        Ok(ago) => SystemTime::now()
+            .checked_sub(ago)
+            .ok_or_else(|| format!("{text:?} reaches before 1970")),
+        Err(_) => Err(format!(
+            "{text:?} is not a time: use RFC 3339 (2026-12-01T10:00:00Z) or a duration ago (90m, 2h)"
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Args)]

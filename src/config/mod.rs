@@ -25,7 +25,7 @@ mod run;
 #[cfg(test)]
 mod tests;
 
-pub use admin::{MigrateArgs, QuarantineListArgs, QuarantineRetryArgs, StatusArgs};
+pub use admin::{MigrateArgs, QuarantineListArgs, QuarantineRetryArgs, ReplayArgs, StatusArgs};
 pub use database::{DatabaseArgs, DatabaseConfig, Secret};
 pub use delivery::{
     check_db_timeouts, check_lease, ClaimArgs, ClaimConfig, RetryArgs, RetryConfig, SendArgs,
@@ -76,6 +76,9 @@ pub enum Command {
     /// Inspect and re-drive quarantined rows.
     #[command(subcommand)]
     Quarantine(QuarantineCommand),
+    /// Send sent rows kept by --retention again, same event_id: by event id, time range or
+    /// type; --dry-run counts first.
+    Replay(ReplayArgs),
 }
 
 #[derive(Debug, Subcommand)]

@@ -39,7 +39,7 @@ impl Outbox {
 
     /// Puts quarantined rows back to unsent (attempts reset, same event_id) and wakes the
     /// relays; returns how many rows moved.
-    pub async fn quarantine_retry(&self, which: &RetrySelection) -> Result<u64, OutboxError> {
+    pub async fn quarantine_retry(&self, which: &RetrySelection) -> Result<Redriven, OutboxError> {
         let mut client = self.raw_connect().await?;
         let channel = self.resolve_channel(&client).await?;
         let (id, event_id, all, reason) = match which {
@@ -51,11 +51,15 @@ impl Outbox {
             .transaction()
             .await
             .map_err(query_err("starting the re-drive"))?;
-        let moved = tx
-            .execute(&self.sql.quarantine_retry, &[&id, &event_id, &all, &reason])
+        let rows = tx
+            .query(&self.sql.quarantine_retry, &[&id, &event_id, &all, &reason])
             .await
             .map_err(query_err("re-driving quarantined rows"))?;
-        if moved > 0 {
+        let moved = Redriven {
+            moved: rows.len() as u64,
+            maybe_accepted: rows.iter().filter(|r| r.get::<_, bool>(1)).count() as u64,
+        };
+        if moved.moved > 0 {
             // Delivered at commit, like the insert trigger's.
             tx.execute("SELECT pg_notify($1, '')", &[&channel])
                 .await
@@ -66,6 +70,93 @@ impl Outbox {
             .map_err(query_err("committing the re-drive"))?;
         Ok(moved)
     }
+}
+
+impl Outbox {
+    /// `replay`: sent rows kept by `--retention` become unsent again (same event_id) and the
+    /// relays are woken; with `dry_run` nothing changes and the answer says what would.
+    pub async fn replay(&self, which: &ReplaySelection) -> Result<Replayed, OutboxError> {
+        let mut client = self.raw_connect().await?;
+        let channel = self.resolve_channel(&client).await?;
+        let sql = super::template::render(
+            include_str!("../../sql/replay.sql"),
+            &[("table", super::template::Value::Table(&self.table))],
+        )
+        .map_err(OutboxError::Template)?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(query_err("starting the replay"))?;
+        let row = tx
+            .query_one(
+                &sql,
+                &[
+                    &which.event_ids,
+                    &which.since,
+                    &which.until,
+                    &which.event_types,
+                    &which.limit,
+                    &which.new_dedup_id,
+                    &which.dry_run,
+                ],
+            )
+            .await
+            .map_err(query_err("replaying sent rows"))?;
+        let replayed = Replayed {
+            selected: row.get(0),
+            sent_within_dedup_window: row.get(1),
+            first_id: row.get(2),
+            last_id: row.get(3),
+            replayed: row.get(4),
+        };
+        if replayed.replayed > 0 {
+            tx.execute("SELECT pg_notify($1, '')", &[&channel])
+                .await
+                .map_err(query_err("waking the relays"))?;
+        }
+        tx.commit()
+            .await
+            .map_err(query_err("committing the replay"))?;
+        Ok(replayed)
+    }
+}
+
+/// Which sent rows `replay` sends again; `None` selects any.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplaySelection {
+    pub event_ids: Option<Vec<String>>,
+    /// `created_at` at or after.
+    pub since: Option<std::time::SystemTime>,
+    /// `created_at` before.
+    pub until: Option<std::time::SystemTime>,
+    pub event_types: Option<Vec<String>>,
+    pub limit: i64,
+    /// A fresh FIFO deduplication ID per row instead of its event_id.
+    pub new_dedup_id: bool,
+    pub dry_run: bool,
+}
+
+/// What `replay` found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Replayed {
+    pub selected: i64,
+    /// Of the selected rows, those SQS accepted less than 5 minutes ago: a FIFO destination
+    /// drops a copy with the same deduplication ID within that window.
+    pub sent_within_dedup_window: i64,
+    pub first_id: Option<i64>,
+    pub last_id: Option<i64>,
+    /// 0 on a dry run.
+    pub replayed: i64,
+}
+
+/// What `quarantine retry` moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redriven {
+    pub moved: u64,
+    /// Rows quarantined `max_attempts` less than 5 minutes ago: their claims ended without an
+    /// outcome, so SQS may have accepted a copy within a FIFO destination's deduplication
+    /// window, and the re-driven copy would be dropped as its duplicate.
+    pub maybe_accepted: u64,
 }
 
 /// Which quarantined rows `quarantine retry` moves.

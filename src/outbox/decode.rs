@@ -31,10 +31,12 @@ const CREATED_AT: usize = 11;
 /// Why the claim quarantined the row instead of leasing it; NULL for a leased row.
 const DOOM: usize = 12;
 const DOOM_ERROR: usize = 13;
+/// The deduplication ID a replay gave the row; NULL: its event_id.
+const DEDUP_ID: usize = 14;
 /// The row's place in its group's order among the claim's rows (`--order-by`).
-pub(super) const TURN: usize = 14;
+pub(super) const TURN: usize = 15;
 /// Full ordered claims: where the next claim's search for groups continues.
-pub(super) const CURSOR: usize = 15;
+pub(super) const CURSOR: usize = 16;
 
 /// One row of a claim.
 pub(super) enum Decoded {
@@ -105,6 +107,7 @@ fn read(row: &Row, id: i64, lease_token: i64) -> ClaimedRow {
         created_at_epoch: failed.value("created_at", required(row, CREATED_AT_EPOCH, "created_at")),
         created_at: failed.value("created_at", required(row, CREATED_AT, "created_at")),
         unreadable: None,
+        dedup_id: failed.value("dedup_id", optional::<String>(row, DEDUP_ID, "dedup_id")),
     };
     ClaimedRow {
         unreadable: failed.into_unreadable(),

@@ -26,6 +26,8 @@ pub enum OutboxError {
         /// ` --order-by transaction` when that order's indexes are the missing ones.
         order: &'static str,
     },
+    #[error("table {table} has no column dedup_id (schema version 3; an install of an older relay): run `outbox-relay migrate --table {table}` (with --adopt and the same --column flags for an adopted table); the older relays keep working meanwhile")]
+    DedupColumnMissing { table: String },
     #[error("the lease table {claims} of {table} is missing (an install of an older relay): stop the older relays, then run `outbox-relay migrate --table {table}` (with --adopt for an adopted table)")]
     ClaimsTableMissing { table: String, claims: String },
     #[error("table {table} has no column {column:?} for {relay}: fix --column {relay}=COLUMN")]

@@ -64,6 +64,8 @@ pub const RELAY_COLUMNS: &[(&str, ColumnKind, bool)] = &[
     ("quarantined_at", ColumnKind::Timestamptz, true),
     ("quarantine_reason", ColumnKind::Text, true),
     ("last_error", ColumnKind::Text, true),
+    // Written by `replay`, an operator's command, never by the relay.
+    ("dedup_id", ColumnKind::Text, false),
 ];
 
 /// One column as the catalog describes it to the connected role.

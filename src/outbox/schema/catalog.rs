@@ -8,7 +8,7 @@ use super::AdoptState;
 const READ_VERSION: &str = "SELECT version FROM {versions} WHERE table_name = $1";
 
 /// The relay's own columns on an adopted table (besides the sequence column).
-const RELAY_COLUMNS: [&str; 11] = [
+const RELAY_COLUMNS: [&str; 12] = [
     "created_at",
     "available_at",
     "attempts",
@@ -20,6 +20,7 @@ const RELAY_COLUMNS: [&str; 11] = [
     "quarantined_at",
     "quarantine_reason",
     "last_error",
+    "dedup_id",
 ];
 
 /// A column of the table to adopt, as the catalog describes it.

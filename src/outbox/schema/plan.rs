@@ -203,6 +203,13 @@ impl Outbox {
         }
         steps.push(self.claims_step()?);
         steps.push(Step::Transaction {
+            what: "adding the dedup_id column".into(),
+            sql: fill_in(
+                include_str!("../../../sql/dedup_column.sql").trim_end(),
+                &[("table", Value::Table(&self.table))],
+            )?,
+        });
+        steps.push(Step::Transaction {
             what: "recording the schema version".into(),
             sql: self.record_version_sql()?,
         });

@@ -474,6 +474,7 @@ pub(super) mod tests {
                 created_at_epoch: 990.0,
                 created_at: "2026-01-01T00:00:00Z".into(),
                 unreadable: None,
+                dedup_id: None,
             })
             .collect()
     }

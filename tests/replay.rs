@@ -1,0 +1,200 @@
+//! `outbox-relay replay`: sent rows kept by --retention go out again with their event_id, by
+//! event id, type and time range, after a dry run that changes nothing; on a FIFO queue a
+//! replay inside the deduplication window arrives only with a fresh deduplication ID. And the
+//! warning of `quarantine retry` for rows SQS may have accepted a copy of.
+
+use std::time::Duration;
+
+use crate::scenario::{
+    args, attr, count, events, insert, message_group, migrated_db, relay_command, run_args,
+    wait_count,
+};
+use crate::support::{create_queue, receive_all, run_to_end, sqs, RelayProcess};
+
+fn event_ids(messages: &[aws_sdk_sqs::types::Message]) -> Vec<String> {
+    let mut ids: Vec<String> = messages
+        .iter()
+        .map(|m| attr(m, "event_id").unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_rows_are_sent_again_with_their_event_id_by_type_time_and_id_after_a_dry_run_that_changes_nothing(
+) {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("replay", &[]).await;
+    let written = events("rp", 6, 3);
+    insert(&client, &written, Duration::ZERO).await;
+    let _relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 6, Duration::from_secs(60)).await;
+    assert_eq!(
+        receive_all(&queue, 6, Duration::from_secs(30)).await.len(),
+        6
+    );
+
+    let dry = relay_command(&[
+        "replay",
+        "--database-url",
+        &db.url,
+        "--event-type",
+        "order.paid",
+        "--dry-run",
+    ])
+    .await;
+    assert!(dry.contains("would replay 3 sent row(s)"), "{dry}");
+    assert_eq!(
+        count(&client, "sent_at IS NOT NULL").await,
+        6,
+        "a dry run changes nothing"
+    );
+
+    let done = relay_command(&[
+        "replay",
+        "--database-url",
+        &db.url,
+        "--event-type",
+        "order.paid",
+    ])
+    .await;
+    assert!(done.contains("replayed 3 sent row(s)"), "{done}");
+    wait_count(&client, "sent_at IS NOT NULL", 6, Duration::from_secs(60)).await;
+    let again = receive_all(&queue, 3, Duration::from_secs(30)).await;
+    let paid: Vec<String> = written
+        .iter()
+        .filter(|e| e.event_type == "order.paid")
+        .map(|e| e.event_id.clone())
+        .collect();
+    assert_eq!(event_ids(&again), paid, "the same event_ids, once each");
+
+    // Selectors combine: one event id within a time range that holds every row.
+    let one = relay_command(&[
+        "replay",
+        "--database-url",
+        &db.url,
+        "--event-id",
+        &written[0].event_id,
+        "--since",
+        "1h",
+        "--until",
+        "0s",
+    ])
+    .await;
+    assert!(one.contains("replayed 1 sent row(s)"), "{one}");
+    let none = relay_command(&[
+        "replay",
+        "--database-url",
+        &db.url,
+        "--event-id",
+        &written[1].event_id,
+        "--until",
+        "1h",
+    ])
+    .await;
+    assert!(none.contains("no sent rows match"), "{none}");
+    wait_count(&client, "sent_at IS NOT NULL", 6, Duration::from_secs(60)).await;
+    let last = receive_all(&queue, 1, Duration::from_secs(30)).await;
+    assert_eq!(event_ids(&last), [written[0].event_id.clone()]);
+
+    // No selection, or a time that is not one: one line, nothing changed.
+    for bad in [
+        args(&["replay", "--database-url", &db.url]),
+        args(&["replay", "--database-url", &db.url, "--since", "yesterday"]),
+    ] {
+        let (status, output) = run_to_end(&bad, &[], Duration::from_secs(30)).await;
+        assert!(!status.success(), "{bad:?}: {output}");
+        assert!(
+            output.contains("--event-id, --event-type, --since or --until")
+                || output.contains("is not a time"),
+            "{output}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_replay_inside_the_deduplication_window_arrives_only_with_a_new_dedup_id() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("replay.fifo", &[]).await;
+    let written = events("rf", 3, 3);
+    insert(&client, &written, Duration::ZERO).await;
+    let _relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 3, Duration::from_secs(60)).await;
+    assert_eq!(
+        receive_all(&queue, 3, Duration::from_secs(30)).await.len(),
+        3
+    );
+    let target = &written[1].event_id;
+
+    // Same deduplication ID within 5 minutes: SQS accepts the send and drops the copy.
+    let (status, warned) = run_to_end(
+        &args(&["replay", "--database-url", &db.url, "--event-id", target]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(status.success(), "{warned}");
+    assert!(
+        warned.contains("1 of them were sent less than 5 minutes ago"),
+        "{warned}"
+    );
+    wait_count(&client, "sent_at IS NOT NULL", 3, Duration::from_secs(60)).await;
+    let dropped = receive_all(&queue, 0, Duration::from_secs(5)).await;
+    assert!(dropped.is_empty(), "{} copies arrived", dropped.len());
+
+    let (status, fresh) = run_to_end(
+        &args(&[
+            "replay",
+            "--database-url",
+            &db.url,
+            "--event-id",
+            target,
+            "--new-dedup-id",
+        ]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(status.success(), "{fresh}");
+    assert!(!fresh.contains("warning"), "{fresh}");
+    wait_count(&client, "sent_at IS NOT NULL", 3, Duration::from_secs(60)).await;
+    let arrived = receive_all(&queue, 1, Duration::from_secs(30)).await;
+    assert_eq!(
+        event_ids(&arrived),
+        std::slice::from_ref(target),
+        "the same event_id"
+    );
+    assert_eq!(
+        message_group(&arrived[0]),
+        Some(written[1].aggregate_id.as_str())
+    );
+    let dedup: String = client
+        .query_one("SELECT dedup_id FROM outbox WHERE event_id = $1", &[target])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(dedup.starts_with(&format!("{target}:replay:")), "{dedup}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quarantine_retry_warns_about_rows_whose_accepted_copy_a_fifo_queue_would_still_deduplicate(
+) {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    insert(&client, &events("qw", 3, 3), Duration::ZERO).await;
+    // As the claim leaves them: out of attempts just now, an hour ago, and bad input just now.
+    client
+        .batch_execute(
+            "UPDATE outbox SET quarantined_at = now(), quarantine_reason = 'max_attempts' WHERE event_id = 'qw-0';
+             UPDATE outbox SET quarantined_at = now() - interval '1 hour', quarantine_reason = 'max_attempts' WHERE event_id = 'qw-1';
+             UPDATE outbox SET quarantined_at = now(), quarantine_reason = 'invalid' WHERE event_id = 'qw-2';",
+        )
+        .await
+        .unwrap();
+    let out = relay_command(&["quarantine", "retry", "--all", "--database-url", &db.url]).await;
+    assert!(out.contains("moved 3 quarantined row(s)"), "{out}");
+    assert!(out.contains("warning: 1 of them"), "{out}");
+    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
+}
