@@ -171,8 +171,8 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
     // A schema with a quote in its name and a table with a dot in its name.
     let table = "\"we\"\"ird\".\"my.outbox\"";
     for expected in [
-        "from schema version 0 to 2",
-        "is up to date (schema version 2)",
+        "from schema version 0 to 3",
+        "is up to date (schema version 3)",
     ] {
         let (status, output) = run_to_end(
             &args(&["migrate", "--database-url", &db.url, "--table", table]),
@@ -205,7 +205,7 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 2);
+    assert_eq!(version, 3);
     // The lease table beside it, under its exact name too.
     let leases: i64 = client
         .query_one(

@@ -189,7 +189,10 @@ impl Outbox {
                 what: "adding the xact_id column (--order-by transaction)".into(),
                 sql: fill_in(
                     include_str!("../../../sql/xact_column.sql"),
-                    &[("table", Value::Table(&self.table))],
+                    &[
+                    ("table", Value::Table(&self.table)),
+                    ("table_literal", Value::TableLiteral(&self.table)),
+                ],
                 )?,
             });
         }
@@ -206,7 +209,10 @@ impl Outbox {
             what: "adding the dedup_id column".into(),
             sql: fill_in(
                 include_str!("../../../sql/dedup_column.sql").trim_end(),
-                &[("table", Value::Table(&self.table))],
+                &[
+                    ("table", Value::Table(&self.table)),
+                    ("table_literal", Value::TableLiteral(&self.table)),
+                ],
             )?,
         });
         steps.push(Step::Transaction {
