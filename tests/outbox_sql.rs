@@ -700,3 +700,44 @@ async fn claims_stop_at_the_byte_budget() {
     let rows = ordered.claim(&budget(150_000)).await.unwrap().rows;
     assert_eq!(rows.len(), 2);
 }
+
+/// A group's unsent rows need not be one stretch: a replayed row between sent ones and a new
+/// row behind them are both heads (fair claims probe a value's first pending rows, each a
+/// head). Each is claimed once, and the run behind the first stops at the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_heads_of_one_group_are_each_claimed_once() {
+    let db = migrated_db().await;
+    crate::scenario::migrate_with(&db, &["--fair-by", "aggregate_type"]).await;
+    let client = db.client().await;
+    insert(&client, &events("gap", 4, 1), Duration::ZERO).await;
+    client
+        .batch_execute(
+            "UPDATE outbox SET sent_at = now() WHERE event_id IN ('gap-0', 'gap-1', 'gap-2');
+             UPDATE outbox SET sent_at = NULL WHERE event_id = 'gap-1';",
+        )
+        .await
+        .unwrap();
+    let s = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+        .unwrap()
+        .claim_strategy(ClaimStrategy::OrderedFair {
+            ordered: Ordered {
+                key: KeyColumn::AggregateId,
+                routing: Default::default(),
+                skip_poison: false,
+                scope: OrderScope::Every,
+                by: Default::default(),
+            },
+            fair: KeyColumn::AggregateType,
+        })
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let rows = s
+        .claim(&request("gap", Duration::from_secs(30), 100))
+        .await
+        .unwrap()
+        .rows;
+    let ids: Vec<&str> = rows.iter().map(|r| r.event_id.as_str()).collect();
+    assert_eq!(ids, ["gap-1", "gap-3"], "each head once");
+}

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use crate::scenario::{
-    args, attr, count, events, insert, message_group, migrated_db, relay_command, run_args,
-    wait_count,
+    args, attr, count, events, insert, message_group, migrate_with, migrated_db, relay_command,
+    run_args, wait_count,
 };
 use crate::support::{create_queue, receive_all, run_to_end, sqs, RelayProcess};
 
@@ -197,4 +197,53 @@ async fn quarantine_retry_warns_about_rows_whose_accepted_copy_a_fifo_queue_woul
     assert!(out.contains("moved 3 quarantined row(s)"), "{out}");
     assert!(out.contains("warning: 1 of them"), "{out}");
     assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
+}
+
+/// A replayed row between sent ones is its group's head, and so is a new row behind the sent
+/// ones: two heads of one group in one claim (fair claims probe a value's first pending rows,
+/// each a head), each of which goes out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_event_of_an_ordered_group_goes_out_once_beside_a_new_one() {
+    let db = migrated_db().await;
+    migrate_with(&db, &["--fair-by", "aggregate_type"]).await;
+    let client = db.client().await;
+    let queue = create_queue("replay-heads.fifo", &[]).await;
+    let mut written = events("rh", 4, 1);
+    let late = written.pop().unwrap();
+    insert(&client, &written, Duration::ZERO).await;
+    let run = run_args(
+        &db,
+        &queue,
+        sqs().endpoint(),
+        &["--fair-by", "aggregate_type"],
+    );
+    let relay = RelayProcess::spawn(&run, &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 3, Duration::from_secs(60)).await;
+    assert_eq!(
+        receive_all(&queue, 3, Duration::from_secs(30)).await.len(),
+        3
+    );
+    relay.sigterm();
+    relay.wait_exit(Duration::from_secs(30)).await;
+
+    // With no relay running: the middle event replayed, a new one written behind the group.
+    let done = relay_command(&[
+        "replay",
+        "--database-url",
+        &db.url,
+        "--event-id",
+        &written[1].event_id,
+        "--new-dedup-id",
+    ])
+    .await;
+    assert!(done.contains("replayed 1 sent row(s)"), "{done}");
+    insert(&client, std::slice::from_ref(&late), Duration::ZERO).await;
+    let _relay = RelayProcess::spawn(&run, &[]);
+    wait_count(&client, "sent_at IS NOT NULL", 4, Duration::from_secs(60)).await;
+    let arrived = receive_all(&queue, 2, Duration::from_secs(30)).await;
+    let mut expected = vec![written[1].event_id.clone(), late.event_id.clone()];
+    expected.sort();
+    assert_eq!(event_ids(&arrived), expected, "each once");
+    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
+    assert_eq!(count(&client, "attempts > 1").await, 0, "no failed send");
 }

@@ -190,9 +190,9 @@ impl Outbox {
                 sql: fill_in(
                     include_str!("../../../sql/xact_column.sql"),
                     &[
-                    ("table", Value::Table(&self.table)),
-                    ("table_literal", Value::TableLiteral(&self.table)),
-                ],
+                        ("table", Value::Table(&self.table)),
+                        ("table_literal", Value::TableLiteral(&self.table)),
+                    ],
                 )?,
             });
         }
