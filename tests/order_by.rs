@@ -27,6 +27,27 @@ async fn documented_order(client: &tokio_postgres::Client) -> HashMap<String, Ve
     by_group
 }
 
+/// Per (aggregate_type, aggregate_id), the event_ids in the documented order.
+async fn documented_order_by_type(
+    client: &tokio_postgres::Client,
+) -> HashMap<(String, String), Vec<String>> {
+    let mut by_group: HashMap<(String, String), Vec<String>> = HashMap::new();
+    for row in client
+        .query(
+            "SELECT aggregate_type, aggregate_id, event_id FROM outbox ORDER BY xact_id, id",
+            &[],
+        )
+        .await
+        .unwrap()
+    {
+        by_group
+            .entry((row.get(0), row.get(1)))
+            .or_default()
+            .push(row.get(2));
+    }
+    by_group
+}
+
 /// Per group, the event_ids in the order the consumer received them (first copies).
 fn received_order(received: &[aws_sdk_sqs::types::Message]) -> HashMap<String, Vec<String>> {
     let mut by_group: HashMap<String, Vec<String>> = HashMap::new();
@@ -120,7 +141,7 @@ async fn an_event_waits_while_an_older_transaction_of_its_group_is_open_then_the
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn interleaved_writers_of_few_groups_reach_the_queue_in_transaction_order_across_two_relays_and_kill_9(
+async fn interleaved_writers_of_few_groups_reach_their_queues_in_transaction_order_across_routes_two_relays_and_kill_9(
 ) {
     let db = migrated_db().await;
     migrate_with(
@@ -129,7 +150,11 @@ async fn interleaved_writers_of_few_groups_reach_the_queue_in_transaction_order_
     )
     .await;
     let client = db.client().await;
+    // One tenant's events go to a FIFO queue of their own by a route: a group is (destination,
+    // key), so g1 of tenant-0 and g1 of tenant-1 are two groups with an order each.
     let queue = create_queue("xact-chaos.fifo", &[]).await;
+    let routed = create_queue("xact-chaos-routed.fifo", &[]).await;
+    let route = format!("tenant-1={routed}");
     let seed = fastrand::u64(..);
     let relay_for = |name: &str| {
         let mut a = relay_args_for(&db, &queue, sqs().endpoint(), name);
@@ -138,6 +163,8 @@ async fn interleaved_writers_of_few_groups_reach_the_queue_in_transaction_order_
             "transaction",
             "--fair-by",
             "aggregate_type",
+            "--route",
+            &route,
         ]));
         RelayProcess::spawn_named(name, &a, &[])
     };
@@ -191,7 +218,21 @@ async fn interleaved_writers_of_few_groups_reach_the_queue_in_transaction_order_
     )
     .await;
     drop(relays);
-    let received = receive_all(&queue, total, Duration::from_secs(120)).await;
+    let default_queue = receive_all(&queue, 1, Duration::from_secs(120)).await;
+    let routed_queue = receive_all(&routed, 1, Duration::from_secs(120)).await;
+    let mut received_by_group = HashMap::new();
+    for (tenant, messages) in [("tenant-0", &default_queue), ("tenant-1", &routed_queue)] {
+        assert!(
+            messages
+                .iter()
+                .all(|m| attr(m, "aggregate_type") == Some(tenant)),
+            "each tenant's events reach its own queue"
+        );
+        for (group, ids) in received_order(messages) {
+            received_by_group.insert((tenant.to_string(), group), ids);
+        }
+    }
+    let received: Vec<_> = default_queue.into_iter().chain(routed_queue).collect();
     let by_id = copies(&received);
     println!(
         "transaction order: seed={seed} events={total} kills={kills} copies={} drained_in={:?}",
@@ -203,9 +244,9 @@ async fn interleaved_writers_of_few_groups_reach_the_queue_in_transaction_order_
         by_id.values().all(|&c| c == 1),
         "FIFO deduplication drops every resend"
     );
-    let documented = documented_order(&client).await;
-    assert_eq!(documented.len(), 3);
-    assert_eq!(received_order(&received), documented, "seed={seed}");
+    let documented = documented_order_by_type(&client).await;
+    assert_eq!(documented.len(), 6, "three groups on each of two queues");
+    assert_eq!(received_by_group, documented, "seed={seed}");
     // The interleaving was real: some group's transaction order differs from its id order.
     let by_id_order: Vec<String> = client
         .query("SELECT event_id FROM outbox ORDER BY id", &[])
