@@ -315,3 +315,45 @@ async fn combinations_transaction_order_cannot_take_are_refused_at_start_up_with
         assert_eq!(errors.len(), 1, "{command:?}: {output}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_fifo_topic_an_event_waits_for_an_older_open_transaction_of_its_group() {
+    use crate::support::{create_topic, subscribe_queue};
+
+    let db = migrated_db().await;
+    migrate_with(&db, &["--order-by", "transaction"]).await;
+    let client = db.client().await;
+    let topic = create_topic("xact-topic.fifo").await;
+    let subscribed = create_queue("xact-topic-sub.fifo", &[]).await;
+    subscribe_queue(&topic, &subscribed, true).await;
+    let relay = RelayProcess::spawn(
+        &run_args(
+            &db,
+            &topic,
+            sqs().endpoint(),
+            &[
+                "--sns-endpoint-url",
+                sqs().endpoint(),
+                "--order-by",
+                "transaction",
+            ],
+        ),
+        &[],
+    );
+    let t1 = db.client().await;
+    t1.batch_execute("BEGIN").await.unwrap();
+    insert(&t1, &[event("t-1", "A")], Duration::ZERO).await;
+    insert(&client, &[event("t-2", "A")], Duration::ZERO).await;
+    wait_until(
+        "the held-back row is on /metrics",
+        Duration::from_secs(30),
+        || async { relay.metric("outbox_order_watermark_held_rows").await == Some(1.0) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(count(&client, "sent_at IS NOT NULL").await, 0);
+    t1.batch_execute("COMMIT").await.unwrap();
+    wait_count(&client, "sent_at IS NOT NULL", 2, Duration::from_secs(60)).await;
+    let received = receive_all(&subscribed, 2, Duration::from_secs(60)).await;
+    assert_eq!(received_order(&received)["A"], ["t-1", "t-2"]);
+}
