@@ -121,7 +121,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         Err(e) => return config_error(&e),
     };
     if args.adopt && args.order_by == outbox_relay::outbox::OrderBy::Transaction {
-        return config_error("--order-by transaction is not supported on an adopted table: the relay adds its xact_id column only to tables migrate created");
+        return config_error(outbox_relay::outbox::NOT_ON_ADOPTED);
     }
     if args.print_sql && args.database.database_url.is_none() {
         return print_sql_offline(&args, locks);

@@ -63,7 +63,7 @@ pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use liveness::{reconnect_delay, replacement, Replace};
-pub use order_by::{OrderBy, XACT_COLUMN};
+pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
 pub use schema::LockPolicy;
 pub use session::{Session, SharedSession, Stats};
@@ -577,16 +577,7 @@ impl Outbox {
                 claims: claims.to_string(),
             });
         }
-        let has_dedup: bool = client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = to_regclass($1) AND attname = 'dedup_id' AND NOT attisdropped)",
-                &[&self.table.quoted()],
-            )
-            .await
-            .map_err(query_err("looking up the dedup_id column"))?
-            .get(0);
-        if !has_dedup {
+        if !self.has_column(client, "dedup_id").await? {
             return Err(OutboxError::DedupColumnMissing {
                 table: self.table.to_string(),
             });
@@ -602,14 +593,28 @@ impl Outbox {
                     table: self.table.to_string(),
                     key: key.to_string(),
                     flag,
-                    order: match kind.order_by() {
-                        OrderBy::Id => "",
-                        OrderBy::Transaction => " --order-by transaction",
-                    },
+                    order: kind.order_by().migrate_flag(),
                 });
             }
         }
         Ok(())
+    }
+
+    /// Whether the table (or adopted table's view) has `column`: what an older install lacks.
+    pub(crate) async fn has_column(
+        &self,
+        client: &Conn,
+        column: &str,
+    ) -> Result<bool, OutboxError> {
+        Ok(client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+                &[&self.table.quoted(), &column],
+            )
+            .await
+            .map_err(query_err("looking up a column of the table"))?
+            .get(0))
     }
 
     fn key_index_name(&self, key: &KeyColumn, kind: KeyIndex) -> String {

@@ -247,3 +247,83 @@ async fn a_replayed_event_of_an_ordered_group_goes_out_once_beside_a_new_one() {
     assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
     assert_eq!(count(&client, "attempts > 1").await, 0, "no failed send");
 }
+
+/// Through an adopted table's view: the replay reaches the application's table, and the
+/// replayed rows' new deduplication IDs reach a FIFO queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_tables_rows_are_replayed_through_its_view() {
+    use crate::support::DEBEZIUM_COLUMNS;
+
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    client
+        .batch_execute(crate::support::DEBEZIUM_OUTBOX_DDL)
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO outboxevent (id, aggregatetype, aggregateid, type, payload)
+             SELECT gen_random_uuid(), 'order', (g % 2)::text, 'OrderCreated', jsonb_build_object('order', g)
+             FROM generate_series(1, 4) g",
+        )
+        .await
+        .unwrap();
+    let with_columns = |parts: &[&str]| {
+        let mut a = args(parts);
+        a.extend(DEBEZIUM_COLUMNS.iter().map(|s| s.to_string()));
+        a
+    };
+    let (status, output) = run_to_end(
+        &with_columns(&[
+            "migrate",
+            "--adopt",
+            "--database-url",
+            &db.url,
+            "--table",
+            "outboxevent",
+        ]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(status.success(), "{output}");
+    let queue = create_queue("replay-adopted.fifo", &[]).await;
+    let mut run = run_args(&db, &queue, sqs().endpoint(), &["--table", "outboxevent"]);
+    run.extend(DEBEZIUM_COLUMNS.iter().map(|s| s.to_string()));
+    let _relay = RelayProcess::spawn(&run, &[]);
+    let sent = "SELECT count(*) FROM outboxevent WHERE sent_at IS NOT NULL";
+    let wait_sent = || async {
+        crate::support::wait_until("4 rows sent", Duration::from_secs(60), || async {
+            client.query_one(sent, &[]).await.unwrap().get::<_, i64>(0) == 4
+        })
+        .await
+    };
+    wait_sent().await;
+    let first = receive_all(&queue, 4, Duration::from_secs(30)).await;
+    assert_eq!(first.len(), 4);
+
+    let (status, done) = run_to_end(
+        &with_columns(&[
+            "replay",
+            "--database-url",
+            &db.url,
+            "--table",
+            "outboxevent",
+            "--event-type",
+            "OrderCreated",
+            "--new-dedup-id",
+        ]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(status.success(), "{done}");
+    assert!(done.contains("replayed 4 sent row(s)"), "{done}");
+    wait_sent().await;
+    let again = receive_all(&queue, 4, Duration::from_secs(30)).await;
+    assert_eq!(
+        event_ids(&again),
+        event_ids(&first),
+        "the same event_ids again"
+    );
+}

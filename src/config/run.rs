@@ -131,7 +131,7 @@ impl RunArgs {
         let maintenance = self.maintenance.validate()?;
         let order = self.order.validate(&destination)?;
         if database.adopted.is_some() && self.order.order_by == OrderBy::Transaction {
-            return Err("--order-by transaction is not supported on an adopted table (--adopt, --column): the relay adds its xact_id column only to tables migrate created".to_string());
+            return Err(crate::outbox::NOT_ON_ADOPTED.to_string());
         }
         let format = self.format.validate()?;
         let offload = self.offload.validate(send.max_request_bytes)?;

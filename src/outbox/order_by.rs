@@ -18,6 +18,9 @@ use std::str::FromStr;
 /// The column `migrate --order-by transaction` adds: the writing transaction's ID (`xid8`).
 pub const XACT_COLUMN: &str = "xact_id";
 
+/// Why `run` and `migrate --adopt` refuse `--order-by transaction` on an adopted table.
+pub const NOT_ON_ADOPTED: &str = "--order-by transaction is not supported on an adopted table (--adopt, --column): the relay adds its xact_id column only to tables migrate created";
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum OrderBy {
     /// Insertion order: `id`.
@@ -68,6 +71,23 @@ impl OrderBy {
         }
     }
 
+    /// What a group key's index holds between the key and `id`: the index keeps each key's
+    /// rows in this order.
+    pub fn index_columns(self) -> &'static str {
+        match self {
+            OrderBy::Id => "",
+            OrderBy::Transaction => "xact_id, ",
+        }
+    }
+
+    /// The flag `migrate` needs to build what this order claims with.
+    pub fn migrate_flag(self) -> &'static str {
+        match self {
+            OrderBy::Id => "",
+            OrderBy::Transaction => " --order-by transaction",
+        }
+    }
+
     /// The row's extra select-list entry (`, alias.xact_id`) where a query carries rows on to
     /// be compared by [`OrderBy::position`].
     pub fn carried(self, alias: &str) -> String {
@@ -115,6 +135,8 @@ mod tests {
         assert_eq!(OrderBy::Id.columns(Some("c")), "c.id");
         assert_eq!(OrderBy::Id.released(Some("c")), "true");
         assert_eq!(OrderBy::Id.carried("w"), "");
+        assert_eq!(OrderBy::Id.index_columns(), "");
+        assert_eq!(OrderBy::Id.migrate_flag(), "");
     }
 
     #[test]
@@ -128,6 +150,8 @@ mod tests {
             "c.xact_id < pg_snapshot_xmin(pg_current_snapshot())"
         );
         assert_eq!(t.carried("w"), ", w.xact_id");
+        assert_eq!(t.index_columns(), "xact_id, ");
+        assert_eq!(t.migrate_flag(), " --order-by transaction");
     }
 
     #[test]

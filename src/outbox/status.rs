@@ -89,16 +89,7 @@ impl Outbox {
 
     /// The watermark's hold-back, on a table that has the `xact_id` column.
     async fn held_back(&self, client: &super::Conn) -> Result<Option<HeldBack>, OutboxError> {
-        let has_column: bool = client
-            .query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_attribute \
-                 WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
-                &[&self.table.quoted(), &XACT_COLUMN],
-            )
-            .await
-            .map_err(query_err("looking for the xact_id column"))?
-            .get(0);
-        if !has_column {
+        if !self.has_column(client, XACT_COLUMN).await? {
             return Ok(None);
         }
         let sql = render(

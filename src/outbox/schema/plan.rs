@@ -185,16 +185,10 @@ impl Outbox {
             .iter()
             .any(|(_, kind)| kind.order_by() == OrderBy::Transaction)
         {
-            steps.push(Step::Transaction {
-                what: "adding the xact_id column (--order-by transaction)".into(),
-                sql: fill_in(
-                    include_str!("../../../sql/xact_column.sql"),
-                    &[
-                        ("table", Value::Table(&self.table)),
-                        ("table_literal", Value::TableLiteral(&self.table)),
-                    ],
-                )?,
-            });
+            steps.push(self.column_step(
+                "adding the xact_id column (--order-by transaction)",
+                include_str!("../../../sql/xact_column.sql"),
+            )?);
         }
         for (key_column, kind) in Self::with_default_index(keys) {
             let name = self.key_index_name(&key_column, kind);
@@ -205,21 +199,30 @@ impl Outbox {
             steps.extend(self.replaced_index_step(&self.table, &key_column, kind)?);
         }
         steps.push(self.claims_step()?);
-        steps.push(Step::Transaction {
-            what: "adding the dedup_id column".into(),
-            sql: fill_in(
-                include_str!("../../../sql/dedup_column.sql").trim_end(),
-                &[
-                    ("table", Value::Table(&self.table)),
-                    ("table_literal", Value::TableLiteral(&self.table)),
-                ],
-            )?,
-        });
+        steps.push(self.column_step(
+            "adding the dedup_id column",
+            include_str!("../../../sql/dedup_column.sql"),
+        )?);
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
             sql: self.record_version_sql()?,
         });
         Ok(steps)
+    }
+
+    /// A column added to the table, `sql` a DO block that looks it up first (a rerun takes no
+    /// lock), in a transaction under the lock policy.
+    fn column_step(&self, what: &str, sql: &str) -> Result<Step, OutboxError> {
+        Ok(Step::Transaction {
+            what: what.into(),
+            sql: fill_in(
+                sql.trim_end(),
+                &[
+                    ("table", Value::Table(&self.table)),
+                    ("table_literal", Value::TableLiteral(&self.table)),
+                ],
+            )?,
+        })
     }
 
     /// The lease table beside the relay's table (or view), sql/claims.sql: created in a
@@ -272,13 +275,7 @@ impl Outbox {
                 ("table", Value::Table(table)),
                 ("key", Value::Sql(key)),
                 ("id", id),
-                (
-                    "order_columns",
-                    Value::Sql(match kind.order_by() {
-                        OrderBy::Id => "",
-                        OrderBy::Transaction => "xact_id, ",
-                    }),
-                ),
+                ("order_columns", Value::Sql(kind.order_by().index_columns())),
                 ("predicate", Value::Sql(kind.predicate())),
             ],
         )?;
