@@ -2,9 +2,16 @@
 -- src/outbox/order_by.rs) a quarantined row of
 -- their group (destination and group key; the destination is sql/destination.sql) are parked
 -- as quarantined with reason `blocked`, so they show up in `quarantine list` and stop being
--- walked by every claim. Rows under a lease are left alone, and
--- so are rows that are not ordered (bound for a standard queue while the default queue is
--- standard: their FIFO routes' keys are $1).
+-- walked by every claim. Rows in flight are left alone, and so is a row with an earlier row
+-- of its group in flight (the one test of sql/in_flight.sql; its settlement, and the next
+-- pass, decide), and so are rows that are not ordered (bound for a standard queue while the
+-- default queue is standard: their FIFO routes' keys are $1).
+--
+-- Claims write no outbox row this could conflict with, so "in flight" is only as good as the
+-- snapshot that reads the claims: the statement runs after the claim lock
+-- (sql/claim_lock.sql) in a READ COMMITTED transaction (upkeep.rs), so its snapshot, taken
+-- after the lock, holds every committed lease, and no claim runs until it commits.
+WITH {in_flight}
 UPDATE {table} AS o
 SET quarantined_at = now(),
     quarantine_reason = 'blocked',
@@ -21,6 +28,6 @@ WHERE {key_o} = head.k
   AND {position_o} > {position_head}
   AND o.sent_at IS NULL
   AND o.quarantined_at IS NULL
-  AND o.id NOT IN (SELECT unnest(l.ids) FROM {claims} AS l)
+  AND {nothing_in_flight_o}
   AND {ordered_o}
 RETURNING o.id

@@ -308,11 +308,26 @@ impl Outbox {
             let (a, b) = (aliases[0], aliases[1]);
             let ordered = blocking.expect("blocking");
             let key = &ordered.key;
+            // Every claim's rows, expired or not: a claim that ended may still be settling.
+            let leased_ids = render(
+                "SELECT unnest(l.ids) FROM {claims} AS l",
+                &[("claims", Value::Table(&claims))],
+            )
+            .map_err(OutboxError::Template)?;
+            let in_flight =
+                claim::in_flight(table, ordered, &leased_ids).map_err(OutboxError::Template)?;
+            let nothing_in_flight =
+                claim::in_flight_up_to(ordered, b).map_err(OutboxError::Template)?;
             render(
                 template,
                 &[
                     ("table", Value::Table(table)),
                     ("claims", Value::Table(&claims)),
+                    ("in_flight", Value::Sql(&in_flight)),
+                    (
+                        &format!("nothing_in_flight_{b}"),
+                        Value::Sql(&nothing_in_flight),
+                    ),
                     (&format!("key_{a}"), Value::Sql(&key_sql(key, Some(a)))),
                     (&format!("key_{b}"), Value::Sql(&key_sql(key, Some(b)))),
                     (

@@ -8,6 +8,7 @@ mod scenario;
 
 mod adopt;
 mod chaos;
+mod claim_races;
 mod crash;
 mod dbauth;
 mod destination;

@@ -245,11 +245,20 @@ impl ClaimStrategy {
         )?;
         let weighed = weighed(&max_payload, &max_attempts);
         let leased = render(include_str!("../../sql/claim_leased.sql"), &[("claims", l)])?;
-        let leased = leased.trim_end();
+        let ordered = self.ordered();
+        // Ordered claims test every head against the rows claims hold (`in_flight_up_to`).
+        let leased = match ordered {
+            Some(o) => format!(
+                "{}\n{},",
+                leased.trim_end(),
+                in_flight(table, o, "SELECT id FROM leased")?
+            ),
+            None => leased.trim_end().to_string(),
+        };
+        let leased = leased.as_str();
         // A row taken from a claim that ended has that attempt counted (sql/claim_leased.sql).
         let attempts_c = "(c.attempts + (c.id IN (SELECT id FROM taken))::int)";
         let payload = payload_bytes(Some("c"), &max_payload);
-        let ordered = self.ordered();
         // "The row just before c in its group is done": one step back in the group's order
         // index, so the probe costs the same however many of the group's rows were sent before
         // (a probe for the first unsent row instead walks every dead index entry the group's
@@ -258,14 +267,19 @@ impl ClaimStrategy {
         // the planner on the (key, id) index (see claim_candidates_fair.sql).
         // Of the key's earlier rows only its own destination's are its group: a row of the
         // same key bound elsewhere is stepped over (usually there is none).
+        // One step back is not enough on its own: with --on-poison skip the row before c may
+        // be poison while an earlier one is still leased (A leased, B quarantined at claim, C),
+        // and a replayed row may be in flight before rows already sent. So a head also has no
+        // earlier row of its group in flight, whichever strategy offers it.
         let head_c = ordered
             .map(|o| {
                 let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
                 Ok::<_, String>(format!(
-                    "({} AND coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
+                    "({} AND {} AND coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
                      WHERE {p} >= {c} AND {p} <= {c} AND {} < {} AND {} = {} \
                      ORDER BY {p} DESC, {} LIMIT 1), true))",
                     o.by.released(Some("c")),
+                    in_flight_up_to(o, "c")?,
                     if o.skip_poison {
                         format!(" OR {}", poison("p"))
                     } else {
@@ -399,6 +413,41 @@ impl ClaimStrategy {
             ],
         )
     }
+}
+
+/// The `in_flight` CTE (sql/in_flight.sql) over the ids `leased_ids` selects: the rows claims
+/// hold, with their group and place in its order, for [`in_flight_up_to`].
+pub(crate) fn in_flight(
+    table: &TableName,
+    ordered: &Ordered,
+    leased_ids: &str,
+) -> Result<String, String> {
+    Ok(render(
+        include_str!("../../sql/in_flight.sql"),
+        &[
+            ("table", Value::Table(table)),
+            ("key_e", Value::Sql(&key_sql(&ordered.key, Some("e")))),
+            ("dest_e", Value::Sql(&destination_sql(ordered, "e")?)),
+            ("carried_e", Value::Sql(&ordered.by.carried("e"))),
+            ("leased_ids", Value::Sql(leased_ids)),
+        ],
+    )?
+    .trim_end()
+    .to_string())
+}
+
+/// "No row of `alias`'s group up to it (in the group's order) is in flight": the one test
+/// against [`in_flight`], used by every ordered claim (a candidate is never leased itself, so
+/// for a claim this is "no earlier row") and by parking (a leased row is never parked, nor one
+/// behind it). Equalities first, so the planner can hash the group.
+pub(crate) fn in_flight_up_to(ordered: &Ordered, alias: &str) -> Result<String, String> {
+    Ok(format!(
+        "NOT EXISTS (SELECT 1 FROM in_flight AS e WHERE e.k = {} AND e.d = {} AND {} <= {})",
+        key_sql(&ordered.key, Some(alias)),
+        destination_sql(ordered, alias)?,
+        ordered.by.position("e"),
+        ordered.by.position(alias),
+    ))
 }
 
 /// A row quarantined as poison is "done" for its group under --on-poison skip; rows the relay
@@ -703,6 +752,24 @@ mod tests {
                     assert!(sql.contains(&d), "{alias}: {strategy:?}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn every_ordered_strategy_tests_its_heads_against_the_one_in_flight_definition() {
+        let table: TableName = "outbox".parse().unwrap();
+        for strategy in strategies() {
+            let sql = strategy.sql(&table).unwrap();
+            let Some(ordered) = strategy.ordered() else {
+                assert!(!sql.contains("in_flight"), "{strategy:?}");
+                continue;
+            };
+            let cte = in_flight(&table, ordered, "SELECT id FROM leased").unwrap();
+            assert_eq!(sql.matches(&cte).count(), 1, "{strategy:?}");
+            let test = in_flight_up_to(ordered, "c").unwrap();
+            // In the one head test (`head_c`), rendered wherever heads are found.
+            assert!(sql.contains(&test), "{strategy:?}");
+            assert!(sql.contains(&ordered.by.position("e")), "{strategy:?}");
         }
     }
 

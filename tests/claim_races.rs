@@ -1,0 +1,213 @@
+//! Interleavings of claims with each other, with parking and with the relay's own deadline,
+//! each held open by a test transaction rather than left to timing (issue 26, items 2, 3, 6).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_relay::outbox::{
+    ClaimLimits, ClaimRequest, ClaimStrategy, OrderBy, OrderScope, Ordered, Outbox, Upkeep,
+};
+use outbox_relay::row::KeyColumn;
+
+use crate::scenario::{count, events, insert, migrate_with, migrated_db};
+use crate::support::{wait_until, TestDb};
+
+/// The claim lock of the default table, as sql/claim_lock.sql takes it.
+const CLAIM_LOCK: &str =
+    "SELECT pg_advisory_xact_lock(1869968482, '\"outbox_claims\"'::regclass::oid::int)";
+
+const WAIT: Duration = Duration::from_secs(60);
+
+fn request(limit: i64) -> ClaimRequest {
+    ClaimRequest {
+        limit,
+        owner: "races".into(),
+        lease: Duration::from_secs(300),
+        budget_bytes: i64::MAX,
+        floor: 0,
+        cursor: None,
+    }
+}
+
+/// Every ordered strategy, with `--on-poison skip` where a quarantined row lets its group on.
+fn ordered_strategies(skip_poison: bool) -> Vec<(&'static str, ClaimStrategy)> {
+    let ordered = |scope: OrderScope, by: OrderBy| Ordered {
+        key: KeyColumn::AggregateId,
+        routing: Default::default(),
+        skip_poison,
+        scope,
+        by,
+    };
+    let fifo_rows = || OrderScope::FifoDestinations {
+        route_by: KeyColumn::AggregateType,
+        fifo_routes: Vec::new(),
+    };
+    let mut all = Vec::new();
+    for (by, name) in [(OrderBy::Id, "id"), (OrderBy::Transaction, "transaction")] {
+        let label = |what: &str| -> &'static str { Box::leak(format!("{what}, by {name}").into()) };
+        all.push((
+            label("ordered"),
+            ClaimStrategy::Ordered(ordered(OrderScope::Every, by)),
+        ));
+        all.push((
+            label("ordered + fair"),
+            ClaimStrategy::OrderedFair {
+                ordered: ordered(OrderScope::Every, by),
+                fair: KeyColumn::AggregateType,
+            },
+        ));
+        all.push((
+            label("FIFO rows ordered"),
+            ClaimStrategy::Ordered(ordered(fifo_rows(), by)),
+        ));
+        all.push((
+            label("FIFO rows ordered + fair"),
+            ClaimStrategy::OrderedFair {
+                ordered: ordered(fifo_rows(), by),
+                fair: KeyColumn::AggregateType,
+            },
+        ));
+    }
+    all
+}
+
+/// A table with what every strategy needs: the fair key's index and the writing transaction.
+async fn table_for_every_strategy() -> TestDb {
+    let db = migrated_db().await;
+    migrate_with(
+        &db,
+        &["--fair-by", "aggregate_type", "--order-by", "transaction"],
+    )
+    .await;
+    db
+}
+
+/// Group G = A, B, C (bound for a FIFO queue), B too large to hold. Claim 1 leases A (and, where
+/// the claim reaches it, quarantines B at claim; elsewhere B is quarantined as a sender fault
+/// would). Claim 2, before claim 1 is settled, must take nothing of G: A is in flight, and
+/// under --on-poison skip the poison B between them does not make C a head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_ordered_strategy_takes_a_group_mate_of_a_leased_row() {
+    let mut taken = Vec::new();
+    for (name, strategy) in ordered_strategies(true) {
+        let db = table_for_every_strategy().await;
+        let client = db.client().await;
+        let mut g = events("g", 3, 1);
+        for e in &mut g {
+            e.queue_url = Some("https://sqs.example/000/g.fifo".into());
+        }
+        g[1].payload = serde_json::json!({ "blob": "x".repeat(4000) });
+        insert(&client, &g, Duration::ZERO).await;
+        let s = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+            .unwrap()
+            .claim_strategy(strategy)
+            .unwrap()
+            .claim_limits(ClaimLimits {
+                max_payload_bytes: 1024,
+                max_attempts: 10,
+            })
+            .connect()
+            .await
+            .unwrap();
+        let first = s.claim(&request(10)).await.unwrap();
+        let ids: Vec<&str> = first.rows.iter().map(|r| r.event_id.as_str()).collect();
+        assert_eq!(ids, ["g-0"], "{name}: claim 1 leases the head alone");
+        client
+            .batch_execute(
+                "UPDATE outbox SET quarantined_at = now(), quarantine_reason = 'too_large'
+                 WHERE event_id = 'g-1' AND quarantined_at IS NULL",
+            )
+            .await
+            .unwrap();
+        let second = s.claim(&request(10)).await.unwrap();
+        let ids: Vec<String> = second.rows.iter().map(|r| r.event_id.clone()).collect();
+        if !ids.is_empty() {
+            taken.push(format!("{name}: {ids:?}"));
+        }
+    }
+    assert!(
+        taken.is_empty(),
+        "claim 2 took a group-mate of the leased g-0: {taken:#?}"
+    );
+}
+
+/// Parking (--on-poison block) while a claim holds the claim lock with its lease written but
+/// not committed: parking waits for the lock, and once the claim commits it must see that
+/// lease and leave the leased row alone, whatever isolation the database defaults to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parking_waits_for_a_claim_and_never_parks_the_row_it_leased() {
+    for isolation in ["read committed", "repeatable read", "serializable"] {
+        let db = table_for_every_strategy().await;
+        let admin = db.client().await;
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{}\" SET default_transaction_isolation = '{isolation}'",
+                db.name
+            ))
+            .await
+            .unwrap();
+        // G = A (quarantined, poison), B: parking parks B behind A unless B is in flight.
+        let client = db.client().await;
+        insert(&client, &events("p", 2, 1), Duration::ZERO).await;
+        client
+            .batch_execute(
+                "UPDATE outbox SET quarantined_at = now(), quarantine_reason = 'too_large'
+                 WHERE event_id = 'p-0'",
+            )
+            .await
+            .unwrap();
+        let blocking = ClaimStrategy::Ordered(Ordered {
+            key: KeyColumn::AggregateId,
+            routing: Default::default(),
+            skip_poison: false,
+            scope: OrderScope::Every,
+            by: OrderBy::Id,
+        });
+        {
+            let outbox = Arc::new(
+                Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+                    .unwrap()
+                    .claim_strategy(blocking)
+                    .unwrap(),
+            );
+            let claim = db.client().await;
+            claim.batch_execute("BEGIN").await.unwrap();
+            claim.batch_execute(CLAIM_LOCK).await.unwrap();
+            claim
+                .batch_execute(
+                    "INSERT INTO outbox_claims (owner, until, ids)
+                     SELECT 'claimer', now() + interval '1 hour', array_agg(id)
+                     FROM outbox WHERE event_id = 'p-1'",
+                )
+                .await
+                .unwrap();
+            let upkeep = Upkeep::new(outbox, Duration::from_secs(30));
+            let parking = tokio::spawn(async move { upkeep.maintain_blocked_groups().await });
+            wait_until(
+                &format!("{isolation}: parking waits for the claim lock"),
+                WAIT,
+                || async {
+                    admin
+                        .query_one(
+                            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                             WHERE l.locktype = 'advisory' AND NOT l.granted
+                               AND a.datname = current_database()",
+                            &[],
+                        )
+                        .await
+                        .unwrap()
+                        .get::<_, i64>(0)
+                        == 1
+                },
+            )
+            .await;
+            claim.batch_execute("COMMIT").await.unwrap();
+            parking.await.unwrap().unwrap();
+            assert_eq!(
+                count(&client, "event_id = 'p-1' AND quarantined_at IS NOT NULL").await,
+                0,
+                "{isolation}: the row the claim leased was parked"
+            );
+        }
+    }
+}
