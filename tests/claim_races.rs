@@ -9,8 +9,8 @@ use outbox_relay::outbox::{
 };
 use outbox_relay::row::KeyColumn;
 
-use crate::scenario::{count, events, insert, migrate_with, migrated_db};
-use crate::support::{wait_until, TestDb};
+use crate::scenario::{count, events, insert, migrate_with, migrated_db, run_args};
+use crate::support::{count_claims, create_queue, sqs, wait_until, RelayProcess, TestDb};
 
 /// The claim lock of the default table, as sql/claim_lock.sql takes it.
 const CLAIM_LOCK: &str =
@@ -210,4 +210,89 @@ async fn parking_waits_for_a_claim_and_never_parks_the_row_it_leased() {
             );
         }
     }
+}
+
+/// A claim whose lock wait W and claim statement T are each under --db-timeout but together
+/// over it: the relay gives it up, and it must not commit a lease behind the relay's back (the
+/// rows would wait a whole --lease, and the takeover would spend an attempt). A test
+/// transaction holds the claim lock for W, another holds `outbox_claims` (SHARE, which a claim's
+/// INSERT waits for) for T after that. Afterwards every row was sent once within its first
+/// lease, spent only its own attempt, and no lease is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_relay_gave_up_on_holds_no_lease_and_spends_no_attempt() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("giveup", &[]).await;
+    let started: f64 = client
+        .query_one("SELECT extract(epoch FROM now())::float8", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let relay = RelayProcess::spawn(
+        &run_args(
+            &db,
+            &queue,
+            sqs().endpoint(),
+            &["--db-timeout", "2s", "--lease", "120s"],
+        ),
+        &[],
+    );
+    // Its statements are prepared (the claim's locks the lease table) before the table is held.
+    wait_until("the relay is ready", WAIT, || async {
+        relay.http_status("/readyz").await == 200
+    })
+    .await;
+    let lock_holder = db.client().await;
+    let claims_holder = db.client().await;
+    claims_holder
+        .batch_execute("BEGIN; LOCK TABLE outbox_claims IN SHARE MODE")
+        .await
+        .unwrap();
+    lock_holder.batch_execute("BEGIN").await.unwrap();
+    lock_holder.batch_execute(CLAIM_LOCK).await.unwrap();
+    insert(&client, &events("giveup", 5, 5), Duration::ZERO).await;
+    wait_until(
+        "the relay's claim waits for the claim lock",
+        WAIT,
+        || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+                 WHERE l.locktype = 'advisory' AND NOT l.granted
+                   AND a.datname = current_database()",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                >= 1
+        },
+    )
+    .await;
+    // W: 1.2 s of the 2 s, on the server's clock; then T: 1.2 s more on the lease table.
+    lock_holder
+        .batch_execute("SELECT pg_sleep(1.2); COMMIT")
+        .await
+        .unwrap();
+    claims_holder
+        .batch_execute("SELECT pg_sleep(1.2); COMMIT")
+        .await
+        .unwrap();
+    wait_until("every row is sent", WAIT, || async {
+        count(&client, "sent_at IS NOT NULL").await == 5
+    })
+    .await;
+    let late = count(
+        &client,
+        &format!("sent_at >= to_timestamp({started}) + interval '120 seconds'"),
+    )
+    .await;
+    assert_eq!(late, 0, "rows waited out a lease");
+    assert_eq!(
+        count(&client, "attempts <> 1").await,
+        0,
+        "a row spent an attempt it did not make"
+    );
+    assert_eq!(count_claims(&client, "true").await, 0, "a lease was left");
+    drop(relay);
 }

@@ -127,11 +127,41 @@ impl Outbox {
         Ok(Session {
             client,
             statements,
-            claim_lock: self.sql.claim_lock.clone(),
+            claim_start: self.claim_start()?,
             strategy: self.strategy.clone(),
             limits: self.limits,
         })
     }
+}
+
+impl Outbox {
+    /// What a claim's transaction starts with: the claim lock, and with a round-trip deadline
+    /// the server's budget for the lock wait and the claim (sql/claim_deadline.sql).
+    fn claim_start(&self) -> Result<String, OutboxError> {
+        let Some(deadline) = self.round_trip() else {
+            return Ok(self.sql.claim_lock.clone());
+        };
+        let budget_ms = claim_budget(deadline).as_millis().max(1).to_string();
+        super::template::render(
+            include_str!("../../sql/claim_deadline.sql"),
+            &[
+                ("budget_ms", super::template::Value::Sql(&budget_ms)),
+                (
+                    "claim_lock",
+                    super::template::Value::Sql(&self.sql.claim_lock),
+                ),
+            ],
+        )
+        .map_err(OutboxError::Template)
+    }
+}
+
+/// The server's share of a claim's round-trip deadline: the lock wait and the claim statement
+/// together end within it, or the claim rolls back. The rest is the margin for what the
+/// server's clock does not see: the wait for the shared connection and for the requests ahead
+/// of the claim on it, the COMMIT, and the answer's trip back (docs/failure-handling.md).
+pub(crate) fn claim_budget(deadline: Duration) -> Duration {
+    deadline - deadline / 4
 }
 
 #[derive(Debug)]
@@ -150,8 +180,9 @@ struct Statements {
 pub struct Session {
     client: Conn,
     statements: Statements,
-    /// Runs before each claim in its transaction (sql/claim_lock.sql).
-    claim_lock: String,
+    /// Runs before each claim in its transaction: the claim lock (sql/claim_lock.sql), under
+    /// the claim's budget when `run` has a deadline (sql/claim_deadline.sql).
+    claim_start: String,
     /// How `claim` binds its statement's parameters.
     strategy: ClaimStrategy,
     /// The claim's last two parameters.
@@ -172,7 +203,7 @@ impl Session {
         let rows = self
             .client
             .query_in_transaction(
-                &self.claim_lock,
+                &self.claim_start,
                 &self.statements.claim,
                 &self.strategy.bind(&bound),
             )
@@ -543,6 +574,32 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn a_claim_with_a_deadline_gives_the_server_less_than_the_relay_waits() {
+        let outbox = Outbox::new(
+            "postgres://u:p@127.0.0.1:5/db",
+            "outbox".parse().unwrap(),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        assert_eq!(outbox.claim_start().unwrap(), outbox.sql.claim_lock);
+        let start = outbox
+            .round_trip_deadline(Duration::from_secs(2))
+            .claim_start()
+            .unwrap();
+        assert!(
+            start.starts_with("SET LOCAL lock_timeout = 1500;"),
+            "{start}"
+        );
+        assert!(start.contains("pg_advisory_xact_lock"), "{start}");
+        assert!(
+            start
+                .contains("greatest(1, 1500 - floor(extract(epoch FROM clock_timestamp() - now())"),
+            "{start}"
+        );
+        assert!(claim_budget(Duration::from_millis(1)) < Duration::from_millis(1));
+    }
 
     #[test]
     fn each_acknowledgement_mode_names_its_own_statement() {
