@@ -589,7 +589,7 @@ mod tests {
             .claim_start()
             .unwrap();
         assert!(
-            start.starts_with("SET LOCAL lock_timeout = 1500;"),
+            start.contains("\nSET LOCAL lock_timeout = 1500;\n"),
             "{start}"
         );
         assert!(start.contains("pg_advisory_xact_lock"), "{start}");
