@@ -6,7 +6,8 @@
 --
 -- A row is a group's head when no earlier row of its group is unsent (the row just
 -- before it in the group's order index is sent, or, with --on-poison skip, quarantined as
--- poison; rows parked as `blocked` or `destination` are not poison and hold the group). A claim
+-- poison; rows parked as `blocked` or `destination` are not poison and hold the group) and
+-- no row of its group is in flight (sql/in_flight.sql). A claim
 -- takes heads and, behind each head, up to 9 more rows of its group (29 when there are few
 -- heads) that are claimable one after the other, so a long group travels 10 events per FIFO
 -- request, its requests one after the other; the group's next rows become heads only once

@@ -2,10 +2,10 @@
 -- src/outbox/order_by.rs) a quarantined row of
 -- their group (destination and group key; the destination is sql/destination.sql) are parked
 -- as quarantined with reason `blocked`, so they show up in `quarantine list` and stop being
--- walked by every claim. Rows in flight are left alone, and so is a row with an earlier row
--- of its group in flight (the one test of sql/in_flight.sql; its settlement, and the next
--- pass, decide), and so are rows that are not ordered (bound for a standard queue while the
--- default queue is standard: their FIFO routes' keys are $1).
+-- walked by every claim. A group with a row in flight is left alone (the one test of
+-- sql/in_flight.sql; the next pass, after its settlement, decides), and so are rows that are
+-- not ordered (bound for a standard queue while the default queue is standard: their FIFO
+-- routes' keys are $1).
 --
 -- Claims write no outbox row this could conflict with, so "in flight" is only as good as the
 -- snapshot that reads the claims: the statement runs after the claim lock

@@ -317,7 +317,7 @@ impl Outbox {
             let in_flight =
                 claim::in_flight(table, ordered, &leased_ids).map_err(OutboxError::Template)?;
             let nothing_in_flight =
-                claim::in_flight_up_to(ordered, b).map_err(OutboxError::Template)?;
+                claim::nothing_in_flight(ordered, b).map_err(OutboxError::Template)?;
             render(
                 template,
                 &[

@@ -246,7 +246,7 @@ impl ClaimStrategy {
         let weighed = weighed(&max_payload, &max_attempts);
         let leased = render(include_str!("../../sql/claim_leased.sql"), &[("claims", l)])?;
         let ordered = self.ordered();
-        // Ordered claims test every head against the rows claims hold (`in_flight_up_to`).
+        // Ordered claims test every head against the groups claims hold (`nothing_in_flight`).
         let leased = match ordered {
             Some(o) => format!(
                 "{}\n{},",
@@ -269,8 +269,8 @@ impl ClaimStrategy {
         // same key bound elsewhere is stepped over (usually there is none).
         // One step back is not enough on its own: with --on-poison skip the row before c may
         // be poison while an earlier one is still leased (A leased, B quarantined at claim, C),
-        // and a replayed row may be in flight before rows already sent. So a head also has no
-        // earlier row of its group in flight, whichever strategy offers it.
+        // and a replayed row may be in flight before rows already sent. So a head's group also
+        // has no row in flight, whichever strategy offers it.
         let head_c = ordered
             .map(|o| {
                 let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
@@ -279,7 +279,7 @@ impl ClaimStrategy {
                      WHERE {p} >= {c} AND {p} <= {c} AND {} < {} AND {} = {} \
                      ORDER BY {p} DESC, {} LIMIT 1), true))",
                     o.by.released(Some("c")),
-                    in_flight_up_to(o, "c")?,
+                    nothing_in_flight(o, "c")?,
                     if o.skip_poison {
                         format!(" OR {}", poison("p"))
                     } else {
@@ -415,8 +415,8 @@ impl ClaimStrategy {
     }
 }
 
-/// The `in_flight` CTE (sql/in_flight.sql) over the ids `leased_ids` selects: the rows claims
-/// hold, with their group and place in its order, for [`in_flight_up_to`].
+/// The `in_flight` CTE (sql/in_flight.sql) over the ids `leased_ids` selects: the groups of
+/// the rows claims hold, for [`nothing_in_flight`].
 pub(crate) fn in_flight(
     table: &TableName,
     ordered: &Ordered,
@@ -428,7 +428,6 @@ pub(crate) fn in_flight(
             ("table", Value::Table(table)),
             ("key_e", Value::Sql(&key_sql(&ordered.key, Some("e")))),
             ("dest_e", Value::Sql(&destination_sql(ordered, "e")?)),
-            ("carried_e", Value::Sql(&ordered.by.carried("e"))),
             ("leased_ids", Value::Sql(leased_ids)),
         ],
     )?
@@ -436,17 +435,19 @@ pub(crate) fn in_flight(
     .to_string())
 }
 
-/// "No row of `alias`'s group up to it (in the group's order) is in flight": the one test
-/// against [`in_flight`], used by every ordered claim (a candidate is never leased itself, so
-/// for a claim this is "no earlier row") and by parking (a leased row is never parked, nor one
-/// behind it). Equalities first, so the planner can hash the group.
-pub(crate) fn in_flight_up_to(ordered: &Ordered, alias: &str) -> Result<String, String> {
+/// "No row of `alias`'s group is in flight": the one test against [`in_flight`], used by every
+/// ordered claim and by parking (neither touches a group while a claim holds a row of it).
+/// The whole group rather than its rows before `alias`: a later row in flight means the group
+/// is being sent out of its order already (a replayed row), and waiting for it costs one
+/// settlement; in exchange the test is uncorrelated, one hashed lookup per row, where comparing
+/// positions scanned every leased row for every candidate. Measured on a busy 2-core machine,
+/// ordered claims of 100 over 20,000 rows in 2,000 groups with 600-3,500 rows leased: 13-30 ms
+/// comparing positions, 11-19 ms this way, 9-15 ms with no in-flight test at all.
+pub(crate) fn nothing_in_flight(ordered: &Ordered, alias: &str) -> Result<String, String> {
     Ok(format!(
-        "NOT EXISTS (SELECT 1 FROM in_flight AS e WHERE e.k = {} AND e.d = {} AND {} <= {})",
+        "({}, {}) NOT IN (SELECT k, d FROM in_flight)",
         key_sql(&ordered.key, Some(alias)),
         destination_sql(ordered, alias)?,
-        ordered.by.position("e"),
-        ordered.by.position(alias),
     ))
 }
 
@@ -766,10 +767,9 @@ mod tests {
             };
             let cte = in_flight(&table, ordered, "SELECT id FROM leased").unwrap();
             assert_eq!(sql.matches(&cte).count(), 1, "{strategy:?}");
-            let test = in_flight_up_to(ordered, "c").unwrap();
+            let test = nothing_in_flight(ordered, "c").unwrap();
             // In the one head test (`head_c`), rendered wherever heads are found.
             assert!(sql.contains(&test), "{strategy:?}");
-            assert!(sql.contains(&ordered.by.position("e")), "{strategy:?}");
         }
     }
 
