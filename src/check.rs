@@ -92,18 +92,42 @@ pub async fn run(args: &RunArgs) -> bool {
 async fn check_database(config: &RunConfig, report: &mut Report) {
     let db = &config.database;
     let table = db.table.quoted();
-    let outbox =
-        match Outbox::from_config(&config.database, Purpose::Relay(config.relay_settings())) {
-            Ok(o) => o,
-            Err(e) => {
-                report.add("database settings", Err(e.to_string()));
-                return;
+    let build = |database: &crate::outbox::DatabaseConfig| {
+        Outbox::from_config(database, Purpose::Relay(config.relay_settings()))
+    };
+    let outbox = match build(&config.database) {
+        Ok(o) => o,
+        Err(e) => {
+            report.add("database settings", Err(e.to_string()));
+            return;
+        }
+    };
+    // As `run` does: an unqualified --table resolved once on the role's search_path.
+    let (outbox, table) = match outbox.resolve_table().await {
+        Ok(Some(resolved)) => {
+            report.add(format!("table {table}"), Ok(Some(resolved.describe())));
+            match build(&resolved.apply(&config.database)) {
+                Ok(o) => (o, resolved.table.quoted()),
+                Err(e) => {
+                    report.add("database settings", Err(e.to_string()));
+                    return;
+                }
             }
-        };
+        }
+        _ => (outbox, table),
+    };
     let reachable = format!("database reachable at {}", outbox.target());
     let facts = match outbox.inspect().await {
         Err(e @ OutboxError::Connect { .. }) => {
             report.add(reachable, Err(e.to_string()));
+            return;
+        }
+        Err(e @ OutboxError::Pooler(_)) => {
+            report.add(reachable, Ok(None));
+            report.add(
+                format!("connections: --pooler {}", db.pooler),
+                Err(e.to_string()),
+            );
             return;
         }
         Err(e) => {
@@ -125,6 +149,10 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
             .map_err(|e| e.to_string()),
     );
     let Some(facts) = facts else {
+        if let e @ OutboxError::TableHidden { .. } = outbox.why_missing().await {
+            report.add(format!("table {table} exists"), Err(e.to_string()));
+            return;
+        }
         let fix = match &db.adopted {
             Some(_) => "run `outbox-relay migrate --adopt` with the same --table and --column flags, or fix --table",
             None => "run `outbox-relay migrate` with the same --table, or fix --table",
@@ -168,6 +196,12 @@ async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) 
         Ok(installed) => installed.judge(config.claim.wakeup).map(|()| None),
         Err(e) => Err(e.to_string()),
     };
+    let verdict = verdict.and_then(|v| {
+        outbox
+            .pooler_allows(config.claim.wakeup)
+            .map(|()| v)
+            .map_err(|e| e.to_string())
+    });
     let verdict = match verdict {
         Ok(_) if config.claim.wakeup == crate::outbox::Wakeup::Logical => outbox
             .check_logical()

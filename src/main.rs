@@ -105,14 +105,25 @@ fn database(args: &DatabaseArgs) -> Result<DatabaseConfig, ExitCode> {
 /// The outbox a command uses, or the exit code for a bad database setting: the files the
 /// settings name (password, CA, client certificate and key) are read here, once, so an
 /// unusable one is a configuration error in every command.
-fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
+///
+/// A `--table` without a schema is resolved once, on the role's search_path, and the outbox
+/// built on the schema-qualified name: every connection then uses that one table, whatever
+/// its own search_path. Where it cannot be resolved (no such table, no connection) the
+/// command goes on with the name as given and says what is wrong where it first needs it.
+async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
     db.read_secrets().map_err(|e| config_error(&e))?;
-    Outbox::from_config(db, purpose).map_err(|e| config_error(&e.to_string()))
+    let given =
+        Outbox::from_config(db, purpose.clone()).map_err(|e| config_error(&e.to_string()))?;
+    match given.resolve_table().await {
+        Ok(Some(resolved)) => Outbox::from_config(&resolved.apply(db), purpose)
+            .map_err(|e| config_error(&e.to_string())),
+        _ => Ok(given),
+    }
 }
 
 /// The outbox of a one-shot command that reads or re-drives rows.
-fn admin_outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
-    outbox(&database(args)?, Purpose::Admin)
+async fn admin_outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
+    outbox(&database(args)?, Purpose::Admin).await
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {
@@ -130,7 +141,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         Ok(db) => db,
         Err(code) => return code,
     };
-    let outbox = match outbox(&db, Purpose::Migrate(locks)) {
+    let outbox = match outbox(&db, Purpose::Migrate(locks)).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -236,7 +247,7 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
-    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())) {
+    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -291,7 +302,7 @@ async fn run(args: RunArgs) -> ExitCode {
 }
 
 async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -320,7 +331,7 @@ async fn check(args: RunArgs) -> ExitCode {
 }
 
 async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -363,7 +374,7 @@ async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
 }
 
 async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -394,7 +405,7 @@ async fn replay(args: ReplayArgs) -> ExitCode {
         Ok(w) => w,
         Err(e) => return config_error(&e),
     };
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };

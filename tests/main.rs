@@ -35,6 +35,7 @@ mod pooler;
 mod replay;
 mod retention;
 mod rows_that_kill;
+mod settings;
 mod slow_destination;
 mod sns;
 mod sqs_contract;

@@ -36,7 +36,7 @@ impl Outbox {
                 }
             }
         });
-        let client = super::Conn::new(client, self.pooler);
+        let client = super::Conn::new(client, self.pooler_in_use());
         let channel = self.resolve_channel(&client).await?;
         client
             .batch_execute(
