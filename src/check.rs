@@ -107,7 +107,7 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
         Ok(Some(resolved)) => {
             report.add(format!("table {table}"), Ok(Some(resolved.describe())));
             match build(&resolved.apply(&config.database)) {
-                Ok(o) => (o, resolved.table.quoted()),
+                Ok(o) => (o.pooler_as(&outbox), resolved.table.quoted()),
                 Err(e) => {
                     report.add("database settings", Err(e.to_string()));
                     return;

@@ -116,6 +116,7 @@ async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCod
         Outbox::from_config(db, purpose.clone()).map_err(|e| config_error(&e.to_string()))?;
     match given.resolve_table().await {
         Ok(Some(resolved)) => Outbox::from_config(&resolved.apply(db), purpose)
+            .map(|outbox| outbox.pooler_as(&given))
             .map_err(|e| config_error(&e.to_string())),
         _ => Ok(given),
     }

@@ -162,6 +162,15 @@ impl Outbox {
         self.pooler_detected.get().copied().unwrap_or(self.pooler)
     }
 
+    /// The mode `other` (an outbox of the same database) detected, so that it is not detected
+    /// (and logged) twice.
+    pub fn pooler_as(self, other: &Outbox) -> Self {
+        if let Some(mode) = other.pooler_detected.get() {
+            let _ = self.pooler_detected.set(*mode);
+        }
+        self
+    }
+
     /// Whether `wakeup` works through the pooler `auto` detected (an explicit `--pooler` was
     /// judged with the configuration).
     pub fn pooler_allows(&self, wakeup: Wakeup) -> Result<(), OutboxError> {

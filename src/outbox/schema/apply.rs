@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
+use super::super::conn::Access;
 use super::super::template::{render, Value};
 use super::super::{query_err, Conn, Outbox, OutboxError, TableName};
 use super::catalog::{index_in_progress, index_validity};
@@ -73,10 +74,11 @@ impl Outbox {
     /// itself, so that none of them outlives it on the server connection.
     fn step_script(&self, client: &Conn, sql: &str) -> Result<String, OutboxError> {
         if !client.pooled() {
-            return Ok(format!("BEGIN;\n{sql}\nCOMMIT;"));
+            return Ok(format!("{};\n{sql}\nCOMMIT;", Access::Write.begin()));
         }
         Ok(format!(
-            "BEGIN;\n{}{}\n{sql}\nCOMMIT;",
+            "{};\n{}{}\n{sql}\nCOMMIT;",
+            Access::Write.begin(),
             self.transaction_settings(),
             self.migration_lock(TRANSACTION_LOCK)?
         ))
