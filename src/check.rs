@@ -148,6 +148,22 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
             .map(Some)
             .map_err(|e| e.to_string()),
     );
+    match outbox.imposed_settings().await {
+        Ok(settings) => {
+            for setting in &settings {
+                report.add(
+                    format!(
+                        "setting {} = {} ({})",
+                        setting.name, setting.value, setting.source
+                    ),
+                    judge_setting(setting),
+                );
+            }
+        }
+        Err(e) => {
+            report.add("the session's settings", Err(e.to_string()));
+        }
+    }
     let Some(facts) = facts else {
         if let e @ OutboxError::TableHidden { .. } = outbox.why_missing().await {
             report.add(format!("table {table} exists"), Err(e.to_string()));
@@ -211,6 +227,29 @@ async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) 
         other => other,
     };
     report.add(what, verdict);
+}
+
+/// What a setting a database, role or URL imposes means for the relay (issue 26, item 2).
+/// Each one listed works: the relay states in its transactions what it relies on, sets its
+/// own timeouts, resolves the table once, and reads values in the binary format; the line
+/// says which of these covers it.
+pub fn judge_setting(
+    setting: &crate::outbox::inspect::ImposedSetting,
+) -> Result<Option<String>, String> {
+    let note = match setting.name.as_str() {
+        "default_transaction_isolation" => "the relay states READ COMMITTED in every transaction",
+        "default_transaction_read_only" => "the relay states READ WRITE in every write",
+        "statement_timeout" | "lock_timeout" | "idle_in_transaction_session_timeout" => {
+            "the relay sets its own from --db-timeout"
+        }
+        "search_path" => "an unqualified --table is resolved on it once",
+        "client_encoding" => "the relay's connections ask for UTF8",
+        "session_replication_role" if setting.value == "replica" => {
+            "triggers do not fire for the relay's writes; it relies on none"
+        }
+        _ => "values are read in the binary format",
+    };
+    Ok(Some(note.to_string()))
 }
 
 /// Every column of the migration, with a type the relay's statements can use.

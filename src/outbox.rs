@@ -689,15 +689,19 @@ impl Outbox {
 
     /// The table a `--table` without a schema names, resolved once on the role's
     /// search_path, so that every connection of the relay uses the same table whatever its
-    /// own search_path (a pooler's server connections, a URL's options); `None` when the
-    /// name is already qualified or reaches no table (then the commands say so). Also every
-    /// other table of that name, for `check`.
+    /// own search_path (a pooler's server connections, a URL's options), when another table
+    /// of that name exists: only then could two connections reach different ones. `None`
+    /// when the name is already qualified, is the only table of its name (every connection
+    /// reaches that one, or fails saying so), or reaches no table (then the commands say so).
     pub async fn resolve_table(&self) -> Result<Option<Resolved>, OutboxError> {
         if self.table.schema.is_some() {
             return Ok(None);
         }
         let client = self.raw_connect().await?;
         let found = self.search_path(&client).await?;
+        if found.others.is_empty() {
+            return Ok(None);
+        }
         Ok(found.schema.map(|schema| Resolved {
             table: TableName {
                 schema: Some(schema),

@@ -291,3 +291,38 @@ async fn a_same_named_table_earlier_in_the_search_path_is_named_by_check() {
         "{output}"
     );
 }
+
+/// `check` lists the server's value of every setting the relay relies on, a line each, with
+/// where it came from, as the relay's role gets it (before the relay sets anything).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_lists_the_settings_the_relay_relies_on() {
+    let db = migrated_db().await;
+    let queue = create_queue("settings-check", &[]).await;
+    impose(&db, "default_transaction_isolation = 'serializable'").await;
+    impose(&db, "statement_timeout = '50ms'").await;
+    let (status, output) = run_to_end(
+        &args(&[
+            "check",
+            "--database-url",
+            &db.url,
+            "--queue-url",
+            &queue,
+            "--sqs-endpoint-url",
+            sqs().endpoint(),
+        ]),
+        &[],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(status.success(), "{output}");
+    for line in [
+        "ok   setting default_transaction_isolation = serializable (database user) (the relay states READ COMMITTED",
+        "ok   setting statement_timeout = 50ms (database user) (the relay sets its own from --db-timeout)",
+        "ok   setting default_transaction_read_only = off (default)",
+        "ok   setting search_path = \"$user\", public (default)",
+        "ok   setting client_encoding = UTF8 (client)",
+    ] {
+        assert!(output.contains(line), "{line} missing from:\n{output}");
+    }
+    assert_eq!(output.matches("ok   setting ").count(), 13, "{output}");
+}
