@@ -627,6 +627,29 @@ mod tests {
     use super::*;
     use crate::outbox::inspect::ClaimsFacts;
 
+    #[test]
+    fn every_imposed_setting_gets_a_line_saying_what_covers_it() {
+        use crate::outbox::inspect::{ImposedSetting, IMPOSED_SETTINGS};
+        for name in IMPOSED_SETTINGS {
+            let setting = ImposedSetting {
+                name: name.to_string(),
+                value: "x".to_string(),
+                source: "user".to_string(),
+            };
+            let note = judge_setting(&setting).expect("works").expect("a note");
+            assert!(!note.is_empty() && !note.contains('\n'), "{name}: {note}");
+        }
+        let isolation = ImposedSetting {
+            name: "default_transaction_isolation".to_string(),
+            value: "serializable".to_string(),
+            source: "user".to_string(),
+        };
+        assert!(judge_setting(&isolation)
+            .unwrap()
+            .unwrap()
+            .contains("READ COMMITTED"));
+    }
+
     fn column(name: &str, sql_type: &str, category: &str) -> ColumnFacts {
         ColumnFacts {
             name: name.into(),

@@ -13,7 +13,7 @@ use outbox_relay::config::{
 };
 use outbox_relay::metrics::{self, Health};
 use outbox_relay::otel::{self, Tracing};
-use outbox_relay::outbox::{Outbox, Purpose, RetrySelection};
+use outbox_relay::outbox::{Outbox, OutboxError, Purpose, RetrySelection};
 use outbox_relay::relay;
 
 fn main() -> ExitCode {
@@ -109,7 +109,8 @@ fn database(args: &DatabaseArgs) -> Result<DatabaseConfig, ExitCode> {
 /// A `--table` without a schema is resolved once, on the role's search_path, and the outbox
 /// built on the schema-qualified name: every connection then uses that one table, whatever
 /// its own search_path. Where it cannot be resolved (no such table, no connection) the
-/// command goes on with the name as given and says what is wrong where it first needs it.
+/// command goes on with the name as given and says what is wrong where it first needs it; a
+/// database it cannot reach, or a `--pooler` that cannot work there, ends it here.
 async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
     db.read_secrets().map_err(|e| config_error(&e))?;
     let given =
@@ -118,6 +119,8 @@ async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCod
         Ok(Some(resolved)) => Outbox::from_config(&resolved.apply(db), purpose)
             .map(|outbox| outbox.pooler_as(&given))
             .map_err(|e| config_error(&e.to_string())),
+        // What the command's own first connection would meet again, a connect timeout later.
+        Err(e @ (OutboxError::Connect { .. } | OutboxError::Pooler(_))) => Err(runtime_error(&e)),
         _ => Ok(given),
     }
 }
@@ -248,17 +251,19 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
-    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())).await {
-        Ok(o) => o,
-        Err(code) => return code,
-    };
     // Before anything connects: a bad OTEL_* setting is a configuration error like a bad flag.
     let traces = match Tracing::from_env() {
         Ok(t) => t.map(Arc::new),
         Err(e) => return config_error(&e),
     };
+    // Before the first connection (resolving the table is one): a SIGTERM while connecting
+    // reaches the relay's handler instead of the signal's default action.
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
+    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())).await {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
     let connected = match relay::connect(config.clone(), outbox).await {
         Ok(c) => c,
         Err(e) => return runtime_error(&e),

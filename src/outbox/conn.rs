@@ -487,3 +487,39 @@ impl Conn {
         Ok(done)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transaction_states_its_isolation_and_writes_state_read_write() {
+        assert_eq!(
+            Access::Write.begin(),
+            "BEGIN ISOLATION LEVEL READ COMMITTED, READ WRITE"
+        );
+        assert_eq!(Access::Read.begin(), "BEGIN ISOLATION LEVEL READ COMMITTED");
+        let baseline = session_baseline(Some(Duration::from_secs(2)));
+        assert!(
+            baseline.starts_with(
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;"
+            ),
+            "{baseline}"
+        );
+    }
+
+    #[test]
+    fn the_relays_own_timeouts_replace_a_roles_and_are_off_without_a_deadline() {
+        let with = timeouts("SET LOCAL", Some(Duration::from_millis(1500)));
+        for name in [
+            "statement_timeout",
+            "lock_timeout",
+            "idle_in_transaction_session_timeout",
+        ] {
+            assert!(with.contains(&format!("SET LOCAL {name} = 1500")), "{with}");
+        }
+        let without = timeouts("SET", None);
+        assert_eq!(without.matches("= 0").count(), 3, "{without}");
+        assert!(!without.contains("LOCAL"));
+    }
+}
