@@ -475,3 +475,20 @@ async fn wakeups_that_cannot_cross_a_transaction_pooler_are_refused_at_start_up(
     assert_eq!(status.code(), Some(2), "{output}");
     assert!(output.contains("replication connection"), "{output}");
 }
+
+/// Issue 26, defect 1 through a pooler: the server connections PgBouncer opens get the role's
+/// `repeatable read`, and the pooled statements state READ COMMITTED per transaction; three
+/// relays with no `--pooler` flag deliver each row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_by_default_through_a_transaction_pool_each_row_once() {
+    let db = fresh_db().await;
+    let bouncer = bouncer(PoolMode::Transaction, 3).await;
+    let pooled = through(&bouncer, &db);
+    migrate_through(&pooled, &[]).await;
+    let queue = create_queue("pooler-rr", &[]).await;
+    let direct = db.client().await;
+    let written = events("pooled-rr", 900, 50);
+    insert(&direct, &written, Duration::ZERO).await;
+    crate::settings::impose(&db, "default_transaction_isolation = 'repeatable read'").await;
+    crate::settings::delivered_once(&pooled, &queue, &direct, &written, 3).await;
+}

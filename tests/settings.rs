@@ -12,7 +12,7 @@ use crate::support::{create_queue, receive_all, run_to_end, sqs, RelayProcess, T
 
 /// Imposes `setting` (`name = value`) on the role the relay uses, in `db` only. Connections
 /// opened before keep what they had: the test's own writes are not affected.
-async fn impose(db: &TestDb, setting: &str) {
+pub(crate) async fn impose(db: &TestDb, setting: &str) {
     let admin = db.client().await;
     admin
         .batch_execute(&format!(
@@ -55,7 +55,7 @@ async fn delivered_once_under(setting: &str, relays: usize, rows: usize) {
 
 /// Runs `relays` relays on `db` until every row of `written` is marked sent; asserts each
 /// arrived exactly once.
-async fn delivered_once(
+pub(crate) async fn delivered_once(
     db: &TestDb,
     queue: &str,
     direct: &tokio_postgres::Client,
