@@ -326,3 +326,20 @@ async fn check_lists_the_settings_the_relay_relies_on() {
     }
     assert_eq!(output.matches("ok   setting ").count(), 13, "{output}");
 }
+
+/// `migrate` on a role with short timeouts and a serializable default sets its own for every
+/// step (and restores its own, not the role's, after a step run without them); the relay then
+/// delivers on the table it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_and_run_under_a_roles_short_timeouts_and_serializable_default() {
+    let db = crate::support::fresh_db().await;
+    impose(&db, "statement_timeout = '50ms'").await;
+    impose(&db, "lock_timeout = '50ms'").await;
+    impose(&db, "default_transaction_isolation = 'serializable'").await;
+    crate::scenario::migrate_with(&db, &["--fair-by", "event_type"]).await;
+    let queue = create_queue("settings-migrate", &[]).await;
+    let direct = db.client().await;
+    let written = events("migrated", 300, 10);
+    insert(&direct, &written, Duration::ZERO).await;
+    delivered_once(&db, &queue, &direct, &written, 2).await;
+}
