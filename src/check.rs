@@ -92,18 +92,42 @@ pub async fn run(args: &RunArgs) -> bool {
 async fn check_database(config: &RunConfig, report: &mut Report) {
     let db = &config.database;
     let table = db.table.quoted();
-    let outbox =
-        match Outbox::from_config(&config.database, Purpose::Relay(config.relay_settings())) {
-            Ok(o) => o,
-            Err(e) => {
-                report.add("database settings", Err(e.to_string()));
-                return;
+    let build = |database: &crate::outbox::DatabaseConfig| {
+        Outbox::from_config(database, Purpose::Relay(config.relay_settings()))
+    };
+    let outbox = match build(&config.database) {
+        Ok(o) => o,
+        Err(e) => {
+            report.add("database settings", Err(e.to_string()));
+            return;
+        }
+    };
+    // As `run` does: an unqualified --table resolved once on the role's search_path.
+    let (outbox, table) = match outbox.resolve_table().await {
+        Ok(Some(resolved)) => {
+            report.add(format!("table {table}"), Ok(Some(resolved.describe())));
+            match build(&resolved.apply(&config.database)) {
+                Ok(o) => (o.pooler_as(&outbox), resolved.table.quoted()),
+                Err(e) => {
+                    report.add("database settings", Err(e.to_string()));
+                    return;
+                }
             }
-        };
+        }
+        _ => (outbox, table),
+    };
     let reachable = format!("database reachable at {}", outbox.target());
     let facts = match outbox.inspect().await {
         Err(e @ OutboxError::Connect { .. }) => {
             report.add(reachable, Err(e.to_string()));
+            return;
+        }
+        Err(e @ OutboxError::Pooler(_)) => {
+            report.add(reachable, Ok(None));
+            report.add(
+                format!("connections: --pooler {}", db.pooler),
+                Err(e.to_string()),
+            );
             return;
         }
         Err(e) => {
@@ -124,7 +148,27 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
             .map(Some)
             .map_err(|e| e.to_string()),
     );
+    match outbox.imposed_settings().await {
+        Ok(settings) => {
+            for setting in &settings {
+                report.add(
+                    format!(
+                        "setting {} = {} ({})",
+                        setting.name, setting.value, setting.source
+                    ),
+                    judge_setting(setting),
+                );
+            }
+        }
+        Err(e) => {
+            report.add("the session's settings", Err(e.to_string()));
+        }
+    }
     let Some(facts) = facts else {
+        if let e @ OutboxError::TableHidden { .. } = outbox.why_missing().await {
+            report.add(format!("table {table} exists"), Err(e.to_string()));
+            return;
+        }
         let fix = match &db.adopted {
             Some(_) => "run `outbox-relay migrate --adopt` with the same --table and --column flags, or fix --table",
             None => "run `outbox-relay migrate` with the same --table, or fix --table",
@@ -168,6 +212,12 @@ async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) 
         Ok(installed) => installed.judge(config.claim.wakeup).map(|()| None),
         Err(e) => Err(e.to_string()),
     };
+    let verdict = verdict.and_then(|v| {
+        outbox
+            .pooler_allows(config.claim.wakeup)
+            .map(|()| v)
+            .map_err(|e| e.to_string())
+    });
     let verdict = match verdict {
         Ok(_) if config.claim.wakeup == crate::outbox::Wakeup::Logical => outbox
             .check_logical()
@@ -177,6 +227,29 @@ async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) 
         other => other,
     };
     report.add(what, verdict);
+}
+
+/// What a setting a database, role or URL imposes means for the relay (issue 26, item 2).
+/// Each one listed works: the relay states in its transactions what it relies on, sets its
+/// own timeouts, resolves the table once, and reads values in the binary format; the line
+/// says which of these covers it.
+pub fn judge_setting(
+    setting: &crate::outbox::inspect::ImposedSetting,
+) -> Result<Option<String>, String> {
+    let note = match setting.name.as_str() {
+        "default_transaction_isolation" => "the relay states READ COMMITTED in every transaction",
+        "default_transaction_read_only" => "the relay states READ WRITE in every write",
+        "statement_timeout" | "lock_timeout" | "idle_in_transaction_session_timeout" => {
+            "the relay sets its own from --db-timeout"
+        }
+        "search_path" => "an unqualified --table is resolved on it once",
+        "client_encoding" => "the relay's connections ask for UTF8",
+        "session_replication_role" if setting.value == "replica" => {
+            "triggers do not fire for the relay's writes; it relies on none"
+        }
+        _ => "values are read in the binary format",
+    };
+    Ok(Some(note.to_string()))
 }
 
 /// Every column of the migration, with a type the relay's statements can use.
@@ -553,6 +626,29 @@ pub fn judge_fifo(
 mod tests {
     use super::*;
     use crate::outbox::inspect::ClaimsFacts;
+
+    #[test]
+    fn every_imposed_setting_gets_a_line_saying_what_covers_it() {
+        use crate::outbox::inspect::{ImposedSetting, IMPOSED_SETTINGS};
+        for name in IMPOSED_SETTINGS {
+            let setting = ImposedSetting {
+                name: name.to_string(),
+                value: "x".to_string(),
+                source: "user".to_string(),
+            };
+            let note = judge_setting(&setting).expect("works").expect("a note");
+            assert!(!note.is_empty() && !note.contains('\n'), "{name}: {note}");
+        }
+        let isolation = ImposedSetting {
+            name: "default_transaction_isolation".to_string(),
+            value: "serializable".to_string(),
+            source: "user".to_string(),
+        };
+        assert!(judge_setting(&isolation)
+            .unwrap()
+            .unwrap()
+            .contains("READ COMMITTED"));
+    }
 
     fn column(name: &str, sql_type: &str, category: &str) -> ColumnFacts {
         ColumnFacts {

@@ -13,7 +13,7 @@ use outbox_relay::config::{
 };
 use outbox_relay::metrics::{self, Health};
 use outbox_relay::otel::{self, Tracing};
-use outbox_relay::outbox::{Outbox, Purpose, RetrySelection};
+use outbox_relay::outbox::{Outbox, OutboxError, Purpose, RetrySelection};
 use outbox_relay::relay;
 
 fn main() -> ExitCode {
@@ -105,14 +105,29 @@ fn database(args: &DatabaseArgs) -> Result<DatabaseConfig, ExitCode> {
 /// The outbox a command uses, or the exit code for a bad database setting: the files the
 /// settings name (password, CA, client certificate and key) are read here, once, so an
 /// unusable one is a configuration error in every command.
-fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
+///
+/// A `--table` without a schema is resolved once, on the role's search_path, and the outbox
+/// built on the schema-qualified name: every connection then uses that one table, whatever
+/// its own search_path. Where it cannot be resolved (no such table, no connection) the
+/// command goes on with the name as given and says what is wrong where it first needs it; a
+/// database it cannot reach, or a `--pooler` that cannot work there, ends it here.
+async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
     db.read_secrets().map_err(|e| config_error(&e))?;
-    Outbox::from_config(db, purpose).map_err(|e| config_error(&e.to_string()))
+    let given =
+        Outbox::from_config(db, purpose.clone()).map_err(|e| config_error(&e.to_string()))?;
+    match given.resolve_table().await {
+        Ok(Some(resolved)) => Outbox::from_config(&resolved.apply(db), purpose)
+            .map(|outbox| outbox.pooler_as(&given))
+            .map_err(|e| config_error(&e.to_string())),
+        // What the command's own first connection would meet again, a connect timeout later.
+        Err(e @ (OutboxError::Connect { .. } | OutboxError::Pooler(_))) => Err(runtime_error(&e)),
+        _ => Ok(given),
+    }
 }
 
 /// The outbox of a one-shot command that reads or re-drives rows.
-fn admin_outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
-    outbox(&database(args)?, Purpose::Admin)
+async fn admin_outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
+    outbox(&database(args)?, Purpose::Admin).await
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {
@@ -130,7 +145,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         Ok(db) => db,
         Err(code) => return code,
     };
-    let outbox = match outbox(&db, Purpose::Migrate(locks)) {
+    let outbox = match outbox(&db, Purpose::Migrate(locks)).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -236,17 +251,19 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return config_error(&e),
     };
-    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())) {
-        Ok(o) => o,
-        Err(code) => return code,
-    };
     // Before anything connects: a bad OTEL_* setting is a configuration error like a bad flag.
     let traces = match Tracing::from_env() {
         Ok(t) => t.map(Arc::new),
         Err(e) => return config_error(&e),
     };
+    // Before the first connection (resolving the table is one): a SIGTERM while connecting
+    // reaches the relay's handler instead of the signal's default action.
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
+    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())).await {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
     let connected = match relay::connect(config.clone(), outbox).await {
         Ok(c) => c,
         Err(e) => return runtime_error(&e),
@@ -291,7 +308,7 @@ async fn run(args: RunArgs) -> ExitCode {
 }
 
 async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -320,7 +337,7 @@ async fn check(args: RunArgs) -> ExitCode {
 }
 
 async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -363,7 +380,7 @@ async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
 }
 
 async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -394,7 +411,7 @@ async fn replay(args: ReplayArgs) -> ExitCode {
         Ok(w) => w,
         Err(e) => return config_error(&e),
     };
-    let outbox = match admin_outbox(&args.database) {
+    let outbox = match admin_outbox(&args.database).await {
         Ok(o) => o,
         Err(code) => return code,
     };

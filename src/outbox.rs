@@ -18,6 +18,7 @@
 //! - `liveness`: round-trip deadlines, keepalives, and which failures replace a connection.
 //! - `admin`: `quarantine list` and `quarantine retry`.
 //! - `columns`: an adopted table's column map.
+//! - `search_path`: which table an unqualified `--table` reaches, and the others of its name.
 //! - `settings`: the validated database settings an [`Outbox`] is built from.
 //! - [`schema`]: `migrate` and `migrate --adopt`, online (lock timeouts, concurrent indexes).
 //! - `wakeup`: the `--wakeup` modes and what each installs (trigger, publication).
@@ -45,6 +46,7 @@ pub(crate) mod liveness;
 mod order_by;
 mod pooler;
 pub mod schema;
+mod search_path;
 mod session;
 mod settings;
 mod status;
@@ -66,6 +68,7 @@ pub use liveness::{reconnect_delay, replacement, Replace};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
 pub use schema::LockPolicy;
+pub use search_path::Resolved;
 pub use session::{Session, SharedSession, Stats};
 pub use settings::{DatabaseConfig, Secret};
 pub use status::TableStatus;
@@ -158,8 +161,11 @@ pub struct Outbox {
     /// Set once a server refused a write as read-only (SQLSTATE 25006): from then on new
     /// connections skip read-only hosts, as `target_session_attrs=read-write` would.
     writable_only: std::sync::atomic::AtomicBool,
-    /// Whether server connections are shared with other clients (a pooler in between).
+    /// Whether server connections are shared with other clients (a pooler in between), as
+    /// configured (`--pooler`).
     pooler: Pooler,
+    /// The mode in use, once the first connection decided it (see `pooler`).
+    pooler_detected: std::sync::OnceLock<Pooler>,
 }
 
 impl Outbox {
@@ -272,7 +278,8 @@ impl Outbox {
             locks: LockPolicy::default(),
             round_trip: None,
             writable_only: std::sync::atomic::AtomicBool::new(false),
-            pooler: Pooler::None,
+            pooler: Pooler::Auto,
+            pooler_detected: std::sync::OnceLock::new(),
         })
     }
 
@@ -562,7 +569,14 @@ impl Outbox {
                 tracing::debug!(error = %e, "database connection ended");
             }
         });
-        Ok(Conn::new(client, self.pooler).with_deadline(self.round_trip))
+        let pooler = self.detect_pooler(&client).await?;
+        let conn = Conn::new(client, pooler).with_deadline(self.round_trip);
+        if !pooler.pooled() {
+            conn.batch_execute(&conn::session_baseline(self.round_trip))
+                .await
+                .map_err(query_err("setting up the relay's session"))?;
+        }
+        Ok(conn)
     }
 
     /// The lease table and the (key, id) indexes the claim mode needs; without the indexes
@@ -638,12 +652,15 @@ impl Outbox {
     }
 
     /// The table's wake-up channel (and publication) name; fails clearly when the table is
-    /// missing.
+    /// missing, or hidden by the search_path.
     async fn resolve_channel(&self, client: &Conn) -> Result<String, OutboxError> {
         let row = client
             .query_opt(RESOLVE_TABLE, &[&self.table.quoted()])
             .await;
-        self.channel(row)
+        match self.channel(row) {
+            Err(OutboxError::TableMissing(_)) => Err(self.missing(client).await),
+            other => other,
+        }
     }
 
     /// The channel name from sql/resolve_table.sql's answer.

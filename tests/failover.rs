@@ -204,3 +204,40 @@ async fn a_standby_first_in_the_url_is_left_for_the_primary() {
     let messages = receive_all(&queue, 30, Duration::from_secs(30)).await;
     assert_eq!(copies(&messages).len(), 30);
 }
+
+/// Issue 26, defect 5: a URL with only a standby in it is not an endless failover. The relay
+/// says, in one line, which host it is, that it is in recovery and what to do, and does not
+/// turn it into "cannot connect: database does not allow writes".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_with_only_a_standby_names_the_standby() {
+    let (_primary, standby, db) = primary_and_standby().await;
+    let client = connect(&db.url).await;
+    insert(&client, &events("lone-standby", 5, 1), Duration::ZERO).await;
+    let only_standby = TestDb {
+        name: db.name.clone(),
+        url: standby.url(&db.name),
+    };
+    let queue = create_queue("lone-standby", &[]).await;
+    let relay = RelayProcess::spawn(
+        &run_args(&only_standby, &queue, sqs().endpoint(), &TIMINGS),
+        &[],
+    );
+    let line = relay
+        .wait_for_line("is a standby", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("no line naming the standby:\n{}", relay.output()));
+    assert!(
+        line.contains(&format!("127.0.0.1:{}", standby.port()))
+            && line.contains("pg_is_in_recovery()")
+            && line.contains("point --database-url at the primary"),
+        "{line}"
+    );
+    // Tried again, it says the same, never the misleading connect error.
+    crate::support::wait_until("a second try", Duration::from_secs(30), || async {
+        relay.output().matches("is a standby").count() >= 2
+    })
+    .await;
+    let output = relay.output();
+    assert!(!output.contains("does not allow writes"), "{output}");
+    assert_eq!(count(&client, "sent_at IS NOT NULL").await, 0);
+}

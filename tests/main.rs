@@ -36,6 +36,7 @@ mod pooler;
 mod replay;
 mod retention;
 mod rows_that_kill;
+mod settings;
 mod slow_destination;
 mod sns;
 mod sqs_contract;

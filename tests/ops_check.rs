@@ -164,8 +164,8 @@ async fn check_passes_for_the_roles_sql_relay_role_which_can_relay_what_the_app_
     assert_eq!(code, Some(0), "{output}");
     let lines = verdicts(&output);
     // configuration, reachable, connections (--pooler), exists, columns, privileges,
-    // statements, wake-up; 3 per queue.
-    assert_eq!(lines.len(), 8 + 3 * 2, "{output}");
+    // statements, wake-up; the settings a role can impose; 3 per queue.
+    assert_eq!(lines.len(), 8 + 13 + 3 * 2, "{output}");
     assert!(lines.iter().all(|l| l.starts_with("ok   ")), "{output}");
     assert!(
         lines

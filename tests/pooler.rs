@@ -16,7 +16,9 @@ use crate::support::{
 };
 
 const SETTINGS: &str = "SHOW synchronous_commit; SHOW plan_cache_mode; SHOW lock_timeout; \
-                        SHOW statement_timeout; SHOW idle_in_transaction_session_timeout";
+                        SHOW statement_timeout; SHOW idle_in_transaction_session_timeout; \
+                        SHOW jit; SHOW default_transaction_isolation; \
+                        SELECT count(*) FROM pg_prepared_statements";
 
 /// What an application session reads of the settings a relay or `migrate` could leave behind,
 /// in one transaction (so from one server connection).
@@ -32,9 +34,11 @@ async fn app_settings(app: &tokio_postgres::Client) -> Vec<String> {
         .collect()
 }
 
-/// PostgreSQL's defaults, which the test cluster keeps.
+/// PostgreSQL's defaults, which the test cluster keeps, and no prepared statement.
 fn defaults() -> Vec<String> {
-    ["on", "auto", "0", "0", "0"].map(String::from).to_vec()
+    ["on", "auto", "0", "0", "0", "on", "read committed", "0"]
+        .map(String::from)
+        .to_vec()
 }
 
 /// Samples [`app_settings`] on `app` until stopped; returns every sample.
@@ -87,8 +91,9 @@ async fn migrate_through(pooled: &TestDb, extra: &[&str]) {
 
 /// Two relays through transaction pooling deliver every row, rows written before and while
 /// they run, and the application's session through the same pool reads its own settings in
-/// every sample.
-async fn two_relays_through_transaction_pooling(size: u32) {
+/// every sample. `pooler` is the relays' `--pooler` flag, or none at all (the default detects
+/// the pooler).
+async fn two_relays_through_transaction_pooling(size: u32, pooler: &[&str]) {
     let db = fresh_db().await;
     let bouncer = bouncer(PoolMode::Transaction, size).await;
     let pooled = through(&bouncer, &db);
@@ -109,14 +114,7 @@ async fn two_relays_through_transaction_pooling(size: u32) {
                     &pooled,
                     &queue,
                     sqs().endpoint(),
-                    &[
-                        "--relay-id",
-                        id,
-                        "--pooler",
-                        "transaction",
-                        "--batch-size",
-                        "20",
-                    ],
+                    &[&["--relay-id", id, "--batch-size", "20"], pooler].concat(),
                 ),
                 &[],
             )
@@ -144,6 +142,12 @@ async fn two_relays_through_transaction_pooling(size: u32) {
         assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
         let output = relay.output();
         assert!(!output.contains("prepared statement"), "{output}");
+        if pooler.is_empty() {
+            assert!(
+                output.contains("a connection pooler answers for PostgreSQL"),
+                "{output}"
+            );
+        }
     }
 
     let received = receive_all(&queue, total as usize, Duration::from_secs(60)).await;
@@ -178,19 +182,31 @@ async fn two_relays_through_transaction_pooling(size: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_through_transaction_pooling_of_one_connection() {
-    two_relays_through_transaction_pooling(1).await;
+    two_relays_through_transaction_pooling(1, &["--pooler", "transaction"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_relays_through_transaction_pooling_of_three_connections() {
-    two_relays_through_transaction_pooling(3).await;
+    two_relays_through_transaction_pooling(3, &["--pooler", "transaction"]).await;
 }
 
-/// What the pooled mode prevents, so the sampling above can fail: a relay on direct-connection
-/// settings (`--pooler none`) behind a transaction pool of one leaves `synchronous_commit =
-/// off` and `plan_cache_mode = force_custom_plan` to the application's session.
+/// Issue 26, defect 4: a managed platform's DATABASE_URL through PgBouncer, and no flag. The
+/// default detects the pooler and leaves nothing on its connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn direct_connection_settings_leak_through_a_transaction_pool() {
+async fn the_default_leaves_nothing_on_a_transaction_pool_of_one_connection() {
+    two_relays_through_transaction_pooling(1, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_leaves_nothing_on_a_transaction_pool_of_three_connections() {
+    two_relays_through_transaction_pooling(3, &[]).await;
+}
+
+/// What `--pooler none` would do behind a transaction pool (leave `synchronous_commit = off`
+/// to the application's session) is refused at start, in one line naming `--pooler`, before
+/// the relay sets anything; the application's session keeps its settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_explicit_pooler_none_behind_a_transaction_pool_is_refused_at_start() {
     let db = fresh_db().await;
     let bouncer = bouncer(PoolMode::Transaction, 1).await;
     let pooled = through(&bouncer, &db);
@@ -198,16 +214,54 @@ async fn direct_connection_settings_leak_through_a_transaction_pool() {
     let queue = create_queue("pooler-leak", &[]).await;
     let direct = db.client().await;
     insert(&direct, &events("leak", 20, 5), Duration::ZERO).await;
-    let relay = RelayProcess::spawn(
+    let (status, output) = run_to_end(
         &run_args(&pooled, &queue, sqs().endpoint(), &["--pooler", "none"]),
         &[],
-    );
-    wait_count(&direct, "sent_at IS NOT NULL", 20, Duration::from_secs(60)).await;
+        Duration::from_secs(30),
+    )
+    .await;
     let app = bouncer.client(&db.name).await;
-    let seen = app_settings(&app).await;
-    relay.sigterm();
-    relay.wait_exit(Duration::from_secs(30)).await;
-    assert_eq!(seen[..2], ["off", "force_custom_plan"], "{seen:?}");
+    assert_eq!(app_settings(&app).await, defaults());
+    assert!(!status.success(), "{output}");
+    let errors: Vec<&str> = output.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 1, "{output}");
+    assert!(
+        errors[0].contains("--pooler none, but a connection pooler answers for PostgreSQL"),
+        "{output}"
+    );
+    assert_eq!(count(&direct, "sent_at IS NOT NULL").await, 0);
+}
+
+/// A wake-up that needs a session (LISTEN) or a replication connection, behind a pooler the
+/// default detected: refused at start, one line naming what to use instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wakeups_that_need_a_session_are_refused_behind_a_detected_pooler() {
+    let db = fresh_db().await;
+    let bouncer = bouncer(PoolMode::Transaction, 1).await;
+    let pooled = through(&bouncer, &db);
+    migrate_through(&pooled, &["--pooler", "transaction"]).await;
+    for (wakeup, fix) in [("notify", "--pooler session"), ("logical", "--wakeup poll")] {
+        let (status, output) = run_to_end(
+            &run_args(
+                &pooled,
+                "http://127.0.0.1:9/000000000000/never",
+                sqs().endpoint(),
+                &["--wakeup", wakeup],
+            ),
+            &[],
+            Duration::from_secs(30),
+        )
+        .await;
+        assert!(!status.success(), "{output}");
+        let errors: Vec<&str> = output.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(errors.len(), 1, "{output}");
+        assert!(
+            errors[0].contains(&format!(
+                "--wakeup {wakeup} cannot work through the connection pooler detected"
+            )) && errors[0].contains(fix),
+            "{output}"
+        );
+    }
 }
 
 /// Session pooling with `--wakeup notify` (LISTEN holds its session): the relay delivers, and
@@ -370,14 +424,20 @@ async fn migrate_check_status_and_quarantine_work_through_transaction_pooling() 
         "{output}"
     );
     assert_eq!(app_settings(&app).await, defaults(), "after check");
-    // Without the flag, check notices the pooler's port.
-    let (_, output) = run_to_end(&check("none"), &[], Duration::from_secs(60)).await;
-    let hint = format!(
-        "the server listens on port {} and the URL names {}",
-        pg().port(),
-        bouncer.port()
+    // An explicit `none` is refused; the default says what it detected.
+    let (status, output) = run_to_end(&check("none"), &[], Duration::from_secs(60)).await;
+    assert!(!status.success(), "{output}");
+    assert!(
+        output.contains("--pooler none, but a connection pooler answers for PostgreSQL"),
+        "{output}"
     );
-    assert!(output.contains(&hint), "{output}");
+    let (status, output) = run_to_end(&check("auto"), &[], Duration::from_secs(60)).await;
+    assert!(status.success(), "{output}");
+    assert!(
+        output.contains("ok   connections: --pooler auto (a connection pooler detected"),
+        "{output}"
+    );
+    assert_eq!(app_settings(&app).await, defaults(), "after check auto");
 }
 
 /// Refused before anything starts, with one line: exit 2, the configuration's code.
@@ -414,4 +474,21 @@ async fn wakeups_that_cannot_cross_a_transaction_pooler_are_refused_at_start_up(
     .await;
     assert_eq!(status.code(), Some(2), "{output}");
     assert!(output.contains("replication connection"), "{output}");
+}
+
+/// Issue 26, defect 1 through a pooler: the server connections PgBouncer opens get the role's
+/// `repeatable read`, and the pooled statements state READ COMMITTED per transaction; three
+/// relays with no `--pooler` flag deliver each row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeatable_read_by_default_through_a_transaction_pool_each_row_once() {
+    let db = fresh_db().await;
+    let bouncer = bouncer(PoolMode::Transaction, 3).await;
+    let pooled = through(&bouncer, &db);
+    migrate_through(&pooled, &[]).await;
+    let queue = create_queue("pooler-rr", &[]).await;
+    let direct = db.client().await;
+    let written = events("pooled-rr", 900, 50);
+    insert(&direct, &written, Duration::ZERO).await;
+    crate::settings::impose(&db, "default_transaction_isolation = 'repeatable read'").await;
+    crate::settings::delivered_once(&pooled, &queue, &direct, &written, 3).await;
 }

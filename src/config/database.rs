@@ -25,11 +25,13 @@ pub struct DatabaseArgs {
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub connect_timeout: Duration,
 
-    /// A connection pooler between the relay and PostgreSQL: `none` (the relay's own
-    /// connections: session settings, prepared statements), `session` or `transaction`
-    /// (PgBouncer's pool modes; RDS Proxy is `transaction`): nothing is left on a server
-    /// connection, statements are unnamed and settings per transaction.
-    #[arg(long, env = "OUTBOX_POOLER", default_value = "none")]
+    /// A connection pooler between the relay and PostgreSQL: `auto` (detected at the first
+    /// connection, before anything is set: direct, or used as `transaction`), `none` (the
+    /// relay's own connections: session settings, prepared statements; refused behind a
+    /// pooler), `session` or `transaction` (PgBouncer's pool modes; RDS Proxy is
+    /// `transaction`): nothing is left on a server connection, statements are unnamed and
+    /// settings per transaction.
+    #[arg(long, env = "OUTBOX_POOLER", default_value = "auto")]
     pub pooler: Pooler,
 
     /// An adopted table's column for a standard name: NAME=COLUMN, repeatable (env:

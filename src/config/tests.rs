@@ -228,7 +228,7 @@ fn retention_takes_zero_a_duration_or_off() {
 
 #[test]
 fn pooler_defaults_to_direct_connections_and_refuses_what_cannot_cross_it() {
-    assert_eq!(run_args(&[]).unwrap().database.pooler, Pooler::None);
+    assert_eq!(run_args(&[]).unwrap().database.pooler, Pooler::Auto);
     let pooled = run_args(&["--pooler", "transaction"]).unwrap();
     assert_eq!(pooled.database.pooler, Pooler::Transaction);
     for wakeup in ["notify", "logical"] {

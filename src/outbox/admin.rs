@@ -59,6 +59,10 @@ impl Outbox {
             moved: rows.len() as u64,
             maybe_accepted: rows.iter().filter(|r| r.get::<_, bool>(1)).count() as u64,
         };
+        // A row holds its statement: dropped now, the statement's Close goes out inside the
+        // transaction. After the COMMIT it could go to another server connection of a pool, or
+        // not at all (the command exits), and the name stays for the next client there.
+        drop(rows);
         if moved.moved > 0 {
             // Delivered at commit, like the insert trigger's.
             tx.execute("SELECT pg_notify($1, '')", &[&channel])
@@ -109,6 +113,8 @@ impl Outbox {
             last_id: row.get(3),
             replayed: row.get(4),
         };
+        // Closed inside the transaction, as in `quarantine_retry`.
+        drop(row);
         if replayed.replayed > 0 {
             tx.execute("SELECT pg_notify($1, '')", &[&channel])
                 .await

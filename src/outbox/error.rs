@@ -16,6 +16,18 @@ pub enum OutboxError {
     /// The chosen `--wakeup` cannot work against this database as it is.
     #[error("{0}")]
     Wakeup(String),
+    /// `--pooler` cannot work with what answers for PostgreSQL (see `pooler`).
+    #[error("{0}")]
+    Pooler(String),
+    /// An unqualified `--table` that the connection's `search_path` does not reach, while a
+    /// table of that name exists elsewhere: `migrate` would not help.
+    #[error("table {table} is not on the search_path ({search_path}) of the relay's role; it exists as {found}: use --table {first}, or add its schema to the role's search_path")]
+    TableHidden {
+        table: String,
+        search_path: String,
+        found: String,
+        first: String,
+    },
     #[error("table {0} does not exist: run `outbox-relay migrate` with the same --table, or fix --table")]
     TableMissing(String),
     #[error("the index for {key} is missing on {table}: run `outbox-relay migrate --table {table} {flag} {key}{order}`")]

@@ -162,3 +162,68 @@ impl Outbox {
         }))
     }
 }
+
+/// A setting a database, a role or the URL's `options` can impose on the relay's sessions, as
+/// a new connection of the relay's role gets it, before the relay sets anything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImposedSetting {
+    pub name: String,
+    /// `current_setting(name)`: the value with its unit.
+    pub value: String,
+    /// `pg_settings.source`: `default`, `configuration file`, `database`, `user`, `client`...
+    pub source: String,
+}
+
+/// The settings the relay relies on or is exposed to (issue 26, item 2), in `check`'s order.
+pub const IMPOSED_SETTINGS: [&str; 13] = [
+    "default_transaction_isolation",
+    "default_transaction_read_only",
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "search_path",
+    "TimeZone",
+    "DateStyle",
+    "IntervalStyle",
+    "extra_float_digits",
+    "bytea_output",
+    "session_replication_role",
+    "client_encoding",
+];
+
+impl Outbox {
+    /// The server's values of [`IMPOSED_SETTINGS`] for the relay's role, on a connection of
+    /// their own on which nothing was set, read with the simple protocol (no statement stays
+    /// behind on a pooled server connection).
+    pub async fn imposed_settings(&self) -> Result<Vec<ImposedSetting>, OutboxError> {
+        let (client, connection) = self.open().await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        // The names are the relay's own constants, not input: quoted as literals all the same.
+        let names = IMPOSED_SETTINGS
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "SELECT name, current_setting(name), source FROM pg_settings \
+             WHERE name IN ({names}) ORDER BY array_position(ARRAY[{names}], name)"
+        );
+        let messages = client
+            .simple_query(&sql)
+            .await
+            .map_err(query_err("reading the session's settings"))?;
+        Ok(messages
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => Some(ImposedSetting {
+                    name: row.get(0).unwrap_or_default().to_string(),
+                    value: row.get(1).unwrap_or_default().to_string(),
+                    source: row.get(2).unwrap_or_default().to_string(),
+                }),
+                _ => None,
+            })
+            .collect())
+    }
+}

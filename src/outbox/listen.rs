@@ -36,7 +36,14 @@ impl Outbox {
                 }
             }
         });
-        let client = super::Conn::new(client, self.pooler);
+        let client = super::Conn::new(client, self.pooler_in_use());
+        // As every direct connection of the relay's (see `conn::session_baseline`).
+        if !client.pooled() {
+            client
+                .batch_execute(&super::conn::session_baseline(self.round_trip()))
+                .await
+                .map_err(query_err("setting up the wake-up connection's session"))?;
+        }
         let channel = self.resolve_channel(&client).await?;
         client
             .batch_execute(

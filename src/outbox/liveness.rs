@@ -111,6 +111,11 @@ impl Outbox {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// How many hosts the URL names: with one, a standby there has no primary to give way to.
+    pub(crate) fn host_count(&self) -> usize {
+        self.pg.get_hosts().len().max(1)
+    }
+
     /// Every host and port of the URL, for messages (never the password).
     pub(crate) fn hosts(&self) -> String {
         use tokio_postgres::config::Host;
@@ -147,9 +152,20 @@ pub enum Replace {
 pub fn replacement(e: &OutboxError) -> Option<Replace> {
     match e {
         OutboxError::Unanswered { .. } => Some(Replace::Unanswered),
-        OutboxError::Query { source, .. } => for_sqlstate(source.code()),
+        OutboxError::Query { source, .. } => {
+            for_sqlstate(source.code()).or_else(|| in_recovery(source))
+        }
         _ => None,
     }
+}
+
+/// A standby's answer to the relay's `BEGIN ... READ WRITE` (see `conn::Access`): SQLSTATE
+/// 0A000, "cannot set transaction read-write mode during recovery". The code alone is too
+/// broad (any unsupported feature), so the server's message decides.
+fn in_recovery(e: &tokio_postgres::Error) -> Option<Replace> {
+    let db = e.as_db_error()?;
+    (db.code() == &SqlState::FEATURE_NOT_SUPPORTED && db.message().contains("during recovery"))
+        .then_some(Replace::ReadOnly)
 }
 
 /// The server's refusals that mean "not on this connection": SQLSTATE 25006

@@ -358,6 +358,16 @@ impl Session {
         row.get(0)
     }
 
+    /// Whether the server is a standby; `None` when it does not say.
+    pub async fn in_recovery(&self) -> Option<bool> {
+        let row = self
+            .client
+            .query_one("SELECT pg_is_in_recovery()", &[])
+            .await
+            .ok()?;
+        row.get(0)
+    }
+
     /// Gauges for `/metrics`, from partial indexes only; the relay reads them on its
     /// maintenance connection (`Upkeep::stats`).
     pub async fn stats(&self) -> Result<Stats, OutboxError> {
@@ -551,18 +561,38 @@ impl SharedSession {
                 "database connection dropped: {e}; the next round trip opens a new one"
             ),
             Replace::ReadOnly => {
-                self.outbox.skip_read_only_hosts();
                 let deadline = self.outbox.round_trip().unwrap_or(Duration::from_secs(5));
                 let server = tokio::time::timeout(deadline, session.server_address())
                     .await
                     .ok()
                     .flatten()
                     .unwrap_or_else(|| "(address not known)".to_string());
+                let standby = tokio::time::timeout(deadline, session.in_recovery())
+                    .await
+                    .ok()
+                    .flatten()
+                    .unwrap_or(false);
+                // A URL of one host has no primary to give way to: skipping read-only hosts
+                // would only turn this into "cannot connect: database does not allow writes"
+                // for ever. Say what the host is instead, at every try, until it is promoted
+                // or the URL is fixed.
+                if standby && self.outbox.host_count() == 1 {
+                    tracing::error!(
+                        server = %server,
+                        "database server {server} is a standby (pg_is_in_recovery() is true) and --database-url names no other host: it takes no writes, so nothing is sent; point --database-url at the primary, or list the primary too (with target_session_attrs=read-write)"
+                    );
+                    return;
+                }
+                self.outbox.skip_read_only_hosts();
+                let kind = match standby {
+                    true => "is a standby (pg_is_in_recovery() is true)",
+                    false => "takes no writes (a demoted primary)",
+                };
                 tracing::warn!(
                     server = %server,
                     hosts = %self.outbox.hosts(),
                     error = %e,
-                    "database server {server} takes no writes (a standby, or a demoted primary) while {what}; dropped the connection, connecting to the next host that does"
+                    "database server {server} {kind}: it takes no writes, while {what}; dropped the connection, connecting to the next host that does"
                 );
             }
         }

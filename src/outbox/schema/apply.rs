@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
+use super::super::conn::Access;
 use super::super::template::{render, Value};
 use super::super::{query_err, Conn, Outbox, OutboxError, TableName};
 use super::catalog::{index_in_progress, index_validity};
@@ -44,7 +45,7 @@ impl Outbox {
             Step::Transaction { what, sql } => self.with_lock_retries(client, what, sql).await,
             Step::Index { what, index, sql } => self.build_index(client, what, index, sql).await,
             Step::Backfill { base, sql } => self.backfill(client, base, sql).await,
-            Step::Unbounded { sql, .. } => unbounded(client, sql)
+            Step::Unbounded { sql, .. } => unbounded(client, sql, &self.session_settings())
                 .await
                 .map_err(query_err("validating the constraint")),
         }
@@ -73,10 +74,11 @@ impl Outbox {
     /// itself, so that none of them outlives it on the server connection.
     fn step_script(&self, client: &Conn, sql: &str) -> Result<String, OutboxError> {
         if !client.pooled() {
-            return Ok(format!("BEGIN;\n{sql}\nCOMMIT;"));
+            return Ok(format!("{};\n{sql}\nCOMMIT;", Access::Write.begin()));
         }
         Ok(format!(
-            "BEGIN;\n{}{}\n{sql}\nCOMMIT;",
+            "{};\n{}{}\n{sql}\nCOMMIT;",
+            Access::Write.begin(),
             self.transaction_settings(),
             self.migration_lock(TRANSACTION_LOCK)?
         ))
@@ -159,14 +161,14 @@ impl Outbox {
                     index,
                     "dropping the invalid index an interrupted build left"
                 );
-                unbounded(client, &drop)
+                unbounded(client, &drop, &self.session_settings())
                     .await
                     .map_err(query_err("dropping an invalid index"))?;
             }
             None => {}
         }
         tracing::info!("{what}");
-        unbounded(client, sql)
+        unbounded(client, sql, &self.session_settings())
             .await
             .map_err(query_err("building an index"))
     }
@@ -231,10 +233,12 @@ fn lock_not_granted(code: Option<&SqlState>) -> bool {
     )
 }
 
-/// A statement outside any transaction with both timeouts off, then the session's back.
-/// Through a pooler the statement runs alone with the server's settings: a SET around it
-/// could stay on the server connection for the application's sessions.
-async fn unbounded(client: &Conn, sql: &str) -> Result<(), tokio_postgres::Error> {
+/// A statement outside any transaction with both timeouts off, then the session's back
+/// (`session`, the migration's own: a RESET would go back to the role's, which may be a
+/// `statement_timeout` of 50 ms). Through a pooler the statement runs alone with the server's
+/// settings: a SET around it could stay on the server connection for the application's
+/// sessions.
+async fn unbounded(client: &Conn, sql: &str, session: &str) -> Result<(), tokio_postgres::Error> {
     if client.pooled() {
         return client.batch_execute(sql).await;
     }
@@ -242,9 +246,7 @@ async fn unbounded(client: &Conn, sql: &str) -> Result<(), tokio_postgres::Error
         .batch_execute("SET lock_timeout = 0; SET statement_timeout = 0")
         .await?;
     let result = client.batch_execute(sql).await;
-    let restore = client
-        .batch_execute("RESET lock_timeout; RESET statement_timeout")
-        .await;
+    let restore = client.batch_execute(session).await;
     result?;
     restore
 }

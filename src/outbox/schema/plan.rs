@@ -448,8 +448,9 @@ impl Outbox {
                     let _ = writeln!(
                         out,
                         "-- {what}: one transaction; a lock not granted within lock_timeout is tried again \
-                         (at most {} tries)\nBEGIN;\n{sql}\nCOMMIT;",
-                        self.locks.attempts
+                         (at most {} tries)\n{};\n{sql}\nCOMMIT;",
+                        self.locks.attempts,
+                        crate::outbox::conn::Access::Write.begin()
                     );
                 }
                 Step::Index { what, index, sql } => {
