@@ -62,10 +62,16 @@ BEGIN
     END IF;
     RETURN NULL;
 END $$;
+-- The slow-claims fault: while claim_sleep_ms > 0, each claim's lease insert takes that long
+-- in the server, as a claim on a young or contended table does. Claims take turns on one lock,
+-- so the others wait that long too.
+CREATE TABLE sim.control (claim_sleep_ms int NOT NULL);
+INSERT INTO sim.control VALUES (0);
 CREATE FUNCTION sim.claims_changed() RETURNS trigger LANGUAGE plpgsql
 SET search_path = pg_catalog AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
+        PERFORM pg_sleep(c.claim_sleep_ms / 1000.0) FROM sim.control AS c WHERE c.claim_sleep_ms > 0;
         INSERT INTO sim.log (tbl, op, token, owner, until, ids)
         VALUES ('claims', 'I', NEW.token, NEW.owner, extract(epoch FROM NEW.until), NEW.ids);
     ELSIF TG_OP = 'DELETE' THEN
@@ -85,6 +91,14 @@ CREATE TRIGGER sim_log AFTER INSERT OR UPDATE OR DELETE ON {claims}
 ALTER TABLE {claims} ENABLE ALWAYS TRIGGER sim_log;
 "#
     )
+}
+
+/// Turns the slow-claims fault on (`ms` > 0) or off.
+pub async fn set_claim_sleep(client: &Client, ms: u64) -> Result<u64, tokio_postgres::Error> {
+    let ms = i32::try_from(ms).unwrap_or(i32::MAX);
+    client
+        .execute("UPDATE sim.control SET claim_sleep_ms = $1", &[&ms])
+        .await
 }
 
 /// One logged change.

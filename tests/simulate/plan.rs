@@ -183,6 +183,11 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// `--db-timeout`: the `--settle-margin` it defaults to, a quarter of the lease.
+    pub fn db_timeout_ms(&self) -> u64 {
+        self.lease_ms / 4
+    }
+
     pub fn ordered(&self) -> bool {
         self.dest.fifo() || self.ordered_standard
     }
@@ -267,6 +272,9 @@ pub enum Fault {
         delay_ms: u64,
         ms: u64,
     },
+    /// Every claim takes `sleep_ms` longer in the server (below `--db-timeout`, so one claim
+    /// alone keeps its deadline; one that waited for another's lock does not), for `ms`.
+    SlowClaims { sleep_ms: u64, ms: u64 },
     /// The SQS/SNS endpoint misbehaves for `ms`.
     Sqs { fault: SqsFault, ms: u64 },
 }
@@ -279,6 +287,7 @@ impl Fault {
             Fault::PgRestart { .. } => "pg-restart",
             Fault::Dark { .. } => "dark-db",
             Fault::SlowDb { .. } => "slow-db",
+            Fault::SlowClaims { .. } => "slow-claims",
             Fault::Sqs {
                 fault: SqsFault::Error500,
                 ..
@@ -366,7 +375,7 @@ impl Plan {
             for _ in 0..rng.range(1, 4) {
                 let at_ms = rng.range(300, workload.write_ms + 2000);
                 let relay = rng.range(0, fleet.relays as u64 - 1) as usize;
-                let what = match rng.range(0, 7) {
+                let what = match rng.range(0, 8) {
                     0 | 1 => Fault::Kill {
                         relay,
                         down_ms: rng.range(0, 1500),
@@ -383,6 +392,10 @@ impl Plan {
                         relay,
                         delay_ms: rng.range(100, 400),
                         ms: rng.range(1000, 4000),
+                    },
+                    6 => Fault::SlowClaims {
+                        sleep_ms: fleet.db_timeout_ms() * rng.range(55, 90) / 100,
+                        ms: rng.range(1500, 4000),
                     },
                     _ => {
                         let slow = rng.range(100, 300);
@@ -401,7 +414,7 @@ impl Plan {
             faults.sort_by_key(|f| f.at_ms);
         }
         let mut ops = Vec::new();
-        for _ in 0..rng.range(0, 2) {
+        for _ in 0..rng.range(0, 3) {
             ops.push(Timed {
                 at_ms: rng.range(500, workload.write_ms + 2000),
                 what: rng.pick(&[Op::Replay, Op::QuarantineRetry, Op::QuarantineRetry]),
@@ -447,7 +460,7 @@ impl Plan {
             "--send-timeout".into(),
             format!("{}ms", lease / 3),
             "--settle-margin".into(),
-            format!("{}ms", lease / 4),
+            format!("{}ms", f.db_timeout_ms()),
             "--batch-size".into(),
             f.batch_size.to_string(),
             "--linger".into(),
@@ -504,7 +517,7 @@ fn draw_workload(rng: &mut Rng, fleet: &Fleet) -> Workload {
     let groups = groups.max(1);
     let rows = rng.range(40, 400) as usize;
     let writers = rng.range(1, 3) as usize;
-    let poison_percent = rng.pick(&[0, 0, 2, 5]);
+    let poison_percent = rng.pick(&[0, 2, 5, 10]);
     let hold_open = fleet.order_by_transaction || rng.chance(20);
     let types = rng.range(1, 4);
     // Under `--order-by id` a group's transactions must be serialised by its writers (the
@@ -568,7 +581,7 @@ impl fmt::Display for Plan {
         let fl = &self.fleet;
         write!(
             f,
-            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows in {} groups, {} writers | faults: {} | ops: {}",
+            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows ({} poison) in {} groups, {} writers | faults: {} | ops: {}",
             self.seed,
             self.redraw,
             self.cell(),
@@ -582,6 +595,13 @@ impl fmt::Display for Plan {
             fl.lease_ms,
             if fl.delete_on_ack { "delete-on-ack" } else { "retention 1h" },
             self.workload.rows(),
+            self.workload
+                .writers
+                .iter()
+                .flatten()
+                .flat_map(|t| &t.rows)
+                .filter(|r| r.poison.is_some())
+                .count(),
             self.workload.groups,
             self.workload.writers.len(),
             self.faults

@@ -62,11 +62,11 @@ pub struct Evidence {
     pub default_queue: String,
     /// Poison rows by event id.
     pub poison: HashMap<String, Poison>,
-    /// Relay ids that were killed, stopped, cut off (dark) or lost the database to a restart
-    /// while they ran: their claims may be taken over, and their rows sent twice.
+    /// Relay ids that were killed, stopped, cut off (a dark or slow link) or lost the database
+    /// to a restart while they ran: their claims may be taken over, and their rows sent twice.
     pub faulted_hard: HashSet<String>,
-    /// Relay ids whose answers from the database or SQS were slowed: their rows may be sent
-    /// twice (an acknowledgement lost between send and mark).
+    /// Relay ids whose answers from SQS were slowed: their rows may be sent twice (an
+    /// acknowledgement lost between send and mark).
     pub faulted_soft: HashSet<String>,
     /// Kinds of fault injected, in order.
     pub injected: Vec<&'static str>,
@@ -284,6 +284,7 @@ async fn inject(
     marks: &Mutex<Marks>,
     sqs_proxy: &FaultProxy,
     cluster: &PrivatePg,
+    db_url: &str,
 ) {
     tokio::time::sleep_until((start + Duration::from_millis(timed.at_ms)).into()).await;
     marks.lock().unwrap().injected.push(timed.what.kind());
@@ -326,18 +327,42 @@ async fn inject(
             marks.lock().unwrap().hard.insert(current(relay));
             fleet.lock().unwrap().proxies[relay].blackhole_existing();
         }
+        Fault::SlowClaims { sleep_ms, ms } => {
+            // The server is slow, no relay is cut off: nobody counts as faulted.
+            if let Some(c) = own_session(db_url).await {
+                let _ = history::set_claim_sleep(&c, sleep_ms).await;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut c = Some(c);
+                // A database restart meanwhile ends this session: set it back on a new one.
+                loop {
+                    if let Some(session) = &c {
+                        if history::set_claim_sleep(session, 0).await.is_ok() {
+                            break;
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    c = own_session(db_url).await;
+                }
+            }
+        }
         Fault::SlowDb {
             relay,
             delay_ms,
             ms,
         } => {
-            marks.lock().unwrap().soft.insert(current(relay));
+            // A link this slow makes the relay give up on round trips the server completed:
+            // the relay is cut off as much as by a dark link.
+            marks.lock().unwrap().hard.insert(current(relay));
             fleet.lock().unwrap().proxies[relay].set_delay(Duration::from_millis(delay_ms));
             tokio::time::sleep(Duration::from_millis(ms)).await;
             // Relays restarted meanwhile went through the slow link too.
             let f = fleet.lock().unwrap();
             f.proxies[relay].set_delay(Duration::ZERO);
-            marks.lock().unwrap().soft.insert(f.ids[relay].clone());
+            marks.lock().unwrap().hard.insert(f.ids[relay].clone());
         }
         Fault::Sqs { fault, ms } => {
             let mode = match fault {
@@ -658,7 +683,7 @@ pub async fn run(plan: &Plan, cluster: &PrivatePg) -> Run {
     let faults = futures_util::future::join_all(
         plan.faults
             .iter()
-            .map(|t| inject(*t, start, &fleet, &marks, &sqs_proxy, cluster)),
+            .map(|t| inject(*t, start, &fleet, &marks, &sqs_proxy, cluster, &db.url)),
     );
     let ops = futures_util::future::join_all(
         plan.ops
