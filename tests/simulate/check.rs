@@ -407,12 +407,19 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 .iter()
                 .any(|r| matches!(r.as_deref(), Some("blocked" | "destination")));
         let retention = c.op == "D" && c.old_sent == Some(true);
+        // A claim quarantines the rows it dooms (too large, out of attempts) without leasing
+        // them; when it dooms all it found, it writes no lease row either.
+        let doomed = c.op == "U"
+            && c.old_reason.is_none()
+            && matches!(c.new_reason.as_deref(), Some("too_large" | "max_attempts"))
+            && c.old_sent == c.new_sent;
         if relay_apps.contains(c.app.as_str())
             && !own
             && taken.is_empty()
             && !inserted_in.contains(&c.txid)
             && !parking
             && !retention
+            && !doomed
         {
             report.add(
                 "a relay whose claim was taken over changes nothing",

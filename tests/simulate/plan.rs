@@ -240,6 +240,9 @@ pub struct Workload {
     pub writers: Vec<Vec<Txn>>,
     /// How long the writers spread their transactions over.
     pub write_ms: u64,
+    /// Each writer's first this many transactions are written before the relays start: a
+    /// backlog, where claims meet whole groups at once.
+    pub backlog_txns: usize,
 }
 
 impl Workload {
@@ -373,7 +376,6 @@ impl Plan {
         let mut faults = Vec::new();
         if faulty {
             for _ in 0..rng.range(1, 4) {
-                let at_ms = rng.range(300, workload.write_ms + 2000);
                 let relay = rng.range(0, fleet.relays as u64 - 1) as usize;
                 let what = match rng.range(0, 8) {
                     0 | 1 => Fault::Kill {
@@ -408,6 +410,11 @@ impl Plan {
                             ms: rng.range(300, 2000),
                         }
                     }
+                };
+                // Claims are slow only while there are rows to claim: during the writes.
+                let at_ms = match what {
+                    Fault::SlowClaims { .. } => rng.range(200, workload.write_ms / 2),
+                    _ => rng.range(300, workload.write_ms + 2000),
                 };
                 faults.push(Timed { at_ms, what });
             }
@@ -569,10 +576,17 @@ fn draw_workload(rng: &mut Rng, fleet: &Fleet) -> Workload {
             txns
         })
         .collect();
+    let write_ms = rng.range(1500, 5000);
+    let backlog_txns = if rng.chance(40) {
+        rng.range(5, 60) as usize
+    } else {
+        0
+    };
     Workload {
         groups,
         writers,
-        write_ms: rng.range(1500, 5000),
+        write_ms,
+        backlog_txns,
     }
 }
 
@@ -581,7 +595,7 @@ impl fmt::Display for Plan {
         let fl = &self.fleet;
         write!(
             f,
-            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows ({} poison) in {} groups, {} writers | faults: {} | ops: {}",
+            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows ({} poison, backlog {}) in {} groups, {} writers | faults: {} | ops: {}",
             self.seed,
             self.redraw,
             self.cell(),
@@ -602,6 +616,7 @@ impl fmt::Display for Plan {
                 .flat_map(|t| &t.rows)
                 .filter(|r| r.poison.is_some())
                 .count(),
+            self.workload.backlog_txns,
             self.workload.groups,
             self.workload.writers.len(),
             self.faults

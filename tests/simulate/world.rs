@@ -195,6 +195,7 @@ fn row_values(event_id: &str, poison: Option<Poison>) -> (String, String) {
     (payload, headers)
 }
 
+/// Writes `txns` in turn, spread over `spread` from `start` (all at once with a zero spread).
 async fn write(url: &str, txns: &[crate::plan::Txn], start: Instant, spread: Duration) {
     let deadline = start + spread + Duration::from_secs(60);
     let mut client = own_session_retrying(url, deadline).await;
@@ -260,13 +261,16 @@ async fn sample_pool(url: String, stop: Arc<std::sync::atomic::AtomicBool>) -> V
                             _ => None,
                         })
                         .collect();
-                    if seen != ["on", "auto", "0"] && leaks.len() < 20 {
-                        leaks.push(format!(
+                    if seen != ["on", "auto", "0"] {
+                        let leak = format!(
                             "synchronous_commit={}, plan_cache_mode={}, prepared statements={}",
                             seen.first().map_or("?", |s| s),
                             seen.get(1).map_or("?", |s| s),
                             seen.get(2).map_or("?", |s| s)
-                        ));
+                        );
+                        if !leaks.contains(&leak) && leaks.len() < 5 {
+                            leaks.push(leak);
+                        }
                     }
                 }
                 Err(_) => client = None,
@@ -617,6 +621,18 @@ pub async fn run(plan: &Plan, cluster: &PrivatePg) -> Run {
     ]);
     flags.extend(dest_flags);
     flags.extend(plan.run_flags());
+    let backlog = plan.workload.backlog_txns;
+    if backlog > 0 {
+        futures_util::future::join_all(plan.workload.writers.iter().map(|txns| {
+            write(
+                &db.url,
+                &txns[..backlog.min(txns.len())],
+                Instant::now(),
+                Duration::ZERO,
+            )
+        }))
+        .await;
+    }
     let n = plan.fleet.relays;
     let fleet = Mutex::new(Fleet {
         url: url.clone(),
