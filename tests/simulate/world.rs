@@ -694,7 +694,7 @@ pub async fn run(plan: &Plan, cluster: &PrivatePg) -> Run {
         plan.workload
             .writers
             .iter()
-            .map(|txns| write(&db.url, txns, start, spread)),
+            .map(|txns| write(&db.url, &txns[backlog.min(txns.len())..], start, spread)),
     );
     let faults = futures_util::future::join_all(
         plan.faults
