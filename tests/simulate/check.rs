@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::Change;
-use crate::plan::{Dest, Plan};
+use crate::plan::{Dest, Op, Plan};
 use crate::world::Evidence;
 
 #[derive(Debug, Clone)]
@@ -318,6 +318,46 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 }
             }
             last.insert(w.group.as_str(), (key.0, key.1, e));
+        }
+    }
+
+    // With --on-poison block the rest of a group waits behind its poisoned row (docs/ordering.md,
+    // "A poisoned head blocks its group"). An operator's `quarantine retry` re-drives rows, so
+    // seeds with one are left out.
+    let retried = plan.ops.iter().any(|o| o.what == Op::QuarantineRetry);
+    if fleet.ordered() && !fleet.skip_poison && !retried {
+        let mut groups: HashMap<(&str, &str), Vec<&Written>> = HashMap::new();
+        for w in &written {
+            groups
+                .entry((queue_of(&w.event_id), w.group.as_str()))
+                .or_default()
+                .push(w);
+        }
+        for ((_, group), mut rows) in groups {
+            rows.sort_by_key(|w| {
+                if fleet.order_by_transaction {
+                    (w.txid, w.id)
+                } else {
+                    (w.id, 0)
+                }
+            });
+            let Some(head) = rows
+                .iter()
+                .position(|w| ev.poison.contains_key(&w.event_id))
+            else {
+                continue;
+            };
+            for w in &rows[head + 1..] {
+                if receipts.contains_key(w.event_id.as_str()) {
+                    report.add(
+                        "with --on-poison block, nothing after a poisoned row of its group is delivered",
+                        format!(
+                            "group {group}: {} (id {}) delivered behind poisoned {} (id {})",
+                            w.event_id, w.id, rows[head].event_id, rows[head].id
+                        ),
+                    );
+                }
+            }
         }
     }
 
