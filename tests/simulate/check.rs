@@ -419,8 +419,13 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 && claim.deleted_txid != Some(c.txid)
                 && claim.inserted_txid != c.txid
             {
+                let invariant = if c.new_reason.as_deref() == Some("blocked") {
+                    "parking leaves a row a live claim holds alone"
+                } else {
+                    "a row a live claim holds is changed only by that claim's settlement or takeover"
+                };
                 report.add(
-                    "a row a live claim holds is changed only by that claim's settlement or takeover",
+                    invariant,
                     format!(
                         "id {id} {} by {} while claim {token} of {} held it",
                         describe(c),
