@@ -512,6 +512,17 @@ fn last_line(output: &str) -> String {
 
 pub async fn run(plan: &Plan, cluster: &PrivatePg) -> Run {
     let db = cluster.create_db().await;
+    let result = run_in(plan, cluster, &db).await;
+    // A long `--minutes` run would otherwise fill the disk with finished seeds' databases.
+    if let Some(admin) = own_session(&cluster.admin_url()).await {
+        let _ = admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+            .await;
+    }
+    result
+}
+
+async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -> Run {
     let admin = own_session(&db.url)
         .await
         .expect("connect to the seed's database");
