@@ -66,7 +66,8 @@ const VALUE_FLAGS: &[&str] = &[
 
 enum Mode {
     Seeds(Vec<u64>),
-    /// `--describe N`: print the first plan of seeds 0..N and run nothing (to pick seeds).
+    /// `--describe N`: print the plans of seeds 0..N (first draw, and the second one a refusal
+    /// would lead to) and run nothing (to pick seeds).
     Describe(u64),
     Minutes(u64),
     Nothing,
@@ -216,6 +217,7 @@ fn main() {
         Mode::Describe(n) => {
             for seed in 0..n {
                 println!("{}", Plan::draw(seed, 0));
+                println!("  if refused: {}", Plan::draw(seed, 1));
             }
             return;
         }
@@ -279,6 +281,14 @@ fn main() {
         if until.is_some() {
             println!("cells: {}", cells.into_iter().collect::<Vec<_>>().join(" | "));
         }
+        // In libtest's words, one test per seed, so that scripts/test counts the seeds in its
+        // summary like every other test.
+        println!(
+            "test result: {}. {} passed; {} failed; 0 ignored; 0 measured; 0 filtered out",
+            if failed.is_empty() { "ok" } else { "FAILED" },
+            seeds_run - failed.len(),
+            failed.len()
+        );
         failed
     });
     if !failed.is_empty() {

@@ -83,8 +83,8 @@ pub struct Evidence {
 }
 
 pub enum Run {
-    /// A relay exited non-zero at start; `setting_caused` when the same flags start without
-    /// the seed's setting.
+    /// A relay exited non-zero at start; `setting_caused` when the same flags start straight
+    /// to the database (no pool) and without the seed's setting.
     Refused {
         line: String,
         setting_caused: bool,
@@ -671,21 +671,19 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             })
         };
         if let Some(line) = refused {
-            let setting_caused = match setting_sql(plan, &db.name, true) {
-                Some(reset) if plan.pool.is_none() => {
-                    admin
-                        .batch_execute(&reset)
-                        .await
-                        .expect("reset the setting");
-                    let mut a = args(&["run", "--database-url", &with_app(&db.url, "recheck")]);
-                    a.extend(flags.iter().cloned());
-                    let again = RelayProcess::spawn_named("recheck", &a, &[]);
-                    let exited = again.wait_exit(START_WINDOW).await;
-                    again.kill9();
-                    exited.is_none()
-                }
-                _ => plan.setting != Setting::Defaults || plan.pool.is_some(),
-            };
+            // The same flags, straight to the database and without the seed's setting: if
+            // they start, the setting or the pool was what the relay refused.
+            if let Some(reset) = setting_sql(plan, &db.name, true) {
+                admin
+                    .batch_execute(&reset)
+                    .await
+                    .expect("reset the setting");
+            }
+            let mut a = args(&["run", "--database-url", &with_app(&db.url, "recheck")]);
+            a.extend(flags.iter().cloned());
+            let again = RelayProcess::spawn_named("recheck", &a, &[]);
+            let setting_caused = again.wait_exit(START_WINDOW).await.is_none();
+            again.kill9();
             return Run::Refused {
                 line,
                 setting_caused,
