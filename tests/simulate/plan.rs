@@ -257,6 +257,8 @@ pub enum SqsFault {
     Throttle,
     /// Answers delayed this long (below `--send-timeout`, so no answer is lost).
     Slow(u64),
+    /// The last accepted entry of each batch reported failed (it was enqueued): a copy.
+    PartialFailure,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -303,6 +305,10 @@ impl Fault {
                 fault: SqsFault::Slow(_),
                 ..
             } => "sqs-slow",
+            Fault::Sqs {
+                fault: SqsFault::PartialFailure,
+                ..
+            } => "sqs-partial-failure",
         }
     }
 }
@@ -406,6 +412,7 @@ impl Plan {
                                 SqsFault::Error500,
                                 SqsFault::Throttle,
                                 SqsFault::Slow(slow),
+                                SqsFault::PartialFailure,
                             ]),
                             ms: rng.range(300, 2000),
                         }

@@ -65,8 +65,8 @@ pub struct Evidence {
     /// Relay ids that were killed, stopped, cut off (a dark or slow link) or lost the database
     /// to a restart while they ran: their claims may be taken over, and their rows sent twice.
     pub faulted_hard: HashSet<String>,
-    /// Relay ids whose answers from SQS were slowed: their rows may be sent twice (an
-    /// acknowledgement lost between send and mark).
+    /// Relay ids whose answers from SQS were slowed or partly failed: their rows may be sent
+    /// twice (an acknowledgement lost between send and mark).
     pub faulted_soft: HashSet<String>,
     /// Kinds of fault injected, in order.
     pub injected: Vec<&'static str>,
@@ -76,7 +76,7 @@ pub struct Evidence {
     pub quiet: Option<Quiet>,
     /// Whether the table was settled (nothing unsent, no live claim) before the drain.
     pub settled: bool,
-    /// SQS 5xx faults were injected: a row may spend its attempts on them.
+    /// SQS 5xx or failed entries were injected: a row may spend its attempts on them.
     pub sqs_errors: bool,
     /// Exit status and last line of each relay that stopped on its own.
     pub exits: Vec<String>,
@@ -378,6 +378,13 @@ async fn inject(
                 SqsFault::Slow(d) => {
                     marks.lock().unwrap().soft.extend(all());
                     Mode::Delay(Duration::from_millis(d))
+                }
+                SqsFault::PartialFailure => {
+                    // Every relay sending meanwhile may have a row its answer lost.
+                    let mut m = marks.lock().unwrap();
+                    m.soft.extend(all());
+                    m.sqs_errors = true;
+                    Mode::FailLastEntry
                 }
             };
             sqs_proxy.set_mode(mode);
