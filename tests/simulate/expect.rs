@@ -12,9 +12,18 @@ pub enum Expect {
     MayRefuse(&'static str),
 }
 
-/// Through PgBouncer in transaction pooling without a `--pooler` flag, every setting expects
-/// the same: the default mode must be safe there.
-pub fn expectation(setting: &Setting) -> Expect {
+/// PgBouncer in transaction pooling without a `--pooler` flag: the default mode must be safe
+/// there (issue 26), so it delivers; a setting that may refuse still may.
+pub const THROUGH_A_POOL: Expect = Expect::Delivers;
+
+pub fn expectation(setting: &Setting, pooled: bool) -> Expect {
+    match (by_setting(setting), pooled) {
+        (Expect::Delivers, true) => THROUGH_A_POOL,
+        (expect, _) => expect,
+    }
+}
+
+fn by_setting(setting: &Setting) -> Expect {
     match setting {
         // A read-only role is a configuration to name, not a standby to wait for.
         Setting::ReadOnly => Expect::MayRefuse("default_transaction_read_only"),
