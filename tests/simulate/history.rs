@@ -102,7 +102,7 @@ pub async fn set_claim_sleep(client: &Client, ms: u64) -> Result<u64, tokio_post
 }
 
 /// One logged change.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Change {
     /// Seconds since the epoch, database clock.
     pub at: f64,

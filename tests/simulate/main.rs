@@ -23,6 +23,7 @@ mod check;
 mod expect;
 mod history;
 mod plan;
+mod selftest;
 mod world;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,7 +66,10 @@ const VALUE_FLAGS: &[&str] = &[
 ];
 
 enum Mode {
+    /// The seeds, after the checker's self-test when they are the CI seeds.
     Seeds(Vec<u64>),
+    /// `--self-test`: the checker against histories made by hand, nothing else.
+    SelfTest,
     /// `--describe N`: print the plans of seeds 0..N (first draw, and the second one a refusal
     /// would lead to) and run nothing (to pick seeds).
     Describe(u64),
@@ -96,6 +100,7 @@ fn parse(args: &[String]) -> Mode {
                 i += 1;
             }
             "--list" => return Mode::Nothing,
+            "--self-test" => return Mode::SelfTest,
             "--describe" => return Mode::Describe(value()),
             _ if VALUE_FLAGS.contains(&a) => i += 1,
             _ if a.starts_with('-') => {}
@@ -209,11 +214,25 @@ fn report(seed: u64, result: &SeedResult) {
     println!("  replay: scripts/simulate --seed {seed}");
 }
 
+/// Runs the checker's self-test; exits non-zero if the checker misses a broken invariant.
+fn self_test() {
+    let failures = selftest::run();
+    if failures.is_empty() {
+        println!("checker self-test: ok");
+        return;
+    }
+    for f in &failures {
+        println!("checker self-test FAILED: {f}");
+    }
+    std::process::exit(1);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = parse(&args);
     match mode {
         Mode::Nothing => return,
+        Mode::SelfTest => return self_test(),
         Mode::Describe(n) => {
             for seed in 0..n {
                 println!("{}", Plan::draw(seed, 0));
@@ -222,6 +241,9 @@ fn main() {
             return;
         }
         _ => {}
+    }
+    if matches!(&mode, Mode::Seeds(s) if s == CI_SEEDS) {
+        self_test();
     }
     // The relays, migrate and the admin commands must never probe the EC2 metadata service.
     std::env::set_var("AWS_EC2_METADATA_DISABLED", "true");
@@ -249,7 +271,7 @@ fn main() {
                     Some(Instant::now() + Duration::from_secs(m * 60)),
                 )
             }
-            Mode::Nothing | Mode::Describe(_) => unreachable!(),
+            Mode::Nothing | Mode::Describe(_) | Mode::SelfTest => unreachable!(),
         };
         for seed in seeds {
             if until.is_some_and(|u| Instant::now() >= u) {

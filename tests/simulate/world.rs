@@ -53,6 +53,7 @@ pub struct Quiet {
 }
 
 /// Everything the checker reads.
+#[derive(Default)]
 pub struct Evidence {
     pub changes: Vec<Change>,
     pub rows: Vec<FinalRow>,
