@@ -135,10 +135,15 @@ async fn run_seed(seed: u64, cluster: &PrivatePg) -> SeedResult {
         match world::run(&plan, cluster).await {
             world::Run::Refused {
                 line,
+                error_lines,
                 setting_caused,
             } => {
                 let verdict = if setting_caused {
                     match expect::expectation(&plan.setting, plan.pool.is_some()) {
+                        Expect::MayRefuse(_) if error_lines != 1 => Some(format!(
+                            "the refusal under {} takes {error_lines} error lines, not one: {line}",
+                            plan.cell()
+                        )),
                         Expect::MayRefuse(needle) if line.contains(needle) => None,
                         Expect::MayRefuse(needle) => Some(format!(
                             "the refusal under {} does not name `{needle}`: {line}",

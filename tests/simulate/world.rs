@@ -88,6 +88,8 @@ pub enum Run {
     /// to the database (no pool) and without the seed's setting.
     Refused {
         line: String,
+        /// How many lines of its output say `error` (a refusal is one line).
+        error_lines: usize,
         setting_caused: bool,
     },
     Ran(Box<Evidence>),
@@ -675,10 +677,17 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             let f = fleet.lock().unwrap();
             f.slots.iter().flatten().find_map(|p| {
                 let status = futures_util::FutureExt::now_or_never(p.wait_exit(Duration::ZERO))??;
-                (!status.success()).then(|| last_line(&p.output()))
+                (!status.success()).then(|| {
+                    let output = p.output();
+                    let errors = output
+                        .lines()
+                        .filter(|l| l.to_ascii_lowercase().contains("error"))
+                        .count();
+                    (last_line(&output), errors)
+                })
             })
         };
-        if let Some(line) = refused {
+        if let Some((line, error_lines)) = refused {
             // The same flags, straight to the database and without the seed's setting: if
             // they start, the setting or the pool was what the relay refused.
             if let Some(reset) = setting_sql(plan, &db.name, true) {
@@ -694,6 +703,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             again.kill9();
             return Run::Refused {
                 line,
+                error_lines,
                 setting_caused,
             };
         }
