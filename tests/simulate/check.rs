@@ -519,15 +519,15 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 ),
             );
         }
-        if q.gauge_unsent != Some(q.table_unsent as f64)
+        if q.gauge_unsent != Some(q.gauge_table_unsent as f64)
             || q.gauge_age
-                .is_none_or(|a| (a - q.table_age).abs() > slack + 0.5)
+                .is_none_or(|a| (a - q.gauge_table_age).abs() > slack + 0.5)
         {
             report.add(
                 "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
                 format!(
                     "gauges unsent {:?}, age {:?}; table {} rows, {:.1} s",
-                    q.gauge_unsent, q.gauge_age, q.table_unsent, q.table_age
+                    q.gauge_unsent, q.gauge_age, q.gauge_table_unsent, q.gauge_table_age
                 ),
             );
         }

@@ -41,9 +41,13 @@ pub struct Received {
 /// What the relays and the table said at a quiet point (nothing unsent, relays running).
 #[derive(Clone, Debug, Default)]
 pub struct Quiet {
-    /// From the table: unsent rows, parked ones included, and the oldest one's age.
+    /// From the table right after `status` ran: unsent rows, parked ones included, and the
+    /// oldest one's age.
     pub table_unsent: i64,
     pub table_age: f64,
+    /// The same, right after the last scrape of the gauges.
+    pub gauge_table_unsent: i64,
+    pub gauge_table_age: f64,
     /// `status --json`.
     pub status_unsent: Option<i64>,
     pub status_age: Option<f64>,
@@ -427,6 +431,7 @@ async fn settled(client: &Client) -> bool {
 async fn quiet_point(
     client: &Client,
     relays: &[RelayProcess],
+    faulted: &HashSet<String>,
     admin_url: &str,
     table: &str,
 ) -> Quiet {
@@ -467,20 +472,28 @@ async fn quiet_point(
             quiet.status_age = json["oldest_unsent_age_seconds"].as_f64();
         }
     }
-    // The gauges refresh every --stats-interval (500 ms): a few refreshes to catch up.
-    let addr = relays.iter().find_map(|p| {
+    // The gauges refresh every --stats-interval (500 ms), on the relay's maintenance
+    // connection: a relay cut off by a fault may take --maintenance-timeout (10 s) to notice
+    // that connection is gone, so an unfaulted relay is asked when there is one, and the gauges
+    // get that long to catch up.
+    let addr_of = |p: &RelayProcess| {
         p.output()
             .lines()
             .find_map(crate::support::parse_metrics_addr)
-    });
-    let deadline = Instant::now() + Duration::from_secs(4);
+    };
+    let addr = relays
+        .iter()
+        .filter(|p| !faulted.contains(p.name()))
+        .chain(relays.iter())
+        .find_map(addr_of);
+    let deadline = Instant::now() + Duration::from_secs(12);
     while let Some(addr) = &addr {
         if let Some(body) = http_get_metrics(addr).await {
             quiet.gauge_unsent = crate::support::metric_value(&body, "outbox_unsent_rows");
             quiet.gauge_age =
                 crate::support::metric_value(&body, "outbox_oldest_unsent_age_seconds");
-            (quiet.table_unsent, quiet.table_age) = table_now().await;
-            if quiet.gauge_unsent == Some(quiet.table_unsent as f64) {
+            (quiet.gauge_table_unsent, quiet.gauge_table_age) = table_now().await;
+            if quiet.gauge_unsent == Some(quiet.gauge_table_unsent as f64) {
                 break;
             }
         }
@@ -761,7 +774,8 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let quiet = if is_settled {
-        Some(quiet_point(&checker, &procs, &admin_url, table).await)
+        let faulted = marks.lock().unwrap().hard.clone();
+        Some(quiet_point(&checker, &procs, &faulted, &admin_url, table).await)
     } else {
         None
     };
