@@ -514,8 +514,14 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
             report.add(
                 "`status --json` agrees with the table",
                 format!(
-                    "status unsent {:?}, age {:?}; table {} rows, {:.1} s",
-                    q.status_unsent, q.status_age, q.table_unsent, q.table_age
+                    "status unsent {:?}, age {:?}; table {} rows, {:.1} s{}",
+                    q.status_unsent,
+                    q.status_age,
+                    q.table_unsent,
+                    q.table_age,
+                    q.status_error
+                        .as_ref()
+                        .map_or(String::new(), |e| format!("; status failed: {e}"))
                 ),
             );
         }

@@ -48,8 +48,9 @@ pub struct Quiet {
     /// The same, right after the last scrape of the gauges.
     pub gauge_table_unsent: i64,
     pub gauge_table_age: f64,
-    /// `status --json`.
+    /// `status --json`, and its last line when it failed.
     pub status_unsent: Option<i64>,
+    pub status_error: Option<String>,
     pub status_age: Option<f64>,
     /// A relay's `/metrics`, the last sample taken.
     pub gauge_unsent: Option<f64>,
@@ -462,7 +463,9 @@ async fn quiet_point(
     )
     .await;
     (quiet.table_unsent, quiet.table_age) = table_now().await;
-    if status.success() {
+    if !status.success() {
+        quiet.status_error = Some(last_line(&out));
+    } else {
         if let Some(json) = out
             .lines()
             .find(|l| l.starts_with('{'))
