@@ -410,6 +410,12 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
         }
     }
     let inserted_in: HashSet<i64> = claims.values().map(|c| c.inserted_txid).collect();
+    // Who claimed in a transaction: a claim's own lease row says it, whatever the session's
+    // name (a pooler might not pass `application_name` on).
+    let taker_in: HashMap<i64, &str> = claims
+        .values()
+        .map(|c| (c.inserted_txid, c.owner.as_str()))
+        .collect();
     for c in ev.changes.iter().filter(|c| c.is_outbox() && c.op != "I") {
         let id = c.id.unwrap_or_default();
         // A row held by a live claim is changed only by that claim's own transactions.
@@ -436,12 +442,15 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
             }
         }
         let ended = deleted_in.get(&c.txid).map(Vec::as_slice).unwrap_or(&[]);
+        // A transaction that deletes claims and leases none is a settlement (its fence deletes
+        // only its owner's claims); one that also leases is a claim taking ended claims over.
+        let taker = taker_in.get(&c.txid).copied();
         let own = ended
             .iter()
-            .any(|k| k.owner == c.app && k.ids.contains(&id));
+            .any(|k| k.ids.contains(&id) && taker.is_none_or(|t| t == k.owner));
         let taken: Vec<&&Claim> = ended
             .iter()
-            .filter(|k| k.owner != c.app && k.ids.contains(&id))
+            .filter(|k| k.ids.contains(&id) && taker.is_some_and(|t| t != k.owner))
             .collect();
         // A relay whose claim was taken over changes nothing: what a relay's session changes
         // outside its claims (parking, retention) leaves sent and attempts alone.
@@ -484,7 +493,7 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                         format!(
                             "id {id}: attempt {} counted by {}'s takeover of a claim of {}, which was not faulted",
                             c.new_attempts.unwrap_or(0),
-                            c.app,
+                            taker.unwrap_or("?"),
                             k.owner
                         ),
                     );
