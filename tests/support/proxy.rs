@@ -51,6 +51,11 @@ pub enum Mode {
     DropResponse,
     /// Forward, then keep the response until `release_held()` or the next `set_mode()`.
     Hold,
+    /// Forward (SQS acts on every entry), then answer a `SendMessageBatch` with its last
+    /// accepted entry moved to `Failed` (`InternalError`, not the sender's fault): a partial
+    /// batch failure whose failed entry was in fact enqueued, so its retry is a copy. Other
+    /// requests pass.
+    FailLastEntry,
 }
 
 /// The wire protocol of a request, which its injected error must speak.
@@ -339,6 +344,14 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
                 let _ = forward(&shared, &request).await;
                 return;
             }
+            Mode::FailLastEntry => {
+                let (bytes, keep_alive) = forward(&shared, &request).await;
+                if request.action.ends_with(".SendMessageBatch") {
+                    (fail_last_entry(bytes), keep_alive)
+                } else {
+                    (bytes, keep_alive)
+                }
+            }
             Mode::Hold => {
                 let response = forward(&shared, &request).await;
                 shared.held.fetch_add(1, Ordering::SeqCst);
@@ -355,6 +368,48 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
             return;
         }
     }
+}
+
+/// A `SendMessageBatch` answer (length-framed JSON) with its last `Successful` entry reported
+/// in `Failed` instead; anything else unchanged.
+fn fail_last_entry(response: Vec<u8>) -> Vec<u8> {
+    let Some(head_end) = find(&response, b"\r\n\r\n") else {
+        return response;
+    };
+    let head = String::from_utf8_lossy(&response[..head_end]).into_owned();
+    if !head.starts_with("HTTP/1.1 200") || header(&head, "content-length").is_none() {
+        return response;
+    }
+    let Ok(mut body) = serde_json::from_slice::<serde_json::Value>(&response[head_end + 4..])
+    else {
+        return response;
+    };
+    let Some(entry) = body["Successful"].as_array_mut().and_then(Vec::pop) else {
+        return response;
+    };
+    let failed = serde_json::json!({
+        "Id": entry["Id"],
+        "SenderFault": false,
+        "Code": "InternalError",
+        "Message": "injected partial failure",
+    });
+    match body["Failed"].as_array_mut() {
+        Some(list) => list.push(failed),
+        None => body["Failed"] = serde_json::json!([failed]),
+    }
+    let text = body.to_string();
+    let mut out = String::new();
+    for line in head.split("\r\n") {
+        if line.to_ascii_lowercase().starts_with("content-length:") {
+            out.push_str(&format!("Content-Length: {}\r\n", text.len()));
+        } else {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str("\r\n");
+    out.push_str(&text);
+    out.into_bytes()
 }
 
 /// The control in force for a request arriving now; takes one pending one-shot fault, if any.

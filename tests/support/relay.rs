@@ -11,6 +11,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// How long `scrape`, `metric` and `http_status` wait for the metrics address to be logged.
 const METRICS_ADDR_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Whether relays' output is echoed to stderr as it comes. libtest captures the echo and shows
+/// it only for a failing test; the simulation (no libtest, many relays per seed) turns it off
+/// and keeps the lines in [`RelayProcess::output`].
+pub static ECHO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// Variables of the test's own environment that would change what the relay does.
 const SCRUBBED_PREFIXES: &[&str] = &["AWS_", "OUTBOX_", "DATABASE_URL", "PG", "RUST_LOG", "OTEL_"];
 
@@ -70,7 +75,9 @@ impl RelayProcess {
                 let mut raw = Vec::new();
                 while matches!(reader.read_until(b'\n', &mut raw), Ok(n) if n > 0) {
                     let line = String::from_utf8_lossy(&raw).trim_end().to_string();
-                    eprintln!("[{name}] {line}");
+                    if ECHO.load(Ordering::Relaxed) {
+                        eprintln!("[{name}] {line}");
+                    }
                     lines.lock().unwrap().push(line);
                     raw.clear();
                 }

@@ -1,0 +1,571 @@
+//! The checker: reads the whole history of one seed (the trigger log, the table's last state,
+//! every message received, which relays were faulted, what a pooled application session read,
+//! the gauges at a quiet point) and lists every broken invariant.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use crate::history::Change;
+use crate::plan::{Dest, Op, Plan};
+use crate::world::Evidence;
+
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+/// Reported per invariant: at most this many details, then a count.
+const DETAILS: usize = 5;
+
+#[derive(Default)]
+struct Report(BTreeMap<&'static str, (usize, Vec<String>)>);
+
+impl Report {
+    fn add(&mut self, invariant: &'static str, detail: String) {
+        let entry = self.0.entry(invariant).or_default();
+        entry.0 += 1;
+        if entry.1.len() < DETAILS {
+            entry.1.push(detail);
+        }
+    }
+
+    fn into_violations(self) -> Vec<Violation> {
+        self.0
+            .into_iter()
+            .map(|(invariant, (n, details))| Violation {
+                invariant,
+                detail: format!(
+                    "{n} case(s): {}{}",
+                    details.join("; "),
+                    if n > details.len() { "; ..." } else { "" }
+                ),
+            })
+            .collect()
+    }
+}
+
+/// A claim (lease row) as the log saw it.
+struct Claim {
+    owner: String,
+    inserted_at: f64,
+    inserted_txid: i64,
+    deleted_at: Option<f64>,
+    deleted_txid: Option<i64>,
+    until: f64,
+    ids: Vec<i64>,
+}
+
+impl Claim {
+    /// Live from its insert until its delete or its `until`, whichever is first.
+    fn live_until(&self) -> f64 {
+        self.deleted_at.map_or(self.until, |d| d.min(self.until))
+    }
+
+    fn live_at(&self, at: f64) -> bool {
+        self.inserted_at < at && at < self.live_until()
+    }
+}
+
+/// One row's place in one claim: live from `.0` to `.1`, claim token `.2`, row id `.3`.
+type Lease = (f64, f64, i64, i64);
+
+/// A committed row, from its insert.
+struct Written {
+    id: i64,
+    event_id: String,
+    group: String,
+    txid: i64,
+}
+
+pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
+    let mut report = Report::default();
+    let fleet = &plan.fleet;
+    let written: Vec<Written> = ev
+        .changes
+        .iter()
+        .filter(|c| c.is_outbox() && c.op == "I")
+        .map(|c| Written {
+            id: c.id.unwrap_or_default(),
+            event_id: c.event_id.clone().unwrap_or_default(),
+            group: c.group_key.clone().unwrap_or_default(),
+            txid: c.txid,
+        })
+        .collect();
+    let by_id: HashMap<i64, &Written> = written.iter().map(|w| (w.id, w)).collect();
+    let types: HashMap<&str, &str> = plan
+        .workload
+        .writers
+        .iter()
+        .flatten()
+        .flat_map(|t| &t.rows)
+        .map(|r| (r.event_id.as_str(), r.aggregate_type.as_str()))
+        .collect();
+    let queue_of = |event_id: &str| -> &str {
+        types
+            .get(event_id)
+            .and_then(|t| ev.routes.get(*t))
+            .map_or(ev.default_queue.as_str(), String::as_str)
+    };
+
+    // Claims, by token.
+    let mut claims: HashMap<i64, Claim> = HashMap::new();
+    for c in ev.changes.iter().filter(|c| !c.is_outbox()) {
+        let token = c.token.unwrap_or_default();
+        match c.op.as_str() {
+            "I" => {
+                claims.insert(
+                    token,
+                    Claim {
+                        owner: c.owner.clone().unwrap_or_default(),
+                        inserted_at: c.at,
+                        inserted_txid: c.txid,
+                        deleted_at: None,
+                        deleted_txid: None,
+                        until: c.until.unwrap_or_default(),
+                        ids: c.ids.clone(),
+                    },
+                );
+            }
+            "D" => {
+                if let Some(claim) = claims.get_mut(&token) {
+                    claim.deleted_at = Some(c.at);
+                    claim.deleted_txid = Some(c.txid);
+                }
+            }
+            _ => report.add(
+                "the lease table is only inserted into and deleted from",
+                format!("token {token} updated by {}", c.app),
+            ),
+        }
+    }
+    let mut claims_of_row: HashMap<i64, Vec<i64>> = HashMap::new();
+    for (token, claim) in &claims {
+        for id in &claim.ids {
+            claims_of_row.entry(*id).or_default().push(*token);
+        }
+    }
+    let faulted = |owner: &str| ev.faulted_hard.contains(owner) || ev.faulted_soft.contains(owner);
+
+    // What became of each row.
+    let mut receipts: HashMap<&str, usize> = HashMap::new();
+    for m in &ev.received {
+        match &m.event_id {
+            Some(e) => *receipts.entry(e.as_str()).or_default() += 1,
+            None => report.add(
+                "every message carries its event_id",
+                format!("a message on {} without one: {}", m.queue, m.body),
+            ),
+        }
+    }
+    let replays: HashMap<&str, usize> = ev
+        .changes
+        .iter()
+        .filter(|c| {
+            c.is_outbox() && c.op == "U" && c.old_sent == Some(true) && c.new_sent == Some(false)
+        })
+        .fold(HashMap::new(), |mut m, c| {
+            *m.entry(c.event_id.as_deref().unwrap_or("")).or_default() += 1;
+            m
+        });
+    let ever_quarantined: HashSet<i64> = ev
+        .changes
+        .iter()
+        .filter(|c| c.is_outbox() && c.new_reason.is_some())
+        .filter_map(|c| c.id)
+        .collect();
+    let final_reason: HashMap<&str, Option<&str>> = ev
+        .rows
+        .iter()
+        .map(|r| (r.event_id.as_str(), r.reason.as_deref()))
+        .collect();
+    let any_fault = !ev.faulted_hard.is_empty() || !ev.faulted_soft.is_empty() || ev.sqs_errors;
+    for w in &written {
+        let got = receipts.get(w.event_id.as_str()).copied().unwrap_or(0);
+        let poison = ev.poison.get(&w.event_id);
+        let reason = final_reason.get(w.event_id.as_str()).copied().flatten();
+        if let (Some(p), true) = (poison, got > 0) {
+            report.add(
+                "a poison row is quarantined, never delivered",
+                format!("{} ({:?}) was received {got} time(s)", w.event_id, p),
+            );
+        }
+        if got == 0 {
+            match reason {
+                None => report.add(
+                    "no committed row is lost",
+                    format!(
+                        "{} (id {}) never received and not quarantined (final state: {})",
+                        w.event_id,
+                        w.id,
+                        if final_reason.contains_key(w.event_id.as_str()) {
+                            "unsent in the table"
+                        } else {
+                            "deleted"
+                        }
+                    ),
+                ),
+                Some(r) => {
+                    let true_reason =
+                        match poison {
+                            Some(p) => r == p.reason(),
+                            None => false,
+                        } || (r == "blocked" && fleet.ordered() && !fleet.skip_poison)
+                            || (r == "max_attempts" && any_fault);
+                    if !true_reason {
+                        report.add(
+                            "a quarantined row has its true reason",
+                            format!(
+                                "{} quarantined `{r}`, its true reason: {}",
+                                w.event_id,
+                                poison.map_or("none (a good row)", |p| p.reason())
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        let allowed = 1 + replays.get(w.event_id.as_str()).copied().unwrap_or(0);
+        if got > allowed {
+            let holders: Vec<&str> = claims_of_row
+                .get(&w.id)
+                .into_iter()
+                .flatten()
+                .map(|t| claims[t].owner.as_str())
+                .collect();
+            if plan.faults.is_empty() {
+                report.add(
+                    "a seed without faults delivers every row exactly once",
+                    format!(
+                        "{} received {got} times, claimed by {}",
+                        w.event_id,
+                        holders.join(", ")
+                    ),
+                );
+            } else if !holders.iter().any(|o| faulted(o)) {
+                report.add(
+                    "after faults, copies only of rows a faulted relay held",
+                    format!(
+                        "{} received {got} times, claimed only by unfaulted {}",
+                        w.event_id,
+                        holders.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+
+    // The message itself.
+    for m in &ev.received {
+        let Some(e) = &m.event_id else { continue };
+        let body_event = serde_json::from_str::<serde_json::Value>(&m.body)
+            .ok()
+            .and_then(|v| v["ev"].as_str().map(str::to_string));
+        if body_event.as_deref() != Some(e.as_str()) {
+            report.add(
+                "a message's body is its row's payload",
+                format!(
+                    "event_id {e} carried body {}",
+                    m.body.chars().take(80).collect::<String>()
+                ),
+            );
+        }
+        if queue_of(e) != m.queue {
+            report.add(
+                "a row reaches its route's queue",
+                format!("{e} arrived on {} instead of {}", m.queue, queue_of(e)),
+            );
+        }
+        if fleet.dest.fifo() && m.group_id != m.aggregate_id {
+            report.add(
+                "a FIFO message's group is its aggregate_id",
+                format!(
+                    "{e}: group {:?}, aggregate_id {:?}",
+                    m.group_id, m.aggregate_id
+                ),
+            );
+        }
+    }
+
+    // FIFO order: each group's first deliveries in the documented order.
+    if matches!(fleet.dest, Dest::Fifo | Dest::SnsFifo) {
+        let ids: HashMap<&str, &Written> =
+            written.iter().map(|w| (w.event_id.as_str(), w)).collect();
+        let mut seen = HashSet::new();
+        let mut last: HashMap<&str, (i64, i64, &str)> = HashMap::new();
+        for m in &ev.received {
+            let Some(e) = m.event_id.as_deref() else {
+                continue;
+            };
+            let Some(w) = ids.get(e) else { continue };
+            // A row quarantined and re-driven by an operator legitimately comes late.
+            if !seen.insert(e) || ever_quarantined.contains(&w.id) {
+                continue;
+            }
+            let key = if fleet.order_by_transaction {
+                (w.txid, w.id)
+            } else {
+                (w.id, 0)
+            };
+            if let Some((a, b, before)) = last.get(w.group.as_str()) {
+                if (*a, *b) > key {
+                    report.add(
+                        "a FIFO group's first deliveries come in the documented order",
+                        format!(
+                            "group {}: {e} (id {}) arrived after {before}",
+                            w.group, w.id
+                        ),
+                    );
+                }
+            }
+            last.insert(w.group.as_str(), (key.0, key.1, e));
+        }
+    }
+
+    // With --on-poison block the rest of a group waits behind its poisoned row (docs/ordering.md,
+    // "A poisoned head blocks its group"). An operator's `quarantine retry` re-drives rows, so
+    // seeds with one are left out.
+    let retried = plan.ops.iter().any(|o| o.what == Op::QuarantineRetry);
+    if fleet.ordered() && !fleet.skip_poison && !retried {
+        let mut groups: HashMap<(&str, &str), Vec<&Written>> = HashMap::new();
+        for w in &written {
+            groups
+                .entry((queue_of(&w.event_id), w.group.as_str()))
+                .or_default()
+                .push(w);
+        }
+        for ((_, group), mut rows) in groups {
+            rows.sort_by_key(|w| {
+                if fleet.order_by_transaction {
+                    (w.txid, w.id)
+                } else {
+                    (w.id, 0)
+                }
+            });
+            let Some(head) = rows
+                .iter()
+                .position(|w| ev.poison.contains_key(&w.event_id))
+            else {
+                continue;
+            };
+            for w in &rows[head + 1..] {
+                if receipts.contains_key(w.event_id.as_str()) {
+                    report.add(
+                        "with --on-poison block, nothing after a poisoned row of its group is delivered",
+                        format!(
+                            "group {group}: {} (id {}) delivered behind poisoned {} (id {})",
+                            w.event_id, w.id, rows[head].event_id, rows[head].id
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    // Never two rows of one group in flight at once.
+    if fleet.ordered() {
+        let mut by_group: HashMap<(&str, &str), Vec<Lease>> = HashMap::new();
+        for (token, claim) in &claims {
+            for id in &claim.ids {
+                if let Some(w) = by_id.get(id) {
+                    by_group
+                        .entry((queue_of(&w.event_id), w.group.as_str()))
+                        .or_default()
+                        .push((claim.inserted_at, claim.live_until(), *token, *id));
+                }
+            }
+        }
+        for ((_, group), mut leases) in by_group {
+            leases.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for (i, a) in leases.iter().enumerate() {
+                for b in &leases[i + 1..] {
+                    if b.0 >= a.1 {
+                        break;
+                    }
+                    if a.2 != b.2 && a.3 != b.3 {
+                        report.add(
+                            "never two rows of one group in flight at once",
+                            format!(
+                                "group {group}: id {} (claim {} of {}) and id {} (claim {} of {}) leased together for {:.0} ms",
+                                a.3,
+                                a.2,
+                                claims[&a.2].owner,
+                                b.3,
+                                b.2,
+                                claims[&b.2].owner,
+                                (a.1.min(b.1) - b.0) * 1000.0
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    // Changes to rows, against the claims that held them.
+    let relay_apps: HashSet<&str> = claims.values().map(|c| c.owner.as_str()).collect();
+    let mut deleted_in: HashMap<i64, Vec<&Claim>> = HashMap::new();
+    for claim in claims.values() {
+        if let Some(t) = claim.deleted_txid {
+            deleted_in.entry(t).or_default().push(claim);
+        }
+    }
+    let inserted_in: HashSet<i64> = claims.values().map(|c| c.inserted_txid).collect();
+    // Who claimed in a transaction: a claim's own lease row says it, whatever the session's
+    // name (a pooler might not pass `application_name` on).
+    let taker_in: HashMap<i64, &str> = claims
+        .values()
+        .map(|c| (c.inserted_txid, c.owner.as_str()))
+        .collect();
+    for c in ev.changes.iter().filter(|c| c.is_outbox() && c.op != "I") {
+        let id = c.id.unwrap_or_default();
+        // A row held by a live claim is changed only by that claim's own transactions.
+        for token in claims_of_row.get(&id).into_iter().flatten() {
+            let claim = &claims[token];
+            if claim.live_at(c.at)
+                && claim.deleted_txid != Some(c.txid)
+                && claim.inserted_txid != c.txid
+            {
+                let invariant = if c.new_reason.as_deref() == Some("blocked") {
+                    "parking leaves a row a live claim holds alone"
+                } else {
+                    "a row a live claim holds is changed only by that claim's settlement or takeover"
+                };
+                report.add(
+                    invariant,
+                    format!(
+                        "id {id} {} by {} while claim {token} of {} held it",
+                        describe(c),
+                        c.app,
+                        claim.owner
+                    ),
+                );
+            }
+        }
+        let ended = deleted_in.get(&c.txid).map(Vec::as_slice).unwrap_or(&[]);
+        // A transaction that deletes claims and leases none is a settlement (its fence deletes
+        // only its owner's claims); one that also leases is a claim taking ended claims over.
+        let taker = taker_in.get(&c.txid).copied();
+        let own = ended
+            .iter()
+            .any(|k| k.ids.contains(&id) && taker.is_none_or(|t| t == k.owner));
+        let taken: Vec<&&Claim> = ended
+            .iter()
+            .filter(|k| k.ids.contains(&id) && taker.is_some_and(|t| t != k.owner))
+            .collect();
+        // A relay whose claim was taken over changes nothing: what a relay's session changes
+        // outside its claims (parking, retention) leaves sent and attempts alone.
+        let parking = c.op == "U"
+            && c.old_sent == c.new_sent
+            && c.old_attempts == c.new_attempts
+            && [&c.old_reason, &c.new_reason]
+                .iter()
+                .any(|r| matches!(r.as_deref(), Some("blocked" | "destination")));
+        let retention = c.op == "D" && c.old_sent == Some(true);
+        // A claim quarantines the rows it dooms (too large, out of attempts) without leasing
+        // them; when it dooms all it found, it writes no lease row either.
+        let doomed = c.op == "U"
+            && c.old_reason.is_none()
+            && matches!(c.new_reason.as_deref(), Some("too_large" | "max_attempts"))
+            && c.old_sent == c.new_sent;
+        if relay_apps.contains(c.app.as_str())
+            && !own
+            && taken.is_empty()
+            && !inserted_in.contains(&c.txid)
+            && !parking
+            && !retention
+            && !doomed
+        {
+            report.add(
+                "a relay whose claim was taken over changes nothing",
+                format!(
+                    "id {id} {} by {} holding no claim of it",
+                    describe(c),
+                    c.app
+                ),
+            );
+        }
+        // Attempts are spent only by a row's own outcomes.
+        if c.new_attempts.unwrap_or(0) > c.old_attempts.unwrap_or(0) {
+            for k in taken {
+                if !ev.faulted_hard.contains(&k.owner) {
+                    report.add(
+                        "attempts are spent only by a row's own outcomes",
+                        format!(
+                            "id {id}: attempt {} counted by {}'s takeover of a claim of {}, which was not faulted",
+                            c.new_attempts.unwrap_or(0),
+                            taker.unwrap_or("?"),
+                            k.owner
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    if !ev.pool_leaks.is_empty() {
+        report.add(
+            "an application session through the pool reads the server's defaults",
+            ev.pool_leaks.join("; "),
+        );
+    }
+    if !ev.settled {
+        report.add(
+            "nothing is left unsent",
+            "rows still unsent or leased when the run ended".to_string(),
+        );
+    }
+    if let Some(q) = &ev.quiet {
+        // The gauges refresh every 500 ms; status reads the table when asked.
+        let slack = 1.5;
+        if q.status_unsent != Some(q.table_unsent)
+            || q.status_age.is_none_or(|a| (a - q.table_age).abs() > slack)
+        {
+            report.add(
+                "`status --json` agrees with the table",
+                format!(
+                    "status unsent {:?}, age {:?}; table {} rows, {:.1} s{}",
+                    q.status_unsent,
+                    q.status_age,
+                    q.table_unsent,
+                    q.table_age,
+                    q.status_error
+                        .as_ref()
+                        .map_or(String::new(), |e| format!("; status failed: {e}"))
+                ),
+            );
+        }
+        if q.gauge_unsent != Some(q.gauge_table_unsent as f64)
+            || q.gauge_age
+                .is_none_or(|a| (a - q.gauge_table_age).abs() > slack + 0.5)
+        {
+            report.add(
+                "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
+                format!(
+                    "gauges unsent {:?}, age {:?}; table {} rows, {:.1} s",
+                    q.gauge_unsent, q.gauge_age, q.gauge_table_unsent, q.gauge_table_age
+                ),
+            );
+        }
+    }
+    for exit in &ev.exits {
+        report.add("a relay runs until it is stopped", exit.clone());
+    }
+    report.into_violations()
+}
+
+fn describe(c: &Change) -> String {
+    match c.op.as_str() {
+        "D" => "deleted".to_string(),
+        _ if c.new_sent != c.old_sent => format!("marked sent={:?}", c.new_sent),
+        _ if c.new_reason != c.old_reason => format!(
+            "quarantine {:?} -> {:?}",
+            c.old_reason.as_deref().unwrap_or("none"),
+            c.new_reason.as_deref().unwrap_or("none")
+        ),
+        _ => format!(
+            "attempts {} -> {}",
+            c.old_attempts.unwrap_or(0),
+            c.new_attempts.unwrap_or(0)
+        ),
+    }
+}

@@ -1,0 +1,234 @@
+//! The checker checked: a clean history made by hand must pass, and each copy of it broken in
+//! one way must be reported under the invariant it breaks. Pure, so it runs before the CI seeds
+//! (and with `--self-test`) in a fraction of a second.
+
+use crate::check::check;
+use crate::history::Change;
+use crate::plan::{Dest, Plan, Poison, RowSpec, Txn};
+use crate::world::{Evidence, Quiet, Received};
+
+const QUEUE: &str = "q.fifo";
+
+fn plan() -> Plan {
+    let mut plan = Plan::draw(0, 0);
+    plan.faults.clear();
+    plan.ops.clear();
+    plan.fleet.dest = Dest::Fifo;
+    plan.fleet.skip_poison = true;
+    plan.fleet.order_by_transaction = false;
+    let row = |e: &str| RowSpec {
+        event_id: e.to_string(),
+        aggregate_type: "a0".to_string(),
+        aggregate_id: "g1".to_string(),
+        poison: None,
+    };
+    plan.workload.writers = vec![vec![Txn {
+        rows: vec![row("ev-1"), row("ev-2")],
+        hold_ms: 0,
+    }]];
+    plan
+}
+
+fn insert(id: i64, txid: i64, at: f64) -> Change {
+    Change {
+        at,
+        txid,
+        tbl: "outbox".into(),
+        op: "I".into(),
+        id: Some(id),
+        event_id: Some(format!("ev-{id}")),
+        group_key: Some("g1".into()),
+        ..Change::default()
+    }
+}
+
+fn lease(op: &str, token: i64, owner: &str, ids: &[i64], txid: i64, at: f64) -> Change {
+    Change {
+        at,
+        txid,
+        app: owner.into(),
+        tbl: "claims".into(),
+        op: op.into(),
+        token: Some(token),
+        owner: Some(owner.into()),
+        until: Some(100.0),
+        ids: ids.to_vec(),
+        ..Change::default()
+    }
+}
+
+fn sent(id: i64, by: &str, txid: i64, at: f64) -> Change {
+    Change {
+        at,
+        txid,
+        app: by.into(),
+        tbl: "outbox".into(),
+        op: "U".into(),
+        id: Some(id),
+        event_id: Some(format!("ev-{id}")),
+        old_sent: Some(false),
+        new_sent: Some(true),
+        old_attempts: Some(0),
+        new_attempts: Some(1),
+        ..Change::default()
+    }
+}
+
+fn message(id: i64) -> Received {
+    Received {
+        queue: QUEUE.into(),
+        event_id: Some(format!("ev-{id}")),
+        aggregate_id: Some("g1".into()),
+        group_id: Some("g1".into()),
+        body: format!(r#"{{"ev":"ev-{id}"}}"#),
+    }
+}
+
+/// Two rows of one group, each claimed, sent and settled in turn by relay r0.
+fn clean() -> Evidence {
+    Evidence {
+        changes: vec![
+            insert(1, 10, 1.0),
+            insert(2, 11, 1.1),
+            lease("I", 1, "r0", &[1], 20, 2.0),
+            lease("D", 1, "r0", &[1], 21, 2.5),
+            sent(1, "r0", 21, 2.5),
+            lease("I", 2, "r0", &[2], 30, 3.0),
+            lease("D", 2, "r0", &[2], 31, 3.5),
+            sent(2, "r0", 31, 3.5),
+        ],
+        received: vec![message(1), message(2)],
+        default_queue: QUEUE.into(),
+        settled: true,
+        quiet: Some(Quiet {
+            status_unsent: Some(0),
+            status_age: Some(0.0),
+            gauge_unsent: Some(0.0),
+            gauge_age: Some(0.0),
+            ..Quiet::default()
+        }),
+        ..Evidence::default()
+    }
+}
+
+/// Each case: a name, how it breaks the clean history, the invariant that must report it.
+type Case = (&'static str, fn(&mut Plan, &mut Evidence), &'static str);
+
+const CASES: &[Case] = &[
+    (
+        "a copy without faults",
+        |_, ev| ev.received.push(message(1)),
+        "a seed without faults delivers every row exactly once",
+    ),
+    (
+        "a row neither received nor quarantined",
+        |_, ev| {
+            ev.received.pop();
+        },
+        "no committed row is lost",
+    ),
+    (
+        "a group's second row leased before the first was settled",
+        |_, ev| ev.changes[5].at = 2.2,
+        "never two rows of one group in flight at once",
+    ),
+    (
+        "a FIFO group received out of order",
+        |_, ev| ev.received.reverse(),
+        "a FIFO group's first deliveries come in the documented order",
+    ),
+    (
+        "a relay settles a row after its claim was taken over",
+        |_, ev| {
+            // r1's claim takes r0's expired claim 2 over; then r0 marks the row sent anyway.
+            ev.changes.truncate(6);
+            ev.changes.push(lease("D", 2, "r0", &[2], 40, 4.0));
+            let mut takeover = lease("I", 3, "r1", &[2], 40, 4.0);
+            takeover.app = "r1".into();
+            ev.changes.push(takeover);
+            ev.changes.push(sent(2, "r0", 41, 4.2));
+        },
+        "a relay whose claim was taken over changes nothing",
+    ),
+    (
+        "an attempt counted by the takeover of an unfaulted relay's claim",
+        |_, ev| {
+            ev.changes.truncate(6);
+            ev.changes.push(lease("D", 2, "r0", &[2], 40, 4.0));
+            ev.changes.push(lease("I", 3, "r1", &[2], 40, 4.0));
+            let mut attempt = sent(2, "r1", 40, 4.0);
+            attempt.new_sent = Some(false);
+            ev.changes.push(attempt);
+            ev.changes.push(lease("D", 3, "r1", &[2], 41, 4.5));
+            ev.changes.push(sent(2, "r1", 41, 4.5));
+        },
+        "attempts are spent only by a row's own outcomes",
+    ),
+    (
+        "a leased row parked",
+        |_, ev| {
+            let mut park = sent(2, "r1", 35, 3.2);
+            park.old_sent = Some(false);
+            park.new_sent = Some(false);
+            park.old_attempts = Some(0);
+            park.new_attempts = Some(0);
+            park.new_reason = Some("blocked".into());
+            ev.changes.push(park);
+        },
+        "parking leaves a row a live claim holds alone",
+    ),
+    (
+        "a row delivered behind its group's poisoned row under --on-poison block",
+        |plan, ev| {
+            plan.fleet.skip_poison = false;
+            ev.poison.insert("ev-1".into(), Poison::Invalid);
+        },
+        "with --on-poison block, nothing after a poisoned row of its group is delivered",
+    ),
+    (
+        "a gauge that disagrees with the table",
+        |_, ev| ev.quiet.as_mut().unwrap().gauge_unsent = Some(3.0),
+        "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
+    ),
+    (
+        "status that disagrees with the table",
+        |_, ev| ev.quiet.as_mut().unwrap().status_age = Some(30.0),
+        "`status --json` agrees with the table",
+    ),
+    (
+        "a pooled application session reading synchronous_commit = off",
+        |_, ev| ev.pool_leaks.push("synchronous_commit=off".into()),
+        "an application session through the pool reads the server's defaults",
+    ),
+];
+
+/// What the checker got wrong, if anything.
+pub fn run() -> Vec<String> {
+    let mut failures = Vec::new();
+    let base = check(&plan(), &clean());
+    if !base.is_empty() {
+        failures.push(format!("the clean history was reported: {base:?}"));
+    }
+    for (name, breaks, invariant) in CASES {
+        let (mut plan, mut ev) = (plan(), clean());
+        breaks(&mut plan, &mut ev);
+        let found = check(&plan, &ev);
+        if !found.iter().any(|v| v.invariant == *invariant) {
+            failures.push(format!(
+                "{name}: not reported as \"{invariant}\" (reported: {:?})",
+                found.iter().map(|v| v.invariant).collect::<Vec<_>>()
+            ));
+        }
+    }
+    // The same takeover is legitimate when the relay that lost the claim was faulted.
+    let (plan, mut ev) = (plan(), clean());
+    (CASES[5].1)(&mut plan.clone(), &mut ev);
+    ev.faulted_hard.insert("r0".into());
+    let found = check(&plan, &ev);
+    if !found.is_empty() {
+        failures.push(format!(
+            "a takeover of a killed relay's claim was reported: {found:?}"
+        ));
+    }
+    failures
+}

@@ -1,0 +1,126 @@
+//! The fault schedule: each fault at its time, undone when it has a duration, and which
+//! relays it touched (the checker allows what a faulted relay may cause, no more).
+
+use super::*;
+
+/// Which relay ids a fault touched, and what was injected.
+#[derive(Default)]
+pub(super) struct Marks {
+    pub(super) hard: HashSet<String>,
+    pub(super) soft: HashSet<String>,
+    pub(super) injected: Vec<&'static str>,
+    pub(super) sqs_errors: bool,
+}
+
+pub(super) async fn inject(
+    timed: Timed<Fault>,
+    start: Instant,
+    fleet: &Mutex<Fleet>,
+    marks: &Mutex<Marks>,
+    sqs_proxy: &FaultProxy,
+    cluster: &PrivatePg,
+    db_url: &str,
+) {
+    tokio::time::sleep_until((start + Duration::from_millis(timed.at_ms)).into()).await;
+    marks.lock().unwrap().injected.push(timed.what.kind());
+    let current = |i: usize| fleet.lock().unwrap().ids[i].clone();
+    let all = || fleet.lock().unwrap().ids.clone();
+    match timed.what {
+        Fault::Kill { relay, down_ms } => {
+            marks.lock().unwrap().hard.insert(current(relay));
+            if let Some(p) = fleet.lock().unwrap().slots[relay].take() {
+                p.kill9();
+            }
+            tokio::time::sleep(Duration::from_millis(down_ms)).await;
+            fleet.lock().unwrap().spawn(relay);
+        }
+        Fault::Stop { relay, ms } => {
+            let id = current(relay);
+            marks.lock().unwrap().hard.insert(id.clone());
+            if let Some(p) = &fleet.lock().unwrap().slots[relay] {
+                p.sigstop();
+            }
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            let f = fleet.lock().unwrap();
+            // A relay killed and restarted meanwhile is another process.
+            if f.ids[relay] == id {
+                if let Some(p) = &f.slots[relay] {
+                    p.sigcont();
+                }
+            }
+        }
+        Fault::PgRestart { immediate } => {
+            marks.lock().unwrap().hard.extend(all());
+            if immediate {
+                cluster.kill_immediate().await;
+                cluster.start_again().await;
+            } else {
+                cluster.restart().await;
+            }
+        }
+        Fault::Dark { relay } => {
+            marks.lock().unwrap().hard.insert(current(relay));
+            fleet.lock().unwrap().proxies[relay].blackhole_existing();
+        }
+        Fault::SlowClaims { sleep_ms, ms } => {
+            // The server is slow, no relay is cut off: nobody counts as faulted.
+            if let Some(c) = own_session(db_url).await {
+                let _ = history::set_claim_sleep(&c, sleep_ms).await;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut c = Some(c);
+                // A database restart meanwhile ends this session: set it back on a new one.
+                loop {
+                    if let Some(session) = &c {
+                        if history::set_claim_sleep(session, 0).await.is_ok() {
+                            break;
+                        }
+                    }
+                    if Instant::now() >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    c = own_session(db_url).await;
+                }
+            }
+        }
+        Fault::SlowDb {
+            relay,
+            delay_ms,
+            ms,
+        } => {
+            // A link this slow makes the relay give up on round trips the server completed:
+            // the relay is cut off as much as by a dark link.
+            marks.lock().unwrap().hard.insert(current(relay));
+            fleet.lock().unwrap().proxies[relay].set_delay(Duration::from_millis(delay_ms));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            // Relays restarted meanwhile went through the slow link too.
+            let f = fleet.lock().unwrap();
+            f.proxies[relay].set_delay(Duration::ZERO);
+            marks.lock().unwrap().hard.insert(f.ids[relay].clone());
+        }
+        Fault::Sqs { fault, ms } => {
+            let mode = match fault {
+                SqsFault::Error500 => {
+                    marks.lock().unwrap().sqs_errors = true;
+                    Mode::Error500
+                }
+                SqsFault::Throttle => Mode::Throttle,
+                SqsFault::Slow(d) => {
+                    marks.lock().unwrap().soft.extend(all());
+                    Mode::Delay(Duration::from_millis(d))
+                }
+                SqsFault::PartialFailure => {
+                    // Every relay sending meanwhile may have a row its answer lost.
+                    let mut m = marks.lock().unwrap();
+                    m.soft.extend(all());
+                    m.sqs_errors = true;
+                    Mode::FailLastEntry
+                }
+            };
+            sqs_proxy.set_mode(mode);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            sqs_proxy.set_mode(Mode::Pass);
+        }
+    }
+}

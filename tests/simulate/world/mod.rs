@@ -1,0 +1,549 @@
+//! Running one plan against the real things: a fresh database on the simulation's own cluster,
+//! queues of its own, PgBouncer when the plan pools, a TCP proxy per relay (dark and slow
+//! links), one HTTP fault proxy in front of the SQS/SNS server, the relays as child processes,
+//! the writers, the fault schedule and the operator's commands. It gathers the evidence the
+//! checker reads; it judges nothing itself.
+
+mod faults;
+mod observe;
+mod workload;
+
+use faults::{inject, Marks};
+use observe::{quiet_point, sample_pool, settled};
+use workload::write;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::MessageSystemAttributeName;
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+use crate::history::{self, Change, FinalRow};
+use crate::plan::{
+    Dest, Fault, Op, Plan, Poison, Scope, Setting, SqsFault, Timed, MAX_PAYLOAD_BYTES,
+};
+use crate::support::pg::PrivatePg;
+use crate::support::{
+    create_queue, create_topic, receive_all, run_to_end, sqs, subscribe_queue, FaultProxy, Mode,
+    PgBouncer, PoolMode, Pooling, RelayProcess, TcpProxy,
+};
+
+/// How long a relay may take to refuse its configuration (exit non-zero) before it counts as
+/// started.
+const START_WINDOW: Duration = Duration::from_secs(3);
+/// How long the fleet gets, after the writers and faults are done, to leave no row unsent.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// A message as a consumer received it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// The queue it was received from.
+    pub queue: String,
+    pub event_id: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub group_id: Option<String>,
+    pub body: String,
+}
+
+/// What the relays and the table said at a quiet point (nothing unsent, relays running).
+#[derive(Clone, Debug, Default)]
+pub struct Quiet {
+    /// From the table right after `status` ran: unsent rows, parked ones included, and the
+    /// oldest one's age.
+    pub table_unsent: i64,
+    pub table_age: f64,
+    /// The same, right after the last scrape of the gauges.
+    pub gauge_table_unsent: i64,
+    pub gauge_table_age: f64,
+    /// `status --json`, and its last line when it failed.
+    pub status_unsent: Option<i64>,
+    pub status_error: Option<String>,
+    pub status_age: Option<f64>,
+    /// A relay's `/metrics`, the last sample taken.
+    pub gauge_unsent: Option<f64>,
+    pub gauge_age: Option<f64>,
+}
+
+/// Everything the checker reads.
+#[derive(Default)]
+pub struct Evidence {
+    pub changes: Vec<Change>,
+    pub rows: Vec<FinalRow>,
+    pub received: Vec<Received>,
+    /// The queue each row's messages must reach, by aggregate type (`None`: the default).
+    pub routes: HashMap<String, String>,
+    pub default_queue: String,
+    /// Poison rows by event id.
+    pub poison: HashMap<String, Poison>,
+    /// Relay ids that were killed, stopped, cut off (a dark or slow link) or lost the database
+    /// to a restart while they ran: their claims may be taken over, and their rows sent twice.
+    pub faulted_hard: HashSet<String>,
+    /// Relay ids whose answers from SQS were slowed or partly failed: their rows may be sent
+    /// twice (an acknowledgement lost between send and mark).
+    pub faulted_soft: HashSet<String>,
+    /// Kinds of fault injected, in order.
+    pub injected: Vec<&'static str>,
+    /// Readings of an application session through the pool that differ from the server's
+    /// defaults.
+    pub pool_leaks: Vec<String>,
+    pub quiet: Option<Quiet>,
+    /// Whether the table was settled (nothing unsent, no live claim) before the drain.
+    pub settled: bool,
+    /// SQS 5xx or failed entries were injected: a row may spend its attempts on them.
+    pub sqs_errors: bool,
+    /// Exit status and last line of each relay that stopped on its own.
+    pub exits: Vec<String>,
+}
+
+pub enum Run {
+    /// A relay exited non-zero at start; `setting_caused` when the same flags start straight
+    /// to the database (no pool) and without the seed's setting.
+    Refused {
+        line: String,
+        /// How many lines of its output say `error` (a refusal is one line).
+        error_lines: usize,
+        setting_caused: bool,
+    },
+    Ran(Box<Evidence>),
+}
+
+/// A connection of the simulation's own, on the server's settings the seed did not change:
+/// writers and the checker must see the table as it is, whatever the role was given.
+pub async fn own_session(url: &str) -> Option<Client> {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.ok()?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+        .batch_execute(
+            "SET default_transaction_isolation = 'read committed'; \
+             SET default_transaction_read_only = off; SET statement_timeout = 0; \
+             SET lock_timeout = 0; SET idle_in_transaction_session_timeout = 0; \
+             SET search_path = public; SET session_replication_role = origin",
+        )
+        .await
+        .ok()?;
+    Some(client)
+}
+
+async fn own_session_retrying(url: &str, deadline: Instant) -> Option<Client> {
+    loop {
+        if let Some(c) = own_session(url).await {
+            return Some(c);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn args(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn with_app(url: &str, app: &str) -> String {
+    format!("{url}?application_name={app}")
+}
+
+/// The fleet: relay processes, each behind its own TCP proxy, with the ids they run under.
+struct Fleet {
+    /// The URL relays reach the database by (PgBouncer's or the cluster's), before its proxy.
+    url: String,
+    /// `run` flags besides the URL and the relay id.
+    flags: Vec<String>,
+    proxies: Vec<TcpProxy>,
+    slots: Vec<Option<RelayProcess>>,
+    /// The id relay `i` runs under now; a restart gets a new one (`r<i>.<incarnation>`).
+    ids: Vec<String>,
+    incarnations: Vec<u32>,
+}
+
+impl Fleet {
+    fn spawn(&mut self, i: usize) {
+        self.incarnations[i] += 1;
+        let id = format!("r{i}.{}", self.incarnations[i]);
+        let url = with_app(&self.proxies[i].url_through(&self.url), &id);
+        let mut a = args(&["run", "--database-url", &url, "--relay-id", &id]);
+        a.extend(self.flags.iter().cloned());
+        self.slots[i] = Some(RelayProcess::spawn_named(&id, &a, &[]));
+        self.ids[i] = id;
+    }
+}
+
+fn setting_sql(plan: &Plan, db: &str, reset: bool) -> Option<String> {
+    let (name, value) = plan.setting.assignment()?;
+    let target = match plan.scope {
+        Scope::Database => format!("DATABASE {db}"),
+        Scope::Role => format!("ROLE postgres IN DATABASE {db}"),
+    };
+    Some(if reset {
+        format!("ALTER {target} RESET {name}")
+    } else {
+        format!("ALTER {target} SET {name} = {value}")
+    })
+}
+
+async fn operate(timed: Timed<Op>, start: Instant, admin_url: &str, table: &str) {
+    tokio::time::sleep_until((start + Duration::from_millis(timed.at_ms)).into()).await;
+    let command = match timed.what {
+        Op::Replay => args(&["replay", "--since", "1h"]),
+        Op::QuarantineRetry => args(&["quarantine", "retry", "--all"]),
+    };
+    let mut a = command;
+    a.extend(args(&["--database-url", admin_url, "--table", table]));
+    // Refused or failed commands are part of the history, not the checker's business: under
+    // a read-only role, say, `replay` cannot write.
+    let _ = run_to_end(&a, &[], Duration::from_secs(60)).await;
+}
+
+fn last_line(output: &str) -> String {
+    output
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("(no output)")
+        .to_string()
+}
+
+pub async fn run(plan: &Plan, cluster: &PrivatePg) -> Run {
+    let db = cluster.create_db().await;
+    let result = run_in(plan, cluster, &db).await;
+    // A long `--minutes` run would otherwise fill the disk with finished seeds' databases.
+    if let Some(admin) = own_session(&cluster.admin_url()).await {
+        let _ = admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
+            .await;
+    }
+    result
+}
+
+async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -> Run {
+    let admin = own_session(&db.url)
+        .await
+        .expect("connect to the seed's database");
+    let table = plan.setting.table();
+    let mut migrate_flags = Vec::new();
+    if plan.fleet.order_by_transaction {
+        migrate_flags.extend(args(&["--order-by", "transaction"]));
+    }
+    if plan.fleet.fair {
+        migrate_flags.extend(args(&["--fair-by", "aggregate_type"]));
+    }
+    let migrate = |t: &str| {
+        let mut a = args(&["migrate", "--database-url", &db.url, "--table", t]);
+        a.extend(migrate_flags.iter().cloned());
+        a
+    };
+    for t in std::iter::once("public.outbox")
+        .chain((plan.setting == Setting::SearchPathShadowed).then_some("shadow.outbox"))
+    {
+        if t == "shadow.outbox" {
+            admin
+                .batch_execute("CREATE SCHEMA shadow")
+                .await
+                .expect("create schema shadow");
+        }
+        let (status, out) = run_to_end(&migrate(t), &[], Duration::from_secs(60)).await;
+        assert!(status.success(), "migrate --table {t} failed:\n{out}");
+    }
+    if matches!(plan.setting, Setting::SearchPathWithoutPublic { .. }) {
+        admin
+            .batch_execute("CREATE SCHEMA elsewhere")
+            .await
+            .expect("create schema elsewhere");
+    }
+    admin
+        .batch_execute(&history::install_sql(
+            "public.outbox",
+            "public.outbox_claims",
+        ))
+        .await
+        .expect("install the trigger log");
+
+    // Destinations, all behind one fault proxy.
+    let sqs_proxy = FaultProxy::start(sqs().endpoint());
+    let mut routes = HashMap::new();
+    let mut dest_flags = Vec::new();
+    let (default_dest, default_queue, queues) = match plan.fleet.dest {
+        Dest::Standard => {
+            let q = create_queue("sim", &[]).await;
+            (q.clone(), q.clone(), vec![q])
+        }
+        Dest::Fifo => {
+            let q = create_queue("sim.fifo", &[]).await;
+            (q.clone(), q.clone(), vec![q])
+        }
+        Dest::SnsFifo => {
+            let topic = create_topic("sim.fifo").await;
+            let q = create_queue("simsub.fifo", &[]).await;
+            subscribe_queue(&topic, &q, true).await;
+            dest_flags.extend(args(&["--sns-endpoint-url", sqs_proxy.endpoint()]));
+            (topic, q.clone(), vec![q])
+        }
+        Dest::Routed => {
+            let q = create_queue("sim", &[]).await;
+            let r = create_queue("simroute", &[]).await;
+            dest_flags.extend(args(&["--route", &format!("a1={r}")]));
+            routes.insert("a1".to_string(), r.clone());
+            (q.clone(), q.clone(), vec![q, r])
+        }
+    };
+
+    if let Some(sql) = setting_sql(plan, &db.name, false) {
+        admin
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let bouncer = match plan.pool {
+        Some(size) => Some(
+            PgBouncer::start(
+                cluster.port(),
+                cluster.password(),
+                Pooling {
+                    mode: PoolMode::Transaction,
+                    size,
+                    reset: false,
+                },
+            )
+            .await,
+        ),
+        None => None,
+    };
+    let (url, target_port) = match &bouncer {
+        Some(b) => (b.url_for(&db.name), b.port()),
+        None => (db.url.clone(), cluster.port()),
+    };
+    let admin_url = with_app(&url, "sim-admin");
+    let mut flags = args(&[
+        "--queue-url",
+        &default_dest,
+        "--sqs-endpoint-url",
+        sqs_proxy.endpoint(),
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--table",
+        table,
+    ]);
+    flags.extend(dest_flags);
+    flags.extend(plan.run_flags());
+    let backlog = plan.workload.backlog_txns;
+    if backlog > 0 {
+        futures_util::future::join_all(plan.workload.writers.iter().map(|txns| {
+            write(
+                &db.url,
+                &txns[..backlog.min(txns.len())],
+                Instant::now(),
+                Duration::ZERO,
+            )
+        }))
+        .await;
+    }
+    let n = plan.fleet.relays;
+    let fleet = Mutex::new(Fleet {
+        url: url.clone(),
+        flags: flags.clone(),
+        proxies: (0..n).map(|_| TcpProxy::start(target_port)).collect(),
+        slots: (0..n).map(|_| None).collect(),
+        ids: vec![String::new(); n],
+        incarnations: vec![0; n],
+    });
+    let mut all_ids = Vec::new();
+    for i in 0..n {
+        let mut f = fleet.lock().unwrap();
+        f.spawn(i);
+        all_ids.push(f.ids[i].clone());
+    }
+
+    // A relay that refuses its configuration exits at once.
+    let window = Instant::now() + START_WINDOW;
+    while Instant::now() < window {
+        let refused = {
+            let f = fleet.lock().unwrap();
+            f.slots.iter().flatten().find_map(|p| {
+                let status = futures_util::FutureExt::now_or_never(p.wait_exit(Duration::ZERO))??;
+                (!status.success()).then(|| {
+                    let output = p.output();
+                    let errors = output
+                        .lines()
+                        .filter(|l| l.to_ascii_lowercase().contains("error"))
+                        .count();
+                    (last_line(&output), errors)
+                })
+            })
+        };
+        if let Some((line, error_lines)) = refused {
+            // The same flags, straight to the database and without the seed's setting: if
+            // they start, the setting or the pool was what the relay refused.
+            if let Some(reset) = setting_sql(plan, &db.name, true) {
+                admin
+                    .batch_execute(&reset)
+                    .await
+                    .expect("reset the setting");
+            }
+            let mut a = args(&["run", "--database-url", &with_app(&db.url, "recheck")]);
+            a.extend(flags.iter().cloned());
+            let again = RelayProcess::spawn_named("recheck", &a, &[]);
+            let setting_caused = again.wait_exit(START_WINDOW).await.is_none();
+            again.kill9();
+            return Run::Refused {
+                line,
+                error_lines,
+                setting_caused,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let start = Instant::now();
+    let marks = Mutex::new(Marks::default());
+    let stop_sampling = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = bouncer
+        .as_ref()
+        .map(|b| tokio::spawn(sample_pool(b.url_for(&db.name), stop_sampling.clone())));
+    let spread = Duration::from_millis(plan.workload.write_ms);
+    let writers = futures_util::future::join_all(
+        plan.workload
+            .writers
+            .iter()
+            .map(|txns| write(&db.url, &txns[backlog.min(txns.len())..], start, spread)),
+    );
+    let faults = futures_util::future::join_all(
+        plan.faults
+            .iter()
+            .map(|t| inject(*t, start, &fleet, &marks, &sqs_proxy, cluster, &db.url)),
+    );
+    let ops = futures_util::future::join_all(
+        plan.ops
+            .iter()
+            .map(|t| operate(*t, start, &admin_url, table)),
+    );
+    tokio::join!(writers, faults, ops);
+    for id in fleet.lock().unwrap().ids.iter() {
+        if !all_ids.contains(id) {
+            all_ids.push(id.clone());
+        }
+    }
+
+    // The faults are over: the relays are the main task's alone now.
+    let procs: Vec<RelayProcess> = fleet
+        .lock()
+        .unwrap()
+        .slots
+        .iter_mut()
+        .filter_map(Option::take)
+        .collect();
+    let checker = own_session_retrying(&db.url, Instant::now() + Duration::from_secs(60))
+        .await
+        .expect("connect to check");
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    let mut is_settled = false;
+    while Instant::now() < deadline {
+        if settled(&checker).await {
+            is_settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let quiet = if is_settled {
+        let faulted = marks.lock().unwrap().hard.clone();
+        Some(quiet_point(&checker, &procs, &faulted, &admin_url, table).await)
+    } else {
+        None
+    };
+    stop_sampling.store(true, std::sync::atomic::Ordering::Relaxed);
+    let pool_leaks = match sampler {
+        Some(s) => s.await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+
+    // Relays that stopped on their own before being told to.
+    let mut exits = Vec::new();
+    for p in &procs {
+        if let Some(status) = p.wait_exit(Duration::ZERO).await {
+            exits.push(format!(
+                "{} exited {status}: {}",
+                p.name(),
+                last_line(&p.output())
+            ));
+        }
+    }
+    for p in &procs {
+        p.sigterm();
+    }
+    for p in &procs {
+        if p.wait_exit(Duration::from_secs(10)).await.is_none() {
+            p.kill9();
+        }
+    }
+
+    let changes = history::read_log(&checker).await;
+    let rows = history::read_rows(&checker, "public.outbox").await;
+    let route_of = |aggregate_type: &str| {
+        routes
+            .get(aggregate_type)
+            .cloned()
+            .unwrap_or_else(|| default_queue.clone())
+    };
+    let mut types = HashMap::new();
+    let mut poison = HashMap::new();
+    for txn in plan.workload.writers.iter().flatten() {
+        for row in &txn.rows {
+            types.insert(row.event_id.clone(), row.aggregate_type.clone());
+            if let Some(p) = row.poison {
+                poison.insert(row.event_id.clone(), p);
+            }
+        }
+    }
+    let mut sent_to: HashMap<String, HashSet<String>> = HashMap::new();
+    for c in changes.iter().filter(|c| c.is_outbox()) {
+        let acked = (c.op == "U" && c.new_sent == Some(true) && c.old_sent == Some(false))
+            || (c.op == "D" && c.old_sent == Some(false) && c.old_reason.is_none());
+        if acked {
+            let ev = c.event_id.clone().unwrap_or_default();
+            let q = route_of(types.get(&ev).map_or("", |s| s));
+            sent_to.entry(q).or_default().insert(ev);
+        }
+    }
+    let mut received = Vec::new();
+    for q in &queues {
+        let expected = sent_to.get(q).map_or(0, HashSet::len);
+        for m in receive_all(q, expected, Duration::from_secs(20)).await {
+            let attr = |name: &str| {
+                m.message_attributes()
+                    .and_then(|a| a.get(name))
+                    .and_then(|v| v.string_value())
+                    .map(str::to_string)
+            };
+            received.push(Received {
+                queue: q.clone(),
+                event_id: attr("event_id"),
+                aggregate_id: attr("aggregate_id"),
+                group_id: m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+                    .cloned(),
+                body: m.body().unwrap_or_default().to_string(),
+            });
+        }
+    }
+    let marks = marks.into_inner().unwrap();
+    Run::Ran(Box::new(Evidence {
+        changes,
+        rows,
+        received,
+        routes,
+        default_queue,
+        poison,
+        faulted_hard: marks.hard,
+        faulted_soft: marks.soft,
+        injected: marks.injected,
+        pool_leaks,
+        quiet,
+        settled: is_settled,
+        sqs_errors: marks.sqs_errors,
+        exits,
+    }))
+}
