@@ -172,6 +172,42 @@ impl Fleet {
     }
 }
 
+/// What an orchestrator does for a container that exits: the relay ends with exit 1 when its
+/// first connection fails (a database restarting, PgBouncer's `server_login_retry`), by design,
+/// and is started again after a pause. A relay that exits after it started relaying is not
+/// restarted: that is the checker's "a relay runs until it is stopped". Runs until `done`.
+async fn supervise(
+    fleet: &Mutex<Fleet>,
+    done: &std::sync::atomic::AtomicBool,
+    restarts: &Mutex<Vec<String>>,
+) {
+    /// The pause before a restart, as an orchestrator's first back-off.
+    const RESTART_AFTER: Duration = Duration::from_millis(500);
+    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+        {
+            let mut f = fleet.lock().unwrap();
+            for i in 0..f.slots.len() {
+                let failed_start = f.slots[i].as_ref().is_some_and(|p| {
+                    futures_util::FutureExt::now_or_never(p.wait_exit(Duration::ZERO))
+                        .flatten()
+                        .is_some_and(|status| !status.success())
+                        && !p.output().contains("relay started")
+                });
+                if failed_start {
+                    let p = f.slots[i].take().expect("checked above");
+                    restarts.lock().unwrap().push(format!(
+                        "{} exited at start-up and was started again: {}",
+                        p.name(),
+                        last_line(&p.output())
+                    ));
+                    f.spawn(i);
+                }
+            }
+        }
+        tokio::time::sleep(RESTART_AFTER).await;
+    }
+}
+
 fn setting_sql(plan: &Plan, db: &str, reset: bool) -> Option<String> {
     let (name, value) = plan.setting.assignment()?;
     let target = match plan.scope {
@@ -420,11 +456,38 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             .iter()
             .map(|t| operate(*t, start, &admin_url, table)),
     );
-    tokio::join!(writers, faults, ops);
+    let checker_url = db.url.clone();
+    let supervising = std::sync::atomic::AtomicBool::new(false);
+    let restarts = Mutex::new(Vec::new());
+    let (checker, is_settled) = {
+        let work = async {
+            tokio::join!(writers, faults, ops);
+            let checker =
+                own_session_retrying(&checker_url, Instant::now() + Duration::from_secs(60))
+                    .await
+                    .expect("connect to check");
+            let deadline = Instant::now() + SETTLE_TIMEOUT;
+            let mut is_settled = false;
+            while Instant::now() < deadline {
+                if settled(&checker).await {
+                    is_settled = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            supervising.store(true, std::sync::atomic::Ordering::Relaxed);
+            (checker, is_settled)
+        };
+        let (outcome, ()) = tokio::join!(work, supervise(&fleet, &supervising, &restarts));
+        outcome
+    };
     for id in fleet.lock().unwrap().ids.iter() {
         if !all_ids.contains(id) {
             all_ids.push(id.clone());
         }
+    }
+    for line in restarts.into_inner().unwrap() {
+        println!("  {line}");
     }
 
     // The faults are over: the relays are the main task's alone now.
@@ -435,18 +498,6 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         .iter_mut()
         .filter_map(Option::take)
         .collect();
-    let checker = own_session_retrying(&db.url, Instant::now() + Duration::from_secs(60))
-        .await
-        .expect("connect to check");
-    let deadline = Instant::now() + SETTLE_TIMEOUT;
-    let mut is_settled = false;
-    while Instant::now() < deadline {
-        if settled(&checker).await {
-            is_settled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     let quiet = if is_settled {
         let faulted = marks.lock().unwrap().hard.clone();
         Some(quiet_point(&checker, &procs, &faulted, &admin_url, table).await)
