@@ -141,18 +141,13 @@ impl Upkeep {
                 *slot = Some(self.outbox.raw_connect().await?);
             }
             let client = slot.as_mut().expect("connected above");
+            // Claims write no outbox row a statement here could conflict with: it sees their
+            // leases only through its snapshot, which must be taken after the claims' lock
+            // below. The transaction states READ COMMITTED (each statement its own snapshot);
+            // the REPEATABLE READ or SERIALIZABLE a database or role may default to would take
+            // it at the first statement, before the lock, and miss a lease committed while it
+            // waited.
             let tx = client.transaction().await.map_err(query_err(context))?;
-            if after_claims {
-                // Claims write no outbox row a statement here could conflict with: it sees
-                // their leases only through its snapshot, which must be taken after the lock
-                // below. READ COMMITTED does that (each statement its own snapshot); the
-                // REPEATABLE READ or SERIALIZABLE a database or role may default to would take
-                // it at the first statement, before the lock, and miss a lease committed
-                // while it waited.
-                tx.batch_execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                    .await
-                    .map_err(query_err(context))?;
-            }
             let timeout_ms = self.timeout.as_millis().to_string();
             tx.query_typed(
                 include_str!("../../sql/upkeep_settings.sql"),

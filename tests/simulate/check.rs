@@ -205,12 +205,11 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                     ),
                 ),
                 Some(r) => {
-                    let true_reason =
-                        match poison {
-                            Some(p) => r == p.reason(),
-                            None => false,
-                        } || (r == "blocked" && fleet.ordered() && !fleet.skip_poison)
-                            || (r == "max_attempts" && any_fault);
+                    let true_reason = match poison {
+                        Some(p) => r == p.reason(),
+                        None => false,
+                    } || (r == "blocked" && fleet.some_block())
+                        || (r == "max_attempts" && any_fault);
                     if !true_reason {
                         report.add(
                             "a quarantined row has its true reason",
@@ -325,7 +324,7 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
     // "A poisoned head blocks its group"). An operator's `quarantine retry` re-drives rows, so
     // seeds with one are left out.
     let retried = plan.ops.iter().any(|o| o.what == Op::QuarantineRetry);
-    if fleet.ordered() && !fleet.skip_poison && !retried {
+    if fleet.all_block() && !retried {
         let mut groups: HashMap<(&str, &str), Vec<&Written>> = HashMap::new();
         for w in &written {
             groups

@@ -171,6 +171,10 @@ pub struct Fleet {
     pub fair: bool,
     /// `--on-poison skip` (else `block`).
     pub skip_poison: bool,
+    /// Relay 0 runs the other `--on-poison`: a fleet halfway through a rolling change of the
+    /// flag. Its skipping claims take rows behind a quarantined row that the others' parking
+    /// wants, which is where a parking pass and a claim can meet on one row (issue 26, defect 6).
+    pub mixed_poison: bool,
     /// `--order-by transaction` (the table then migrated for it).
     pub order_by_transaction: bool,
     pub batch_size: u32,
@@ -183,6 +187,16 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// Some relay runs `--on-poison block`: a row may be quarantined `blocked`.
+    pub fn some_block(&self) -> bool {
+        self.ordered() && (!self.skip_poison || self.mixed_poison)
+    }
+
+    /// Every relay runs `--on-poison block`: nothing behind a poisoned row is delivered.
+    pub fn all_block(&self) -> bool {
+        self.ordered() && !self.skip_poison && !self.mixed_poison
+    }
+
     /// `--db-timeout`: the `--settle-margin` it defaults to, a quarter of the lease.
     pub fn db_timeout_ms(&self) -> u64 {
         self.lease_ms / 4
@@ -364,12 +378,13 @@ impl Plan {
             Dest::SnsFifo,
             Dest::Routed,
         ]);
-        let fleet = Fleet {
+        let mut fleet = Fleet {
             relays: rng.range(1, 4) as usize,
             dest,
             ordered_standard: rng.chance(35),
             fair: rng.chance(35),
             skip_poison: rng.chance(50),
+            mixed_poison: false,
             order_by_transaction: rng.chance(25),
             batch_size: rng.pick(&[1, 3, 10, 25, 100]),
             linger_ms: rng.pick(&[0, 5, 20]),
@@ -436,6 +451,9 @@ impl Plan {
             });
         }
         ops.sort_by_key(|o| o.at_ms);
+        // Drawn last, so that it changes no earlier draw: the plans of the seeds chosen before
+        // it came are the same but for this.
+        fleet.mixed_poison = fleet.ordered() && fleet.relays > 1 && rng.chance(30);
         Plan {
             seed,
             redraw,
@@ -463,9 +481,10 @@ impl Plan {
         )
     }
 
-    /// The `run` flags of the fleet besides the connection, destination and relay id.
-    pub fn run_flags(&self) -> Vec<String> {
+    /// The `run` flags of relay `relay` besides the connection, destination and relay id.
+    pub fn run_flags(&self, relay: usize) -> Vec<String> {
         let f = &self.fleet;
+        let skip_poison = f.skip_poison != (f.mixed_poison && relay == 0);
         let lease = f.lease_ms;
         // A send, its settlement and a round trip must fit in the lease: the send gets a third,
         // the margin kept for the settlement (and so `--db-timeout`) a quarter.
@@ -513,7 +532,7 @@ impl Plan {
         if f.ordered() {
             flags.extend([
                 "--on-poison".into(),
-                if f.skip_poison { "skip" } else { "block" }.into(),
+                if skip_poison { "skip" } else { "block" }.into(),
             ]);
         }
         if f.fair {
@@ -610,7 +629,12 @@ impl fmt::Display for Plan {
             fl.relays,
             fl.dest,
             if fl.ordered() { ", ordered" } else { "" },
-            if fl.ordered() { if fl.skip_poison { " skip" } else { " block" } } else { "" },
+            match (fl.ordered(), fl.skip_poison, fl.mixed_poison) {
+                (false, _, _) => "",
+                (true, _, true) => " skip+block",
+                (true, true, false) => " skip",
+                (true, false, false) => " block",
+            },
             if fl.fair { ", fair-by" } else { "" },
             if fl.order_by_transaction { ", order-by transaction" } else { "" },
             fl.batch_size,

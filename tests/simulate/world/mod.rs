@@ -151,8 +151,8 @@ fn with_app(url: &str, app: &str) -> String {
 struct Fleet {
     /// The URL relays reach the database by (PgBouncer's or the cluster's), before its proxy.
     url: String,
-    /// `run` flags besides the URL and the relay id.
-    flags: Vec<String>,
+    /// Each relay's `run` flags besides the URL and the relay id.
+    flags: Vec<Vec<String>>,
     proxies: Vec<TcpProxy>,
     slots: Vec<Option<RelayProcess>>,
     /// The id relay `i` runs under now; a restart gets a new one (`r<i>.<incarnation>`).
@@ -166,7 +166,7 @@ impl Fleet {
         let id = format!("r{i}.{}", self.incarnations[i]);
         let url = with_app(&self.proxies[i].url_through(&self.url), &id);
         let mut a = args(&["run", "--database-url", &url, "--relay-id", &id]);
-        a.extend(self.flags.iter().cloned());
+        a.extend(self.flags[i].iter().cloned());
         self.slots[i] = Some(RelayProcess::spawn_named(&id, &a, &[]));
         self.ids[i] = id;
     }
@@ -364,7 +364,11 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         table,
     ]);
     flags.extend(dest_flags);
-    flags.extend(plan.run_flags());
+    let n = plan.fleet.relays;
+    let flags_of: Vec<Vec<String>> = (0..n)
+        .map(|i| flags.iter().cloned().chain(plan.run_flags(i)).collect())
+        .collect();
+    let flags = flags_of[0].clone();
     let backlog = plan.workload.backlog_txns;
     if backlog > 0 {
         futures_util::future::join_all(plan.workload.writers.iter().map(|txns| {
@@ -377,10 +381,9 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         }))
         .await;
     }
-    let n = plan.fleet.relays;
     let fleet = Mutex::new(Fleet {
         url: url.clone(),
-        flags: flags.clone(),
+        flags: flags_of,
         proxies: (0..n).map(|_| TcpProxy::start(target_port)).collect(),
         slots: (0..n).map(|_| None).collect(),
         ids: vec![String::new(); n],
