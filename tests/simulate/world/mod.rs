@@ -172,6 +172,15 @@ impl Fleet {
     }
 }
 
+/// Every relay of the fleet got past its start-up (it may have exited since: that is the
+/// checker's to see).
+fn all_started(fleet: &Mutex<Fleet>) -> bool {
+    fleet.lock().unwrap().slots.iter().all(|s| {
+        s.as_ref()
+            .is_some_and(|p| p.output().contains("relay started"))
+    })
+}
+
 /// What an orchestrator does for a container that exits: the relay ends with exit 1 when its
 /// first connection fails (a database restarting, PgBouncer's `server_login_retry`), by design,
 /// and is started again after a pause. A relay that exits after it started relaying is not
@@ -478,6 +487,13 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            // A relay started again late (after a fault near the end) may still be starting,
+            // or failing to, while PgBouncer refuses logins after a database restart
+            // (`server_login_retry`): the quiet point asks the relays, so they get that long.
+            let started_by = Instant::now() + Duration::from_secs(40);
+            while Instant::now() < started_by && !all_started(&fleet) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             supervising.store(true, std::sync::atomic::Ordering::Relaxed);
             (checker, is_settled)
         };
@@ -489,8 +505,12 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             all_ids.push(id.clone());
         }
     }
-    for line in restarts.into_inner().unwrap() {
-        println!("  {line}");
+    let restarts = restarts.into_inner().unwrap();
+    if let Some(last) = restarts.last() {
+        println!(
+            "  {} start-up exit(s) restarted, the last: {last}",
+            restarts.len()
+        );
     }
 
     // The faults are over: the relays are the main task's alone now.

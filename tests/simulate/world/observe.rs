@@ -92,19 +92,33 @@ pub(super) async fn quiet_point(
         (r.get::<_, i64>(0), r.get::<_, f64>(1))
     };
     let mut quiet = Quiet::default();
-    let (status, out) = run_to_end(
-        &args(&[
-            "status",
-            "--json",
-            "--database-url",
-            admin_url,
-            "--table",
-            table,
-        ]),
-        &[],
-        Duration::from_secs(30),
-    )
-    .await;
+    // `status` is a one-shot command: after a database restart PgBouncer refuses logins for a
+    // while (`server_login_retry`), and `status` then fails as it should; an operator runs it
+    // again. A status that keeps failing, or fails any other way, is reported.
+    let status_by = Instant::now() + Duration::from_secs(30);
+    let (status, out) = loop {
+        let (status, out) = run_to_end(
+            &args(&[
+                "status",
+                "--json",
+                "--database-url",
+                admin_url,
+                "--table",
+                table,
+            ]),
+            &[],
+            Duration::from_secs(30),
+        )
+        .await;
+        // Only a refused login is tried again: any other failure (a statement of the relay's
+        // failing through the pool, say) is what the check is for.
+        let login_refused = out.contains("server login has been failing")
+            || out.contains("cannot connect to PostgreSQL");
+        if status.success() || !login_refused || Instant::now() >= status_by {
+            break (status, out);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     (quiet.table_unsent, quiet.table_age) = table_now().await;
     if !status.success() {
         quiet.status_error = Some(last_line(&out));
