@@ -27,12 +27,23 @@ pub(super) async fn inject(
     let all = || fleet.lock().unwrap().ids.clone();
     match timed.what {
         Fault::Kill { relay, down_ms } => {
-            marks.lock().unwrap().hard.insert(current(relay));
+            let id = current(relay);
+            marks.lock().unwrap().hard.insert(id);
             if let Some(p) = fleet.lock().unwrap().slots[relay].take() {
                 p.kill9();
             }
             tokio::time::sleep(Duration::from_millis(down_ms)).await;
-            fleet.lock().unwrap().spawn(relay);
+            // Another fault's restart may have put a process in the slot meanwhile: replacing it
+            // kills it (its drop), so it counts as killed too.
+            let replaced = {
+                let mut f = fleet.lock().unwrap();
+                let old = f.slots[relay].as_ref().map(|p| p.name().to_string());
+                f.spawn(relay);
+                old
+            };
+            if let Some(id) = replaced {
+                marks.lock().unwrap().hard.insert(id);
+            }
         }
         Fault::Stop { relay, ms } => {
             let id = current(relay);
@@ -50,7 +61,8 @@ pub(super) async fn inject(
             }
         }
         Fault::PgRestart { immediate } => {
-            marks.lock().unwrap().hard.extend(all());
+            let ids = all();
+            marks.lock().unwrap().hard.extend(ids);
             if immediate {
                 cluster.kill_immediate().await;
                 cluster.start_again().await;
@@ -59,7 +71,8 @@ pub(super) async fn inject(
             }
         }
         Fault::Dark { relay } => {
-            marks.lock().unwrap().hard.insert(current(relay));
+            let id = current(relay);
+            marks.lock().unwrap().hard.insert(id);
             fleet.lock().unwrap().proxies[relay].blackhole_existing();
         }
         Fault::SlowClaims { sleep_ms, ms } => {
@@ -91,7 +104,8 @@ pub(super) async fn inject(
         } => {
             // A link this slow makes the relay give up on round trips the server completed:
             // the relay is cut off as much as by a dark link.
-            marks.lock().unwrap().hard.insert(current(relay));
+            let id = current(relay);
+            marks.lock().unwrap().hard.insert(id);
             fleet.lock().unwrap().proxies[relay].set_delay(Duration::from_millis(delay_ms));
             tokio::time::sleep(Duration::from_millis(ms)).await;
             // Relays restarted meanwhile went through the slow link too.
@@ -107,20 +121,31 @@ pub(super) async fn inject(
                 }
                 SqsFault::Throttle => Mode::Throttle,
                 SqsFault::Slow(d) => {
-                    marks.lock().unwrap().soft.extend(all());
+                    let ids = all();
+                    marks.lock().unwrap().soft.extend(ids);
                     Mode::Delay(Duration::from_millis(d))
                 }
                 SqsFault::PartialFailure => {
                     // Every relay sending meanwhile may have a row its answer lost.
+                    let ids = all();
                     let mut m = marks.lock().unwrap();
-                    m.soft.extend(all());
+                    m.soft.extend(ids);
                     m.sqs_errors = true;
                     Mode::FailLastEntry
                 }
             };
+            let before = fleet.lock().unwrap().incarnations.clone();
             sqs_proxy.set_mode(mode);
             tokio::time::sleep(Duration::from_millis(ms)).await;
             sqs_proxy.set_mode(Mode::Pass);
+            if matches!(fault, SqsFault::Slow(_) | SqsFault::PartialFailure) {
+                // Relays started again meanwhile (after a kill -9) sent through it too.
+                let f = fleet.lock().unwrap();
+                let mut m = marks.lock().unwrap();
+                for (i, (&then, &now)) in before.iter().zip(&f.incarnations).enumerate() {
+                    m.soft.extend((then..=now).map(|k| relay_id(i, k)));
+                }
+            }
         }
     }
 }

@@ -160,10 +160,15 @@ struct Fleet {
     incarnations: Vec<u32>,
 }
 
+/// The id relay `i` runs under in its `incarnation`-th process (also its application_name).
+fn relay_id(i: usize, incarnation: u32) -> String {
+    format!("r{i}.{incarnation}")
+}
+
 impl Fleet {
     fn spawn(&mut self, i: usize) {
         self.incarnations[i] += 1;
-        let id = format!("r{i}.{}", self.incarnations[i]);
+        let id = relay_id(i, self.incarnations[i]);
         let url = with_app(&self.proxies[i].url_through(&self.url), &id);
         let mut a = args(&["run", "--database-url", &url, "--relay-id", &id]);
         a.extend(self.flags[i].iter().cloned());
