@@ -22,7 +22,12 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e),
     };
     init_logging(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // One thread: the relay's work is a few round trips per claim, each a few µs of CPU, and
+    // on a multi-thread runtime every one of them crossed threads (the claim loop on the main
+    // thread, deliveries and connection tasks on the workers), each hand-over a futex wake and
+    // an eventfd write. At 200 events/s that was most of the process's CPU (scripts/proc-cost,
+    // docs/benchmarks.md). Blocking work still goes to tokio's blocking pool.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
