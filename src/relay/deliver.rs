@@ -130,10 +130,13 @@ impl Relay {
         drop(sends);
         spans.finish(&settlement);
         self.settle(settlement, lease_deadline).await;
-        // Settled rows may unblock others: the next row of each group under ordered delivery,
-        // retries due now. Claim again rather than wait for the poll interval; no NOTIFY
-        // fires for an UPDATE.
-        self.wake.notify_one();
+        // Under ordered delivery settled rows unblock the next rows of their groups, which
+        // waited for them already: claim again rather than wait for the poll interval or the
+        // latency budget (no NOTIFY fires for a DELETE or an UPDATE). Without it a settlement
+        // makes nothing claimable, and waking would only split the stream into more claims.
+        if self.outbox.holds_back() {
+            self.wake.notify_one();
+        }
     }
 
     /// Decisions taken at `now`, with the relay's rules and the relay-wide pause as it stands.
