@@ -13,6 +13,11 @@ use crate::outbox::{Pooler, Wakeup};
 /// SQS's own ceiling for one message and one batch (1 MiB).
 pub const SQS_MAX_REQUEST_BYTES: usize = 1024 * 1024;
 
+/// `--max-delay` unless set (or --poll-interval if shorter): within the tens of milliseconds an
+/// event's delivery takes anyway (a SendMessageBatch in-region is ~15 ms), and long enough that
+/// at 200 events/s a claim carries six of them (docs/benchmarks.md, "Rates").
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(30);
+
 /// How rows are claimed and worked on: lease, batch, requests in flight, wake-ups, attempts.
 #[derive(Debug, Clone, Args)]
 pub struct ClaimArgs {
@@ -55,9 +60,10 @@ pub struct ClaimArgs {
     /// more, up to this (counted from that claim's start), less when the stream writes a quarter
     /// batch sooner; with `notify`/`logical`, counted from the wake-up. Every claim and
     /// settlement is a transaction in the application's database: a longer budget carries more
-    /// rows per claim for less database CPU per event. 0 claims again at once. (Was `--linger`.)
-    #[arg(long, env = "OUTBOX_MAX_DELAY", alias = "linger", default_value = "30ms", value_parser = humantime::parse_duration)]
-    pub max_delay: Duration,
+    /// rows per claim for less database CPU per event. 0 claims again at once. Default: 30ms,
+    /// or --poll-interval if shorter. (Was `--linger`.)
+    #[arg(long, env = "OUTBOX_MAX_DELAY", alias = "linger", value_parser = humantime::parse_duration)]
+    pub max_delay: Option<Duration>,
 
     /// Quarantine a row after this many failed attempts.
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
@@ -199,10 +205,13 @@ impl ClaimArgs {
             return Err("--max-attempts must be at least 1".to_string());
         }
         above_zero(&[("--poll-interval", self.poll_interval)])?;
-        if self.max_delay > self.poll_interval {
+        let max_delay = self
+            .max_delay
+            .unwrap_or(DEFAULT_MAX_DELAY.min(self.poll_interval));
+        if max_delay > self.poll_interval {
             return Err(format!(
                 "--max-delay {} is longer than --poll-interval {}: a stream would wait longer than an idle relay; lower --max-delay",
-                humantime::format_duration(self.max_delay),
+                humantime::format_duration(max_delay),
                 humantime::format_duration(self.poll_interval)
             ));
         }
@@ -219,7 +228,7 @@ impl ClaimArgs {
             request_concurrency: self.request_concurrency,
             wakeup: self.wakeup,
             poll_interval: self.poll_interval,
-            max_delay: self.max_delay,
+            max_delay,
             max_attempts: self.max_attempts,
             relay_id,
         })

@@ -712,4 +712,12 @@ fn the_latency_budget_defaults_to_thirty_milliseconds_and_stays_within_the_poll_
         "{err}"
     );
     assert!(run_args(&["--max-delay", "200ms", "--poll-interval", "1s"]).is_ok());
+    // Unset, it follows a shorter poll interval instead of refusing it.
+    assert_eq!(
+        run_args(&["--poll-interval", "20ms"])
+            .unwrap()
+            .claim
+            .max_delay,
+        Duration::from_millis(20)
+    );
 }

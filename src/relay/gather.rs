@@ -78,7 +78,6 @@ impl Gather {
         };
         (started + fill.min(self.budget)).saturating_duration_since(now)
     }
-
 }
 
 #[cfg(test)]
@@ -140,7 +139,10 @@ mod tests {
         let rate = g.rate().unwrap();
         assert!((rate - 5000.0).abs() < 50.0, "{rate}");
         let wait = g.wait(faster, faster);
-        assert!(wait.abs_diff(5 * MS) < Duration::from_micros(100), "{wait:?}");
+        assert!(
+            wait.abs_diff(5 * MS) < Duration::from_micros(100),
+            "{wait:?}"
+        );
     }
 
     #[test]

@@ -359,7 +359,9 @@ impl Relay {
                             continue;
                         }
                     }
-                    if let Woken::Bell(rang) = self.wait_for_work(&mut idle, claimed_at, shutdown).await {
+                    if let Woken::Bell(rang) =
+                        self.wait_for_work(&mut idle, claimed_at, shutdown).await
+                    {
                         let wait = gather.wait(rang, Instant::now());
                         self.gather_or_wake(wait, shutdown).await;
                     }
