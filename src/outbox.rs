@@ -440,12 +440,6 @@ impl Outbox {
         &self.table
     }
 
-    /// Claims hold rows back while an earlier row of their group is in flight (ordered
-    /// delivery): a settlement makes them claimable.
-    pub fn holds_back(&self) -> bool {
-        self.strategy.ordered().is_some()
-    }
-
     /// Where we connect, for messages: host and port, never the password.
     pub fn target(&self) -> String {
         use tokio_postgres::config::Host;

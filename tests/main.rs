@@ -15,6 +15,7 @@ mod destination;
 mod failover;
 mod faults;
 mod fifo;
+mod gather;
 mod groups;
 mod large_events;
 mod liveness;

@@ -31,6 +31,7 @@ impl Relay {
         shutdown: CancellationToken,
     ) {
         let Claimed { mut rows, .. } = claimed;
+        let holds_back = rows.iter().any(|r| self.plan_config.keeps_order_of(r));
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
         let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
@@ -130,11 +131,12 @@ impl Relay {
         drop(sends);
         spans.finish(&settlement);
         self.settle(settlement, lease_deadline).await;
-        // Under ordered delivery settled rows unblock the next rows of their groups, which
-        // waited for them already: claim again rather than wait for the poll interval or the
-        // latency budget (no NOTIFY fires for a DELETE or an UPDATE). Without it a settlement
-        // makes nothing claimable, and waking would only split the stream into more claims.
-        if self.outbox.holds_back() {
+        // Rows of ordered groups held their group-mates back from other claims: settled, they
+        // unblock them, which waited for them already. Claim again rather than wait for the
+        // poll interval or the latency budget (no NOTIFY fires for a DELETE or an UPDATE).
+        // Any other settlement makes nothing claimable, and waking would only split the
+        // stream into more claims.
+        if holds_back {
             self.wake.notify_one();
         }
     }
