@@ -42,10 +42,6 @@ impl Outbox {
     /// A working connection with the relay's statements prepared.
     pub async fn connect(&self) -> Result<Session, OutboxError> {
         let client = self.raw_connect().await?;
-        // A claim prepared while the table is small gets a generic plan that later scans and
-        // sorts the whole table (measured: 880 ms per claim at 100k rows). Custom plans cost a
-        // planning step per call and stay on the index.
-        //
         // The relay's own commits (claims, settlements, retention) do not wait for their WAL
         // flush: waiting made each of them queue with the application's commits for the same
         // flushes, and made the relay's connection, not the database, its limit on durable
@@ -61,28 +57,22 @@ impl Outbox {
         // scan and a sort per candidate row), so a claim over a large backlog passes
         // `jit_above_cost` while it runs in a millisecond. JIT compiling then took 10–40 ms of
         // every claim, four times the claim itself (docs/benchmarks.md, issue 19). The relay's
-        // statements are short and planned each time: compiling them never pays.
+        // statements are short: compiling them never pays.
         if !client.pooled() {
             client
-                .batch_execute(
-                    "SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off; SET jit = off",
-                )
+                .batch_execute(&format!(
+                    "{PLANS}; SET synchronous_commit = off; SET jit = off"
+                ))
                 .await
                 .map_err(query_err("setting up the relay's session"))?;
         }
         self.resolve_channel(&client).await?;
         self.check_key_indexes(&client).await?;
-        // (statement, whether it writes)
-        let settle = self.acknowledge.sql(&self.sql);
-        let sqls: Vec<(&str, bool)> = vec![
-            (&self.sql.claim, true),
-            (&settle.full, true),
-            (&settle.sent_only, true),
-            (&self.sql.stats, false),
-            (&self.sql.probe, false),
-            (&self.sql.unpark_destination, true),
-            (&self.sql.lost_leases, false),
-        ];
+        let sqls: Vec<(&str, bool)> = self
+            .relay_statements()
+            .into_iter()
+            .map(|s| (s.sql, s.writes))
+            .collect();
         let mut prepared = client
             .statements(&sqls)
             .await
@@ -131,6 +121,63 @@ impl Outbox {
             strategy: self.strategy.clone(),
             limits: self.limits,
         })
+    }
+}
+
+/// How a direct connection of the relay's plans its statements, set once for its session. The
+/// relay runs a handful of statements hundreds of times a second; planning each afresh cost
+/// five times its execution (a claim planned 0.50 ms and ran 0.09 ms, a settlement 0.15 / 0.04
+/// ms: issue 27). So they are planned once per connection, generically, and the plan is
+/// reused until the table's statistics change (an ANALYZE invalidates it, and the next
+/// execution plans it again).
+///
+/// A generic plan is made without the parameters' values and with whatever statistics the
+/// table has at that moment: never analyzed and empty when the relay starts on a new table, a
+/// million rows later still unanalyzed. Plans made so once scanned and sorted the whole table
+/// for every claim (880 ms at 100k rows) and walked the whole unsent index for every
+/// settlement (22–39 ms). The planner switches take those shapes away from the relay's own
+/// session, so that what is left is the one shape that is right at any size: a bounded walk of
+/// the unsent index in id order (claims, the probe), and primary-key lookups of the ids a
+/// claim holds (settlements, a claim's own rows), in nested loops.
+/// - `enable_seqscan`, `enable_bitmapscan` off: the outbox is reached through an index, in
+///   the index's order, so `ORDER BY id LIMIT $1` stops after $1 entries instead of reading
+///   and sorting every unsent row;
+/// - `enable_hashjoin`, `enable_mergejoin` off: a join with the outbox is a nested loop of
+///   primary-key lookups, never a hash of, or a merge along, the whole table.
+///
+/// A switch that is off makes the planner avoid the node where something else can do the
+/// work; where nothing else can (sorting a claim's few rows for a window), it still plans it.
+/// tests/plans.rs checks each hot statement's generic plan on a never-analyzed table that grew
+/// to a million rows, on PostgreSQL 15 and 18.
+pub const PLANS: &str = "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
+SET enable_bitmapscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off";
+
+/// One of the statements a relay's session prepares.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayStatement<'a> {
+    /// What it is, for a reader: `claim`, `settle`, `probe`, ...
+    pub name: &'static str,
+    pub sql: &'a str,
+    /// It changes rows.
+    pub writes: bool,
+}
+
+impl Outbox {
+    /// The statements a relay's session prepares, in the order `connect` binds them.
+    pub fn relay_statements(&self) -> Vec<RelayStatement<'_>> {
+        let settle = self.acknowledge.sql(&self.sql);
+        fn s<'a>(name: &'static str, sql: &'a str, writes: bool) -> RelayStatement<'a> {
+            RelayStatement { name, sql, writes }
+        }
+        vec![
+            s("claim", &self.sql.claim, true),
+            s("settle", &settle.full, true),
+            s("settle_sent_only", &settle.sent_only, true),
+            s("stats", &self.sql.stats, false),
+            s("probe", &self.sql.probe, false),
+            s("unpark_destination", &self.sql.unpark_destination, true),
+            s("lost_leases", &self.sql.lost_leases, false),
+        ]
     }
 }
 
