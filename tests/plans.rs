@@ -9,8 +9,9 @@ use outbox_relay::outbox::{ClaimStrategy, OrderBy, OrderScope, Ordered, Outbox, 
 use outbox_relay::row::KeyColumn;
 use serde_json::Value;
 
-use crate::scenario::{migrate_with, migrated_db};
-use crate::support::TestDb;
+use crate::scenario::{migrate_with, migrated_db, run_args};
+use crate::support::pg::PrivatePg;
+use crate::support::{create_queue, sqs, sqs_client, wait_until, RelayProcess, TestDb};
 
 const BACKLOG: i64 = 1_000_000;
 
@@ -269,4 +270,135 @@ async fn generic_plans_made_on_an_empty_table_stay_bounded_at_a_million_rows() {
 
     writer.batch_execute("ANALYZE outbox").await.unwrap();
     check_all(&client, &prepared, "1M rows, analyzed").await;
+}
+
+/// The relay's own connection reuses its plans: started on an empty, never-analyzed table
+/// (autovacuum off), it drains a backlog that arrives afterwards, and pg_stat_statements
+/// (`track_planning`) counts a planning of the claim and the settlement per connection, not
+/// per call; on PostgreSQL 18, which counts them, every call ran the generic plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_plans_its_claims_and_settlements_once_and_drains_a_backlog_on_a_never_analyzed_table(
+) {
+    const ROWS: i64 = 30_000;
+    let cluster = PrivatePg::start_with(&[
+        "shared_preload_libraries=pg_stat_statements",
+        "pg_stat_statements.track_planning=on",
+    ])
+    .await;
+    let db = cluster.create_db().await;
+    migrate_with(&db, &[]).await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "CREATE EXTENSION pg_stat_statements;
+             ALTER TABLE outbox SET (autovacuum_enabled = off);
+             ALTER TABLE outbox_claims SET (autovacuum_enabled = off);",
+        )
+        .await
+        .unwrap();
+    let queue = create_queue("plans", &[]).await;
+    let relay = RelayProcess::spawn(
+        &run_args(
+            &db,
+            &queue,
+            sqs().endpoint(),
+            &["--delete-on-ack", "--batch-size", "100"],
+        ),
+        &[],
+    );
+    // The relay is up and has probed the empty table: its plans are made now.
+    wait_until(
+        "the relay probes the empty table",
+        Duration::from_secs(60),
+        || async { statement(&client, "%SELECT EXISTS (%").await.0 >= 3 },
+    )
+    .await;
+    client
+        .execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'e-' || g, 'order', 'agg-' || (g % 100), 'order.paid', jsonb_build_object('n', g)
+             FROM generate_series(1, $1::bigint) AS g",
+            &[&ROWS],
+        )
+        .await
+        .unwrap();
+    wait_until(
+        "the backlog is drained",
+        Duration::from_secs(180),
+        || async {
+            client
+                .query_one("SELECT count(*) FROM outbox", &[])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 0
+        },
+    )
+    .await;
+    let on_queue = sqs_client()
+        .await
+        .get_queue_attributes()
+        .queue_url(&queue)
+        .attribute_names(aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
+        .send()
+        .await
+        .unwrap();
+    let n: i64 = on_queue
+        .attributes()
+        .and_then(|a| a.get(&aws_sdk_sqs::types::QueueAttributeName::ApproximateNumberOfMessages))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1);
+    assert_eq!(
+        n,
+        ROWS,
+        "every row reached the queue once\n{}",
+        relay.output()
+    );
+    let analyzed: Option<std::time::SystemTime> = client
+        .query_one(
+            "SELECT last_analyze FROM pg_stat_user_tables WHERE relname = 'outbox'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(analyzed.is_none(), "the table was analyzed");
+
+    for (what, pattern) in [
+        ("claim", "%INSERT INTO \"outbox_claims\"%"),
+        ("settlement", "%WITH fence AS (%"),
+    ] {
+        let (calls, plans, generic, custom) = statement(&client, pattern).await;
+        assert!(
+            calls >= 20 && plans * 10 <= calls,
+            "the {what} was planned {plans} times in {calls} calls"
+        );
+        if let (Some(generic), Some(custom)) = (generic, custom) {
+            assert_eq!(custom, 0, "the {what} ran a custom plan");
+            assert!(
+                generic >= calls - plans,
+                "{what}: {generic} generic plans, {calls} calls"
+            );
+        }
+    }
+}
+
+/// pg_stat_statements' calls and plannings of the statements matching `pattern`, and on
+/// PostgreSQL 18 how many calls ran a generic and a custom plan.
+async fn statement(
+    client: &tokio_postgres::Client,
+    pattern: &str,
+) -> (i64, i64, Option<i64>, Option<i64>) {
+    let row = client
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(plans), 0)::bigint,
+                    sum((to_jsonb(s) ->> 'generic_plan_calls')::bigint)::bigint,
+                    sum((to_jsonb(s) ->> 'custom_plan_calls')::bigint)::bigint
+             FROM pg_stat_statements AS s
+             WHERE query LIKE $1 AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&pattern],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3))
 }
