@@ -177,9 +177,6 @@ async fn prepare_all(
     let mut prepared = Vec::new();
     for (case, outbox) in outboxes {
         for s in outbox.relay_statements() {
-            if !["claim", "settle", "settle_sent_only", "probe"].contains(&s.name) {
-                continue;
-            }
             let name = format!("p{}", prepared.len());
             let params = client.prepare(s.sql).await.unwrap().params().len();
             client
@@ -369,6 +366,9 @@ async fn the_relay_plans_its_claims_and_settlements_once_and_drains_a_backlog_on
         ("settlement", "%WITH fence AS (%"),
     ] {
         let (calls, plans, generic, custom) = statement(&client, pattern).await;
+        eprintln!(
+            "{what}: {calls} calls, {plans} plannings, generic {generic:?}, custom {custom:?}"
+        );
         assert!(
             calls >= 20 && plans * 10 <= calls,
             "the {what} was planned {plans} times in {calls} calls"
