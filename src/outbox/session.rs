@@ -142,11 +142,11 @@ impl Outbox {
 /// - `enable_seqscan`, `enable_bitmapscan` off: the outbox is reached through an index, in
 ///   the index's order, so `ORDER BY id LIMIT $1` stops after $1 entries instead of reading
 ///   and sorting every unsent row;
-/// - `enable_mergejoin` off: a join with the outbox is never a merge along its whole primary
-///   key (an analyzed table's plan for a claim's own rows did that). Hash joins stay: the
-///   statements' own CTEs are joined by them, and nested loops sized for a few rows made a
-///   claim of 100 rows several times slower; the outbox side of one is a lookup by an id array
-///   (see sql/settle.sql), never the whole table.
+/// - `enable_hashjoin`, `enable_mergejoin` off: a join with the outbox is a nested loop of
+///   index lookups, never a hash of, or a merge along, its whole primary key (on PostgreSQL
+///   18 an analyzed table's claim hashed it whole for the rows of ended claims, on 15 merged
+///   along it). The claim's own CTEs are then joined by nested loops too: cheap for the few
+///   rows of a plain or fair claim, not for the full ordered claim (see [`CUSTOM_PLANS`]).
 /// - The statements reach the rows a claim chose, or a settlement settles, by an id array
 ///   and test "unsent" as `coalesce(sent_at, quarantined_at) IS NULL`, which matches no
 ///   partial index: on an empty table the planner otherwise walked a small partial index whole
@@ -157,7 +157,7 @@ impl Outbox {
 /// tests/plans.rs checks each hot statement's generic plan on a never-analyzed table that grew
 /// to a million rows, on PostgreSQL 15 and 18.
 pub const PLANS: &str = "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
-SET enable_bitmapscan = off; SET enable_mergejoin = off";
+SET enable_bitmapscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off";
 
 /// For one claim's transaction, what a session had before [`PLANS`]: a plan made with the
 /// parameters at every execution, all the planner's choices open. The full ordered claim
@@ -165,7 +165,8 @@ SET enable_bitmapscan = off; SET enable_mergejoin = off";
 /// (tests/plans.rs), but joins its own CTEs by nested loops sized for a few rows, and at 5,000
 /// unsent rows in 100 groups a claim of 100 took ~95 ms against ~30 ms planned each time.
 const CUSTOM_PLANS: &str = "SET LOCAL plan_cache_mode = force_custom_plan; \
-SET LOCAL enable_seqscan = on; SET LOCAL enable_bitmapscan = on; SET LOCAL enable_mergejoin = on";
+SET LOCAL enable_seqscan = on; SET LOCAL enable_bitmapscan = on; \
+SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on";
 
 /// One of the statements a relay's session prepares.
 #[derive(Debug, Clone, Copy)]
