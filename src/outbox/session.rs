@@ -696,6 +696,46 @@ mod tests {
     }
 
     #[test]
+    fn only_the_full_ordered_claim_is_planned_at_every_execution() {
+        use super::super::claim::{OrderScope, Ordered};
+        let outbox = |strategy| {
+            Outbox::new(
+                "postgres://u:p@127.0.0.1:5/db",
+                "outbox".parse().unwrap(),
+                Duration::from_secs(1),
+            )
+            .unwrap()
+            .claim_strategy(strategy)
+            .unwrap()
+        };
+        let ordered = |scope| Ordered {
+            key: crate::row::KeyColumn::AggregateId,
+            routing: Default::default(),
+            skip_poison: false,
+            scope,
+            by: Default::default(),
+        };
+        let full = outbox(ClaimStrategy::Ordered(ordered(OrderScope::Every)));
+        for start in [
+            full.claim_start().unwrap(),
+            full.round_trip_deadline(Duration::from_secs(2))
+                .claim_start()
+                .unwrap(),
+        ] {
+            assert!(start.contains(CUSTOM_PLANS), "{start}");
+            assert!(start.contains("pg_advisory_xact_lock"), "{start}");
+        }
+        let fifo_only = ordered(OrderScope::FifoDestinations {
+            route_by: crate::row::KeyColumn::AggregateType,
+            fifo_routes: vec![],
+        });
+        for strategy in [ClaimStrategy::Plain, ClaimStrategy::Ordered(fifo_only)] {
+            let start = outbox(strategy).claim_start().unwrap();
+            assert!(!start.contains("plan_cache_mode"), "{start}");
+        }
+    }
+
+    #[test]
     fn each_acknowledgement_mode_names_its_own_statement() {
         let outbox = |delete: bool| {
             Outbox::new(
