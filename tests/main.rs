@@ -33,6 +33,7 @@ mod order_by;
 mod otel;
 mod outbox_sql;
 mod partition;
+mod plans;
 mod pooler;
 mod replay;
 mod retention;
