@@ -21,8 +21,8 @@ abandoned AS (
     SET attempts = o.attempts + 1
     FROM taken AS t
     WHERE o.id = t.id
-      AND o.sent_at IS NULL
-      AND o.quarantined_at IS NULL
+      AND o.id = ANY (ARRAY(SELECT id FROM taken))
+      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
       AND o.id NOT IN (SELECT id FROM candidates WHERE doom IS NOT NULL)
     RETURNING o.id
 ),
@@ -68,4 +68,5 @@ claimed AS (
     FROM candidates AS c
     JOIN {table} AS o ON o.id = c.id
     LEFT JOIN doomed AS d ON d.id = c.id
+    WHERE o.id = ANY (ARRAY(SELECT id FROM candidates))
 )

@@ -64,8 +64,10 @@ oldest AS (
     SELECT c.id
     FROM {table} AS c
     WHERE c.id = ANY (ARRAY(SELECT id FROM window_firsts))
-      AND c.sent_at IS NULL
-      AND c.quarantined_at IS NULL
+      -- Not `sent_at IS NULL AND ...`: that matches the partial indexes' predicate, and a plan
+      -- made while the table was small walked one of them whole instead of looking these ids
+      -- up (see sql/settle.sql).
+      AND coalesce(c.sent_at, c.quarantined_at) IS NULL
       AND c.available_at <= now()
       AND c.id NOT IN (SELECT id FROM leased)
       AND {head_c}
@@ -167,8 +169,7 @@ chosen AS (
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
       -- `others` offers a key's first pending row whoever holds it: a head some claim holds
       -- drops out here, and the rest of its run with it (`candidates` takes runs as prefixes).
-      AND c.sent_at IS NULL
-      AND c.quarantined_at IS NULL
+      AND coalesce(c.sent_at, c.quarantined_at) IS NULL
       AND c.available_at <= now()
       AND c.id NOT IN (SELECT id FROM leased)
       -- --order-by transaction: not while an older transaction still runs (order_by.rs).

@@ -8,7 +8,7 @@ sent AS (
     DELETE FROM {table} AS o
     USING acked AS u
     WHERE o.id = u.id
-      AND o.sent_at IS NULL
-      AND o.quarantined_at IS NULL
+      AND o.id = ANY (ARRAY(SELECT id FROM acked))
+      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
     RETURNING o.id
 )

@@ -12,7 +12,7 @@ sent AS (
         attempts = o.attempts + 1
     FROM acked AS u
     WHERE o.id = u.id
-      AND o.sent_at IS NULL
-      AND o.quarantined_at IS NULL
+      AND o.id = ANY (ARRAY(SELECT id FROM acked))
+      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
     RETURNING o.id
 )

@@ -11,8 +11,8 @@ rescheduled AS (
         last_error = coalesce(u.error, o.last_error)
     FROM given_back AS u
     WHERE o.id = u.id
-      AND o.sent_at IS NULL
-      AND o.quarantined_at IS NULL
+      AND o.id = ANY (ARRAY(SELECT id FROM given_back))
+      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
     RETURNING o.id
 ),
 parked AS MATERIALIZED (
@@ -30,7 +30,7 @@ quarantined AS (
         attempts = o.attempts + CASE WHEN u.delay IS NULL THEN 1 ELSE 0 END
     FROM parked AS u
     WHERE o.id = u.id
-      AND o.sent_at IS NULL
-      AND o.quarantined_at IS NULL
+      AND o.id = ANY (ARRAY(SELECT id FROM parked))
+      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
     RETURNING o.id
 )

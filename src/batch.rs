@@ -128,6 +128,12 @@ impl PlanConfig {
         self.ordering
             .is_some_and(|o| o.every_destination || destination.is_fifo())
     }
+
+    /// Whether `row` belongs to an ordered group: the claim holds its group-mates back until
+    /// it is settled.
+    pub fn keeps_order_of(&self, row: &ClaimedRow) -> bool {
+        self.keeps_order(self.queue_for(row))
+    }
 }
 
 /// One message of a batch, in our terms; `sqs.rs` turns it into the SDK's entry.

@@ -69,7 +69,7 @@ pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
 pub use schema::LockPolicy;
 pub use search_path::Resolved;
-pub use session::{Session, SharedSession, Stats};
+pub use session::{RelayStatement, Session, SharedSession, Stats, PLANS};
 pub use settings::{DatabaseConfig, Secret};
 pub use status::TableStatus;
 pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};

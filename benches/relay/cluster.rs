@@ -25,6 +25,20 @@ pub const DURABLE_LOGICAL_SLOTS: &[&str] = &[
     "max_wal_senders=10",
 ];
 
+/// The `rates` group's cluster: the own-core one's, with `pg_stat_statements` counting every
+/// statement (nested ones too) and its planning, so that the relay's statements can be
+/// counted and timed per window.
+pub const DURABLE_LOGICAL_STATEMENTS: &[&str] = &[
+    "fsync=on",
+    "synchronous_commit=on",
+    "wal_level=logical",
+    "max_replication_slots=10",
+    "max_wal_senders=10",
+    "shared_preload_libraries=pg_stat_statements",
+    "pg_stat_statements.track_planning=on",
+    "pg_stat_statements.track=all",
+];
+
 /// The durable clusters, started when first needed and stopped when a group is done.
 #[derive(Default)]
 pub struct Clusters {

@@ -20,7 +20,10 @@
 //! | `OUTBOX_BENCH_TRACING_ROUNDS` | 3 (quick: 1) | rounds of the tracing group (each runs every variant once) |
 //! | `OUTBOX_BENCH_BACKLOG_ROWS` | 1000000 (quick: 100000) | backlog of the `big-backlog` group (the target: 10000000) |
 //! | `OUTBOX_BENCH_BACKLOG_BASELINE_SECONDS` | 30 (quick: 10) | the application's 500 commits/s without the relay, before it starts |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,wal,idle,storage,adopt,big-backlog,pooler,order-by` (order-by: the FIFO ordered drain and the 2,000/s durable steady stream in insertion and in transaction order, see steady.rs; harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
+//! | `OUTBOX_BENCH_RATE_SECONDS` | 20 (quick: 5) | measured window of each `rates` cell, after a 2 s warm-up |
+//! | `OUTBOX_BENCH_RATE_ROUNDS` | 3 (quick: 1) | rounds of the `rates` group (each runs none, relay, log-based at every rate, in rotated order) |
+//! | `OUTBOX_BENCH_RATES` | 50,200,500,2000,5000 | the `rates` group's rates, events/s, comma-separated |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,rates,wal,idle,storage,adopt,big-backlog,pooler,order-by` (rates: the relay's database CPU per event at production rates beside the application's write and a log-based reader's, its process, claims and their planning, commit-to-sent, see rates.rs; order-by: the FIFO ordered drain and the 2,000/s durable steady stream in insertion and in transaction order, see steady.rs; harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -45,14 +48,17 @@ mod large_events;
 mod log_consumer;
 mod meta;
 mod own_core;
+mod pinned;
 mod procstat;
 mod progress;
+mod rates;
 mod relays;
 mod report;
 mod sampler;
 mod selftest;
 mod settings;
 mod sink;
+mod statements;
 mod stats;
 mod steady;
 mod storage;
@@ -153,6 +159,9 @@ async fn run(settings: Settings) {
     }
     if settings.runs("harm") || settings.runs("harm-own-core") {
         report.own_core = own_core::run(&settings, &modes[0]).await;
+    }
+    if settings.runs("rates") {
+        report.rates = rates::run(&settings, &modes[0]).await;
     }
     if settings.runs("wal") {
         (report.wal, report.durable_drain) =

@@ -3,11 +3,8 @@
 //!
 //! On the same-core table the relay process competes with PostgreSQL for the two cores; in
 //! production the relay is a sidecar beside the application and only its SQL runs on the
-//! database host. Here the cluster's postmaster is started pinned to the first core this
-//! process may use (as `taskset -c 0 postgres …` does: every backend is forked from the
-//! postmaster and inherits its mask, the relay's and the walsender's too), and this process
-//! (writers, the SQS sink), the relay and `pg_recvlogical` to the second. The benchmark's own
-//! mask is given back when the group ends, so later groups run on every core again. The
+//! database host. Here the cluster runs on a core of its own and this process (writers, the
+//! SQS sink), the relay and `pg_recvlogical` on the second (pinned.rs says how). The
 //! writers share the second core with the relay (the application and the sidecar on one
 //! host); each cell says how busy each core was, so a full second core, which would cap the
 //! writers rather than the database, shows.
@@ -24,10 +21,11 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::affinity::{self, SavedMask};
+use crate::affinity;
 use crate::cluster::{drop_db, DURABLE_LOGICAL_SLOTS};
 use crate::harm::{commit_to_sent, reset_outbox, WaitSampler};
 use crate::log_consumer::{Decoding, LogConsumer, PUBLICATION};
+use crate::pinned::PinnedCluster;
 use crate::procstat;
 use crate::progress::say;
 use crate::relays::{migrate, start_relay, Wakeup};
@@ -256,41 +254,10 @@ impl OwnCoreRun {
 /// The own-core table for the build's default wake-up; `None` (and a line saying why) on a
 /// machine where this process may use fewer than two cores.
 pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
-    let saved = SavedMask::save();
-    let (database_core, other_core) = match saved.cpus() {
-        [a, b, ..] => (*a, *b),
-        cpus => {
-            say(&format!(
-                "harm, own core: skipped: this process may run on {} core(s) ({}), and the table needs one for the database and one for the rest",
-                cpus.len(),
-                affinity::list(cpus)
-            ));
-            return None;
-        }
-    };
-    // Started while this process is on the database's core, so the postmaster inherits it;
-    // then the whole tree is pinned once more, in case a thread not yet moved spawned it.
-    affinity::pin_process(std::process::id(), &[database_core]).expect("pin the benchmark");
-    let cluster = PrivatePg::start_with(DURABLE_LOGICAL_SLOTS).await;
-    affinity::pin_process(std::process::id(), &[other_core]).expect("pin the benchmark");
-    let postmaster = cluster.pid().expect("the cluster runs");
-    for pid in procstat::tree(postmaster) {
-        affinity::pin_process(pid, &[database_core]).expect("pin the cluster");
-    }
+    let pinned = PinnedCluster::start("harm, own core", DURABLE_LOGICAL_SLOTS).await?;
+    let (cluster, (database_core, other_core)) = (&pinned.cluster, pinned.cores);
     let db = cluster.create_db().await;
-    let backend: i32 = db
-        .client()
-        .await
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .expect("a backend's pid")
-        .get(0);
-    say(&format!(
-        "harm, own core: PostgreSQL on core {} (postmaster), {} (a new backend); the benchmark, its sink, the relay and pg_recvlogical on core {}",
-        affinity::list(&affinity::allowed(postmaster as i32)),
-        affinity::list(&affinity::allowed(backend)),
-        affinity::list(&affinity::allowed(0)),
-    ));
+    pinned.say_cores("harm, own core", &db).await;
     migrate(&db, wakeup).await;
     db.client()
         .await
@@ -303,7 +270,7 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
     for round in 0..settings.own_core_rounds {
         for &writers in &WRITERS {
             for reader in rotated(&Reader::ALL, round) {
-                let cell = cell(settings, &cluster, &db, wakeup, writers, round, reader).await;
+                let cell = cell(settings, cluster, &db, wakeup, writers, round, reader).await;
                 say(&format!(
                     "  harm, own core, {writers} writers, round {}, {}{}: {:.0} commits/s{}; database core {:.0}% busy, the other {:.0}%; writers: {}{}",
                     round + 1,
@@ -345,9 +312,8 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<OwnCoreRun> {
         .batch_execute(&format!("DROP PUBLICATION {PUBLICATION}"))
         .await
         .expect("drop the publication");
-    drop_db(&cluster, &db).await;
-    drop(cluster);
-    drop(saved);
+    drop_db(cluster, &db).await;
+    drop(pinned);
     let run = OwnCoreRun {
         wakeup: wakeup.clone(),
         cores: (database_core, other_core),

@@ -1,7 +1,7 @@
 //! CPU time and memory of processes, from /proc. On two shared cores the relay, PostgreSQL, the
 //! SQS server and this benchmark compete for the same CPU, so each run says who used how much.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Fields of /proc/PID/stat this benchmark needs, times in seconds.
 #[derive(Debug, Clone, Copy)]
@@ -65,8 +65,15 @@ pub fn tree_cpu_seconds(pid: u32) -> f64 {
 
 /// A live process and all its descendants, e.g. a postmaster and every backend it has now.
 pub fn tree(pid: u32) -> Vec<u32> {
-    let all = processes();
-    let mut found = vec![pid as i32];
+    tree_of(&processes(), pid as i32)
+        .into_iter()
+        .map(|p| p as u32)
+        .collect()
+}
+
+/// `root` and its descendants among `all`.
+fn tree_of(all: &HashMap<i32, (String, Stat)>, root: i32) -> Vec<i32> {
+    let mut found = vec![root];
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
@@ -77,7 +84,38 @@ pub fn tree(pid: u32) -> Vec<u32> {
         );
         i += 1;
     }
-    found.into_iter().map(|p| p as u32).collect()
+    found
+}
+
+/// CPU of one process tree at one moment, per process: to split a cluster's CPU between its
+/// backends by who they serve.
+#[derive(Debug, Clone, Default)]
+pub struct TreeCpu {
+    /// utime + stime of each live process of the tree, by pid.
+    pub own: BTreeMap<u32, f64>,
+    /// cutime + cstime summed over the tree: processes that have exited (a postmaster's
+    /// autovacuum workers, a backend whose connection closed).
+    pub reaped: f64,
+}
+
+impl TreeCpu {
+    /// Everything the tree has used so far, the exited processes included.
+    pub fn total(&self) -> f64 {
+        self.own.values().sum::<f64>() + self.reaped
+    }
+}
+
+/// [`TreeCpu`] of a live process and all its descendants.
+pub fn tree_cpu(pid: u32) -> TreeCpu {
+    let all = processes();
+    let mut cpu = TreeCpu::default();
+    for p in tree_of(&all, pid as i32) {
+        if let Some((_, stat)) = all.get(&p) {
+            cpu.own.insert(p as u32, stat.own);
+            cpu.reaped += stat.reaped;
+        }
+    }
+    cpu
 }
 
 /// Every process on the machine: pid -> (command name, stat).

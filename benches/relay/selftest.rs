@@ -74,6 +74,34 @@ const TESTS: &[(&str, fn())] = &[
         crate::traces::tests::dropped_spans_and_export_errors_are_counted_from_the_logs,
     ),
     (
+        "workload::pacing_is_by_schedule_from_the_start",
+        crate::workload::tests::pacing_is_by_schedule_from_the_start,
+    ),
+    (
+        "rates::writers_get_a_connection_per_200_events_a_second",
+        crate::rates::tests::writers_get_a_connection_per_200_events_a_second,
+    ),
+    (
+        "rates::backends_are_parted_by_sender_role_and_application",
+        crate::rates::tests::backends_are_parted_by_sender_role_and_application,
+    ),
+    (
+        "rates::cpu_is_split_by_part_and_exited_processes_fall_to_the_rest",
+        crate::rates::tests::cpu_is_split_by_part_and_exited_processes_fall_to_the_rest,
+    ),
+    (
+        "rates::added_cpu_is_per_event_and_the_ratios_follow",
+        crate::rates::tests::added_cpu_is_per_event_and_the_ratios_follow,
+    ),
+    (
+        "statements::statements_are_told_apart_by_what_they_do_to_the_lease_table",
+        crate::statements::tests::statements_are_told_apart_by_what_they_do_to_the_lease_table,
+    ),
+    (
+        "statements::per_claim_figures_include_the_claims_steps",
+        crate::statements::tests::per_claim_figures_include_the_claims_steps,
+    ),
+    (
         "report::ratios_print_two_decimals_and_a_dash_for_none",
         crate::report::tests::ratios_print_two_decimals_and_a_dash_for_none,
     ),

@@ -57,6 +57,13 @@ pub struct Settings {
     pub storage_every: Duration,
     /// `--max-in-flight` values of the sweep group, one drain each.
     pub sweep: Vec<usize>,
+    /// Measured window of one `rates` cell, after its warm-up (`OUTBOX_BENCH_RATE_SECONDS`).
+    pub rate_seconds: Duration,
+    /// Rounds of the `rates` group; each runs every reader once per rate, in rotated order
+    /// (`OUTBOX_BENCH_RATE_ROUNDS`).
+    pub rate_rounds: usize,
+    /// The `rates` group's rates, events/s (`OUTBOX_BENCH_RATES`, e.g. `200,2000`).
+    pub rates: Vec<u64>,
     /// Groups to run (`OUTBOX_BENCH_ONLY`); `None`: all of them.
     pub only: Option<Vec<String>>,
     /// Extra flags for every relay (`OUTBOX_BENCH_RELAY_ARGS`).
@@ -147,6 +154,20 @@ impl Settings {
             } else {
                 vec![4, 8, 16, 32, 64]
             },
+            rate_seconds: Duration::from_secs(number(
+                "OUTBOX_BENCH_RATE_SECONDS",
+                if quick { 5 } else { 20 },
+            )),
+            rate_rounds: number("OUTBOX_BENCH_RATE_ROUNDS", if quick { 1 } else { 3 }) as usize,
+            rates: var("OUTBOX_BENCH_RATES").map_or(crate::rates::RATES.to_vec(), |v| {
+                v.split(',')
+                    .map(|r| {
+                        r.trim().replace('_', "").parse().unwrap_or_else(|_| {
+                            panic!("OUTBOX_BENCH_RATES={v:?}: expected whole numbers of events/s, comma-separated")
+                        })
+                    })
+                    .collect()
+            }),
             only: var("OUTBOX_BENCH_ONLY")
                 .map(|v| v.split(',').map(|s| s.trim().to_string()).collect()),
             relay_args: var("OUTBOX_BENCH_RELAY_ARGS")

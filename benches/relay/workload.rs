@@ -451,6 +451,35 @@ pub async fn minimal_ceiling(db: &TestDb, batch: i64, backlog: u64) -> Ceiling {
     }
 }
 
+/// An open-loop schedule: event n (from 1) is due at `start + (n - 1) / rate`, whatever
+/// happened to the ones before it, until `start + duration`.
+#[derive(Clone, Copy, Debug)]
+pub struct Pacing {
+    /// When event 1 is due.
+    pub start: Instant,
+    /// Events per second.
+    pub rate: f64,
+    /// How long events keep coming due.
+    pub duration: Duration,
+}
+
+impl Pacing {
+    /// When event `n` (from 1) is due.
+    pub fn due(&self, n: u64) -> Instant {
+        self.start + Duration::from_secs_f64(n.saturating_sub(1) as f64 / self.rate)
+    }
+
+    /// How many events come due.
+    pub fn events(&self) -> u64 {
+        (self.rate * self.duration.as_secs_f64()).round() as u64
+    }
+
+    /// When the last one is due at the latest.
+    pub fn end(&self) -> Instant {
+        self.start + self.duration
+    }
+}
+
 /// What a steady producer did: when each event's transaction had committed.
 pub struct Produced {
     /// `commits[n - 1]` is when `INSERT … event n` returned (autocommit: after COMMIT).
@@ -518,13 +547,18 @@ pub async fn produce(
     connections: usize,
     committed: Arc<AtomicU64>,
 ) -> Produced {
-    let total = (rate as f64 * duration.as_secs_f64()).round() as u64;
     let next = Arc::new(AtomicU64::new(1));
     let mut clients = Vec::new();
     for _ in 0..connections {
         clients.push(writer_client(db).await);
     }
     let start = Instant::now() + Duration::from_millis(20);
+    let pacing = Pacing {
+        start,
+        rate: rate as f64,
+        duration,
+    };
+    let total = pacing.events();
     // Producers that cannot keep the rate (e.g. commits serialized by NOTIFY) stop here
     // rather than stretching the run; events never started are not counted.
     let give_up = start + duration + duration / 5 + Duration::from_secs(1);
@@ -541,8 +575,7 @@ pub async fn produce(
                 if n > total || Instant::now() > give_up {
                     return done;
                 }
-                let due = start + Duration::from_secs_f64((n - 1) as f64 / rate as f64);
-                tokio::time::sleep_until(due.into()).await;
+                tokio::time::sleep_until(pacing.due(n).into()).await;
                 let event_id = format!("{prefix}-{n}");
                 let group = (n % GROUPS).to_string();
                 client
@@ -569,6 +602,73 @@ pub async fn produce(
         seconds: start.elapsed().as_secs_f64(),
         start,
         rate,
+    }
+}
+
+/// Writers inserting events `{prefix}-1` … on a [`Pacing`], one row per transaction, over
+/// several connections so that a commit's round trip does not cap the rate.
+pub struct PacedWriters {
+    /// Their schedule.
+    pub pacing: Pacing,
+    /// One task per connection; each returns its commits.
+    tasks: tokio::task::JoinSet<Vec<(u64, Instant)>>,
+}
+
+impl PacedWriters {
+    /// Connects `connections` writers, then starts the schedule of `rate` events/s for
+    /// `duration`. No event is started after the schedule's end, so writers that cannot keep
+    /// the rate write fewer events rather than stretching the run.
+    pub async fn start(
+        db: &TestDb,
+        prefix: &str,
+        connections: usize,
+        rate: f64,
+        duration: Duration,
+    ) -> PacedWriters {
+        let mut clients = Vec::new();
+        for _ in 0..connections.max(1) {
+            let client = writer_client(db).await;
+            let statement = client.prepare(&insert_sql()).await.expect("prepare insert");
+            clients.push((client, statement));
+        }
+        let pacing = Pacing {
+            // A little ahead, so that the first event is not already late when the tasks start.
+            start: Instant::now() + Duration::from_millis(20),
+            rate,
+            duration,
+        };
+        let next = Arc::new(AtomicU64::new(1));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (client, statement) in clients {
+            let (next, prefix) = (Arc::clone(&next), prefix.to_string());
+            tasks.spawn(async move {
+                let mut done = Vec::new();
+                loop {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    if n > pacing.events() || Instant::now() > pacing.end() {
+                        return done;
+                    }
+                    tokio::time::sleep_until(pacing.due(n).into()).await;
+                    let event_id = format!("{prefix}-{n}");
+                    let group = (n % GROUPS).to_string();
+                    client
+                        .execute(&statement, &[&event_id, &group, &(n as i64)])
+                        .await
+                        .expect("paced insert");
+                    done.push((n, Instant::now()));
+                }
+            });
+        }
+        PacedWriters { pacing, tasks }
+    }
+
+    /// Every commit (event number, when its INSERT returned), once all writers are done.
+    pub async fn finish(mut self) -> Vec<(u64, Instant)> {
+        let mut commits = Vec::new();
+        while let Some(done) = self.tasks.join_next().await {
+            commits.extend(done.expect("paced writer"));
+        }
+        commits
     }
 }
 
@@ -658,5 +758,38 @@ pub async fn insert_events(db: &TestDb, prefix: &str, rows: u64, connections: us
     }
     while let Some(done) = tasks.join_next().await {
         done.expect("writer");
+    }
+}
+
+// Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
+pub mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::Pacing;
+
+    pub fn pacing_is_by_schedule_from_the_start() {
+        let start = Instant::now();
+        let p = Pacing {
+            start,
+            rate: 200.0,
+            duration: Duration::from_secs(22),
+        };
+        assert_eq!(p.events(), 4400);
+        assert_eq!(p.due(1), start);
+        assert_eq!(p.due(201), start + Duration::from_secs(1));
+        // Due times are from the start, not from the one before: no drift from rounding.
+        assert_eq!(p.due(4401), start + Duration::from_secs(22));
+        assert!(p.due(4400) < p.end());
+        assert_eq!(p.end(), start + Duration::from_secs(22));
+        let odd = Pacing {
+            rate: 3.0,
+            duration: Duration::from_millis(1500),
+            ..p
+        };
+        assert_eq!(
+            odd.events(),
+            5,
+            "4.5 rounds to 5 (as the steady producer counts)"
+        );
     }
 }

@@ -13,6 +13,11 @@ use crate::outbox::{Pooler, Wakeup};
 /// SQS's own ceiling for one message and one batch (1 MiB).
 pub const SQS_MAX_REQUEST_BYTES: usize = 1024 * 1024;
 
+/// `--max-delay` unless set (or --poll-interval if shorter): within the tens of milliseconds an
+/// event's delivery takes anyway (a SendMessageBatch in-region is ~15 ms), and long enough that
+/// at 200 events/s a claim carries six of them (docs/benchmarks.md, "Rates").
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_millis(30);
+
 /// How rows are claimed and worked on: lease, batch, requests in flight, wake-ups, attempts.
 #[derive(Debug, Clone, Args)]
 pub struct ClaimArgs {
@@ -50,12 +55,15 @@ pub struct ClaimArgs {
     #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub poll_interval: Duration,
 
-    /// With `--wakeup poll`, how long the relay waits after a claim that found rows but did
-    /// not fill --batch-size before it claims again: the rows a stream writes meanwhile ride in
-    /// the next claim instead of one claim each (every claim and settlement is a transaction in
-    /// the application's database). The most it adds to an event's delivery; 0 claims again at once.
-    #[arg(long, env = "OUTBOX_LINGER", default_value = "5ms", value_parser = humantime::parse_duration)]
-    pub linger: Duration,
+    /// The latency budget: how long the oldest new row may wait for its claim while events
+    /// flow. After a claim that found rows but did not fill --batch-size the relay waits for
+    /// more, up to this (counted from that claim's start), less when the stream writes a quarter
+    /// batch sooner; with `notify`/`logical`, counted from the wake-up. Every claim and
+    /// settlement is a transaction in the application's database: a longer budget carries more
+    /// rows per claim for less database CPU per event. 0 claims again at once. Default: 30ms,
+    /// or --poll-interval if shorter. (Was `--linger`.)
+    #[arg(long, env = "OUTBOX_MAX_DELAY", alias = "linger", value_parser = humantime::parse_duration)]
+    pub max_delay: Option<Duration>,
 
     /// Quarantine a row after this many failed attempts.
     #[arg(long, env = "OUTBOX_MAX_ATTEMPTS", default_value_t = 10)]
@@ -139,8 +147,8 @@ pub struct ClaimConfig {
     pub wakeup: Wakeup,
     /// The longest an idle relay waits before looking for work.
     pub poll_interval: Duration,
-    /// The wait after a claim that found rows but not a full batch (`--wakeup poll`).
-    pub linger: Duration,
+    /// The latency budget of the oldest new row while events flow (`relay::gather`).
+    pub max_delay: Duration,
     /// Failed attempts after which a row is quarantined.
     pub max_attempts: u32,
     /// The lease owner written on claimed rows, so an operator sees who holds them.
@@ -197,10 +205,13 @@ impl ClaimArgs {
             return Err("--max-attempts must be at least 1".to_string());
         }
         above_zero(&[("--poll-interval", self.poll_interval)])?;
-        if self.linger > self.poll_interval {
+        let max_delay = self
+            .max_delay
+            .unwrap_or(DEFAULT_MAX_DELAY.min(self.poll_interval));
+        if max_delay > self.poll_interval {
             return Err(format!(
-                "--linger {} is longer than --poll-interval {}: a stream would wait longer than an idle relay; lower --linger",
-                humantime::format_duration(self.linger),
+                "--max-delay {} is longer than --poll-interval {}: a stream would wait longer than an idle relay; lower --max-delay",
+                humantime::format_duration(max_delay),
                 humantime::format_duration(self.poll_interval)
             ));
         }
@@ -217,7 +228,7 @@ impl ClaimArgs {
             request_concurrency: self.request_concurrency,
             wakeup: self.wakeup,
             poll_interval: self.poll_interval,
-            linger: self.linger,
+            max_delay,
             max_attempts: self.max_attempts,
             relay_id,
         })

@@ -692,19 +692,32 @@ fn print_sql_without_a_database_takes_the_table_and_columns_from_the_flags_alone
 }
 
 #[test]
-fn the_linger_defaults_to_five_milliseconds_and_stays_within_the_poll_interval() {
+fn the_latency_budget_defaults_to_thirty_milliseconds_and_stays_within_the_poll_interval() {
     assert_eq!(
-        run_args(&[]).unwrap().claim.linger,
-        Duration::from_millis(5)
+        run_args(&[]).unwrap().claim.max_delay,
+        Duration::from_millis(30)
     );
     assert_eq!(
-        run_args(&["--linger", "0s"]).unwrap().claim.linger,
+        run_args(&["--max-delay", "0s"]).unwrap().claim.max_delay,
         Duration::ZERO
     );
-    let err = run_args(&["--linger", "200ms"]).unwrap_err();
+    // The flag's name before it became a budget still works.
+    assert_eq!(
+        run_args(&["--linger", "7ms"]).unwrap().claim.max_delay,
+        Duration::from_millis(7)
+    );
+    let err = run_args(&["--max-delay", "200ms"]).unwrap_err();
     assert!(
-        err.starts_with("--linger 200ms is longer than --poll-interval 100ms"),
+        err.starts_with("--max-delay 200ms is longer than --poll-interval 100ms"),
         "{err}"
     );
-    assert!(run_args(&["--linger", "200ms", "--poll-interval", "1s"]).is_ok());
+    assert!(run_args(&["--max-delay", "200ms", "--poll-interval", "1s"]).is_ok());
+    // Unset, it follows a shorter poll interval instead of refusing it.
+    assert_eq!(
+        run_args(&["--poll-interval", "20ms"])
+            .unwrap()
+            .claim
+            .max_delay,
+        Duration::from_millis(20)
+    );
 }

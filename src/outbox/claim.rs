@@ -175,6 +175,12 @@ impl ClaimStrategy {
         self.ordered().is_some_and(|o| o.scope == OrderScope::Every)
     }
 
+    /// Whether the claim is planned at every execution rather than once (`session::PLANS`):
+    /// the full ordered claim, whose generic plan runs slower than planning it each time.
+    pub(crate) fn planned_each_time(&self) -> bool {
+        self.full_ordered()
+    }
+
     /// Whether a claim returns the next cursor as its last column, and may return one row
     /// with no claimed row in it.
     pub fn returns_cursor(&self) -> bool {

@@ -8,7 +8,8 @@
 //! - A [`Stmt`] is sent whole each time as the unnamed statement (Parse, Bind, Execute, Sync in
 //!   one round trip), with the parameter types learned at connect time inside a transaction
 //!   whose named statements are closed before its COMMIT. The server plans an unnamed
-//!   statement with its parameters every time, so `plan_cache_mode` is not needed.
+//!   statement with its parameters every time: a pooled relay pays a planning per call, which
+//!   a direct one does not (`session::PLANS`).
 //! - A statement that writes runs as `BEGIN; SET LOCAL synchronous_commit = off`, the
 //!   statement, `COMMIT`, pipelined: one round trip, and the setting ends with the transaction.
 //! - A text query learns its parameter types the same way first (queries by text are few:

@@ -1,8 +1,8 @@
 //! `--pooler`: whether the relay's connections are its own, or server connections a pooler
 //! (PgBouncer, RDS Proxy, Supavisor) hands to other clients between the relay's transactions.
 //!
-//! On its own connections the relay sets `plan_cache_mode` and `synchronous_commit` for the
-//! session and prepares its statements once, by name. Through a pooler both would stay on a
+//! On its own connections the relay sets how it plans (`session::PLANS`) and
+//! `synchronous_commit` for the session and prepares its statements once, by name. Through a pooler both would stay on a
 //! server connection the application gets next: its commits would stop being durable, and a
 //! named statement would collide with the next client's of the same name (PgBouncer before
 //! 1.21 does not track them). So pooled connections set nothing for the session and keep no

@@ -42,10 +42,6 @@ impl Outbox {
     /// A working connection with the relay's statements prepared.
     pub async fn connect(&self) -> Result<Session, OutboxError> {
         let client = self.raw_connect().await?;
-        // A claim prepared while the table is small gets a generic plan that later scans and
-        // sorts the whole table (measured: 880 ms per claim at 100k rows). Custom plans cost a
-        // planning step per call and stay on the index.
-        //
         // The relay's own commits (claims, settlements, retention) do not wait for their WAL
         // flush: waiting made each of them queue with the application's commits for the same
         // flushes, and made the relay's connection, not the database, its limit on durable
@@ -61,28 +57,22 @@ impl Outbox {
         // scan and a sort per candidate row), so a claim over a large backlog passes
         // `jit_above_cost` while it runs in a millisecond. JIT compiling then took 10–40 ms of
         // every claim, four times the claim itself (docs/benchmarks.md, issue 19). The relay's
-        // statements are short and planned each time: compiling them never pays.
+        // statements are short: compiling them never pays.
         if !client.pooled() {
             client
-                .batch_execute(
-                    "SET plan_cache_mode = force_custom_plan; SET synchronous_commit = off; SET jit = off",
-                )
+                .batch_execute(&format!(
+                    "{PLANS}; SET synchronous_commit = off; SET jit = off"
+                ))
                 .await
                 .map_err(query_err("setting up the relay's session"))?;
         }
         self.resolve_channel(&client).await?;
         self.check_key_indexes(&client).await?;
-        // (statement, whether it writes)
-        let settle = self.acknowledge.sql(&self.sql);
-        let sqls: Vec<(&str, bool)> = vec![
-            (&self.sql.claim, true),
-            (&settle.full, true),
-            (&settle.sent_only, true),
-            (&self.sql.stats, false),
-            (&self.sql.probe, false),
-            (&self.sql.unpark_destination, true),
-            (&self.sql.lost_leases, false),
-        ];
+        let sqls: Vec<(&str, bool)> = self
+            .relay_statements()
+            .into_iter()
+            .map(|s| (s.sql, s.writes))
+            .collect();
         let mut prepared = client
             .statements(&sqls)
             .await
@@ -134,22 +124,96 @@ impl Outbox {
     }
 }
 
+/// How a direct connection of the relay's plans its statements, set once for its session. The
+/// relay runs a handful of statements hundreds of times a second; planning each afresh cost
+/// five times its execution (a claim planned 0.50 ms and ran 0.09 ms, a settlement 0.15 / 0.04
+/// ms: issue 27). So they are planned once per connection, generically, and the plan is
+/// reused until the table's statistics change (an ANALYZE invalidates it, and the next
+/// execution plans it again).
+///
+/// A generic plan is made without the parameters' values and with whatever statistics the
+/// table has at that moment: never analyzed and empty when the relay starts on a new table, a
+/// million rows later still unanalyzed. Plans made so once scanned and sorted the whole table
+/// for every claim (880 ms at 100k rows) and walked the whole unsent index for every
+/// settlement (22–39 ms). The planner switches take those shapes away from the relay's own
+/// session, so that what is left is the one shape that is right at any size: a bounded walk of
+/// the unsent index in id order (claims, the probe), and primary-key lookups of the ids a
+/// claim holds (settlements, a claim's own rows).
+/// - `enable_seqscan`, `enable_bitmapscan` off: the outbox is reached through an index, in
+///   the index's order, so `ORDER BY id LIMIT $1` stops after $1 entries instead of reading
+///   and sorting every unsent row;
+/// - `enable_hashjoin`, `enable_mergejoin` off: a join with the outbox is a nested loop of
+///   index lookups, never a hash of, or a merge along, its whole primary key (on PostgreSQL
+///   18 an analyzed table's claim hashed it whole for the rows of ended claims, on 15 merged
+///   along it). The claim's own CTEs are then joined by nested loops too: cheap for the few
+///   rows of a plain or fair claim, not for the full ordered claim (see [`CUSTOM_PLANS`]).
+/// - The statements reach the rows a claim chose, or a settlement settles, by an id array
+///   and test "unsent" as `coalesce(sent_at, quarantined_at) IS NULL`, which matches no
+///   partial index: on an empty table the planner otherwise walked a small partial index whole
+///   rather than look ids up, and kept that plan for the million rows that came later.
+///
+/// A switch that is off makes the planner avoid the node where something else can do the
+/// work; where nothing else can (sorting a claim's few rows for a window), it still plans it.
+/// tests/plans.rs checks each hot statement's generic plan on a never-analyzed table that grew
+/// to a million rows, on PostgreSQL 15 and 18.
+pub const PLANS: &str = "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; \
+SET enable_bitmapscan = off; SET enable_hashjoin = off; SET enable_mergejoin = off";
+
+/// For one claim's transaction, what a session had before [`PLANS`]: a plan made with the
+/// parameters at every execution, all the planner's choices open. The full ordered claim
+/// (sql/claim_ordered.sql) keeps these: its generic plan has the bounded shape too
+/// (tests/plans.rs), but joins its own CTEs by nested loops sized for a few rows, and at 5,000
+/// unsent rows in 100 groups a claim of 100 took ~95 ms against ~30 ms planned each time.
+const CUSTOM_PLANS: &str = "SET LOCAL plan_cache_mode = force_custom_plan; \
+SET LOCAL enable_seqscan = on; SET LOCAL enable_bitmapscan = on; \
+SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on";
+
+/// One of the statements a relay's session prepares.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayStatement<'a> {
+    /// What it is, for a reader: `claim`, `settle`, `probe`, ...
+    pub name: &'static str,
+    pub sql: &'a str,
+    /// It changes rows.
+    pub writes: bool,
+}
+
+impl Outbox {
+    /// The statements a relay's session prepares, in the order `connect` binds them.
+    pub fn relay_statements(&self) -> Vec<RelayStatement<'_>> {
+        let settle = self.acknowledge.sql(&self.sql);
+        fn s<'a>(name: &'static str, sql: &'a str, writes: bool) -> RelayStatement<'a> {
+            RelayStatement { name, sql, writes }
+        }
+        vec![
+            s("claim", &self.sql.claim, true),
+            s("settle", &settle.full, true),
+            s("settle_sent_only", &settle.sent_only, true),
+            s("stats", &self.sql.stats, false),
+            s("probe", &self.sql.probe, false),
+            s("unpark_destination", &self.sql.unpark_destination, true),
+            s("lost_leases", &self.sql.lost_leases, false),
+        ]
+    }
+}
+
 impl Outbox {
     /// What a claim's transaction starts with: the claim lock, and with a round-trip deadline
     /// the server's budget for the lock wait and the claim (sql/claim_deadline.sql).
     fn claim_start(&self) -> Result<String, OutboxError> {
+        let claim_lock = match self.strategy.planned_each_time() {
+            true => format!("{CUSTOM_PLANS}; {}", self.sql.claim_lock),
+            false => self.sql.claim_lock.clone(),
+        };
         let Some(deadline) = self.round_trip() else {
-            return Ok(self.sql.claim_lock.clone());
+            return Ok(claim_lock);
         };
         let budget_ms = claim_budget(deadline).as_millis().max(1).to_string();
         super::template::render(
             include_str!("../../sql/claim_deadline.sql"),
             &[
                 ("budget_ms", super::template::Value::Sql(&budget_ms)),
-                (
-                    "claim_lock",
-                    super::template::Value::Sql(&self.sql.claim_lock),
-                ),
+                ("claim_lock", super::template::Value::Sql(&claim_lock)),
             ],
         )
         .map_err(OutboxError::Template)
@@ -629,6 +693,46 @@ mod tests {
             "{start}"
         );
         assert!(claim_budget(Duration::from_millis(1)) < Duration::from_millis(1));
+    }
+
+    #[test]
+    fn only_the_full_ordered_claim_is_planned_at_every_execution() {
+        use super::super::claim::{OrderScope, Ordered};
+        let outbox = |strategy| {
+            Outbox::new(
+                "postgres://u:p@127.0.0.1:5/db",
+                "outbox".parse().unwrap(),
+                Duration::from_secs(1),
+            )
+            .unwrap()
+            .claim_strategy(strategy)
+            .unwrap()
+        };
+        let ordered = |scope| Ordered {
+            key: crate::row::KeyColumn::AggregateId,
+            routing: Default::default(),
+            skip_poison: false,
+            scope,
+            by: Default::default(),
+        };
+        let full = outbox(ClaimStrategy::Ordered(ordered(OrderScope::Every)));
+        for start in [
+            full.claim_start().unwrap(),
+            full.round_trip_deadline(Duration::from_secs(2))
+                .claim_start()
+                .unwrap(),
+        ] {
+            assert!(start.contains(CUSTOM_PLANS), "{start}");
+            assert!(start.contains("pg_advisory_xact_lock"), "{start}");
+        }
+        let fifo_only = ordered(OrderScope::FifoDestinations {
+            route_by: crate::row::KeyColumn::AggregateType,
+            fifo_routes: vec![],
+        });
+        for strategy in [ClaimStrategy::Plain, ClaimStrategy::Ordered(fifo_only)] {
+            let start = outbox(strategy).claim_start().unwrap();
+            assert!(!start.contains("plan_cache_mode"), "{start}");
+        }
     }
 
     #[test]

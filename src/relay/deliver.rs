@@ -31,6 +31,7 @@ impl Relay {
         shutdown: CancellationToken,
     ) {
         let Claimed { mut rows, .. } = claimed;
+        let holds_back = rows.iter().any(|r| self.plan_config.keeps_order_of(r));
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
         let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
@@ -130,10 +131,14 @@ impl Relay {
         drop(sends);
         spans.finish(&settlement);
         self.settle(settlement, lease_deadline).await;
-        // Settled rows may unblock others: the next row of each group under ordered delivery,
-        // retries due now. Claim again rather than wait for the poll interval; no NOTIFY
-        // fires for an UPDATE.
-        self.wake.notify_one();
+        // Rows of ordered groups held their group-mates back from other claims: settled, they
+        // unblock them, which waited for them already. Claim again rather than wait for the
+        // poll interval or the latency budget (no NOTIFY fires for a DELETE or an UPDATE).
+        // Any other settlement makes nothing claimable, and waking would only split the
+        // stream into more claims.
+        if holds_back {
+            self.wake.notify_one();
+        }
     }
 
     /// Decisions taken at `now`, with the relay's rules and the relay-wide pause as it stands.

@@ -11,7 +11,7 @@ use crate::idle;
 use crate::metrics as names;
 use crate::outbox::Wakeup;
 
-use super::{Relay, LOG_TARGET};
+use super::{Relay, Woken, LOG_TARGET};
 
 impl Relay {
     /// With `--wakeup notify` keeps a LISTEN connection open, with `logical` the doorbell's
@@ -24,7 +24,7 @@ impl Relay {
         let mut failures = 0u32;
         loop {
             let connected = std::sync::atomic::AtomicBool::new(false);
-            let wake = || self.wake.notify_one();
+            let wake = || self.bell.notify_one();
             let ready = || {
                 tracing::debug!(target: LOG_TARGET, wakeup = %self.config.claim.wakeup, "wake-ups connected");
                 connected.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -184,20 +184,31 @@ impl Relay {
     /// With `notify` and `logical` the bell rings for new rows; the probe every
     /// `--poll-interval` finds what it cannot announce (retries falling due, leases expiring,
     /// rows committed while its connection was down).
+    /// Waits for rows to claim after a claim that started at `last_claim`: polls with the idle
+    /// schedule, or waits for a doorbell with `--poll-interval` as the fallback.
     pub(super) async fn wait_for_work(
         &self,
         idle: &mut idle::Schedule,
+        last_claim: Instant,
         shutdown: &CancellationToken,
-    ) {
+    ) -> Woken {
+        let entered = Instant::now();
         loop {
             let wait = match self.config.claim.wakeup {
                 Wakeup::Poll => idle.next(Instant::now(), self.config.claim.poll_interval),
                 Wakeup::Notify | Wakeup::Logical => self.config.claim.poll_interval,
             };
             tokio::select! {
-                _ = self.wake.notified() => return,
+                _ = self.bell.notified() => {
+                    // A permit stored before the wait began is a bell that rang during the
+                    // claim or its delivery: its rows committed after the claim started.
+                    let now = Instant::now();
+                    let rang = if now.duration_since(entered) < idle::FAST { last_claim } else { now };
+                    return Woken::Bell(rang);
+                }
+                _ = self.wake.notified() => return Woken::Now,
                 _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => return Woken::Now,
             }
             self.health.tick();
             let probe =
@@ -208,8 +219,9 @@ impl Relay {
             match probe.await {
                 Ok(false) => {}
                 // Found work, or the database failed: the claim finds the rows, or meets the
-                // failure and backs off.
-                Ok(true) | Err(_) => return,
+                // failure and backs off. A row a look finds waited one look's interval at most,
+                // within the budget: claim at once.
+                Ok(true) | Err(_) => return Woken::Now,
             }
         }
     }

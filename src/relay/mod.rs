@@ -43,6 +43,7 @@ mod claim_size;
 mod decide;
 mod deliver;
 mod effect;
+mod gather;
 mod maintain;
 mod pressure;
 mod send;
@@ -85,8 +86,12 @@ struct Relay {
     s3: Option<S3>,
     /// What `/healthz` and `/readyz` report: liveness ticks, the database, configuration errors.
     health: Arc<Health>,
-    /// Woken by settlements, and by the NOTIFY trigger or the logical doorbell in those
-    /// modes; a stored permit coalesces bursts.
+    /// Rung by the NOTIFY trigger or the logical doorbell in those modes: rows committed, and
+    /// more may follow (the claim gathers them, `gather`); a stored permit coalesces bursts.
+    bell: Notify,
+    /// Woken when rows are claimable now and waited long enough already: a settlement that
+    /// unblocked the next rows of their groups (ordered delivery), rows unparked, wake-ups
+    /// reconnected (what committed meanwhile rang no bell).
     wake: Notify,
     /// Relay-wide back-off after whole-request failures (throttling, outage, credentials).
     pressure: Pressure,
@@ -216,6 +221,7 @@ pub async fn run(
         sns,
         s3,
         health,
+        bell: Notify::new(),
         wake: Notify::new(),
         pressure: Pressure::default(),
         request_permits: Arc::new(Semaphore::new(config.claim.max_in_flight)),
@@ -267,7 +273,8 @@ impl Relay {
         let mut cursor: Option<String> = None;
         let mut deliveries = JoinSet::new();
         let mut db_failures = 0u32;
-        let mut idle = idle::Schedule::new(Instant::now());
+        let mut idle = idle::Schedule::new(Instant::now(), c.claim.max_delay);
+        let mut gather = gather::Gather::new(c.claim.max_delay, c.claim.batch_size);
         while !shutdown.is_cancelled() {
             self.health.tick();
             reap(&mut deliveries);
@@ -319,6 +326,7 @@ impl Relay {
                     self.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
                     record_quarantined_at_claim(&claimed);
+                    gather.claimed(claimed_at, claimed.len());
                     let full = claimed.len() == limit;
                     limit = claim_size::next(c.claim.batch_size, limit, claimed.len());
                     let rows_claimed = !claimed.is_empty();
@@ -341,16 +349,22 @@ impl Relay {
                     if full {
                         continue;
                     }
-                    if rows_claimed && c.claim.wakeup == Wakeup::Poll {
-                        // More is likely on its way: claim again after --linger, which lets
-                        // the next claim gather the rows written meanwhile (each claim and
-                        // settlement costs the application's database a transaction and a
-                        // plan, whatever its size) for a bounded latency.
+                    if rows_claimed {
                         idle.worked(Instant::now());
-                        self.sleep_or_shutdown(c.claim.linger, shutdown).await;
-                        continue;
+                        if c.claim.wakeup == Wakeup::Poll {
+                            // More is likely on its way: the next claim gathers what the
+                            // stream writes within the latency budget (`gather`).
+                            let wait = gather.wait(claimed_at, Instant::now());
+                            self.gather_or_wake(wait, shutdown).await;
+                            continue;
+                        }
                     }
-                    self.wait_for_work(&mut idle, shutdown).await;
+                    if let Woken::Bell(rang) =
+                        self.wait_for_work(&mut idle, claimed_at, shutdown).await
+                    {
+                        let wait = gather.wait(rang, Instant::now());
+                        self.gather_or_wake(wait, shutdown).await;
+                    }
                 }
                 Err(e) => {
                     db_failures += 1;
@@ -405,6 +419,18 @@ impl Relay {
         }
     }
 
+    /// Waits `delay` for a stream's rows to gather, or until rows are claimable that waited
+    /// long enough already (`wake`), or shutdown.
+    async fn gather_or_wake(&self, delay: Duration, shutdown: &CancellationToken) {
+        if delay.is_zero() {
+            return;
+        }
+        tokio::select! {
+            _ = self.sleep_or_shutdown(delay, shutdown) => {}
+            _ = self.wake.notified() => {}
+        }
+    }
+
     /// The wait before a database retry: capped by `--db-retry-max`, at once after the
     /// session replaced a dark or read-only connection.
     fn db_backoff(&self, failures: u32, replaced: bool) -> Duration {
@@ -426,6 +452,14 @@ fn record_quarantined_at_claim(claimed: &Claimed) {
         tracing::warn!(event_id = row.event_id.as_deref().unwrap_or(""), id = row.id,
             reason = row.reason.as_str(), error = %row.error, "row quarantined at claim");
     }
+}
+
+/// What ended a wait for work.
+enum Woken {
+    /// A doorbell rang: rows committed at this moment at the earliest; more may follow.
+    Bell(Instant),
+    /// Claim now: a look found rows, rows were unblocked, the database failed, or shutdown.
+    Now,
 }
 
 fn reap(deliveries: &mut JoinSet<()>) {

@@ -178,7 +178,8 @@ pub struct Fleet {
     /// `--order-by transaction` (the table then migrated for it).
     pub order_by_transaction: bool,
     pub batch_size: u32,
-    pub linger_ms: u32,
+    /// `--max-delay`, the latency budget.
+    pub max_delay_ms: u32,
     /// `--delete-on-ack`, else `--retention 1h`.
     pub delete_on_ack: bool,
     pub max_in_flight: u32,
@@ -387,7 +388,7 @@ impl Plan {
             mixed_poison: false,
             order_by_transaction: rng.chance(25),
             batch_size: rng.pick(&[1, 3, 10, 25, 100]),
-            linger_ms: rng.pick(&[0, 5, 20]),
+            max_delay_ms: rng.pick(&[0, 5, 20]),
             delete_on_ack: rng.chance(40),
             max_in_flight: rng.pick(&[1, 4, 32]),
             lease_ms: rng.range(1, 3) * 1000,
@@ -497,8 +498,8 @@ impl Plan {
             format!("{}ms", f.db_timeout_ms()),
             "--batch-size".into(),
             f.batch_size.to_string(),
-            "--linger".into(),
-            format!("{}ms", f.linger_ms),
+            "--max-delay".into(),
+            format!("{}ms", f.max_delay_ms),
             "--max-in-flight".into(),
             f.max_in_flight.to_string(),
             "--max-attempts".into(),

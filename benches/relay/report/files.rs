@@ -12,6 +12,7 @@ use crate::drain::DrainRun;
 use crate::harm::HarmRun;
 use crate::idle::IdleRun;
 use crate::own_core::OwnCoreRun;
+use crate::rates::RatesRun;
 use crate::settings::SQS_LATENCY;
 use crate::steady::SteadyRun;
 use crate::storage::StorageRun;
@@ -56,6 +57,7 @@ impl Report {
             "steady": self.steady.iter().map(SteadyRun::to_json).collect::<Vec<_>>(),
             "harm": self.harm.iter().map(HarmRun::to_json).collect::<Vec<_>>(),
             "harm_own_core": self.own_core.as_ref().map(OwnCoreRun::to_json),
+            "rates": self.rates.as_ref().map(RatesRun::to_json),
             "wal_per_event": self.wal.iter().map(WalRun::to_json).collect::<Vec<_>>(),
             "durable_drain": self.durable_drain.as_ref().map(DrainRun::to_json),
             "idle": self.idle.iter().map(IdleRun::to_json).collect::<Vec<_>>(),

@@ -8,6 +8,7 @@
 mod cost_tables;
 mod drain_tables;
 mod files;
+mod rates_table;
 mod tables;
 mod verdict;
 
@@ -21,6 +22,7 @@ use crate::drain::{Destination, DrainRun};
 use crate::harm::HarmRun;
 use crate::idle::{IdleClusterCpu, IdleRun};
 use crate::own_core::OwnCoreRun;
+use crate::rates::RatesRun;
 use crate::settings::Settings;
 use crate::steady::SteadyRun;
 use crate::storage::StorageRun;
@@ -52,6 +54,8 @@ pub struct Report {
     /// Group `harm` (or `harm-own-core`): the database on a core of its own, with the
     /// log-based anchor; `None` when not run or skipped.
     pub own_core: Option<OwnCoreRun>,
+    /// Group `rates`: the relay's cost at production rates; `None` when not run or skipped.
+    pub rates: Option<RatesRun>,
     /// Group `wal`: WAL and database CPU per relayed event, one run per settlement mode.
     pub wal: Vec<WalRun>,
     /// Group `wal`: the default drain on a durable cluster.
@@ -101,6 +105,7 @@ impl Report {
             steady: Vec::new(),
             harm: Vec::new(),
             own_core: None,
+            rates: None,
             wal: Vec::new(),
             durable_drain: None,
             idle: Vec::new(),
