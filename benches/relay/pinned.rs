@@ -48,7 +48,11 @@ impl PinnedCluster {
         affinity::pin_process(std::process::id(), &[other_core]).expect("pin the benchmark");
         let postmaster = cluster.pid().expect("the cluster runs");
         for pid in procstat::tree(postmaster) {
-            affinity::pin_process(pid, &[database_core]).expect("pin the cluster");
+            // A child that exited since the listing (the startup process) needs no pinning.
+            match affinity::pin_process(pid, &[database_core]) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other.expect("pin the cluster"),
+            }
         }
         Some(PinnedCluster {
             cluster,

@@ -26,17 +26,19 @@
 //!
 //! In each cell an open-loop writer commits one event per transaction at the rate: event n is
 //! due at start + (n - 1) / rate (workload::Pacing), over [`writer_connections`] connections,
-//! one up to 200 events/s and one more per 200 events/s above, so that a durable commit's
-//! 2–3.5 ms does not cap the rate. The first [`WARM_UP`] lets the relay (its fast polling) and
+//! one per 100 events/s, so that a durable commit's 2–3.5 ms does not cap the rate. The first [`WARM_UP`] lets the relay (its fast polling) and
 //! the slot reach their steady state; the measured window is the rest of the writer's time.
 //! Over the window:
-//! - from /proc, the CPU of every process of the cluster (procstat::tree_cpu; exited processes
-//!   through the postmaster's reaped time), split by `pg_stat_activity` read at the window's
+//! - from /proc, the CPU of every process of the cluster (procstat::tree_cpu: the scheduler's
+//!   run time of each live process, schedstat, not clock ticks, which miss the short bursts of
+//!   a backend at low rates; exited processes through the postmaster's reaped ticks), split by `pg_stat_activity` read at the window's
 //!   start and again at its end (a connection the relay replaced is found then): the
 //!   application's backends (`application_name` bench-writer), the relay's (role
 //!   [`RELAY_ROLE`]), the WAL sender, and the rest (postmaster, WAL writer, checkpointer,
 //!   background writer, autovacuum launcher and workers, the benchmark's own monitoring
-//!   connection, and any backend that exited within the window); the relay process's CPU and
+//!   connection, and any backend that exited within the window: the writers keep their
+//!   connections until the window has been read, since a writer's backend that exits first
+//!   is counted here); the relay process's CPU and
 //!   `pg_recvlogical`'s;
 //! - from `pg_stat_statements` (reset at the window's start, read at its end), the relay
 //!   role's statements (statements.rs): claims, the events they took, planning and execution
@@ -89,10 +91,11 @@ pub const RATES: [u64; 5] = [50, 200, 500, 2_000, 5_000];
 /// Writer time before the measured window: the relay's polling and the slot settle.
 pub const WARM_UP: Duration = Duration::from_secs(2);
 
-/// Writer connections for `rate` events/s: one up to 200/s (a durable commit takes 2–3.5 ms
-/// here, so one connection has room to spare), one more per 200/s above, at most 64.
+/// Writer connections for `rate` events/s: one per 100/s, at most 64, so that each has 10 ms
+/// per commit, 3–4 times a durable commit's time here. Fewer fell short on a busy machine:
+/// one connection reached 138–171 of 200/s, one per 200/s 3,000 of 5,000/s.
 pub fn writer_connections(rate: u64) -> usize {
-    rate.div_ceil(200).clamp(1, 64) as usize
+    rate.div_ceil(100).clamp(1, 64) as usize
 }
 
 /// Who a backend of the cluster works for.
@@ -183,6 +186,9 @@ pub struct Cell {
     pub cpu: CpuSplit,
     /// The relay's backends found at the window's start, and at its end.
     pub relay_backends: (usize, usize),
+    /// The live processes of the rest that used the most CPU in the window: (process title,
+    /// seconds), what the rest is made of.
+    pub rest_top: Vec<(String, f64)>,
     /// CPU seconds of the reader's process (relay or `pg_recvlogical`) over the window.
     pub reader_cpu: f64,
     /// CPU seconds of this process (writers, sink) over the window: with `reader_cpu`, how
@@ -232,6 +238,7 @@ impl Cell {
             "cluster_us_per_event": self.cluster_us_per_event(),
             "relay_backends_at_start": self.relay_backends.0,
             "relay_backends_at_end": self.relay_backends.1,
+            "rest_costliest": self.rest_top.iter().map(|(title, cpu)| json!({"process": title, "cpu_seconds": cpu})).collect::<Vec<_>>(),
             "reader_process_cpu_seconds": self.reader_cpu,
             "bench_process_cpu_seconds": self.bench_cpu,
             "other_core_busy": (self.reader_cpu + self.bench_cpu) / self.seconds,
@@ -600,8 +607,8 @@ async fn cell(
         .as_ref()
         .map(|r| r.pid())
         .or(consumer.as_ref().map(LogConsumer::pid));
-    let reader_cpu = || reader_pid.and_then(procstat::cpu_seconds).unwrap_or(0.0);
-    let bench_cpu = || procstat::cpu_seconds(std::process::id()).unwrap_or(0.0);
+    let reader_cpu = || reader_pid.and_then(procstat::run_seconds).unwrap_or(0.0);
+    let bench_cpu = || procstat::run_seconds(std::process::id()).unwrap_or(0.0);
     let postmaster = cluster.pid().expect("the cluster runs");
     let monitor = db.client().await;
     let connections = writer_connections(rate);
@@ -660,6 +667,20 @@ async fn cell(
     if let Some(consumer) = consumer {
         consumer.stop(db).await;
     }
+    let mut rest_top: Vec<(String, f64)> = cpu_end
+        .own
+        .iter()
+        .filter(|(pid, _)| backends.get(pid).is_none_or(|p| *p == Part::Rest))
+        .map(|(pid, now)| {
+            let title = std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .replace('\0', " ");
+            let title = format!("{pid} {}", title.trim());
+            (title, now - cpu_start.own.get(pid).copied().unwrap_or(0.0))
+        })
+        .collect();
+    rest_top.sort_by(|a, b| b.1.total_cmp(&a.1));
+    rest_top.truncate(3);
     Cell {
         rate,
         round,
@@ -667,6 +688,7 @@ async fn cell(
         connections,
         events,
         seconds,
+        rest_top,
         cpu: CpuSplit::between(&cpu_start, &cpu_end, &backends),
         relay_backends: (relay_at_start, relay_at_end),
         reader_cpu,
@@ -708,7 +730,7 @@ fn say_cell(c: &Cell) {
         _ => String::new(),
     };
     say(&format!(
-        "  rates, {} events/s, round {}, {}: reached {:.0}/s over {} connection(s); cluster {:.1}% of a core, {:.0} µs/event (app {:.0}, relay {:.0}, walsender {:.0}, rest {:.0}); other core {:.0}% busy{reader}",
+        "  rates, {} events/s, round {}, {}: reached {:.0}/s over {} connection(s); cluster {:.1}% of a core, {:.0} µs/event (app {:.0}, relay {:.0}, walsender {:.0}, rest {:.0}); other core {:.0}% busy; rest's largest: {}{reader}",
         c.rate,
         c.round + 1,
         c.reader.label(),
@@ -721,6 +743,11 @@ fn say_cell(c: &Cell) {
         per_event(c.cpu.walsender),
         per_event(c.cpu.rest),
         (c.reader_cpu + c.bench_cpu) / c.seconds * 100.0,
+        c.rest_top
+            .iter()
+            .map(|(title, cpu)| format!("{title} {:.2} s", cpu))
+            .collect::<Vec<_>>()
+            .join(", "),
     ));
 }
 
@@ -730,11 +757,12 @@ pub mod tests {
 
     use super::*;
 
-    pub fn writers_get_a_connection_per_200_events_a_second() {
+    pub fn writers_get_one_connection_per_100_events_a_second() {
         assert_eq!(writer_connections(50), 1);
-        assert_eq!(writer_connections(200), 1);
-        assert_eq!(writer_connections(201), 2);
-        assert_eq!(writer_connections(5_000), 25);
+        assert_eq!(writer_connections(200), 2);
+        assert_eq!(writer_connections(201), 3);
+        assert_eq!(writer_connections(500), 5);
+        assert_eq!(writer_connections(5_000), 50);
         assert_eq!(writer_connections(1_000_000), 64);
         assert_eq!(writer_connections(0), 1);
     }
@@ -823,6 +851,7 @@ pub mod tests {
                 },
             },
             relay_backends: (2, 2),
+            rest_top: Vec::new(),
             reader_cpu,
             bench_cpu: 0.0,
             statements: None,

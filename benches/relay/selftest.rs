@@ -78,8 +78,8 @@ const TESTS: &[(&str, fn())] = &[
         crate::workload::tests::pacing_is_by_schedule_from_the_start,
     ),
     (
-        "rates::writers_get_a_connection_per_200_events_a_second",
-        crate::rates::tests::writers_get_a_connection_per_200_events_a_second,
+        "rates::writers_get_one_connection_per_100_events_a_second",
+        crate::rates::tests::writers_get_one_connection_per_100_events_a_second,
     ),
     (
         "rates::backends_are_parted_by_sender_role_and_application",

@@ -610,8 +610,9 @@ pub async fn produce(
 pub struct PacedWriters {
     /// Their schedule.
     pub pacing: Pacing,
-    /// One task per connection; each returns its commits.
-    tasks: tokio::task::JoinSet<Vec<(u64, Instant)>>,
+    /// One task per connection; each returns its commits, and its client, so that the
+    /// connection (and its backend, whose CPU a window counts) lives until [`Self::finish`].
+    tasks: tokio::task::JoinSet<(Vec<(u64, Instant)>, tokio_postgres::Client)>,
 }
 
 impl PacedWriters {
@@ -646,7 +647,7 @@ impl PacedWriters {
                 loop {
                     let n = next.fetch_add(1, Ordering::Relaxed);
                     if n > pacing.events() || Instant::now() > pacing.end() {
-                        return done;
+                        return (done, client);
                     }
                     tokio::time::sleep_until(pacing.due(n).into()).await;
                     let event_id = format!("{prefix}-{n}");
@@ -666,7 +667,7 @@ impl PacedWriters {
     pub async fn finish(mut self) -> Vec<(u64, Instant)> {
         let mut commits = Vec::new();
         while let Some(done) = self.tasks.join_next().await {
-            commits.extend(done.expect("paced writer"));
+            commits.extend(done.expect("paced writer").0);
         }
         commits
     }

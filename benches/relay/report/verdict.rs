@@ -196,6 +196,61 @@ impl Report {
                 }
             }
         }
+        // Issue 27: cheap at the rates production runs (the `rates` group).
+        if let Some(run) = &self.rates {
+            for s in run.summaries() {
+                let m = |f: &dyn Fn(&crate::rates::RoundFigures) -> f64| Some(s.of(f).0);
+                if [200, 500, 2_000].contains(&s.rate) {
+                    let mut vs_app = at_most(
+                        &format!(
+                            "{} events/s: relay's database CPU per event ÷ the application's write",
+                            s.rate
+                        ),
+                        0.25,
+                        "×",
+                        m(&|r| r.relay_over_app),
+                    );
+                    vs_app.note = format!(
+                        "{:.0} µs added per event, the write {:.0} µs (medians over rounds)",
+                        s.of(|r| r.relay_added_us).0,
+                        s.of(|r| r.app_us).0
+                    );
+                    targets.push(vs_app);
+                    targets.push(at_most(
+                        &format!(
+                            "{} events/s: relay's database CPU per event ÷ the log-based reader's",
+                            s.rate
+                        ),
+                        1.0,
+                        "×",
+                        m(&|r| r.relay_over_log),
+                    ));
+                }
+                if s.rate == 200 {
+                    targets.push(at_most(
+                        "200 events/s: relay process, % of a core",
+                        2.0,
+                        "%",
+                        m(&|r| r.relay_process_share * 100.0),
+                    ));
+                }
+                if s.rate == 2_000 {
+                    targets.push(at_most(
+                        "2,000 events/s: relay process, µs per event",
+                        25.0,
+                        "µs",
+                        m(&|r| r.relay_process_us),
+                    ));
+                }
+                let p99 = if s.rate == 5_000 { 25.0 } else { 50.0 };
+                targets.push(at_most(
+                    &format!("{} events/s: commit-to-sent p99", s.rate),
+                    p99,
+                    "ms",
+                    Some(quantile(&s.latencies_ms, 0.99)),
+                ));
+            }
+        }
         if let Some(w) = self.wal.first() {
             let mut wal = at_most(
                 "relay WAL per event ÷ the application's insert WAL per event",
