@@ -26,6 +26,7 @@ fn request(limit: i64) -> ClaimRequest {
         budget_bytes: i64::MAX,
         floor: 0,
         cursor: None,
+        catching_up: false,
     }
 }
 

@@ -17,6 +17,7 @@ fn request(owner: &str, lease: Duration, limit: i64) -> ClaimRequest {
         budget_bytes: i64::MAX,
         floor: 0,
         cursor: None,
+        catching_up: false,
     }
 }
 

@@ -286,7 +286,8 @@ async fn generic_plans_made_on_an_empty_table_stay_bounded_at_a_million_rows() {
 }
 
 /// The relay's own connection reuses its plans: started on an empty, never-analyzed table
-/// (autovacuum off), it drains a backlog that arrives afterwards, and pg_stat_statements
+/// (autovacuum off), it drains a backlog that arrives afterwards (its claims, catching up, are
+/// planned with their parameters), and over a trickle of rows after it pg_stat_statements
 /// (`track_planning`) counts a planning of the claim and the settlement per connection, not
 /// per call; where pg_stat_statements counts generic and custom plans (`generic_plan_calls`,
 /// not in 15 or 18.4), that every call ran the generic plan.
@@ -377,6 +378,38 @@ async fn the_relay_plans_its_claims_and_settlements_once_and_drains_a_backlog_on
         .unwrap()
         .get(0);
     assert!(analyzed.is_none(), "the table was analyzed");
+
+    // The backlog's claims came back full and were planned with their parameters (a claim that
+    // catches up, `ClaimRequest::catching_up`); a stream's claims, which do not fill, reuse the
+    // plan. Counted over a trickle after the drain: 30 inserts of 5 rows, each drained.
+    client
+        .batch_execute("SELECT pg_stat_statements_reset()")
+        .await
+        .unwrap();
+    for i in 0..30 {
+        client
+            .execute(
+                "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 't-' || $1::int || '-' || g, 'order', 'agg-' || g, 'order.paid', jsonb_build_object('n', g)
+                 FROM generate_series(1, 5) AS g",
+                &[&i],
+            )
+            .await
+            .unwrap();
+        wait_until(
+            "the trickle is drained",
+            Duration::from_secs(60),
+            || async {
+                client
+                    .query_one("SELECT count(*) FROM outbox", &[])
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+                    == 0
+            },
+        )
+        .await;
+    }
 
     for (what, pattern) in [
         ("claim", "%INSERT INTO \"outbox_claims\"%"),

@@ -30,6 +30,7 @@ fn request(lease: Duration) -> ClaimRequest {
         budget_bytes: i64::MAX,
         floor: 0,
         cursor: None,
+        catching_up: false,
     }
 }
 

@@ -313,6 +313,7 @@ pub async fn ceiling(
                     budget_bytes: i64::MAX,
                     floor,
                     cursor: cursor.take(),
+                    catching_up: false,
                 };
                 let claimed = session.claim(&request).await.expect("ceiling claim");
                 cursor = claimed.cursor;

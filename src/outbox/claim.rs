@@ -70,6 +70,9 @@ pub struct ClaimRequest {
     pub floor: i64,
     /// Ordered claims: the group key after which `others` continues (see claim_ordered.sql).
     pub cursor: Option<String>,
+    /// The relay is behind (the claim before came back full, and this one asks for more than
+    /// `--batch-size`): the claim is planned with its parameters (see `session::CUSTOM_PLANS`).
+    pub catching_up: bool,
 }
 
 /// Which rows a claim quarantines instead of leasing (see sql/claim.sql); fixed at start-up.
@@ -673,6 +676,7 @@ mod tests {
             budget_bytes: 1 << 20,
             floor: 0,
             cursor: None,
+            catching_up: false,
         };
         for strategy in strategies() {
             let sql = strategy.sql(&table).unwrap();

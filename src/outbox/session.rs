@@ -118,6 +118,7 @@ impl Outbox {
             client,
             statements,
             claim_start: self.claim_start()?,
+            catch_up_start: self.claim_start_for(true)?,
             strategy: self.strategy.clone(),
             limits: self.limits,
         })
@@ -201,7 +202,12 @@ impl Outbox {
     /// What a claim's transaction starts with: the claim lock, and with a round-trip deadline
     /// the server's budget for the lock wait and the claim (sql/claim_deadline.sql).
     fn claim_start(&self) -> Result<String, OutboxError> {
-        let claim_lock = match self.strategy.planned_each_time() {
+        self.claim_start_for(self.strategy.planned_each_time())
+    }
+
+    /// The same, `custom`: planned with the claim's parameters ([`CUSTOM_PLANS`]).
+    fn claim_start_for(&self, custom: bool) -> Result<String, OutboxError> {
+        let claim_lock = match custom {
             true => format!("{CUSTOM_PLANS}; {}", self.sql.claim_lock),
             false => self.sql.claim_lock.clone(),
         };
@@ -247,6 +253,12 @@ pub struct Session {
     /// Runs before each claim in its transaction: the claim lock (sql/claim_lock.sql), under
     /// the claim's budget when `run` has a deadline (sql/claim_deadline.sql).
     claim_start: String,
+    /// The same for a claim that catches up ([`ClaimRequest::catching_up`]): planned with its
+    /// parameters. A claim of hundreds of rows under the generic plan (nested loops over its
+    /// own CTEs, sized for a few rows) took 93–112 ms against 41 ms planned with its limit,
+    /// and a relay behind saturated writers fell further behind (docs/benchmarks.md); its
+    /// 0.5–1.5 ms of planning is spread over those rows.
+    catch_up_start: String,
     /// How `claim` binds its statement's parameters.
     strategy: ClaimStrategy,
     /// The claim's last two parameters.
@@ -267,7 +279,10 @@ impl Session {
         let rows = self
             .client
             .query_in_transaction(
-                &self.claim_start,
+                match request.catching_up {
+                    true => &self.catch_up_start,
+                    false => &self.claim_start,
+                },
                 &self.statements.claim,
                 &self.strategy.bind(&bound),
             )

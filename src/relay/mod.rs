@@ -309,6 +309,7 @@ impl Relay {
                 budget_bytes: i64::from(bytes.num_permits() as u32),
                 floor: self.claim_floor.load(Ordering::Relaxed),
                 cursor: cursor.clone(),
+                catching_up: limit > c.claim.batch_size,
             };
             let request = &request;
             let claim = async {
