@@ -337,19 +337,7 @@ async fn the_relay_plans_its_claims_and_settlements_once_and_drains_a_backlog_on
         )
         .await
         .unwrap();
-    wait_until(
-        "the backlog is drained",
-        Duration::from_secs(180),
-        || async {
-            client
-                .query_one("SELECT count(*) FROM outbox", &[])
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-                == 0
-        },
-    )
-    .await;
+    drained(&client, "the backlog is drained", Duration::from_secs(180)).await;
     let on_queue = sqs_client()
         .await
         .get_queue_attributes()
@@ -396,19 +384,7 @@ async fn the_relay_plans_its_claims_and_settlements_once_and_drains_a_backlog_on
             )
             .await
             .unwrap();
-        wait_until(
-            "the trickle is drained",
-            Duration::from_secs(60),
-            || async {
-                client
-                    .query_one("SELECT count(*) FROM outbox", &[])
-                    .await
-                    .unwrap()
-                    .get::<_, i64>(0)
-                    == 0
-            },
-        )
-        .await;
+        drained(&client, "the trickle is drained", Duration::from_secs(60)).await;
     }
 
     for (what, pattern) in [
@@ -451,4 +427,17 @@ async fn statement(
         .await
         .unwrap();
     (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
+/// Waits until the relay has sent (and deleted) every row of the outbox.
+async fn drained(client: &tokio_postgres::Client, what: &str, timeout: Duration) {
+    wait_until(what, timeout, || async {
+        client
+            .query_one("SELECT count(*) FROM outbox", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+    })
+    .await;
 }
