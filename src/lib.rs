@@ -35,6 +35,8 @@
 //! - [`aws`]: the AWS configuration, loaded once, shared by SQS and IAM database auth.
 //! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
 //! - [`otel`]: OpenTelemetry: a span per event, parented on the row's `traceparent`, over OTLP.
+//! - [`version`]: pure: this relay's version, and which versions a table's schema lets claim
+//!   (the compatibility contract `migrate` records).
 //! - [`redact`]: every log line on its way out: URL userinfo and secret settings masked.
 
 pub mod aws;
@@ -57,3 +59,4 @@ pub mod s3;
 pub mod sns;
 pub mod sqs;
 pub mod tls;
+pub mod version;

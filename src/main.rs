@@ -167,6 +167,18 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
             Err(e) => runtime_error(&e),
         };
     }
+    if args.contract {
+        return match outbox.contract().await {
+            Ok(requirement) => {
+                println!(
+                    "contracted {}: relays {requirement} may claim; the lease columns of schema version 1 are gone",
+                    outbox.table()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => runtime_error(&e),
+        };
+    }
     let result = match (&db.adopted, args.adopt) {
         (Some((base, map)), true) => outbox.adopt(base, map, &args.keys()).await,
         (None, true) => {

@@ -31,6 +31,9 @@ pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
 /// costs each claim (docs/operations.md, "Big backlogs").
 pub const CLAIM_DURATION: &str = "outbox_claim_duration_seconds";
 pub const REQUEST_CONCURRENCY_LIMIT: &str = "outbox_request_concurrency_limit";
+/// The table's live relays by version and state (`claiming`, or `refused` by the schema), as
+/// this relay's last registration renewal saw them: how far a rollout has come.
+pub const RELAYS: &str = "outbox_relays";
 
 /// How often histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -86,6 +89,10 @@ fn describe() {
     describe_gauge!(
         WATERMARK_HELD_ROWS,
         "--order-by transaction: committed unsent rows held back because an older transaction still runs"
+    );
+    describe_gauge!(
+        RELAYS,
+        "live relays of the table by version and state (claiming, refused by the schema), as this relay's last registration renewal saw them"
     );
     describe_counter!(EVENTS_SENT, "rows marked sent");
     describe_counter!(SEND_FAILURES, "failed sends per entry, by kind");
@@ -161,6 +168,9 @@ pub struct Health {
     database_ok: AtomicBool,
     /// Set while a configuration error blocks sending (queue missing, access denied).
     config_error: Mutex<Option<String>>,
+    /// Set while the relay does not claim: the schema no longer admits it, or its registration
+    /// could not be renewed.
+    not_claiming: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -171,6 +181,7 @@ impl Health {
             stuck_after,
             database_ok: AtomicBool::new(false),
             config_error: Mutex::new(None),
+            not_claiming: Mutex::new(None),
         })
     }
 
@@ -192,6 +203,10 @@ impl Health {
         *self.config_error.lock().expect("health lock") = error;
     }
 
+    pub fn set_not_claiming(&self, why: Option<String>) {
+        *self.not_claiming.lock().expect("health lock") = why;
+    }
+
     fn live(&self) -> Result<(), String> {
         let last = Duration::from_millis(self.last_tick_ms.load(Ordering::Relaxed));
         let idle = self.started.elapsed().saturating_sub(last);
@@ -209,6 +224,9 @@ impl Health {
         }
         if let Some(error) = self.config_error.lock().expect("health lock").as_ref() {
             return Err(format!("configuration error: {error}"));
+        }
+        if let Some(why) = self.not_claiming.lock().expect("health lock").as_ref() {
+            return Err(format!("not claiming: {why}"));
         }
         Ok(())
     }

@@ -39,6 +39,7 @@ mod conn;
 mod decode;
 mod doorbell;
 mod error;
+mod fleet;
 mod ident;
 pub mod inspect;
 mod listen;
@@ -63,6 +64,7 @@ pub use columns::ColumnMap;
 pub use conn::Conn;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
+pub use fleet::{LiveRelay, Registration, Renewed};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use liveness::{reconnect_delay, replacement, Replace};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
@@ -76,8 +78,9 @@ pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
 
 /// Schema version this build creates and understands, recorded in `outbox_relay_schema` by
-/// `migrate` once every step of it is done (see [`schema`]).
-pub const SCHEMA_VERSION: i32 = 3;
+/// `migrate` once every step of it is done (see [`schema`]); what it needs to claim is the
+/// compatibility contract's ([`crate::version`]).
+pub const SCHEMA_VERSION: i32 = crate::version::NEEDS_SCHEMA;
 
 /// The table's statements with its quoted name filled in; built once.
 #[derive(Debug)]
@@ -166,6 +169,8 @@ pub struct Outbox {
     pooler: Pooler,
     /// The mode in use, once the first connection decided it (see `pooler`).
     pooler_detected: std::sync::OnceLock<Pooler>,
+    /// The latest contract read from the schema (at a new connection, or a renewal).
+    observed: fleet::Observed,
 }
 
 impl Outbox {
@@ -187,7 +192,7 @@ impl Outbox {
             pg.connect_timeout(connect_timeout);
         }
         if pg.get_application_name().is_none() {
-            pg.application_name("outbox-relay");
+            pg.application_name(&crate::version::application_name());
         }
         let claims = table.claims();
         let fill = |template: &str| {
@@ -280,6 +285,7 @@ impl Outbox {
             writable_only: std::sync::atomic::AtomicBool::new(false),
             pooler: Pooler::Auto,
             pooler_detected: std::sync::OnceLock::new(),
+            observed: fleet::Observed::default(),
         })
     }
 

@@ -29,13 +29,13 @@ fn assert_no_secret(output: &str, secrets: &[&str]) {
     }
 }
 
-/// Terminates the relay's backends (`application_name` outbox-relay) as an operator or a
+/// Terminates the relay's backends (`application_name` outbox-relay/VERSION) as an operator or a
 /// failover would; returns how many there were.
 async fn terminate_relay_backends(admin: &tokio_postgres::Client, user: &str) -> i64 {
     admin
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-             WHERE application_name = 'outbox-relay' AND usename = $1",
+             WHERE application_name LIKE 'outbox-relay/%' AND usename = $1",
             &[&user],
         )
         .await

@@ -544,7 +544,7 @@ async fn a_version_1_install_is_refused_by_run_until_migrate_adds_the_lease_tabl
     let errors: Vec<&str> = output.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "one line:\n{output}");
     assert!(
-        errors[0].contains("the lease table \"outbox_claims\" of \"outbox\" is missing")
+        errors[0].contains("needs schema version 4 of \"outbox\", which is at version 1")
             && errors[0].contains("outbox-relay migrate"),
         "{}",
         errors[0]
@@ -579,7 +579,7 @@ async fn a_version_1_install_is_refused_by_run_until_migrate_adds_the_lease_tabl
     .await;
     assert!(status.success(), "{output}");
     assert!(
-        output.contains("migrated \"outbox\" from schema version 1 to 3"),
+        output.contains("migrated \"outbox\" from schema version 1 to 4"),
         "{output}"
     );
     assert!(

@@ -171,8 +171,8 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
     // A schema with a quote in its name and a table with a dot in its name.
     let table = "\"we\"\"ird\".\"my.outbox\"";
     for expected in [
-        "from schema version 0 to 3",
-        "is up to date (schema version 3)",
+        "from schema version 0 to 4",
+        "is up to date (schema version 4)",
     ] {
         let (status, output) = run_to_end(
             &args(&["migrate", "--database-url", &db.url, "--table", table]),

@@ -176,6 +176,12 @@ pub struct MigrateArgs {
     #[arg(long, env = "OUTBOX_LOCK_TIMEOUT", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub lock_timeout: Duration,
 
+    /// Removes what no supported relay reads any longer (the lease columns of schema version
+    /// 1); refuses while a relay older than 0.2.0 may be alive. Run it after a rollout, once
+    /// `status` lists no older relay.
+    #[arg(long, conflicts_with_all = ["adopt", "print_sql"])]
+    pub contract: bool,
+
     /// Tries per step before migrate gives up with an error (capped backoff with jitter between).
     #[arg(long, env = "OUTBOX_LOCK_ATTEMPTS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
     pub lock_attempts: u32,

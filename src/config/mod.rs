@@ -42,7 +42,8 @@ pub use run::{DestinationArgs, DestinationConfig, RunArgs, RunConfig};
 #[derive(Debug, Parser)]
 #[command(
     name = "outbox-relay",
-    version,
+    version = crate::version::short_version(),
+    long_version = crate::version::long_version(),
     about = "Relays a PostgreSQL transactional outbox to Amazon SQS, at least once, with leases"
 )]
 pub struct Cli {

@@ -52,6 +52,23 @@ pub enum OutboxError {
     AdoptSequence { table: String, column: String },
     #[error("table {table} is at schema version {found}, newer than this relay understands ({SCHEMA_VERSION}); upgrade the relay")]
     TooNew { table: String, found: i32 },
+    /// The schema's contract cannot be read, or says something this build cannot read.
+    #[error("{0}")]
+    Contract(String),
+    /// The schema does not let this relay claim: too old (run migrate), or its recorded relay
+    /// versions exclude this one.
+    #[error("{0}")]
+    Refused(crate::version::Refusal),
+    /// `migrate --contract` would exclude relays that may still be alive.
+    #[error("migrate --contract on {table} would exclude relays that may still be alive: {blockers}; replace them with relays of {requirement} first (`outbox-relay status` lists the live ones), then run it again")]
+    ContractBlocked {
+        table: String,
+        requirement: String,
+        blockers: String,
+    },
+    /// `migrate --contract` on an adopted table: its view reads the lease columns.
+    #[error("migrate --contract does not support an adopted table yet ({0} reads the lease columns): nothing was changed; the columns stay and cost nothing but their space")]
+    ContractAdopted(String),
     /// A migration step kept finding its table locked by other transactions.
     #[error("migrate gave up {what} on {table}: the lock was not granted within {timeout} in {attempts} tries (a long transaction holds it; see pg_stat_activity); run migrate again later (it resumes where it stopped) or raise --lock-timeout")]
     MigrationLock {

@@ -126,6 +126,23 @@ impl TableName {
         }
     }
 
+    /// The registry of the relays of this table beside it (sql/relays.sql), in its schema.
+    pub(crate) fn relays(&self) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: self.derived("relays"),
+        }
+    }
+
+    /// The table where `migrate` records the schema version and the relay versions that may
+    /// claim (one row per table of the schema), in the table's schema.
+    pub(crate) fn versions(&self) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: "outbox_relay_schema".to_string(),
+        }
+    }
+
     /// A name derived from the table's, kept within PostgreSQL's identifier length by
     /// shortening the table part and adding a hash of it, so two long names never collide.
     pub(crate) fn derived(&self, suffix: &str) -> String {

@@ -42,8 +42,9 @@ impl ColumnKind {
     }
 }
 
-/// Every column of sql/migrate_v1.sql, whether the relay updates it, and its kind. The lease
-/// columns stay for installs of before the lease table (sql/claims.sql); nothing writes them.
+/// Every column of sql/migrate_v1.sql the relay reads, whether it updates it, and its kind. The
+/// lease columns of schema version 1 are not among them: no relay since the lease table
+/// (sql/claims.sql) reads them, and `migrate --contract` drops them.
 pub const RELAY_COLUMNS: &[(&str, ColumnKind, bool)] = &[
     ("id", ColumnKind::Bigint, false),
     ("event_id", ColumnKind::Text, false),
@@ -56,9 +57,6 @@ pub const RELAY_COLUMNS: &[(&str, ColumnKind, bool)] = &[
     ("created_at", ColumnKind::Timestamptz, false),
     ("available_at", ColumnKind::Timestamptz, true),
     ("attempts", ColumnKind::Integer, true),
-    ("lease_owner", ColumnKind::Text, false),
-    ("lease_until", ColumnKind::Timestamptz, false),
-    ("lease_token", ColumnKind::Bigint, false),
     ("sent_at", ColumnKind::Timestamptz, true),
     ("message_id", ColumnKind::Text, true),
     ("quarantined_at", ColumnKind::Timestamptz, true),

@@ -67,6 +67,7 @@ impl Outbox {
                 .map_err(query_err("setting up the relay's session"))?;
         }
         self.resolve_channel(&client).await?;
+        self.check_contract(&client).await?;
         self.check_key_indexes(&client).await?;
         let sqls: Vec<(&str, bool)> = self
             .relay_statements()

@@ -39,6 +39,11 @@ pub struct TableStatus {
     /// of the oldest of them (`outbox_order_watermark_age_seconds`). Absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_back: Option<HeldBack>,
+    /// The live relays of the table (registered, lease not run out), newest version first.
+    pub relays: Vec<super::LiveRelay>,
+    /// Signs of relays of before 0.2.0, which do not register: owners of live leases that are
+    /// not registered, sessions named `outbox-relay`. What `migrate --contract` waits for.
+    pub unregistered: Vec<String>,
 }
 
 /// Rows the transaction order's watermark holds back.
@@ -66,6 +71,7 @@ impl Outbox {
             .await
             .map_err(query_err("reading the outbox status"))?;
         let held_back = self.held_back(&client).await?;
+        let (relays, unregistered) = self.fleet_on(&client).await?;
         let by_reason: serde_json::Value = row.get(4);
         let quarantined_by_reason: BTreeMap<String, i64> = by_reason
             .as_object()
@@ -84,6 +90,8 @@ impl Outbox {
             oldest_quarantined_age_seconds: row.get(6),
             sent_last_minute: row.get(3),
             held_back,
+            relays,
+            unregistered,
         })
     }
 
@@ -160,6 +168,24 @@ impl fmt::Display for TableStatus {
                 writeln!(f, "{key:<width$}  {value:>value_width$}")?;
             }
         }
+        writeln!(f, "relays                   {}", self.relays.len())?;
+        for r in &self.relays {
+            let last = r
+                .last_claim_seconds_ago
+                .map_or_else(|| "never".to_string(), |s| format!("{s:.1}s ago"));
+            writeln!(
+                f,
+                "  {}  {}  {}  {}  up {:.0}s  last claim {last}",
+                r.relay_id,
+                r.version,
+                if r.claiming { "claiming" } else { "refused" },
+                r.host,
+                r.running_seconds
+            )?;
+        }
+        for sign in &self.unregistered {
+            writeln!(f, "  unregistered (a relay before 0.2.0?): {sign}")?;
+        }
         Ok(())
     }
 }
@@ -187,6 +213,16 @@ mod tests {
             oldest_quarantined_age_seconds: 3600.0,
             sent_last_minute: 56,
             held_back: None,
+            relays: vec![super::super::LiveRelay {
+                relay_id: "relay-a".into(),
+                version: "0.2.0".into(),
+                host: "h1".into(),
+                started_at: "2026-12-02 05:00:00+00".into(),
+                running_seconds: 61.0,
+                last_claim_seconds_ago: Some(0.25),
+                claiming: true,
+            }],
+            unregistered: vec!["lease owner 'old-1'".into()],
         };
         let text = status.to_string();
         let lines: Vec<&str> = text.lines().collect();
@@ -198,6 +234,15 @@ mod tests {
         assert_eq!(lines[7], "  blocked                      2");
         assert_eq!(lines[9], "  max_attempts                 2");
         assert_eq!(lines[10], "oldest quarantined age   3600.0s");
+        assert_eq!(lines[11], "relays                   1");
+        assert_eq!(
+            lines[12],
+            "  relay-a  0.2.0  claiming  h1  up 61s  last claim 0.2s ago"
+        );
+        assert_eq!(
+            lines[13],
+            "  unregistered (a relay before 0.2.0?): lease owner 'old-1'"
+        );
         let json = serde_json::to_value(&status).unwrap();
         for field in [
             "table",
@@ -209,6 +254,8 @@ mod tests {
             "oldest_unsent_age_seconds",
             "oldest_quarantined_age_seconds",
             "sent_last_minute",
+            "relays",
+            "unregistered",
         ] {
             assert!(json.get(field).is_some(), "{field}");
         }

@@ -116,8 +116,12 @@ impl Upkeep {
         }
     }
 
+    pub(super) fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
     /// Runs one statement in a transaction of its own under the timeout.
-    async fn run(
+    pub(super) async fn run(
         &self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],

@@ -9,8 +9,11 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Retention, RETENTION_BATCH};
 use crate::idle;
 use crate::metrics as names;
+use crate::outbox::Renewed;
 use crate::outbox::Wakeup;
+use crate::version;
 
+use super::admission::Gate;
 use super::{Relay, Woken, LOG_TARGET};
 
 impl Relay {
@@ -98,6 +101,87 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// Renews the relay's registration and reads the contract every few seconds
+    /// ([`version::check_every`]); the claim loop stops claiming on what it reads (`admission`),
+    /// and the `outbox_relays` gauge shows the fleet it saw.
+    pub(super) async fn keep_registered(self: Arc<Self>, stop: CancellationToken) {
+        let every = version::check_every(self.config.claim.lease);
+        let mut shown = std::collections::HashSet::new();
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = stop.cancelled() => return,
+            }
+            let me = self.registration.lock().expect("registration lock").clone();
+            let began = Instant::now();
+            match self.upkeep.renew(&me).await {
+                Ok(renewed) => {
+                    if std::mem::take(&mut failing) {
+                        tracing::info!(target: LOG_TARGET, "registration renewed again");
+                    }
+                    self.admission.renewed(began);
+                    shown = show_fleet(&renewed, &me, shown);
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        tracing::warn!(target: LOG_TARGET, error = %e,
+                            "could not renew the relay's registration; claims stop if it keeps failing for half a lease");
+                    }
+                    self.admission.changed.notify_waiters();
+                }
+            }
+        }
+    }
+
+    /// Removes the registration of a relay that stopped (best effort: otherwise it lapses
+    /// after its lease).
+    pub(super) async fn deregister(&self) {
+        let id = &self.config.claim.relay_id;
+        let gone =
+            tokio::time::timeout(self.config.retry.db_timeout, self.upkeep.deregister(id)).await;
+        if !matches!(gone, Ok(Ok(()))) {
+            tracing::debug!(target: LOG_TARGET, "could not remove the registration; it lapses after its lease");
+        }
+    }
+
+    /// The one line that says why the relay does not claim (logs, `/readyz`).
+    pub(super) fn why_not_claiming(&self, gate: &Gate) -> String {
+        match gate {
+            Gate::Claim => String::new(),
+            Gate::Refused(verdict) => self.outbox.refusal(verdict.clone()).to_string(),
+            Gate::Unrenewed(_) => format!(
+                "the relay's registration was not renewed for half its lease ({}): claims wait until the database answers",
+                humantime::format_duration(version::claims_allowed_for(self.config.claim.lease))
+            ),
+        }
+    }
+
+    /// Claims stopped (or stopped for another reason): say why once, report not ready, and
+    /// register as not claiming at the next renewal.
+    pub(super) fn claims_stopped(&self, gate: &Gate, why: &str, in_flight: usize) {
+        self.registration
+            .lock()
+            .expect("registration lock")
+            .claiming = false;
+        self.health.set_not_claiming(Some(why.to_string()));
+        match gate {
+            Gate::Refused(_) => {
+                tracing::error!(target: LOG_TARGET, deliveries = in_flight, "{why}")
+            }
+            _ => tracing::warn!(target: LOG_TARGET, deliveries = in_flight, "{why}"),
+        }
+    }
+
+    pub(super) fn claims_resumed(&self) {
+        self.registration
+            .lock()
+            .expect("registration lock")
+            .claiming = true;
+        self.health.set_not_claiming(None);
+        tracing::info!(target: LOG_TARGET, version = %version::this_relay(), "the schema admits this relay again: claiming");
     }
 
     /// Deletes sent rows past `--retention`, in short batches, every `--retention-interval`.
@@ -225,4 +309,33 @@ impl Relay {
             }
         }
     }
+}
+
+/// Sets `outbox_relays{version,state}` to the fleet a renewal saw, with this relay as it is now
+/// (the renewal read the fleet before its own write), and zeroes the series of versions and
+/// states gone since the last renewal; returns the series set.
+fn show_fleet(
+    renewed: &Renewed,
+    me: &crate::outbox::Registration,
+    shown: std::collections::HashSet<(String, &'static str)>,
+) -> std::collections::HashSet<(String, &'static str)> {
+    let state = |claiming: bool| if claiming { "claiming" } else { "refused" };
+    let mut counts: std::collections::HashMap<(String, &'static str), u32> =
+        std::collections::HashMap::new();
+    let others = renewed
+        .fleet
+        .iter()
+        .filter(|(id, _, _)| *id != me.relay_id)
+        .map(|(_, v, c)| (v.clone(), state(*c)));
+    let mine = (version::this_relay().to_string(), state(me.claiming));
+    for key in others.chain(std::iter::once(mine)) {
+        *counts.entry(key).or_default() += 1;
+    }
+    for gone in shown.iter().filter(|k| !counts.contains_key(*k)) {
+        metrics::gauge!(names::RELAYS, "version" => gone.0.clone(), "state" => gone.1).set(0.0);
+    }
+    for ((v, s), n) in &counts {
+        metrics::gauge!(names::RELAYS, "version" => v.clone(), "state" => *s).set(f64::from(*n));
+    }
+    counts.into_keys().collect()
 }

@@ -33,12 +33,15 @@ use crate::destination::{Destination, Destinations};
 use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::Tracing;
-use crate::outbox::{ClaimRequest, Outbox, OutboxError, Session, SharedSession, Upkeep, Wakeup};
+use crate::outbox::{
+    ClaimRequest, Outbox, OutboxError, Registration, Session, SharedSession, Upkeep, Wakeup,
+};
 use crate::row::Claimed;
 use crate::s3::S3;
 use crate::sns::Sns;
 use crate::sqs::Sqs;
 
+mod admission;
 mod claim_size;
 mod decide;
 mod deliver;
@@ -110,6 +113,11 @@ struct Relay {
     queue_limits: Mutex<HashMap<Destination, (usize, Instant)>>,
     /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
     tracing: Option<Arc<Tracing>>,
+    /// Whether the schema lets this relay claim, and when its registration was last renewed.
+    admission: admission::Admission,
+    /// This relay's registration as the next renewal writes it (its last claim, whether it
+    /// claims): kept here, written to the database only by the renewal, never per claim.
+    registration: Mutex<Registration>,
 }
 
 /// A relay that has reached its database and found its table, ready to [`run`].
@@ -120,6 +128,11 @@ pub struct Connected {
     outbox: Arc<Outbox>,
     /// The connection opened to check it, kept as the first claim session.
     first: Session,
+    /// The maintenance connection, which registered the relay at start-up.
+    upkeep: Upkeep,
+    /// The registration, and when its first renewal began.
+    registration: Registration,
+    renewed: Instant,
 }
 
 /// `outbox` is built from `config` ([`Outbox::from_config`]) by the caller, which reads the
@@ -146,10 +159,31 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
     if config.claim.wakeup == Wakeup::Logical {
         outbox.check_logical().await?;
     }
+    // The contract was read with the first connection: a schema that no longer admits this
+    // relay is refused here, at start, rather than after the relay reported ready.
+    if let Some((verdict, _)) = outbox.verdict().filter(|(v, _)| !v.claims()) {
+        return Err(OutboxError::Refused(outbox.refusal(verdict)).into());
+    }
+    // Registered before the first claim, so the fleet (and `migrate --contract`) sees every
+    // relay that claims; a role that may not write the registry stops the start here.
+    let upkeep = Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout);
+    let registration = Registration {
+        relay_id: config.claim.relay_id.clone(),
+        host: gethostname::gethostname().to_string_lossy().into_owned(),
+        started: std::time::SystemTime::now(),
+        last_claim: None,
+        claiming: true,
+        lease: config.claim.lease,
+    };
+    let renewed = Instant::now();
+    upkeep.renew(&registration).await?;
     Ok(Connected {
         config,
         outbox,
         first,
+        upkeep,
+        registration,
+        renewed,
     })
 }
 
@@ -166,6 +200,9 @@ pub async fn run(
         config,
         outbox,
         first,
+        upkeep,
+        registration,
+        renewed,
     } = connected;
     health.set_database_ok(true);
     health.tick();
@@ -215,7 +252,7 @@ pub async fn run(
         plan_config: config.plan(),
         session: SharedSession::new(Arc::clone(&outbox), first),
         settlements: SharedSession::lazy(Arc::clone(&outbox)),
-        upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
+        upkeep,
         outbox,
         sqs,
         sns,
@@ -229,8 +266,11 @@ pub async fn run(
         claim_floor: AtomicI64::new(0),
         queue_limits: Mutex::new(HashMap::new()),
         tracing,
+        admission: admission::Admission::default(),
+        registration: Mutex::new(registration),
         config,
     });
+    relay.admission.renewed(renewed);
     tracing::info!(
         relay_id = %relay.config.claim.relay_id,
         table = %relay.config.database.table,
@@ -245,9 +285,11 @@ pub async fn run(
     let listener = tokio::spawn(Arc::clone(&relay).listen_for_wakeups(background.clone()));
     let stats = tokio::spawn(Arc::clone(&relay).refresh_stats(background.clone()));
     let retention = tokio::spawn(Arc::clone(&relay).expire_sent(background.clone()));
+    let renewals = tokio::spawn(Arc::clone(&relay).keep_registered(background.clone()));
     relay.claim_loop(&shutdown).await;
     background.cancel();
-    let _ = tokio::join!(listener, stats, retention);
+    let _ = tokio::join!(listener, stats, retention, renewals);
+    relay.deregister().await;
     tracing::info!("relay stopped");
 }
 
@@ -275,9 +317,40 @@ impl Relay {
         let mut db_failures = 0u32;
         let mut idle = idle::Schedule::new(Instant::now(), c.claim.max_delay);
         let mut gather = gather::Gather::new(c.claim.max_delay, c.claim.batch_size);
+        // Cancelled when claims stop before shutdown (a schema that no longer admits this
+        // relay): deliveries finish the requests in flight and give back the rows not sent yet,
+        // as at shutdown. Each spell of claiming has its own.
+        let mut sending = shutdown.child_token();
+        // Why claims stopped, as logged once and reported by /readyz.
+        let mut stopped: Option<String> = None;
         while !shutdown.is_cancelled() {
             self.health.tick();
             reap(&mut deliveries);
+            let gate = admission::gate(
+                self.outbox.verdict().map(|(v, _)| v),
+                self.admission.last_renewal(),
+                Instant::now(),
+                crate::version::claims_allowed_for(c.claim.lease),
+            );
+            if gate != admission::Gate::Claim {
+                let why = self.why_not_claiming(&gate);
+                if stopped.as_ref() != Some(&why) {
+                    if stopped.is_none() {
+                        sending.cancel();
+                        sending = shutdown.child_token();
+                    }
+                    self.claims_stopped(&gate, &why, deliveries.len());
+                    stopped = Some(why);
+                }
+                tokio::select! {
+                    _ = self.admission.changed.notified() => {}
+                    _ = self.sleep_or_shutdown(c.claim.poll_interval, shutdown) => {}
+                }
+                continue;
+            }
+            if stopped.take().is_some() {
+                self.claims_resumed();
+            }
             if let Some(pause) = self.pressure.remaining(Instant::now()) {
                 self.sleep_or_shutdown(pause.min(c.claim.poll_interval), shutdown)
                     .await;
@@ -324,6 +397,10 @@ impl Relay {
             match claim.await {
                 Ok(mut claimed) => {
                     db_failures = 0;
+                    self.registration
+                        .lock()
+                        .expect("registration lock")
+                        .last_claim = Some(std::time::SystemTime::now());
                     self.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
                     record_quarantined_at_claim(&claimed);
@@ -340,7 +417,7 @@ impl Relay {
                         drop(bytes.split(bytes.num_permits() - held));
                         let lease_deadline = claimed_at + c.claim.lease;
                         let relay = Arc::clone(self);
-                        let shutdown = shutdown.clone();
+                        let shutdown = sending.clone();
                         deliveries.spawn(async move {
                             relay
                                 .deliver(claimed, lease_deadline, (permit, bytes), shutdown)

@@ -128,6 +128,67 @@ impl Outbox {
         })
     }
 
+    /// `migrate --contract`: removes what no relay of [`crate::version::CONTRACTED`] reads any
+    /// longer (the lease columns of schema version 1), once no relay it excludes may be alive.
+    /// The requirement is recorded first, so that a relay of another version that starts
+    /// meanwhile refuses to claim; the fleet is looked at before and after it. Returns the
+    /// requirement now recorded.
+    pub async fn contract(&self) -> Result<String, OutboxError> {
+        if self.base.is_some() {
+            return Err(OutboxError::ContractAdopted(self.table.quoted()));
+        }
+        let client = self.migration_session().await?;
+        let contract = self.read_contract(&client).await?;
+        if contract.schema < SCHEMA_VERSION {
+            return Err(OutboxError::Refused(self.refusal(
+                crate::version::Verdict::Migrate {
+                    found: contract.schema,
+                },
+            )));
+        }
+        if contract.schema > SCHEMA_VERSION {
+            return Err(OutboxError::TooNew {
+                table: self.table.quoted(),
+                found: contract.schema,
+            });
+        }
+        let requirement = crate::version::raised(
+            contract
+                .relay_versions
+                .as_ref()
+                .map(ToString::to_string)
+                .as_deref(),
+            crate::version::CONTRACTED,
+        );
+        let req = semver::VersionReq::parse(&requirement).map_err(|e| {
+            OutboxError::Contract(format!("the relay versions {requirement:?}: {e}"))
+        })?;
+        let blocked = |blockers: Vec<String>| OutboxError::ContractBlocked {
+            table: self.table.quoted(),
+            requirement: requirement.clone(),
+            blockers: blockers.join(", "),
+        };
+        let blockers = self.contract_blockers(&client, &req).await?;
+        if !blockers.is_empty() {
+            return Err(blocked(blockers));
+        }
+        self.execute(
+            &client,
+            &Step::Transaction {
+                what: "recording the relay versions that may claim".into(),
+                sql: self.record_contract_sql(&requirement)?,
+            },
+        )
+        .await?;
+        // A relay of before that started between the look and the record reads no requirement.
+        let blockers = self.contract_blockers(&client, &req).await?;
+        if !blockers.is_empty() {
+            return Err(blocked(blockers));
+        }
+        self.execute(&client, &self.contract_drop_step()?).await?;
+        Ok(requirement)
+    }
+
     /// `migrate --adopt`: makes an existing outbox table relayable without changing the
     /// application's columns or writes, and without blocking them for longer than a lock
     /// timeout. `self` is built on the view the relay will read (`TableName::relay_view`).

@@ -20,10 +20,25 @@ const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema};\n";
 const MIGRATION_LOCK: &str = "SELECT {function}(hashtext('outbox-relay migrate ' || {table}));";
 const VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS {versions} (\n    \
     table_name text PRIMARY KEY,\n    version integer NOT NULL,\n    \
-    migrated_at timestamptz NOT NULL DEFAULT now()\n);";
+    migrated_at timestamptz NOT NULL DEFAULT now(),\n    relay_versions text\n);";
+/// Schema version 4's contract column on a version table of before (looked up first, so a
+/// rerun takes no lock): which relay versions may claim, a semver requirement (`version`).
+const CONTRACT_COLUMN: &str = "DO $migrate$\nBEGIN\n    \
+    IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = {versions_literal}::regclass\n                   \
+    AND attname = 'relay_versions' AND NOT attisdropped) THEN\n        \
+    ALTER TABLE {versions} ADD COLUMN relay_versions text;\n    END IF;\nEND\n$migrate$;";
+/// The version last, with the relay versions that may claim: an expanding migrate keeps a
+/// requirement already recorded (a `--contract` raised it; a migrate never lowers it) and
+/// records its own where there is none.
 const RECORD_VERSION: &str =
-    "INSERT INTO {versions} (table_name, version) VALUES ({table_name}, {version})\n    \
-    ON CONFLICT (table_name) DO UPDATE SET version = {version}, migrated_at = now();";
+    "INSERT INTO {versions} AS v (table_name, version, relay_versions) VALUES ({table_name}, {version}, {relay_versions})\n    \
+    ON CONFLICT (table_name) DO UPDATE SET version = {version}, migrated_at = now(),\n        \
+    relay_versions = coalesce(v.relay_versions, excluded.relay_versions);";
+/// What `migrate --contract` records, before it removes anything: from then on only relays of
+/// the requirement claim (a relay of another version stops within seconds).
+const RECORD_CONTRACT: &str =
+    "UPDATE {versions} SET relay_versions = {relay_versions}, migrated_at = now()\n    \
+    WHERE table_name = {table_name};";
 
 /// The migration lock's function: the session's, held across a migration's many transactions.
 pub(super) const SESSION_LOCK: &str = "pg_advisory_lock";
@@ -87,7 +102,7 @@ impl Outbox {
     }
 
     pub(super) fn versions_table(&self) -> TableName {
-        in_schema(&self.table, "outbox_relay_schema".to_string())
+        self.table.versions()
     }
 
     /// The session settings every step starts from.
@@ -122,10 +137,16 @@ impl Outbox {
     }
 
     fn version_table_sql(&self) -> Result<String, OutboxError> {
-        fill_in(
-            VERSION_TABLE,
-            &[("versions", Value::Table(&self.versions_table()))],
-        )
+        let versions = self.versions_table();
+        let values = [
+            ("versions", Value::Table(&versions)),
+            ("versions_literal", Value::TableLiteral(&versions)),
+        ];
+        Ok(format!(
+            "{}\n{}",
+            fill_in(VERSION_TABLE, &values)?,
+            fill_in(CONTRACT_COLUMN, &values)?
+        ))
     }
 
     fn record_version_sql(&self) -> Result<String, OutboxError> {
@@ -135,7 +156,28 @@ impl Outbox {
                 ("versions", Value::Table(&self.versions_table())),
                 ("table_name", Value::Literal(&self.table.name)),
                 ("version", Value::Sql(&SCHEMA_VERSION.to_string())),
+                ("relay_versions", Value::Literal(crate::version::EXPANDED)),
             ],
+        )
+    }
+
+    /// `migrate --contract`'s record of `requirement` (see [`RECORD_CONTRACT`]).
+    pub(super) fn record_contract_sql(&self, requirement: &str) -> Result<String, OutboxError> {
+        fill_in(
+            RECORD_CONTRACT,
+            &[
+                ("versions", Value::Table(&self.versions_table())),
+                ("table_name", Value::Literal(&self.table.name)),
+                ("relay_versions", Value::Literal(requirement)),
+            ],
+        )
+    }
+
+    /// `migrate --contract`'s removal of the lease columns (sql/contract_drop.sql).
+    pub(super) fn contract_drop_step(&self) -> Result<Step, OutboxError> {
+        self.column_step(
+            "dropping the lease columns of schema version 1",
+            include_str!("../../../sql/contract_drop.sql"),
         )
     }
 
@@ -203,6 +245,7 @@ impl Outbox {
             "adding the dedup_id column",
             include_str!("../../../sql/dedup_column.sql"),
         )?);
+        steps.push(self.relays_step()?);
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
             sql: self.record_version_sql()?,
@@ -234,6 +277,33 @@ impl Outbox {
                 include_str!("../../../sql/claims.sql").trim_end(),
                 &[("claims", Value::Table(&self.table.claims()))],
             )?,
+        })
+    }
+
+    /// Schema version 4: the relay registry beside the lease table (sql/relays.sql), and its
+    /// grants to the roles that claim (sql/relays_grants.sql); new tables, so nothing waits.
+    fn relays_step(&self) -> Result<Step, OutboxError> {
+        let (relays, claims, versions) = (
+            self.table.relays(),
+            self.table.claims(),
+            self.versions_table(),
+        );
+        let values = [
+            ("relays", Value::Table(&relays)),
+            ("relays_literal", Value::TableLiteral(&relays)),
+            ("claims_literal", Value::TableLiteral(&claims)),
+            ("versions_literal", Value::TableLiteral(&versions)),
+        ];
+        Ok(Step::Transaction {
+            what: "creating the relay registry".into(),
+            sql: format!(
+                "{}\n\n{}",
+                fill_in(include_str!("../../../sql/relays.sql").trim_end(), &values)?,
+                fill_in(
+                    include_str!("../../../sql/relays_grants.sql").trim_end(),
+                    &values
+                )?
+            ),
         })
     }
 
@@ -429,6 +499,7 @@ impl Outbox {
             }
         }
         steps.push(self.claims_step()?);
+        steps.push(self.relays_step()?);
         steps.push(Step::Transaction {
             what: "recording the schema version".into(),
             sql: self.record_version_sql()?,
