@@ -9,6 +9,7 @@
 //! metric); what differs between versions is their place in the contract, not their code.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +21,8 @@ use crate::scenario::{
 };
 use crate::support::pg::PrivatePg;
 use crate::support::{
-    create_queue, receive_all, run_to_end, sqs, wait_until, FaultProxy, RelayProcess, TestDb,
+    create_queue, fresh_db, receive_all, run_to_end, sqs, wait_until, FaultProxy, RelayProcess,
+    TestDb,
 };
 
 /// Makes a debug build of the relay act as another version.
@@ -317,9 +319,9 @@ async fn a_schema_newer_than_the_relays_stops_their_claims_and_a_newer_relay_res
                 )
             });
         for part in [
-            "outbox-relay 0.2.0 may not claim on \"public\".\"outbox\"",
-            "(version 5)",
-            ">=0.3.0",
+            "outbox-relay 0.2.0 may not claim on \"outbox\"",
+            "its schema (version 5) admits relays >=0.3.0",
+            "deploy a relay that matches >=0.3.0",
         ] {
             assert!(line.contains(part), "{part:?} in {line}");
         }
@@ -453,46 +455,83 @@ async fn a_schema_newer_than_the_relays_stops_their_claims_and_a_newer_relay_res
     );
 }
 
+/// A build of the previous release, where `OUTBOX_TEST_PREVIOUS_RELAY` names one (a relay of
+/// 0.1.x, which neither registers nor reads the contract).
+fn previous_release() -> Option<PathBuf> {
+    std::env::var_os("OUTBOX_TEST_PREVIOUS_RELAY")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
 /// A relay of the previous version and one of this version share a FIFO queue while the
 /// application writes on forty aggregates and `migrate` runs under them: both keep claiming
-/// after it, nothing is lost, no row is settled twice, and every group arrives in order.
+/// after it, nothing is lost, no row is settled twice, every group arrives in order, and
+/// `migrate --contract` refuses while the previous version runs.
+///
+/// The previous version is this build acting as 0.1.5 on a table of schema version 4, both
+/// relays running through the migrate; or, where `OUTBOX_TEST_PREVIOUS_RELAY` names a build of
+/// the previous release, that build on the table its own `migrate` made (schema version 3),
+/// which this `migrate` expands under it before this version's relay starts (a relay of this
+/// version refuses a schema 3 table), as a Kubernetes migrate Job runs before the rollout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_versions_side_by_side_during_a_migrate_deliver_everything_in_order() {
-    let db = migrated_db().await;
-    let client = db.client().await;
+    let previous_build = previous_release();
+    let db = fresh_db().await;
     let queue = create_queue("side-by-side.fifo", &[]).await;
-    let previous = RelayProcess::spawn_named(
-        "v0.1.5",
-        &replica_args(&db, &queue, sqs().endpoint(), "relay-0.1.5"),
-        &as_version("0.1.5"),
-    );
-    let current = RelayProcess::spawn_named(
-        "v0.2.0",
-        &replica_args(&db, &queue, sqs().endpoint(), "relay-0.2.0"),
-        &[],
-    );
+    let previous_args = replica_args(&db, &queue, sqs().endpoint(), "relay-previous");
+    let current_args = replica_args(&db, &queue, sqs().endpoint(), "relay-current");
+    let (previous, mut current) = match &previous_build {
+        Some(binary) => {
+            let migrate = RelayProcess::spawn_binary(
+                binary,
+                "previous-migrate",
+                &args(&["migrate", "--database-url", &db.url]),
+                &[],
+            );
+            let status = migrate.wait_exit(Duration::from_secs(60)).await;
+            assert!(
+                status.is_some_and(|s| s.success()),
+                "the previous release's migrate: {}",
+                migrate.output()
+            );
+            let previous = RelayProcess::spawn_binary(binary, "previous", &previous_args, &[]);
+            (previous, None)
+        }
+        None => {
+            migrate(&db, "outbox").await;
+            let previous =
+                RelayProcess::spawn_named("previous", &previous_args, &as_version("0.1.5"));
+            let current = RelayProcess::spawn_named("current", &current_args, &[]);
+            (previous, Some(current))
+        }
+    };
+    let client = db.client().await;
     let total = 2_000;
     let writers = PacedWriters::start(&db, "side", 4, 10, 200.0, total);
-    wait_until(
-        "both versions sent rows",
-        Duration::from_secs(30),
-        || async { sent_total(&previous).await > 0.0 && sent_total(&current).await > 0.0 },
-    )
+    wait_until("the relays sent rows", Duration::from_secs(30), || async {
+        sent_total(&previous).await > 0.0
+            && match &current {
+                Some(current) => sent_total(current).await > 0.0,
+                None => true,
+            }
+    })
     .await;
-    wait_until(
-        "the fleet's view has both versions claiming",
-        Duration::from_secs(10),
-        || async {
-            let exposition = current.scrape().await;
-            ["0.1.5", "0.2.0"].iter().all(|v| {
-                crate::support::metric_value(
-                    &exposition,
-                    &format!("outbox_relays{{version=\"{v}\",state=\"claiming\"}}"),
-                ) == Some(1.0)
-            })
-        },
-    )
-    .await;
+    if let Some(current) = &current {
+        wait_until(
+            "the fleet's view has both versions claiming",
+            Duration::from_secs(10),
+            || async {
+                let exposition = current.scrape().await;
+                ["0.1.5", "0.2.0"].iter().all(|v| {
+                    crate::support::metric_value(
+                        &exposition,
+                        &format!("outbox_relays{{version=\"{v}\",state=\"claiming\"}}"),
+                    ) == Some(1.0)
+                })
+            },
+        )
+        .await;
+    }
 
     let (status, output) = run_to_end(
         &args(&["migrate", "--database-url", &db.url]),
@@ -500,7 +539,7 @@ async fn two_versions_side_by_side_during_a_migrate_deliver_everything_in_order(
         Duration::from_secs(60),
     )
     .await;
-    assert!(status.success(), "migrate under two versions: {output}");
+    assert!(status.success(), "migrate under the relays: {output}");
     let (version, admits): (i32, String) = {
         let row = client
             .query_one(
@@ -516,7 +555,9 @@ async fn two_versions_side_by_side_during_a_migrate_deliver_everything_in_order(
         (4, ">=0.1.0"),
         "migrate expands only: the previous version stays admitted"
     );
-    let after_migrate = (sent_total(&previous).await, sent_total(&current).await);
+    let current =
+        current.get_or_insert_with(|| RelayProcess::spawn_named("current", &current_args, &[]));
+    let after_migrate = (sent_total(&previous).await, sent_total(current).await);
     assert!(
         writers.committed() < total,
         "the application was still writing when migrate ended"
@@ -526,7 +567,7 @@ async fn two_versions_side_by_side_during_a_migrate_deliver_everything_in_order(
         Duration::from_secs(30),
         || async {
             sent_total(&previous).await > after_migrate.0
-                && sent_total(&current).await > after_migrate.1
+                && sent_total(current).await > after_migrate.1
         },
     )
     .await;
@@ -548,13 +589,31 @@ async fn two_versions_side_by_side_during_a_migrate_deliver_everything_in_order(
     let (violations, by_group) = order_violations(&received, &ids_by_event(&client).await);
     assert_eq!(by_group.len(), 40);
     assert_eq!(violations, 0, "each group in order");
-    let (old_sent, new_sent) = (sent_total(&previous).await, sent_total(&current).await);
+    let (old_sent, new_sent) = (sent_total(&previous).await, sent_total(current).await);
     assert_eq!(
         (old_sent + new_sent) as usize,
         total,
-        "each row was settled once: 0.1.5 sent {old_sent}, 0.2.0 sent {new_sent}"
+        "each row was settled once: the previous version sent {old_sent}, this one {new_sent}"
     );
-    for relay in [&previous, &current] {
+
+    // The previous version is alive: the contract step waits for it.
+    let (status, output) = run_to_end(
+        &args(&["migrate", "--contract", "--database-url", &db.url]),
+        &[],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        !status.success(),
+        "contract with the previous version running: {output}"
+    );
+    let naming = match previous_build {
+        Some(_) => "application_name 'outbox-relay'",
+        None => "relay relay-previous (0.1.5",
+    };
+    assert!(output.contains(naming), "{naming:?} in {output}");
+
+    for relay in [&previous, &*current] {
         relay.sigterm();
         let status = relay
             .wait_exit(Duration::from_secs(30))
@@ -564,8 +623,12 @@ async fn two_versions_side_by_side_during_a_migrate_deliver_everything_in_order(
         assert!(!relay.output().contains(REFUSAL), "{}", relay.output());
     }
     println!(
-        "side by side: {total} events on 40 groups, 0.1.5 sent {old_sent} (after migrate: {}), \
-         0.2.0 sent {new_sent} (after migrate: {})",
+        "side by side ({}): {total} events on 40 groups, the previous version sent {old_sent} \
+         (after migrate: {}), this one {new_sent} (after migrate: {})",
+        match previous_build {
+            Some(_) => "a build of the previous release from schema version 3",
+            None => "this build as 0.1.5",
+        },
         old_sent - after_migrate.0,
         new_sent - after_migrate.1
     );
@@ -749,7 +812,8 @@ async fn a_rolling_replacement_under_load_loses_nothing_and_keeps_order() {
 /// `migrate --contract` drops what only relays before 0.2.0 read (the lease columns on the
 /// outbox rows), so it refuses while one may be alive: a session named as those relays named
 /// theirs, a claim whose owner is not registered (such relays do not register), a registered
-/// relay of an older version. Once the last has stopped and its registration lapsed, it drops
+/// relay of an older version. A relay that stops on SIGTERM withdraws its registration; one that
+/// was killed stays registered until its lease runs out. Once none is left, the contract drops
 /// the columns, admits only relays from 0.2.0 on (an older one now refuses to start), and a relay
 /// of this version still delivers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -775,13 +839,20 @@ async fn contract_refuses_while_an_older_relay_is_alive() {
     .await
     .unwrap();
     let session_task = tokio::spawn(connection);
-    session.batch_execute("SELECT 1").await.unwrap();
+    let pid: i32 = session
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
     let (status, output) = run_contract().await;
     assert!(
         !status.success(),
         "a relay before 0.2.0 may be connected:\n{output}"
     );
-    refused(&output, "outbox-relay");
+    refused(
+        &output,
+        &format!("session {pid} (application_name 'outbox-relay'"),
+    );
     drop(session);
     let _ = session_task.await;
     wait_until("the session is gone", Duration::from_secs(10), || async {
@@ -811,42 +882,65 @@ async fn contract_refuses_while_an_older_relay_is_alive() {
         !status.success(),
         "an unregistered relay holds a claim:\n{output}"
     );
-    refused(&output, "unregistered-0.1.0");
+    refused(&output, "lease owner 'unregistered-0.1.0'");
     client
         .batch_execute("DELETE FROM outbox_claims WHERE owner = 'unregistered-0.1.0'")
         .await
         .unwrap();
 
-    // A registered relay of an older version, running.
+    // Registered relays of an older version: one stops on SIGTERM and withdraws its
+    // registration; the other is killed and stays registered until its lease runs out (6 s,
+    // renewed every 2 s, so the refusal below has 4 s at least).
     let queue = create_queue("contract", &[]).await;
-    let older = RelayProcess::spawn_named(
-        "older",
-        &replica_args(&db, &queue, sqs().endpoint(), "relay-0.1.5"),
+    let stopping = RelayProcess::spawn_named(
+        "stopping",
+        &replica_args(&db, &queue, sqs().endpoint(), "relay-0.1.5-stopping"),
         &as_version("0.1.5"),
     );
-    wait_until(
-        "the older relay is ready",
-        Duration::from_secs(30),
-        || async { older.http_status("/readyz").await == 200 },
-    )
-    .await;
+    let mut killed_args = replica_args(&db, &queue, sqs().endpoint(), "relay-0.1.5-killed");
+    set_arg(&mut killed_args, "--lease", "6s");
+    let killed = RelayProcess::spawn_named("killed", &killed_args, &as_version("0.1.5"));
+    for relay in [&stopping, &killed] {
+        wait_until(
+            "the older relay is ready",
+            Duration::from_secs(30),
+            || async { relay.http_status("/readyz").await == 200 },
+        )
+        .await;
+    }
     let (status, output) = run_contract().await;
-    assert!(!status.success(), "relay 0.1.5 is alive:\n{output}");
-    refused(&output, "relay-0.1.5");
+    assert!(!status.success(), "relays 0.1.5 are alive:\n{output}");
+    refused(&output, "relay relay-0.1.5-killed (0.1.5");
+    refused(&output, "relay relay-0.1.5-stopping (0.1.5");
     assert_eq!(
         scalar(&client, lease_columns).await,
         3,
         "a refused contract changes nothing"
     );
 
-    older.sigterm();
-    let status = older
+    stopping.sigterm();
+    let status = stopping
         .wait_exit(Duration::from_secs(30))
         .await
         .expect("the older relay stops on SIGTERM");
-    assert!(status.success(), "{}", older.output());
+    assert!(status.success(), "{}", stopping.output());
+    killed.kill9();
+    killed
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .expect("killed");
+    let (status, output) = run_contract().await;
+    assert!(
+        !status.success(),
+        "the killed relay's registration is live:\n{output}"
+    );
+    refused(&output, "relay relay-0.1.5-killed (0.1.5");
+    assert!(
+        !output.contains("relay-0.1.5-stopping"),
+        "a relay that stopped withdrew its registration: {output}"
+    );
     wait_until(
-        "the older relay's registration lapsed",
+        "the killed relay's registration lapsed",
         Duration::from_secs(20),
         || async {
             scalar(
