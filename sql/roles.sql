@@ -3,7 +3,10 @@
 -- The relay reads, settles and deletes rows (once sent, or after --retention): SELECT,
 -- UPDATE, DELETE on the table and USAGE on its schema. It leases rows in the lease table
 -- beside it, <relay_table>_claims (sql/claims.sql): a claim reads it and inserts one row, a
--- settlement or the next claim deletes that row: SELECT, INSERT, DELETE there. Nothing else.
+-- settlement or the next claim deletes that row: SELECT, INSERT, DELETE there. It registers
+-- itself in the registry beside them, <relay_table>_relays (sql/relays.sql), and renews its row
+-- every few seconds: SELECT, INSERT, UPDATE, DELETE there; and it reads which relay versions
+-- the schema admits in outbox_relay_schema: SELECT there. Nothing else.
 -- With `--wakeup logical` its role also needs REPLICATION (ALTER ROLE outbox_relay
 -- REPLICATION), which this file does not grant: the default wake-up, `poll`, needs no more than
 -- the above. It never INSERTs into the outbox table. The application only INSERTs; the `id`
@@ -26,6 +29,8 @@
 --   relay_claims    the relay's lease table        (default <relay_table>_claims; for a
 --                   relay_table longer than 56 bytes the relay shortens the name with a
 --                   hash: pass the name `outbox-relay check` shows)
+--   relay_registry  the relay registry             (default <relay_table>_relays; shortened
+--                   like relay_claims for a long relay_table)
 --   relay_role      the relay's login role                      (default outbox_relay)
 --   app_role        the application's role                      (default outbox_app)
 --   relay_password, app_password
@@ -53,6 +58,10 @@
 \if :{?relay_claims}
 \else
 \set relay_claims :relay_table '_claims'
+\endif
+\if :{?relay_registry}
+\else
+\set relay_registry :relay_table '_relays'
 \endif
 \if :{?relay_role}
 \else
@@ -92,6 +101,8 @@ GRANT CONNECT ON DATABASE :"database" TO :"relay_role";
 GRANT USAGE ON SCHEMA :"schema" TO :"relay_role";
 GRANT SELECT, UPDATE, DELETE ON TABLE :"schema".:"relay_table" TO :"relay_role";
 GRANT SELECT, INSERT, DELETE ON TABLE :"schema".:"relay_claims" TO :"relay_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".:"relay_registry" TO :"relay_role";
+GRANT SELECT ON TABLE :"schema".outbox_relay_schema TO :"relay_role";
 
 -- The application: it writes outbox rows in its own transactions, and nothing more here.
 \if :create_app

@@ -182,18 +182,22 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
         judge_columns(&facts.columns).map(|()| None),
     );
     let needs_delete = config.maintenance.retention != Retention::Off;
-    report.add(
+    let privileges_ok = report.add(
         format!(
             "role {} has the privileges the relay needs on {table}",
             facts.role
         ),
         judge_privileges(&facts, &table, needs_delete),
     );
-    if shape_ok {
+    if shape_ok && privileges_ok {
         // Preparing the relay's own statements finds what the catalog checks cannot: a
-        // missing index for --group-by / --fair-by, or a table the statements do not fit.
+        // missing index for --group-by / --fair-by, or a table the statements do not fit;
+        // the connection also reads the schema's contract, which must admit this relay.
         let prepared = match outbox.connect().await {
-            Ok(_) => Ok(None),
+            Ok(_) => match outbox.verdict().filter(|(v, _)| !v.claims()) {
+                Some((verdict, _)) => Err(outbox.refusal(verdict).to_string()),
+                None => Ok(None),
+            },
             Err(e) => Err(e.to_string()),
         };
         report.add(
@@ -276,9 +280,9 @@ pub fn judge_columns(columns: &[ColumnFacts]) -> Result<(), String> {
 }
 
 /// SELECT on every column, UPDATE on the columns the relay owns, DELETE when sent rows are
-/// deleted (retention or --delete-on-ack), USAGE on the schema; SELECT, INSERT and DELETE on
-/// the lease table (a claim reads it and adds its row, a settlement or the next claim removes
-/// it); nothing else. What is more than needed is remarked on, not failed: it works, it is just
+/// deleted (retention or --delete-on-ack), USAGE on the schema; on the relay's own tables
+/// beside it what `inspect::BESIDE` lists (the lease table, the registry, the schema version
+/// table); nothing else. What is more than needed is remarked on, not failed: it works, it is just
 /// not least privilege. A missing lease table is not judged here: preparing the relay's
 /// statements names it, with the `migrate` that creates it.
 pub fn judge_privileges(
@@ -311,22 +315,17 @@ pub fn judge_privileges(
         missing.push("DELETE (retention deletes sent rows; or set --retention off)".to_string());
         grant.push("DELETE");
     }
-    // The lease table's missing privileges, with its name; `None` when nothing is missing.
-    let claims_grant = facts.claims.as_ref().and_then(|c| {
-        let lacking: Vec<&str> = [
-            (c.can_select, "SELECT"),
-            (c.can_insert, "INSERT"),
-            (c.can_delete, "DELETE"),
-        ]
-        .into_iter()
-        .filter(|(held, _)| !held)
-        .map(|(_, privilege)| privilege)
+    // What the relay's own tables lack, each with its name.
+    let beside_grants: Vec<(&str, String)> = facts
+        .beside
+        .iter()
+        .filter(|b| !b.lacking.is_empty())
+        .map(|b| {
+            let lacking = b.lacking.join(", ");
+            missing.push(format!("{lacking} on {} {}", b.what, b.name));
+            (b.name.as_str(), lacking)
+        })
         .collect();
-        (!lacking.is_empty()).then(|| (c.name.as_str(), lacking.join(", ")))
-    });
-    if let Some((name, lacking)) = &claims_grant {
-        missing.push(format!("{lacking} on the lease table {name}"));
-    }
     let role = quote_ident(&facts.role);
     if !facts.schema_usage {
         missing.push("USAGE on the table's schema".to_string());
@@ -336,7 +335,7 @@ pub fn judge_privileges(
         if !grant.is_empty() {
             fix.push(format!("GRANT {} ON {table} TO {role};", grant.join(", ")));
         }
-        if let Some((name, lacking)) = &claims_grant {
+        for (name, lacking) in &beside_grants {
             fix.push(format!("GRANT {lacking} ON {name} TO {role};"));
         }
         if !facts.schema_usage {
@@ -354,7 +353,7 @@ pub fn judge_privileges(
         Some("a superuser: it passes every check, so this proves little; run the relay as a role like sql/roles.sql's".to_string())
     } else if facts.owner {
         Some(
-            "it owns the table: the relay needs only SELECT, UPDATE and DELETE on it and SELECT, INSERT and DELETE on its lease table, see sql/roles.sql"
+            "it owns the table: the relay needs only SELECT, UPDATE and DELETE on it and a few privileges on its own tables beside it, see sql/roles.sql"
                 .to_string(),
         )
     } else if !facts.extra.is_empty() {
@@ -625,7 +624,7 @@ pub fn judge_fifo(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::outbox::inspect::ClaimsFacts;
+    use crate::outbox::inspect::BesideFacts;
 
     #[test]
     fn every_imposed_setting_gets_a_line_saying_what_covers_it() {
@@ -681,12 +680,11 @@ mod tests {
             can_delete: true,
             extra: vec![],
             columns: migrated_columns(),
-            claims: Some(ClaimsFacts {
+            beside: vec![BesideFacts {
+                what: "the lease table",
                 name: "\"outbox_claims\"".into(),
-                can_select: true,
-                can_insert: true,
-                can_delete: true,
-            }),
+                lacking: vec![],
+            }],
         }
     }
 
@@ -694,7 +692,7 @@ mod tests {
     fn the_migrated_shape_passes_and_each_difference_is_named() {
         assert_eq!(judge_columns(&migrated_columns()), Ok(()));
         let mut cols = migrated_columns();
-        cols.retain(|c| c.name != "lease_token");
+        cols.retain(|c| c.name != "message_id");
         cols.iter_mut()
             .find(|c| c.name == "attempts")
             .unwrap()
@@ -704,7 +702,11 @@ mod tests {
             .unwrap()
             .sql_type = "character varying(128)".into();
         let err = judge_columns(&cols).unwrap_err();
-        assert!(err.contains("lease_token (bigint) is missing"), "{err}");
+        assert!(err.contains("message_id (text) is missing"), "{err}");
+        // The lease columns of schema version 1 are not needed: `migrate --contract` drops them.
+        let mut contracted = migrated_columns();
+        contracted.retain(|c| !c.name.starts_with("lease_"));
+        assert_eq!(judge_columns(&contracted), Ok(()));
         assert!(
             err.contains("attempts is bigint, expected integer"),
             "{err}"
@@ -749,12 +751,11 @@ mod tests {
         // As the role of an older sql/roles.sql has it: all it needs on the table, nothing on
         // the lease table that came with schema version 2.
         let mut old_role = facts();
-        old_role.claims = Some(ClaimsFacts {
+        old_role.beside = vec![BesideFacts {
+            what: "the lease table",
             name: "\"app\".\"outbox_claims\"".into(),
-            can_select: false,
-            can_insert: false,
-            can_delete: false,
-        });
+            lacking: vec!["SELECT".into(), "INSERT".into(), "DELETE".into()],
+        }];
         let err = judge_privileges(&old_role, "\"app\".\"outbox\"", true).unwrap_err();
         assert!(
             err.contains(
@@ -774,12 +775,7 @@ mod tests {
         // table's rows are deleted by every settlement, whatever the retention.
         for privilege in ["SELECT", "INSERT", "DELETE"] {
             let mut one = facts();
-            let claims = one.claims.as_mut().unwrap();
-            match privilege {
-                "SELECT" => claims.can_select = false,
-                "INSERT" => claims.can_insert = false,
-                _ => claims.can_delete = false,
-            }
+            one.beside[0].lacking = vec![privilege.to_string()];
             let err = judge_privileges(&one, "\"outbox\"", false).unwrap_err();
             assert!(
                 err.contains(&format!(
@@ -796,9 +792,30 @@ mod tests {
             err.contains("GRANT DELETE ON \"app\".\"outbox\" TO \"relay\"; GRANT SELECT, INSERT, DELETE ON \"app\".\"outbox_claims\" TO \"relay\";"),
             "{err}"
         );
+        // The registry and the version table of schema version 4, named like the lease table.
+        let mut no_registry = facts();
+        no_registry.beside.push(BesideFacts {
+            what: "the relay registry",
+            name: "\"outbox_relays\"".into(),
+            lacking: vec!["UPDATE".into()],
+        });
+        no_registry.beside.push(BesideFacts {
+            what: "the schema version table",
+            name: "\"outbox_relay_schema\"".into(),
+            lacking: vec!["SELECT".into()],
+        });
+        let err = judge_privileges(&no_registry, "\"outbox\"", true).unwrap_err();
+        assert!(
+            err.contains("missing UPDATE on the relay registry \"outbox_relays\"; SELECT on the schema version table \"outbox_relay_schema\""),
+            "{err}"
+        );
+        assert!(
+            err.contains("GRANT UPDATE ON \"outbox_relays\" TO \"relay\"; GRANT SELECT ON \"outbox_relay_schema\" TO \"relay\";"),
+            "{err}"
+        );
         // No lease table yet: preparing the statements reports it (with `migrate`), not this.
         let mut none = facts();
-        none.claims = None;
+        none.beside.clear();
         assert_eq!(judge_privileges(&none, "\"outbox\"", true), Ok(None));
     }
 

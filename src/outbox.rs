@@ -192,7 +192,7 @@ impl Outbox {
             pg.connect_timeout(connect_timeout);
         }
         if pg.get_application_name().is_none() {
-            pg.application_name(&crate::version::application_name());
+            pg.application_name(crate::version::application_name());
         }
         let claims = table.claims();
         let fill = |template: &str| {

@@ -607,7 +607,7 @@ async fn a_version_1_install_is_refused_by_run_until_migrate_adds_the_lease_tabl
         scalar_bool(
             &client,
             "SELECT to_regclass('outbox_claims') IS NOT NULL
-                AND (SELECT version FROM outbox_relay_schema) = 3"
+                AND (SELECT version FROM outbox_relay_schema) = 4"
         )
         .await
     );

@@ -305,7 +305,8 @@ async fn check_fails_on_a_role_without_update() {
     assert!(!output.contains(&password), "{output}");
 
     // What an older sql/roles.sql granted: all the relay needs on the table, nothing on the
-    // lease table of schema version 2. The one line names only the lease table's GRANT.
+    // lease table of schema version 2 nor on the registry and version table of version 4. The
+    // one line names only their GRANTs.
     admin
         .batch_execute(&format!("GRANT UPDATE, DELETE ON outbox TO {role};"))
         .await
@@ -322,15 +323,21 @@ async fn check_fails_on_a_role_without_update() {
         &[
             &format!("FAIL role {role} has the privileges the relay needs on \"outbox\":"),
             "missing SELECT, INSERT, DELETE on the lease table \"outbox_claims\"",
+            "SELECT, INSERT, UPDATE, DELETE on the relay registry \"outbox_relays\"",
+            "SELECT on the schema version table \"outbox_relay_schema\"",
             &format!("GRANT SELECT, INSERT, DELETE ON \"outbox_claims\" TO \"{role}\";"),
+            &format!("GRANT SELECT, INSERT, UPDATE, DELETE ON \"outbox_relays\" TO \"{role}\";"),
+            &format!("GRANT SELECT ON \"outbox_relay_schema\" TO \"{role}\";"),
         ],
     );
     assert!(!output.contains("ON \"outbox\" TO"), "{output}");
 
-    // That GRANT is all it takes.
+    // Those GRANTs are all it takes.
     admin
         .batch_execute(&format!(
-            "GRANT SELECT, INSERT, DELETE ON outbox_claims TO {role};"
+            "GRANT SELECT, INSERT, DELETE ON outbox_claims TO {role};
+             GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_relays TO {role};
+             GRANT SELECT ON outbox_relay_schema TO {role};"
         ))
         .await
         .unwrap();

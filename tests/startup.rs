@@ -205,7 +205,7 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 3);
+    assert_eq!(version, 4);
     // The lease table beside it, under its exact name too.
     let leases: i64 = client
         .query_one(

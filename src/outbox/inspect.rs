@@ -92,20 +92,33 @@ pub struct TableFacts {
     /// Table privileges the relay never uses (INSERT, TRUNCATE, ...).
     pub extra: Vec<String>,
     pub columns: Vec<ColumnFacts>,
-    /// The lease table beside it (sql/claims.sql); `None` when it does not exist yet.
-    pub claims: Option<ClaimsFacts>,
+    /// The relay's own tables beside it that exist, each with what the role lacks there.
+    pub beside: Vec<BesideFacts>,
 }
 
-/// The lease table as the connected role sees it: a claim reads it and inserts its row, a
-/// settlement or the next claim deletes it.
+/// One of the relay's own tables beside the outbox, as the connected role sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimsFacts {
+pub struct BesideFacts {
+    /// What it is, for the message: `the lease table`.
+    pub what: &'static str,
     /// Its quoted, possibly schema-qualified name, for the GRANT that fixes what is missing.
     pub name: String,
-    pub can_select: bool,
-    pub can_insert: bool,
-    pub can_delete: bool,
+    /// The privileges the relay needs there that the role does not hold, in [`BESIDE`]'s order.
+    pub lacking: Vec<String>,
 }
+
+/// The relay's tables beside the outbox, what each is, and what the relay does there: a claim
+/// reads the lease table and inserts its row, a settlement or the next claim deletes it; each
+/// relay registers in the registry and renews its row; the schema version table says which
+/// relay versions may claim.
+pub const BESIDE: [(&str, &[&str]); 3] = [
+    ("the lease table", &["SELECT", "INSERT", "DELETE"]),
+    (
+        "the relay registry",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+    ),
+    ("the schema version table", &["SELECT"]),
+];
 
 impl Outbox {
     /// Connects and reads the table's facts; `Ok(None)` when the table does not exist.
@@ -134,20 +147,31 @@ impl Outbox {
                 can_update: r.get(4),
             })
             .collect();
-        let claims_name = self.table.claims().quoted();
-        let claims = client
-            .query_opt(
-                include_str!("../../sql/inspect_claims.sql"),
-                &[&claims_name],
-            )
-            .await
-            .map_err(query_err("looking up the lease table's privileges"))?
-            .map(|r| ClaimsFacts {
-                name: claims_name,
-                can_select: r.get(0),
-                can_insert: r.get(1),
-                can_delete: r.get(2),
-            });
+        let mut beside = Vec::new();
+        let names = [
+            self.table.claims(),
+            self.table.relays(),
+            self.table.versions(),
+        ];
+        for ((what, needs), table) in BESIDE.iter().zip(names) {
+            let name = table.quoted();
+            let row = client
+                .query_opt(
+                    include_str!("../../sql/inspect_beside.sql"),
+                    &[&name, needs],
+                )
+                .await
+                .map_err(query_err(
+                    "looking up the privileges on the relay's own tables",
+                ))?;
+            if let Some(row) = row {
+                beside.push(BesideFacts {
+                    what,
+                    name,
+                    lacking: row.get(0),
+                });
+            }
+        }
         Ok(Some(TableFacts {
             role: row.get(0),
             superuser: row.get(1),
@@ -156,7 +180,7 @@ impl Outbox {
             can_delete: row.get(4),
             extra: row.get(5),
             columns,
-            claims,
+            beside,
         }))
     }
 }

@@ -18,9 +18,13 @@ Every check prints one `ok`, `FAIL` or `skip` line; the last line counts them. T
   native variant with the app's shutdown allowance on top, since the app stops first);
 - the migration Job runs `migrate` with `migrate`'s own variables; the PodMonitor selects the
   Deployment's pods and scrapes a port the relay declares;
+- both Deployments roll out with RollingUpdate, maxUnavailable 0 and maxSurge at least 1 (a new
+  pod is ready before an old one stops, docs/operations.md "Upgrading"); the
+  PodDisruptionBudget selects their pods and, with maxUnavailable (not minAvailable), leaves at
+  least one of their replicas running through an eviction;
 - the Kubernetes API schemas (strict: unknown fields fail): the native variant against 1.29,
-  the first version with native sidecars, the plain one against the oldest schema shipped; both
-  against the newest;
+  the first version with native sidecars, the plain one, the Job and the PodDisruptionBudget
+  against the oldest schema shipped; all of them against the newest;
 - where a kubectl of 1.29 or newer is installed, a client-side round trip through its API types
   (`kubectl set env --local`, which needs no cluster) keeps every field; otherwise a `skip`
   line says so. `kubectl apply/create --dry-run=client` are not used: they need the API
@@ -46,6 +50,7 @@ NATIVE = "deployment.yaml"
 PLAIN = "deployment-plain.yaml"
 MIGRATE = "migrate-job.yaml"
 PODMONITOR = "podmonitor.yaml"
+PDB = "poddisruptionbudget.yaml"
 RELAY_CONTAINER = "outbox-relay"
 # deploy/Dockerfile: USER 65532:65532.
 IMAGE_UID = 65532
@@ -290,6 +295,50 @@ def check_podmonitor(files):
             need(endpoint["port"] in ports, f"podmonitor.yaml scrapes port {endpoint['port']!r}, which {name} does not declare")
 
 
+def count(value, replicas, round_up):
+    """A PodDisruptionBudget's or rolling update's int-or-percent field, in pods."""
+    if isinstance(value, str) and value.endswith("%"):
+        share = replicas * int(value[:-1]) / 100
+        return int(-(-share // 1)) if round_up else int(share)
+    need(isinstance(value, int), f"cannot read {value!r} as a number of pods or a percentage")
+    return value
+
+
+def check_rollout(files):
+    """A new pod is up before an old one stops: the fleet never has fewer relays than replicas
+    during an upgrade, and a new relay that cannot start stops the rollout at its first pod."""
+    for name in (NATIVE, PLAIN):
+        spec = one(files[name], "Deployment")["spec"]
+        strategy = spec.get("strategy") or {}
+        need(strategy.get("type") == "RollingUpdate",
+             f"{name}: strategy {strategy.get('type')!r}, the upgrade needs RollingUpdate (docs/operations.md, Upgrading)")
+        rolling = strategy.get("rollingUpdate") or {}
+        replicas = spec.get("replicas", 1)
+        # Unset, both default to 25 %: maxUnavailable then stops pods early from 4 replicas on.
+        need("maxUnavailable" in rolling and count(rolling["maxUnavailable"], replicas, False) == 0,
+             f"{name}: rollingUpdate.maxUnavailable must be 0, so an old pod stops only once a new one is ready")
+        need(count(rolling.get("maxSurge", "25%"), replicas, True) >= 1,
+             f"{name}: rollingUpdate.maxSurge must allow one new pod, or the rollout cannot start")
+
+
+def check_pdb(files):
+    """The budget covers the Deployment's pods and keeps one relay claiming through a drain."""
+    budget = one(files[PDB], "PodDisruptionBudget")
+    spec = budget["spec"]
+    need("minAvailable" not in spec,
+         f"{PDB}: minAvailable blocks every drain of a single replica; use maxUnavailable (see its comment)")
+    need("maxUnavailable" in spec, f"{PDB}: no maxUnavailable")
+    selector = spec["selector"]["matchLabels"]
+    for name in (NATIVE, PLAIN):
+        deployment = one(files[name], "Deployment")
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        need(all(labels.get(k) == v for k, v in selector.items()),
+             f"{PDB} does not select the pods of {name}")
+        for replicas in range(2, max(deployment["spec"].get("replicas", 1), 4) + 1):
+            need(replicas - count(spec["maxUnavailable"], replicas, True) >= 1,
+                 f"{PDB}: maxUnavailable {spec['maxUnavailable']!r} lets every one of {replicas} replicas be evicted at once")
+
+
 def check_schema(files, name, version):
     for doc in files[name]:
         try:
@@ -383,11 +432,14 @@ def suite(files, run, migrate):
         (f"{PLAIN}: probes, port, variables, user, grace period", lambda f: check_relay(f, PLAIN, "containers", run)),
         (f"{MIGRATE}: command, variables, user", lambda f: check_migrate(f, migrate)),
         (f"{PODMONITOR}: selects the pods, scrapes the relay's port", check_podmonitor),
+        ("deployments: the rolling update starts a new pod before it stops an old one", check_rollout),
+        (f"{PDB}: selects the pods, keeps one running through an eviction", check_pdb),
         (f"{NATIVE}: Kubernetes {NATIVE_SINCE} schema (strict)", lambda f: check_schema(f, NATIVE, NATIVE_SINCE)),
         (f"{PLAIN}: Kubernetes {OLDEST_SCHEMA} schema (strict)", lambda f: check_schema(f, PLAIN, OLDEST_SCHEMA)),
         (f"{MIGRATE}: Kubernetes {OLDEST_SCHEMA} schema (strict)", lambda f: check_schema(f, MIGRATE, OLDEST_SCHEMA)),
+        (f"{PDB}: Kubernetes {OLDEST_SCHEMA} schema (strict)", lambda f: check_schema(f, PDB, OLDEST_SCHEMA)),
         (f"all: Kubernetes {kubernetes_validate.latest_version()} schema (strict)",
-         lambda f: [check_schema(f, n, kubernetes_validate.latest_version()) for n in (NATIVE, PLAIN, MIGRATE)]),
+         lambda f: [check_schema(f, n, kubernetes_validate.latest_version()) for n in (NATIVE, PLAIN, MIGRATE, PDB)]),
     ]
 
 
@@ -432,6 +484,21 @@ def breakages():
          lambda f: pod_spec(f[MIGRATE])["containers"][0]["env"].append({"name": "OUTBOX_QUEUE_URL", "value": "x"})),
         (f"{PODMONITOR}", "scrapes a port nobody declares",
          lambda f: one(f[PODMONITOR], "PodMonitor")["spec"]["podMetricsEndpoints"][0].update(port="http-metrics")),
+        ("rolling update", "strategy Recreate",
+         lambda f: one(f[NATIVE], "Deployment")["spec"].update(strategy={"type": "Recreate"})),
+        ("rolling update", "maxUnavailable left to its default",
+         lambda f: one(f[PLAIN], "Deployment")["spec"]["strategy"]["rollingUpdate"].pop("maxUnavailable")),
+        ("rolling update", "maxUnavailable 1",
+         lambda f: one(f[NATIVE], "Deployment")["spec"]["strategy"]["rollingUpdate"].update(maxUnavailable=1)),
+        (f"{PDB}", "budget selects other pods",
+         lambda f: one(f[PDB], "PodDisruptionBudget")["spec"]["selector"]["matchLabels"].update({"app.kubernetes.io/name": "other"})),
+        (f"{PDB}", "minAvailable instead of maxUnavailable",
+         lambda f: one(f[PDB], "PodDisruptionBudget")["spec"].update(minAvailable=1) or
+         one(f[PDB], "PodDisruptionBudget")["spec"].pop("maxUnavailable")),
+        (f"{PDB}", "every replica may go at once",
+         lambda f: one(f[PDB], "PodDisruptionBudget")["spec"].update(maxUnavailable="100%")),
+        (f"{PDB}: Kubernetes", "misspelt field",
+         lambda f: one(f[PDB], "PodDisruptionBudget")["spec"].update(maxunavailable=1)),
         (f"{NATIVE}: Kubernetes", "misspelt field", lambda f: relay(f).update(restartpolicy="Always")),
         (f"{PLAIN}: Kubernetes", "native sidecar field on 1.25",
          lambda f: pod_spec(f[PLAIN]).update(initContainers=[dict(relay(f, PLAIN, "containers"), restartPolicy="Always")])),
@@ -479,7 +546,7 @@ def main():
             files[path.name] = load(path)
         except yaml.YAMLError as e:
             report.run(f"{path.name} parses", fail, str(e))
-    for name in (NATIVE, PLAIN, MIGRATE, PODMONITOR):
+    for name in (NATIVE, PLAIN, MIGRATE, PODMONITOR, PDB):
         if name not in files:
             report.run(f"{name} exists", fail, "missing or unparsable")
     if report.failed:
