@@ -506,7 +506,7 @@ async fn two_versions_side_by_side_during_a_migrate_deliver_everything_in_order(
         }
     };
     let client = db.client().await;
-    let total = 2_000;
+    let total = 3_000;
     let writers = PacedWriters::start(&db, "side", 4, 10, 200.0, total);
     wait_until("the relays sent rows", Duration::from_secs(30), || async {
         sent_total(&previous).await > 0.0
