@@ -6,10 +6,8 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use tokio_postgres::types::Type;
-
+use super::session::Session;
 use super::template::{render, Value};
-use super::upkeep::Upkeep;
 use super::{query_err, Conn, Outbox, OutboxError};
 use crate::version::{self, Contract, Refusal, Verdict};
 
@@ -247,32 +245,47 @@ impl Outbox {
     }
 }
 
-impl Upkeep {
-    /// Renews `me`'s registration and reads the contract, in one statement (sql/renew.sql).
-    pub async fn renew(&self, me: &Registration) -> Result<Renewed, OutboxError> {
-        let outbox = self.outbox();
-        let sql = outbox.fleet_sql(include_str!("../../sql/renew.sql"))?;
+impl Outbox {
+    /// Renews `me`'s registration and reads the contract, in one statement (sql/renew.sql) on
+    /// `session`, the claims' connection: what answers claims answers this, and a connection
+    /// to a server that takes no writes is replaced as for a claim. Keeps the contract as the
+    /// latest read.
+    pub async fn renew(
+        &self,
+        session: &Session,
+        me: &Registration,
+    ) -> Result<Renewed, OutboxError> {
+        let sql = self.fleet_sql(include_str!("../../sql/renew.sql"))?;
         let version = version::this_relay().to_string();
         let lease = me.lease.as_secs_f64();
-        let rows = self
-            .run(
-                &sql,
+        // A write, as the connection allows it (through a pooler: in a transaction that states
+        // READ WRITE, whatever the role's default); every few seconds, so made afresh each time
+        // rather than kept among the claim path's prepared statements.
+        let statement = session
+            .conn()
+            .statements(&[(sql.as_str(), true)])
+            .await
+            .map_err(|e| self.unwritable_registry(e))?
+            .remove(0);
+        let row = session
+            .conn()
+            .query_one(
+                &statement,
                 &[
-                    (&me.relay_id, Type::TEXT),
-                    (&version, Type::TEXT),
-                    (&me.host, Type::TEXT),
-                    (&me.started, Type::TIMESTAMPTZ),
-                    (&me.last_claim, Type::TIMESTAMPTZ),
-                    (&me.claiming, Type::BOOL),
-                    (&lease, Type::FLOAT8),
-                    (&outbox.table.name, Type::TEXT),
+                    &me.relay_id,
+                    &version,
+                    &me.host,
+                    &me.started,
+                    &me.last_claim,
+                    &me.claiming,
+                    &lease,
+                    &self.table.name,
                 ],
-                "renewing the relay's registration",
             )
-            .await?;
-        let row = rows.first().expect("renew.sql returns one row");
+            .await
+            .map_err(|e| self.unwritable_registry(e))?;
         let contract = contract_of(row.get(0))?;
-        outbox.observed.record(contract.clone());
+        self.observed.record(contract.clone());
         let ids: Vec<String> = row.get(1);
         let versions: Vec<String> = row.get(2);
         let claiming: Vec<bool> = row.get(3);
@@ -287,19 +300,37 @@ impl Upkeep {
         })
     }
 
-    /// Removes `relay_id`'s registration: a relay that stops says so, rather than being
-    /// listed until its lease runs out.
-    pub async fn deregister(&self, relay_id: &str) -> Result<(), OutboxError> {
-        let sql = self
-            .outbox()
-            .fleet_sql("DELETE FROM {relays} WHERE relay_id = $1")?;
-        self.run(
-            &sql,
-            &[(&relay_id, Type::TEXT)],
-            "removing the relay's registration",
-        )
-        .await?;
+    /// Removes `relay_id`'s registration on `session`: a relay that stops says so, rather than
+    /// being listed until its lease runs out.
+    pub async fn deregister(&self, session: &Session, relay_id: &str) -> Result<(), OutboxError> {
+        let sql = self.fleet_sql("DELETE FROM {relays} WHERE relay_id = $1")?;
+        let statement = session
+            .conn()
+            .statements(&[(sql.as_str(), true)])
+            .await
+            .map_err(query_err("removing the relay's registration"))?
+            .remove(0);
+        session
+            .conn()
+            .execute(&statement, &[&relay_id])
+            .await
+            .map_err(query_err("removing the relay's registration"))?;
         Ok(())
+    }
+
+    /// A role that may not write the registry (or read the version table): the GRANT that
+    /// fixes it, as a contract error (start-up stops on it; see [`OutboxError::is_setup`]).
+    fn unwritable_registry(&self, e: tokio_postgres::Error) -> OutboxError {
+        if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
+            return OutboxError::Contract(format!(
+                "the relay's role may not register in {} or read {}: GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO <relay role>; GRANT SELECT ON {} TO <relay role> (sql/roles.sql; `migrate` grants both to the roles that hold the lease table)",
+                self.table.relays(),
+                self.table.versions(),
+                self.table.relays(),
+                self.table.versions()
+            ));
+        }
+        query_err("renewing the relay's registration")(e)
     }
 }
 

@@ -271,6 +271,12 @@ impl Session {
         self.client.is_closed()
     }
 
+    /// The connection, for the few statements of other modules that run on it (the
+    /// registration's renewal).
+    pub(super) fn conn(&self) -> &Conn {
+        &self.client
+    }
+
     /// Claims rows as the strategy chooses them, after the table's claim lock, in one
     /// pipelined transaction that commits before this returns. A row whose columns cannot be read comes back among the
     /// claim's rows, marked `unreadable`, instead of failing the claim; one the claim quarantined

@@ -116,12 +116,8 @@ impl Upkeep {
         }
     }
 
-    pub(super) fn outbox(&self) -> &Outbox {
-        &self.outbox
-    }
-
     /// Runs one statement in a transaction of its own under the timeout.
-    pub(super) async fn run(
+    async fn run(
         &self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],

@@ -106,21 +106,33 @@ impl Relay {
     /// Renews the relay's registration and reads the contract every few seconds
     /// ([`version::check_every`]); the claim loop stops claiming on what it reads (`admission`),
     /// and the `outbox_relays` gauge shows the fleet it saw.
-    pub(super) async fn keep_registered(self: Arc<Self>, stop: CancellationToken) {
+    /// `shown`: the `outbox_relays` series set at start-up. The renewal runs on the claims'
+    /// connection (`Outbox::renew`): a server that takes no writes is left for the next host
+    /// as for a claim. After a failure, or before the first success, it tries again sooner.
+    pub(super) async fn keep_registered(self: Arc<Self>, shown: Shown, stop: CancellationToken) {
         let every = version::check_every(self.config.claim.lease);
-        let mut shown = std::collections::HashSet::new();
-        let mut failing = false;
+        let mut shown = shown;
+        let mut failing = self.admission.last_renewal().is_none();
         loop {
+            let wait = match failing {
+                true => every.min(self.config.retry.retry_base),
+                false => every,
+            };
             tokio::select! {
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => return,
             }
             let me = self.registration.lock().expect("registration lock").clone();
             let began = Instant::now();
-            match self.upkeep.renew(&me).await {
+            let outbox = Arc::clone(&self.outbox);
+            let renewal = self.session.run("renewing the relay's registration", |s| {
+                let me = me.clone();
+                async move { outbox.renew(&s, &me).await }
+            });
+            match renewal.await {
                 Ok(renewed) => {
                     if std::mem::take(&mut failing) {
-                        tracing::info!(target: LOG_TARGET, "registration renewed again");
+                        tracing::debug!(target: LOG_TARGET, "registration renewed");
                     }
                     self.admission.renewed(began);
                     shown = show_fleet(&renewed, &me, shown);
@@ -139,11 +151,16 @@ impl Relay {
     /// Removes the registration of a relay that stopped (best effort: otherwise it lapses
     /// after its lease).
     pub(super) async fn deregister(&self) {
-        let id = &self.config.claim.relay_id;
-        let gone =
-            tokio::time::timeout(self.config.retry.db_timeout, self.upkeep.deregister(id)).await;
-        if !matches!(gone, Ok(Ok(()))) {
-            tracing::debug!(target: LOG_TARGET, "could not remove the registration; it lapses after its lease");
+        let id = self.config.claim.relay_id.clone();
+        let outbox = Arc::clone(&self.outbox);
+        let gone = self
+            .session
+            .run("removing the relay's registration", |s| async move {
+                outbox.deregister(&s, &id).await
+            })
+            .await;
+        if let Err(e) = gone {
+            tracing::debug!(target: LOG_TARGET, error = %e, "could not remove the registration; it lapses after its lease");
         }
     }
 
@@ -152,6 +169,9 @@ impl Relay {
         match gate {
             Gate::Claim => String::new(),
             Gate::Refused(verdict) => self.outbox.refusal(verdict.clone()).to_string(),
+            Gate::Unrenewed(_) if self.admission.last_renewal().is_none() => {
+                "the relay is not registered yet (its first registration has not succeeded): claims wait for it".to_string()
+            }
             Gate::Unrenewed(_) => format!(
                 "the relay's registration was not renewed for half its lease ({}): claims wait until the database answers",
                 humantime::format_duration(version::claims_allowed_for(self.config.claim.lease))
@@ -311,14 +331,17 @@ impl Relay {
     }
 }
 
+/// The `outbox_relays` series (version, state) set by the last renewal.
+pub(super) type Shown = std::collections::HashSet<(String, &'static str)>;
+
 /// Sets `outbox_relays{version,state}` to the fleet a renewal saw, with this relay as it is now
 /// (the renewal read the fleet before its own write), and zeroes the series of versions and
 /// states gone since the last renewal; returns the series set.
-fn show_fleet(
+pub(super) fn show_fleet(
     renewed: &Renewed,
     me: &crate::outbox::Registration,
-    shown: std::collections::HashSet<(String, &'static str)>,
-) -> std::collections::HashSet<(String, &'static str)> {
+    shown: Shown,
+) -> Shown {
     let state = |claiming: bool| if claiming { "claiming" } else { "refused" };
     let mut counts: std::collections::HashMap<(String, &'static str), u32> =
         std::collections::HashMap::new();

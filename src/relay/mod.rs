@@ -128,11 +128,10 @@ pub struct Connected {
     outbox: Arc<Outbox>,
     /// The connection opened to check it, kept as the first claim session.
     first: Session,
-    /// The maintenance connection, which registered the relay at start-up.
-    upkeep: Upkeep,
-    /// The registration, and when its first renewal began.
+    /// The registration, and when its first renewal began and what it saw, where it could be
+    /// made at once (not on a standby first in the URL, say: the renewals go on trying).
     registration: Registration,
-    renewed: Instant,
+    renewed: Option<(Instant, crate::outbox::Renewed)>,
 }
 
 /// `outbox` is built from `config` ([`Outbox::from_config`]) by the caller, which reads the
@@ -165,8 +164,9 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
         return Err(OutboxError::Refused(outbox.refusal(verdict)).into());
     }
     // Registered before the first claim, so the fleet (and `migrate --contract`) sees every
-    // relay that claims; a role that may not write the registry stops the start here.
-    let upkeep = Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout);
+    // relay that claims; a role that may not write the registry stops the start here. A
+    // server that takes no writes (a standby first in the URL) or a failure worth retrying
+    // does not: claims wait for the first renewal that succeeds (`admission`).
     let registration = Registration {
         relay_id: config.claim.relay_id.clone(),
         host: gethostname::gethostname().to_string_lossy().into_owned(),
@@ -175,13 +175,19 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
         claiming: true,
         lease: config.claim.lease,
     };
-    let renewed = Instant::now();
-    upkeep.renew(&registration).await?;
+    let began = Instant::now();
+    let renewed = match outbox.renew(&first, &registration).await {
+        Ok(renewed) => Some((began, renewed)),
+        Err(e) if e.is_transient() || crate::outbox::replacement(&e).is_some() => {
+            tracing::debug!(error = %e, "first registration failed; claims wait for a renewal that succeeds");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(Connected {
         config,
         outbox,
         first,
-        upkeep,
         registration,
         renewed,
     })
@@ -200,7 +206,6 @@ pub async fn run(
         config,
         outbox,
         first,
-        upkeep,
         registration,
         renewed,
     } = connected;
@@ -252,7 +257,7 @@ pub async fn run(
         plan_config: config.plan(),
         session: SharedSession::new(Arc::clone(&outbox), first),
         settlements: SharedSession::lazy(Arc::clone(&outbox)),
-        upkeep,
+        upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
         outbox,
         sqs,
         sns,
@@ -270,7 +275,16 @@ pub async fn run(
         registration: Mutex::new(registration),
         config,
     });
-    relay.admission.renewed(renewed);
+    let mut fleet = maintain::Shown::default();
+    if let Some((began, renewed)) = &renewed {
+        relay.admission.renewed(*began);
+        let me = relay
+            .registration
+            .lock()
+            .expect("registration lock")
+            .clone();
+        fleet = maintain::show_fleet(renewed, &me, fleet);
+    }
     tracing::info!(
         relay_id = %relay.config.claim.relay_id,
         table = %relay.config.database.table,
@@ -285,7 +299,7 @@ pub async fn run(
     let listener = tokio::spawn(Arc::clone(&relay).listen_for_wakeups(background.clone()));
     let stats = tokio::spawn(Arc::clone(&relay).refresh_stats(background.clone()));
     let retention = tokio::spawn(Arc::clone(&relay).expire_sent(background.clone()));
-    let renewals = tokio::spawn(Arc::clone(&relay).keep_registered(background.clone()));
+    let renewals = tokio::spawn(Arc::clone(&relay).keep_registered(fleet, background.clone()));
     relay.claim_loop(&shutdown).await;
     background.cancel();
     let _ = tokio::join!(listener, stats, retention, renewals);

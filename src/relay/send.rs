@@ -86,7 +86,7 @@ impl Relay {
         // of the permits every destination shares. The bucket's next, for the uploads.
         let slot = tokio::select! {
             slot = self.concurrency.acquire(&request.queue_url) => slot,
-            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
         };
         let bucket = self
             .s3
@@ -96,18 +96,18 @@ impl Relay {
         let upload_slot = match &bucket {
             Some(bucket) => tokio::select! {
                 slot = self.concurrency.acquire(bucket) => Some(slot),
-                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
             },
             None => None,
         };
         let _permit = tokio::select! {
             permit = self.request_permits.acquire() => permit.expect("never closed"),
-            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
         };
         while let Some(pause) = self.pressure.remaining(Instant::now()) {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent("shutting down"))),
+                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
             }
         }
         // Another request may have found the queue refusing while this one waited.
@@ -268,6 +268,10 @@ impl Relay {
 }
 
 /// Why a request produced no per-entry answers.
+/// Why a request waiting for its turn is not sent when sending stops: the relay shuts down, or
+/// stopped claiming because the schema no longer admits it; its rows are given back either way.
+const STOPPING: &str = "sending stopped (shutdown, or the schema no longer admits this relay)";
+
 pub(super) enum Unsent {
     /// SQS (or the path to it) failed the whole request.
     Failed(RequestFailure),
