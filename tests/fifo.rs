@@ -11,7 +11,7 @@ use crate::scenario::{
 use crate::support::{create_queue, receive_all, sqs, wait_until, FaultProxy, Mode, RelayProcess};
 
 /// event_id -> id, to check order at the consumer.
-async fn ids_by_event(client: &tokio_postgres::Client) -> HashMap<String, i64> {
+pub async fn ids_by_event(client: &tokio_postgres::Client) -> HashMap<String, i64> {
     client
         .query("SELECT event_id, id FROM outbox", &[])
         .await

@@ -43,6 +43,7 @@ mod slow_destination;
 mod sns;
 mod sqs_contract;
 mod startup;
+mod upgrade;
 mod upkeep;
 mod wakeup;
 mod wakeup_logical;

@@ -114,6 +114,8 @@ struct Shared {
     held: AtomicUsize,
     /// What every request asked for, in arrival order (see `FaultProxy::actions`).
     actions: Mutex<Vec<String>>,
+    /// The `event_id` of every `SendMessageBatch` entry forwarded (see `FaultProxy::sent_event_ids`).
+    sent_event_ids: Mutex<Vec<String>>,
     /// The one worker of `Mode::Serial`: held while a request is served.
     serial: tokio::sync::Mutex<()>,
 }
@@ -149,6 +151,7 @@ impl FaultProxy {
             faulted: AtomicU64::new(0),
             held: AtomicUsize::new(0),
             actions: Mutex::new(Vec::new()),
+            sent_event_ids: Mutex::new(Vec::new()),
             serial: tokio::sync::Mutex::new(()),
         });
         let accept_shared = shared.clone();
@@ -228,6 +231,13 @@ impl FaultProxy {
     /// `x-id`).
     pub fn actions(&self) -> Vec<String> {
         self.shared.actions.lock().unwrap().clone()
+    }
+
+    /// The `event_id` attribute of every `SendMessageBatch` entry forwarded to the server so far,
+    /// in arrival order: each message the relay got to SQS, so an event sent twice shows twice
+    /// even where a FIFO queue's deduplication kept only one copy for consumers.
+    pub fn sent_event_ids(&self) -> Vec<String> {
+        self.shared.sent_event_ids.lock().unwrap().clone()
     }
 }
 
@@ -510,6 +520,9 @@ async fn read_more(stream: &mut TcpStream, buffered: &mut Vec<u8>) -> std::io::R
 /// connection can stay open after it.
 async fn forward(shared: &Shared, request: &Request) -> (Vec<u8>, bool) {
     shared.forwarded.fetch_add(1, Ordering::SeqCst);
+    if request.action.ends_with(".SendMessageBatch") {
+        record_event_ids(shared, &request.body);
+    }
     let exchange = async {
         let mut upstream = TcpStream::connect(&shared.upstream).await?;
         let mut head = String::new();
@@ -531,6 +544,23 @@ async fn forward(shared: &Shared, request: &Request) -> (Vec<u8>, bool) {
         Ok(Err(e)) => canned_close("502 Bad Gateway", &format!("upstream: {e}")),
         Err(_) => canned_close("504 Gateway Timeout", "upstream took over 120 s"),
     }
+}
+
+/// Notes the `event_id` message attribute of each entry of a `SendMessageBatch` body.
+fn record_event_ids(shared: &Shared, body: &[u8]) {
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return;
+    };
+    let ids = body["Entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            entry["MessageAttributes"]["event_id"]["StringValue"]
+                .as_str()
+                .map(str::to_string)
+        });
+    shared.sent_event_ids.lock().unwrap().extend(ids);
 }
 
 /// Drops the upstream's `Connection: close` so the client may keep its connection, when the

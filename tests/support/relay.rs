@@ -2,6 +2,7 @@
 
 use super::{spawn_kept, unique, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
 use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -39,7 +40,23 @@ impl RelayProcess {
     }
 
     pub fn spawn_named(name: &str, args: &[String], envs: &[(String, String)]) -> RelayProcess {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        Self::spawn_binary(
+            Path::new(env!("CARGO_BIN_EXE_outbox-relay")),
+            name,
+            args,
+            envs,
+        )
+    }
+
+    /// [`RelayProcess::spawn_named`] for another build of the relay than this one's, e.g. a
+    /// release before it.
+    pub fn spawn_binary(
+        binary: &Path,
+        name: &str,
+        args: &[String],
+        envs: &[(String, String)],
+    ) -> RelayProcess {
+        let mut cmd = Command::new(binary);
         cmd.args(args);
         for (key, _) in std::env::vars_os() {
             let key = key.to_string_lossy();
