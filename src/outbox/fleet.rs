@@ -49,17 +49,19 @@ pub struct LiveRelay {
     pub claiming: bool,
 }
 
-/// The latest contract a relay read, and when: every new connection and every renewal reads
-/// it, and the latest read is the one that counts.
+/// This relay's verdict on the latest contract it read, and when: every new connection and
+/// every renewal reads it, and the latest read is the one that counts. Judged when read, so
+/// the claim loop's look before each claim is a lock and a copy.
 #[derive(Debug, Default)]
-pub(super) struct Observed(Mutex<Option<(Contract, Instant)>>);
+pub(super) struct Observed(Mutex<Option<(Verdict, Instant)>>);
 
 impl Observed {
-    fn record(&self, contract: Contract) {
-        *self.0.lock().expect("contract lock") = Some((contract, Instant::now()));
+    fn record(&self, contract: &Contract) {
+        let verdict = version::judge(version::this_relay(), contract);
+        *self.0.lock().expect("contract lock") = Some((verdict, Instant::now()));
     }
 
-    fn latest(&self) -> Option<(Contract, Instant)> {
+    fn latest(&self) -> Option<(Verdict, Instant)> {
         self.0.lock().expect("contract lock").clone()
     }
 }
@@ -115,7 +117,7 @@ impl Outbox {
                 .map(|r| r.get(0)),
         };
         let contract = contract_of(row)?;
-        self.observed.record(contract.clone());
+        self.observed.record(&contract);
         Ok(contract)
     }
 
@@ -146,9 +148,7 @@ impl Outbox {
     /// This relay's verdict on the latest contract read, and when it was read; `None` before
     /// the first read.
     pub fn verdict(&self) -> Option<(Verdict, Instant)> {
-        self.observed
-            .latest()
-            .map(|(c, at)| (version::judge(version::this_relay(), &c), at))
+        self.observed.latest()
     }
 
     /// The one line for a verdict on this table.
@@ -285,7 +285,7 @@ impl Outbox {
             .await
             .map_err(|e| self.unwritable_registry(e))?;
         let contract = contract_of(row.get(0))?;
-        self.observed.record(contract.clone());
+        self.observed.record(&contract);
         let ids: Vec<String> = row.get(1);
         let versions: Vec<String> = row.get(2);
         let claiming: Vec<bool> = row.get(3);
