@@ -55,12 +55,23 @@ async fn ten_commits_within_the_budget_ride_in_one_claim(wakeup: &str) {
     let relay = RelayProcess::spawn(&args, &[]);
     relay.metrics_addr(Duration::from_secs(30)).await;
     let client = db.client().await;
-    // The relay's first claim (empty) ran at start; the rate it measures from the next one is
+    // The relay's first claim (empty) runs at start; the rate it measures from the next one is
     // one row over the time between them. Right after start that time can be a few tens of ms
     // on a loaded machine: a rate of tens of rows a second, which shrinks the wait to the time
     // such a stream takes for a quarter batch, shorter than ten commits 50 ms apart
-    // (`relay::gather`; a loaded CI run split them 7 + 3). Two seconds make it a stream of
-    // half a row a second, whose wait is the whole budget.
+    // (`relay::gather`; a loaded CI run split them 7 + 3). Two seconds after that claim it is
+    // a stream of half a row a second, whose wait is the whole budget.
+    wait_until(
+        "the relay's first claim",
+        Duration::from_secs(30),
+        || async {
+            relay
+                .metric("outbox_claim_duration_seconds_count")
+                .await
+                .is_some_and(|n| n >= 1.0)
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     insert(&client, &events("first", 1, 1), Duration::ZERO).await;

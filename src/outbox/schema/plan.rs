@@ -812,7 +812,7 @@ mod tests {
                     .unwrap(),
             )
             .unwrap();
-        assert!(!text.contains("ADD COLUMN"), "{text}");
+        assert!(!text.contains("ADD COLUMN IF NOT EXISTS"), "{text}");
         assert!(
             !text.contains("NOT VALID"),
             "the check of the interrupted run is kept"
