@@ -1,8 +1,11 @@
 //! # outbox-relay
 //!
 //! A sidecar that relays a PostgreSQL transactional outbox to Amazon SQS: it claims unsent
-//! rows under a short lease (`FOR UPDATE SKIP LOCKED`), sends them with SendMessageBatch
-//! keeping the business `event_id`, and marks them sent only after SQS acknowledged them.
+//! rows under a short lease (one row per claim in a lease table beside the outbox; the claims
+//! of a table take turns on a transaction advisory lock, with no row locks), sends them with
+//! SendMessageBatch keeping the business `event_id`, and settles them only after SQS
+//! acknowledged them: deletes them (`--retention 0`, the default), or marks them sent and
+//! keeps them for `--retention`.
 //!
 //! # Layout
 //!

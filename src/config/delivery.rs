@@ -151,7 +151,8 @@ pub struct ClaimConfig {
     pub max_delay: Duration,
     /// Failed attempts after which a row is quarantined.
     pub max_attempts: u32,
-    /// The lease owner written on claimed rows, so an operator sees who holds them.
+    /// The lease owner written on each claim's row in the lease table (and the relay's name in
+    /// the fleet registry), so an operator sees who holds which rows.
     pub relay_id: String,
 }
 

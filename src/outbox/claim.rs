@@ -564,7 +564,7 @@ fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
     )
 }
 
-/// The `weighed` CTE of every claim: the locked rows (`id`, `attempts`, `bytes`) with their
+/// The `weighed` CTE of every claim: the chosen rows (`id`, `attempts`, `bytes`) with their
 /// `doom`, the reason a row is quarantined by the claim instead of leased (sql/claim.sql), and
 /// what each holds of the byte budget (`held`: nothing for a doomed row, which is not read).
 /// One definition, rendered into each strategy's statement.

@@ -56,7 +56,7 @@ impl Outbox {
         // JIT: a claim's estimated cost counts each group-head probe at its worst (a bitmap
         // scan and a sort per candidate row), so a claim over a large backlog passes
         // `jit_above_cost` while it runs in a millisecond. JIT compiling then took 10–40 ms of
-        // every claim, four times the claim itself (docs/benchmarks.md, issue 19). The relay's
+        // every claim, four times the claim itself (docs/benchmarks.md, "JIT off"). The relay's
         // statements are short: compiling them never pays.
         if !client.pooled() {
             client
