@@ -18,7 +18,8 @@ Every check prints one `ok`, `FAIL` or `skip` line; the last line counts them. T
   whose Kustomize is v5; otherwise a `skip` line says why), and on each rendered overlay:
   - every object names its apiVersion, kind and name; the overlay holds its layout's objects
     (the relay as a native sidecar, as a regular container beside the app, or as a Deployment
-    running only the relay; the migrate Job, the PodMonitor, the PrometheusRule, the budget);
+    running only the relay; the migrate Job, the PodMonitor, the PrometheusRule, the budget,
+    and for the standalone layout the ScaledObject);
   - the relay: probes ask /healthz (the relay's semantics: loop alive) on the port the relay
     listens on (--metrics-addr, or its default when unset), no readiness probe (the documented
     choice), every environment variable (its own and its ConfigMap's) one of the command's own
@@ -32,10 +33,16 @@ Every check prints one `ok`, `FAIL` or `skip` line; the last line counts them. T
     maxUnavailable 0 and maxSurge at least 1; the PodDisruptionBudget selects the relays' pods
     and, with maxUnavailable (not minAvailable), leaves at least one running through an
     eviction; the PrometheusRule's groups are alerts.yml's;
+  - the ScaledObject scales the standalone Deployment (which leaves `replicas` to it) from at
+    least one replica, to a maximum whose connections (CONNECTIONS, per wake-up mode, times
+    the maximum plus the rollout's surge) fit the budget it states; its scale-down cannot flap
+    (a stabilization window of at least FLAP_WINDOW and of several refresh-scrape-poll
+    cycles, policies of a minute or more); its query is the alerts' kind of query (max without
+    (instance, pod) of a backlog gauge, job="outbox-relay") narrowed to its own namespace;
   - the Kubernetes API schemas (strict: unknown fields fail): the native layout against 1.29,
     the first version with native sidecars, the others against the oldest schema shipped; all
-    against the newest; the custom resources (PodMonitor, PrometheusRule) against the
-    schemas in tests/kubernetes/schemas/ (README there);
+    against the newest; the custom resources (ScaledObject, PodMonitor, PrometheusRule)
+    against the schemas in tests/kubernetes/schemas/ (README there);
   - where the kubectl is 1.29 or newer, a client-side round trip of the workloads through its
     API types (`kubectl set env --local`, which needs no cluster) keeps every field.
     `kubectl apply/create --dry-run=client` are not used: they need the API server's
@@ -80,7 +87,7 @@ EXPECTED_KINDS = {
     "native": ("ConfigMap", "Job", "PodMonitor", "PrometheusRule", "PodDisruptionBudget"),
     "plain": ("ConfigMap", "Job", "PodMonitor", "PrometheusRule", "PodDisruptionBudget"),
     "standalone": ("ConfigMap", "ServiceAccount", "Job", "PodMonitor", "PrometheusRule",
-                   "PodDisruptionBudget"),
+                   "PodDisruptionBudget", "ScaledObject"),
 }
 # deploy/Dockerfile: USER 65532:65532.
 IMAGE_UID = 65532
@@ -94,10 +101,20 @@ KUSTOMIZE_SINCE = (1, 27)
 # The app's own shutdown comes before the relay's drain in the native layout's grace period
 # (overlays/sidecar/app.yaml says how much it allows for it).
 APP_SHUTDOWN_ALLOWANCE = 20
-# The job label the alerts and the dashboard select on.
+# Database connections one relay holds, by --wakeup (docs/operations.md, "Autoscaling on the
+# backlog", counts them in src/relay/): the claims' session, the settlements' session and the
+# upkeep connection; with notify a LISTEN connection, with logical the doorbell's connection
+# that checks the publication before each (re)connection of its replication stream.
+CONNECTIONS = {"poll": 3, "notify": 4, "logical": 4}
+# The shortest scale-down stabilization window that keeps the relay count from flapping
+# (components/keda/scaledobject.yaml says why).
+FLAP_WINDOW = 300
+# The job label the alerts, the dashboard and the KEDA query select on.
 JOB = "outbox-relay"
+BACKLOG_GAUGES = ("outbox_unsent_rows", "outbox_oldest_unsent_age_seconds")
 # Custom resources and their schemas in tests/kubernetes/schemas/.
 CUSTOM_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobject.yaml",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor.yaml",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule.yaml",
 }
@@ -460,7 +477,7 @@ def check_podmonitor(docs, overlay):
         need(endpoint.get("port") in ports, f"the PodMonitor scrapes port {endpoint.get('port')!r}, which the relay does not declare")
         jobs = [r for r in endpoint.get("relabelings") or [] if r.get("targetLabel") == "job"]
         need(jobs and jobs[-1].get("replacement") == JOB,
-             f"the PodMonitor must set job={JOB!r}, which the alerts and the dashboard select on")
+             f"the PodMonitor must set job={JOB!r}, which the alerts, the dashboard and the KEDA query select on")
 
 
 def count(value, replicas, round_up):
@@ -510,6 +527,75 @@ def check_pdb(docs, overlay):
 def check_prometheusrule(docs, overlay, alerts):
     rule = one(docs, "PrometheusRule")
     same_groups(rule["spec"].get("groups"), alerts, "the PrometheusRule")
+
+
+def query_selectors(query):
+    """The label matchers of each metric selector in a PromQL expression, by metric name."""
+    found = {}
+    for metric, matchers in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", query):
+        found.setdefault(metric, []).append(dict(re.findall(r'(\w+)\s*=\s*"([^"]*)"', matchers)))
+    return found
+
+
+def check_scaledobject(docs, overlay, run):
+    scaled = one(docs, "ScaledObject")
+    spec = scaled["spec"]
+    target = spec["scaleTargetRef"]
+    need(target.get("kind", "Deployment") == "Deployment", f"scales a {target.get('kind')}, not the relay's Deployment")
+    deployments = [d for d in kinds(docs, "Deployment") if d["metadata"]["name"] == target["name"]]
+    need(deployments, f"scaleTargetRef names {target['name']!r}, which the overlay does not make")
+    deployment = deployments[0]
+    need(any(d is deployment and layout_of(d, w) == "standalone" for d, w in relay_workloads(docs)),
+         f"{target['name']} is not a Deployment running only the relay: scaling it would scale the application")
+    need("replicas" not in deployment["spec"],
+         f"{target['name']} still sets replicas, which every apply would reset under the autoscaler")
+
+    low, high = spec.get("minReplicaCount", 0), spec.get("maxReplicaCount", 100)
+    need(low >= 1, f"minReplicaCount {low}: at zero relays nothing reports the backlog to scale up on")
+    need(high >= low, f"maxReplicaCount {high} below minReplicaCount {low}")
+    budget = (scaled["metadata"].get("annotations") or {}).get("outbox-relay/connection-budget")
+    need(budget is not None and budget.isdigit(),
+         "no outbox-relay/connection-budget annotation: the maximum must be reckoned from the database's connection budget")
+    _, _, relay = the_relay(docs)
+    wakeup = setting(env_of(relay, docs), run, "OUTBOX_WAKEUP", "wakeup")
+    need(wakeup in CONNECTIONS, f"no connection count for --wakeup {wakeup}")
+    peak = (high + surge(deployment)) * CONNECTIONS[wakeup]
+    need(peak <= int(budget),
+         f"maxReplicaCount {high} plus the rollout's surge {surge(deployment)} at {CONNECTIONS[wakeup]} connections each "
+         f"(--wakeup {wakeup}) is {peak}, above the budget of {budget}")
+
+    behavior = ((spec.get("advanced") or {}).get("horizontalPodAutoscalerConfig") or {}).get("behavior") or {}
+    down, up = behavior.get("scaleDown") or {}, behavior.get("scaleUp") or {}
+    monitor = one(docs, "PodMonitor")
+    scrape = max(seconds(e.get("interval", "1m")) for e in monitor["spec"]["podMetricsEndpoints"])
+    cycle = seconds(setting(env_of(relay, docs), run, "OUTBOX_STATS_INTERVAL", "stats-interval")) + scrape + spec.get("pollingInterval", 30)
+    window = down.get("stabilizationWindowSeconds")
+    need(window is not None and window >= max(FLAP_WINDOW, 4 * cycle),
+         f"scaleDown.stabilizationWindowSeconds {window}: at least {max(FLAP_WINDOW, 4 * cycle):g}s "
+         f"(and four refresh + scrape + poll cycles of {cycle:g}s), or one quiet reading removes relays")
+    policies = down.get("policies") or []
+    need(policies, "scaleDown has no policies: the autoscaler's default removes every surplus relay at once")
+    for policy in policies:
+        need(policy.get("periodSeconds", 0) >= 60, f"scaleDown policy {policy}: a period under a minute")
+    need(up.get("stabilizationWindowSeconds", 0) < window, "scaleUp waits longer than scaleDown")
+
+    triggers = spec.get("triggers") or []
+    need(triggers, "no triggers")
+    namespace = scaled["metadata"].get("namespace")
+    for trigger in triggers:
+        need(trigger.get("type") == "prometheus", f"trigger {trigger.get('type')}: the relay's backlog is in Prometheus")
+        query = trigger["metadata"].get("query", "")
+        need(re.match(r"^\s*max without \(instance, pod\) \(", query),
+             f"query {query!r}: the table gauges are taken as max without (instance, pod), as the alerts do")
+        selectors = query_selectors(query)
+        gauges = [m for m in selectors if m in BACKLOG_GAUGES]
+        need(gauges, f"query {query!r} reads none of {', '.join(BACKLOG_GAUGES)}")
+        for metric in selectors:
+            for matchers in selectors[metric]:
+                need(matchers.get("job") == JOB, f"query {query!r}: {metric} must select job=\"{JOB}\"")
+                need(matchers.get("namespace") == namespace,
+                     f"query {query!r}: {metric} must select the relays' namespace {namespace!r} (KEDA needs one series)")
+        need(float(trigger["metadata"].get("threshold", "0")) > 0, "no threshold above 0")
 
 
 def check_schema(docs, overlay, version):
@@ -680,6 +766,9 @@ def suite(world, run, migrate, validators, kubectl):
             (f"{prefix} Kubernetes {latest} schema (strict)", per(check_schema, latest)(overlay)),
             (f"{prefix} custom resource schemas (strict)", per(check_custom_schemas, validators)(overlay)),
         ]
+        if kinds(world["renders"][overlay], "ScaledObject") or LAYOUTS.get(overlay) == "standalone":
+            checks.append((f"{prefix} ScaledObject: target, replicas, connection budget, scale-down, query",
+                           per(check_scaledobject, run)(overlay)))
         if kubectl:
             checks.append((f"{prefix} kubectl round trip keeps every field", per(check_kubectl, kubectl)(overlay)))
     return checks
@@ -728,6 +817,15 @@ def breakages():
             if e["name"] == "OUTBOX_TABLE":
                 e.pop("valueFrom")
                 e["value"] = "app.outbox"
+
+    def scaled(w):
+        return obj(w, "standalone", "ScaledObject")
+
+    def scale_down(w):
+        return scaled(w)["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+
+    def trigger(w):
+        return scaled(w)["spec"]["triggers"][0]["metadata"]
 
     def rule(w, overlay):
         return obj(w, overlay, "PrometheusRule")["spec"]["groups"][0]["rules"]
@@ -810,8 +908,34 @@ def breakages():
          lambda w: pod(w, "sidecar-plain").update(initContainers=[dict(relay(w, "sidecar-plain"), name="x", restartPolicy="Always")])),
         ("overlays/sidecar: custom resource", "misspelt PodMonitor field",
          lambda w: obj(w, "sidecar", "PodMonitor")["spec"].update(podMetricEndpoints=[])),
+        ("overlays/standalone: custom resource", "threshold not a string",
+         lambda w: trigger(w).update(threshold=5000)),
+        ("overlays/standalone: custom resource", "misspelt scaler parameter",
+         lambda w: trigger(w).update(treshold="5000")),
+        ("overlays/standalone: custom resource", "scale-down policy of an unknown type",
+         lambda w: scale_down(w)["policies"][0].update(type="Replicas")),
         ("overlays/sidecar-plain: custom resource", "a rule with expression instead of expr",
          lambda w: rule(w, "sidecar-plain")[0].update(expression=rule(w, "sidecar-plain")[0].pop("expr"))),
+        ("overlays/standalone: ScaledObject", "scales to zero", lambda w: scaled(w)["spec"].update(minReplicaCount=0)),
+        ("overlays/standalone: ScaledObject", "maximum beyond the connection budget",
+         lambda w: scaled(w)["spec"].update(maxReplicaCount=10)),
+        ("overlays/standalone: ScaledObject", "budget too small for logical wake-ups",
+         lambda w: config(w, "standalone").update(OUTBOX_WAKEUP="logical") or
+         scaled(w)["metadata"]["annotations"].update({"outbox-relay/connection-budget": "20"})),
+        ("overlays/standalone: ScaledObject", "no budget stated",
+         lambda w: scaled(w)["metadata"].pop("annotations")),
+        ("overlays/standalone: ScaledObject", "scale-down window of a minute",
+         lambda w: scale_down(w).update(stabilizationWindowSeconds=60)),
+        ("overlays/standalone: ScaledObject", "scale-down every 15 seconds",
+         lambda w: scale_down(w)["policies"][0].update(periodSeconds=15)),
+        ("overlays/standalone: ScaledObject", "scales a Deployment the overlay does not make",
+         lambda w: scaled(w)["spec"]["scaleTargetRef"].update(name="orders")),
+        ("overlays/standalone: ScaledObject", "the Deployment keeps replicas",
+         lambda w: one(docs(w, "standalone"), "Deployment")["spec"].update(replicas=2)),
+        ("overlays/standalone: ScaledObject", "query for another namespace",
+         lambda w: trigger(w).update(query=trigger(w)["query"].replace('namespace="orders"', 'namespace="NAMESPACE"'))),
+        ("overlays/standalone: ScaledObject", "query summing over replicas",
+         lambda w: trigger(w).update(query=trigger(w)["query"].replace("max without (instance, pod)", "sum"))),
     ]
     return sources, renders
 
