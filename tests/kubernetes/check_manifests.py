@@ -47,6 +47,8 @@ Every check prints one `ok`, `FAIL` or `skip` line; the last line counts them. T
     API types (`kubectl set env --local`, which needs no cluster) keeps every field.
     `kubectl apply/create --dry-run=client` are not used: they need the API server's
     discovery even with --validate=false, so they fail without a cluster;
+- deploy/README.md's rendered Deployment (the block after `<!-- rendered: ... -->`) is what
+  `kubectl kustomize` makes of that overlay;
 - the checks themselves: each one is fed a broken copy and must fail.
 """
 
@@ -68,6 +70,7 @@ REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZE = REPO / "deploy" / "kubernetes"
 OVERLAYS = KUSTOMIZE / "overlays"
 ALERTS = REPO / "deploy" / "prometheus" / "alerts.yml"
+README = REPO / "deploy" / "README.md"
 SCHEMAS = Path(__file__).resolve().parent / "schemas"
 PROMETHEUSRULE = "components/prometheusrule/prometheusrule.yaml"
 # Where each layout's relay container is written, and in which list of the pod.
@@ -655,6 +658,24 @@ def first_difference(a, b, path="$"):
     return None if a == b and type(a) is type(b) else f"{path} ({a!r}, {b!r})"
 
 
+def readme_blocks(text):
+    """(overlay, kind, name, parsed block) for each ```yaml block after a rendered marker."""
+    pattern = r"<!-- rendered: overlays/([\w-]+) (\w+)/([\w-]+) -->\s*```yaml\n(.*?)```"
+    return [(o, k, n, yaml.safe_load(body)) for o, k, n, body in re.findall(pattern, text, re.S)]
+
+
+def check_readme(world):
+    blocks = readme_blocks(world["readme"])
+    need(blocks, "deploy/README.md shows no rendered object (<!-- rendered: overlays/NAME Kind/name --> before a yaml block)")
+    for overlay, kind, name, shown in blocks:
+        need(overlay in world["renders"], f"deploy/README.md shows overlays/{overlay}, which does not exist")
+        rendered = one(world["renders"][overlay], kind, name)
+        difference = first_difference(rendered, shown, f"{kind}/{name}")
+        need(difference is None,
+             f"deploy/README.md's {kind}/{name} is not what `kubectl kustomize deploy/kubernetes/overlays/{overlay}` "
+             f"makes of it (rendered, shown: {difference}); paste the render again")
+
+
 # --- kubectl ---------------------------------------------------------------------------------
 
 
@@ -739,7 +760,7 @@ class Report:
 
 
 def suite(world, run, migrate, validators, kubectl):
-    """The checks by title, each a function of the world (sources, renders, alerts)."""
+    """The checks by title, each a function of the world (sources, renders, alerts, README)."""
     checks = [
         ("deploy/kubernetes: every YAML file parses", check_sources_parse),
         (f"{PROMETHEUSRULE}: its groups are deploy/prometheus/alerts.yml's", check_prometheusrule_source),
@@ -771,6 +792,8 @@ def suite(world, run, migrate, validators, kubectl):
                            per(check_scaledobject, run)(overlay)))
         if kubectl:
             checks.append((f"{prefix} kubectl round trip keeps every field", per(check_kubectl, kubectl)(overlay)))
+    if world["renders"]:
+        checks.append(("deploy/README.md: the rendered Deployment is the overlay's", check_readme))
     return checks
 
 
@@ -833,6 +856,9 @@ def breakages():
     def source_relay(w, name):
         where = RELAY_SOURCES[name]
         return relay_container(pod_spec(one(w["sources"][name], "Deployment")), where)
+
+    def readme_differs(w):
+        one(docs(w, "sidecar"), "Deployment")["spec"]["replicas"] = 3
 
     sources = [
         ("alerts.yml's", "PrometheusRule source drifted from alerts.yml",
@@ -936,6 +962,7 @@ def breakages():
          lambda w: trigger(w).update(query=trigger(w)["query"].replace('namespace="orders"', 'namespace="NAMESPACE"'))),
         ("overlays/standalone: ScaledObject", "query summing over replicas",
          lambda w: trigger(w).update(query=trigger(w)["query"].replace("max without (instance, pod)", "sum"))),
+        ("deploy/README.md", "the render differs from what the README shows", readme_differs),
     ]
     return sources, renders
 
@@ -976,7 +1003,7 @@ def main():
     args = parser.parse_args()
 
     report = Report()
-    world = {"sources": {}, "renders": {}, "alerts": None}
+    world = {"sources": {}, "renders": {}, "alerts": None, "readme": README.read_text()}
     for path in sorted(KUSTOMIZE.rglob("*.yaml")):
         name = str(path.relative_to(KUSTOMIZE))
         try:
@@ -1026,6 +1053,8 @@ def main():
 
     for title, check in suite(world, run, migrate, validators, roundtrip):
         report.run(title, check, world)
+    if not world["renders"]:
+        report.skip("deploy/README.md: the rendered Deployment is the overlay's", "no overlay rendered (above)")
 
     report.run("every check fails on a broken copy", check_breakages, world, run, migrate, validators, roundtrip)
     print(f"kubernetes manifests: {report.passed} passed, {report.failed} failed, {report.skipped} skipped")
