@@ -10,6 +10,7 @@ mod adopt;
 mod chaos;
 mod claim_races;
 mod crash;
+mod dashboard;
 mod dbauth;
 mod destination;
 mod failover;

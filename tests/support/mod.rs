@@ -10,6 +10,7 @@
 //! - [`tcp_proxy`]: [`TcpProxy`], a TCP fault injector in front of PostgreSQL (dark, reset, slow).
 //! - [`iam_proxy`]: [`IamProxy`], a PostgreSQL front that checks RDS IAM auth tokens.
 //! - [`pgbouncer`]: [`PgBouncer`], Debian's pgbouncer in front of the cluster, per test.
+//! - [`prometheus`]: [`Prometheus`], a real Prometheus scraping a test's relays, with its API.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
 //! - [`otlp`]: [`OtlpReceiver`], an OTLP/HTTP trace receiver that decodes the spans it gets.
 //!
@@ -24,6 +25,7 @@ pub mod iam_proxy;
 pub mod otlp;
 pub mod pg;
 pub mod pgbouncer;
+pub mod prometheus;
 pub mod proxy;
 pub mod relay;
 pub mod sns;
@@ -34,6 +36,7 @@ pub use iam_proxy::IamProxy;
 pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use pg::{fresh_db, pg, Pg, TestDb};
 pub use pgbouncer::{PgBouncer, PoolMode, Pooling};
+pub use prometheus::Prometheus;
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
 pub use sns::{create_topic, create_topic_named, sns_client, subscribe_queue, topic_name};
