@@ -339,6 +339,15 @@ impl Checker<'_> {
             }
             for query in yaml_values(&text, "query") {
                 found += 1;
+                // The component leaves the namespace to the overlay (a `replacements` entry);
+                // here it is the one the test's targets carry.
+                let query = query.replace(
+                    "namespace=\"NAMESPACE\"",
+                    &format!(
+                        "namespace=\"{}\"",
+                        crate::support::prometheus::TARGET_NAMESPACE
+                    ),
+                );
                 let what = format!("{} query", relative(&path));
                 problems.extend(self.check(&what, &query).await);
             }

@@ -17,6 +17,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The job every target is scraped under: the one the dashboard's and the alerts' selectors name.
 pub const JOB: &str = "outbox-relay";
 
+/// The `namespace` label every target gets, as Kubernetes service discovery gives a pod's: the
+/// KEDA ScaledObject's query names the relays' namespace (an overlay fills it in).
+pub const TARGET_NAMESPACE: &str = "outbox-relay-test";
+
 /// How often targets are scraped and rules evaluated.
 pub const SCRAPE_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -94,7 +98,10 @@ impl Prometheus {
     pub fn add_target(&self, addr: &str) {
         let mut targets = self.targets.lock().unwrap();
         targets.push(addr.to_string());
-        let groups = serde_json::json!([{ "targets": *targets }]);
+        let groups = serde_json::json!([{
+            "targets": *targets,
+            "labels": { "namespace": TARGET_NAMESPACE },
+        }]);
         let tmp = self.dir.join("targets.json.tmp");
         std::fs::write(&tmp, groups.to_string()).expect("write targets file");
         std::fs::rename(&tmp, self.dir.join("targets.json")).expect("replace targets file");
