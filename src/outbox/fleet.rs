@@ -160,10 +160,15 @@ impl Outbox {
         }
     }
 
-    /// The live relays of the table; none where the registry does not exist yet (schema
-    /// version 3 and before).
-    async fn live_relays_on(&self, client: &Conn) -> Result<Vec<LiveRelay>, OutboxError> {
-        let exists: bool = client
+    /// The fleet as the database knows it: the live registered relays, and the signs of
+    /// relays that never registered (relays of before 0.2.0): owners of live leases who are
+    /// not registered, and sessions named as those relays named themselves. Nothing where the
+    /// registry does not exist yet (schema version 3 and before).
+    pub(super) async fn fleet_on(
+        &self,
+        client: &Conn,
+    ) -> Result<(Vec<LiveRelay>, Vec<String>), OutboxError> {
+        let registry: bool = client
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL",
                 &[&self.table.relays().quoted()],
@@ -171,17 +176,16 @@ impl Outbox {
             .await
             .map_err(query_err("looking up the relay registry"))?
             .get(0);
-        if !exists {
-            return Ok(Vec::new());
+        if !registry {
+            return Ok((Vec::new(), Vec::new()));
         }
-        let rows = client
+        let live = client
             .query(
                 &self.fleet_sql(include_str!("../../sql/relays_live.sql"))?,
                 &[],
             )
             .await
-            .map_err(query_err("reading the relay registry"))?;
-        Ok(rows
+            .map_err(query_err("reading the relay registry"))?
             .iter()
             .map(|r| LiveRelay {
                 relay_id: r.get(0),
@@ -192,29 +196,7 @@ impl Outbox {
                 claiming: r.get(5),
                 started_at: r.get(6),
             })
-            .collect())
-    }
-
-    /// The fleet as the database knows it: the live registered relays, and the signs of
-    /// relays that never registered (relays of before 0.2.0): owners of live leases who are
-    /// not registered, and sessions named as those relays named themselves. Nothing where the
-    /// registry does not exist yet.
-    pub(super) async fn fleet_on(
-        &self,
-        client: &Conn,
-    ) -> Result<(Vec<LiveRelay>, Vec<String>), OutboxError> {
-        let live = self.live_relays_on(client).await?;
-        let registry: bool = client
-            .query_one(
-                "SELECT to_regclass($1) IS NOT NULL",
-                &[&self.table.relays().quoted()],
-            )
-            .await
-            .map_err(query_err("looking up the relay registry"))?
-            .get(0);
-        if !registry {
-            return Ok((live, Vec::new()));
-        }
+            .collect();
         let others = client
             .query(
                 &self.fleet_sql(include_str!("../../sql/contract_blockers.sql"))?,
