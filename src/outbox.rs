@@ -48,6 +48,7 @@ mod order_by;
 mod pooler;
 pub mod schema;
 mod search_path;
+mod selection;
 mod session;
 mod settings;
 mod status;
@@ -71,6 +72,7 @@ pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
 pub use schema::LockPolicy;
 pub use search_path::Resolved;
+pub use selection::{Pattern, Selection};
 pub use session::{RelayStatement, Session, SharedSession, Stats, PLANS};
 pub use settings::{DatabaseConfig, Secret};
 pub use status::TableStatus;
@@ -765,6 +767,10 @@ mod tests {
         let database = DatabaseConfig {
             url: Secret("postgres://relay@127.0.0.1:5/db".into()),
             table: "app.outboxevent_relay".parse().unwrap(),
+            selection: Selection {
+                named: vec!["app.outboxevent".parse().unwrap()],
+                patterns: vec![],
+            },
             connect_timeout: Duration::from_secs(3),
             adopted: Some((
                 "app.outboxevent".parse().unwrap(),

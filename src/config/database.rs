@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::parse::parse_column;
 use crate::dbauth::PasswordSource;
-use crate::outbox::{ColumnMap, Pooler, TableName};
+use crate::outbox::{ColumnMap, Pattern, Pooler, Selection, TableName};
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
@@ -18,8 +18,15 @@ pub struct DatabaseArgs {
     pub database_url: Option<String>,
 
     /// Outbox table, optionally schema-qualified (`app.outbox`); quote a part containing a dot.
-    #[arg(long, env = "OUTBOX_TABLE", default_value = "outbox")]
-    pub table: String,
+    /// Repeatable: one relay serves every table named (default: `outbox`, unless --tables).
+    #[arg(long, env = "OUTBOX_TABLE")]
+    pub table: Vec<String>,
+
+    /// Every outbox table matching SCHEMA.TABLE, where `*` is any run of characters and `?`
+    /// one (`tenant_*.outbox`, `*.outbox`); repeatable (env: comma-separated). `run` looks
+    /// again every --discover-every, so a table added or dropped needs no restart.
+    #[arg(long = "tables", env = "OUTBOX_TABLES", value_delimiter = ',')]
+    pub tables: Vec<String>,
 
     /// Give up on one connection attempt after this long.
     #[arg(long, env = "OUTBOX_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -88,7 +95,8 @@ impl DatabaseArgs {
                 )
             }
         };
-        let table = self.table.parse::<TableName>()?;
+        let selection = self.selection()?;
+        let table = first_table(&selection);
         if self.connect_timeout.is_zero() {
             return Err("--connect-timeout must be above zero".to_string());
         }
@@ -123,6 +131,7 @@ impl DatabaseArgs {
         Ok(DatabaseConfig {
             url: Secret(url),
             table,
+            selection,
             connect_timeout: self.connect_timeout,
             adopted,
             password,
@@ -130,14 +139,50 @@ impl DatabaseArgs {
         })
     }
 
+    /// `--table` and `--tables` as a [`Selection`]: `outbox` when neither is given. An
+    /// adopted table (`--column`) is one table with its own column map: not with several.
+    fn selection(&self) -> Result<Selection, String> {
+        let mut named = self
+            .table
+            .iter()
+            .map(|t| t.parse::<TableName>())
+            .collect::<Result<Vec<_>, _>>()?;
+        let patterns = self
+            .tables
+            .iter()
+            .map(|p| p.trim().parse::<Pattern>())
+            .collect::<Result<Vec<_>, _>>()?;
+        if named.is_empty() && patterns.is_empty() {
+            named.push(TableName {
+                schema: None,
+                name: "outbox".to_string(),
+            });
+        }
+        let selection = Selection { named, patterns };
+        if selection.single().is_none() && !self.columns.is_empty() {
+            return Err(
+                "--column adopts one table: give one --table and no --tables with it".to_string(),
+            );
+        }
+        Ok(selection)
+    }
+
     /// `migrate --print-sql` without `--database-url`: the table and columns from the flags
     /// alone, and a placeholder URL that is parsed but never connected to.
     pub fn offline(&self) -> Result<DatabaseConfig, String> {
-        let table = self.table.parse::<TableName>()?;
+        let selection = self.selection()?;
+        if selection.single().is_none() {
+            return Err(
+                "--print-sql without --database-url prints one table's SQL: give one --table"
+                    .to_string(),
+            );
+        }
+        let table = first_table(&selection);
         let (table, adopted) = self.table_and_columns(table)?;
         Ok(DatabaseConfig {
             url: Secret("postgres://localhost".to_string()),
             table,
+            selection,
             connect_timeout: self.connect_timeout,
             adopted,
             password: PasswordSource::Url,
@@ -158,7 +203,23 @@ impl DatabaseArgs {
     }
 }
 
+/// The table of a one-table selection; with several, each is set in turn
+/// ([`DatabaseConfig::for_table`]) and this first one only stands in.
+fn first_table(selection: &Selection) -> TableName {
+    selection.named.first().cloned().unwrap_or(TableName {
+        schema: None,
+        name: "outbox".to_string(),
+    })
+}
+
 impl DatabaseConfig {
+    /// The same settings for one table of the selection.
+    pub fn for_table(&self, table: &TableName) -> DatabaseConfig {
+        let mut one = self.clone();
+        one.table = table.clone();
+        one
+    }
+
     /// The one look outside this process before anything starts: a missing or empty password
     /// file is a configuration mistake, reported as one. Later reads happen at each new
     /// connection, where a failure is retried.

@@ -28,6 +28,9 @@ pub struct DatabaseConfig {
     pub url: Secret,
     /// What the relay reads and updates: the table, or an adopted table's view.
     pub table: TableName,
+    /// Every table the command serves (`--table`, `--tables`); `table` is its one table when
+    /// it names one.
+    pub selection: super::Selection,
     /// The bound of one connection attempt, where the URL sets none.
     pub connect_timeout: Duration,
     /// With --column: the application's own table and where its columns are.
