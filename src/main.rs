@@ -277,6 +277,9 @@ async fn run(args: RunArgs) -> ExitCode {
     // reaches the relay's handler instead of the signal's default action.
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
+    if config.database.selection.single().is_none() {
+        return run_many(config, traces, shutdown).await;
+    }
     let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())).await {
         Ok(o) => o,
         Err(code) => return code,
@@ -322,6 +325,50 @@ async fn run(args: RunArgs) -> ExitCode {
     }
     stop_serving.cancel();
     ExitCode::SUCCESS
+}
+
+/// `run` for several tables (`relay::many`): the same endpoint, health and shutdown.
+async fn run_many(
+    config: outbox_relay::config::RunConfig,
+    traces: Option<Arc<Tracing>>,
+    shutdown: CancellationToken,
+) -> ExitCode {
+    if let Err(e) = config.database.read_secrets() {
+        return config_error(&e);
+    }
+    let handle = match metrics::install() {
+        Ok(h) => h,
+        Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
+    };
+    let stuck_after = (config.claim.poll_interval * 5).max(std::time::Duration::from_secs(10));
+    let health = Health::new(stuck_after);
+    let stop_serving = CancellationToken::new();
+    let bound = match metrics::serve(
+        config.metrics_addr,
+        handle,
+        Arc::clone(&health),
+        stop_serving.clone(),
+    )
+    .await
+    {
+        Ok(addr) => addr,
+        Err(e) => {
+            return runtime_error(&format!(
+                "cannot listen on --metrics-addr {}: {e}",
+                config.metrics_addr
+            ))
+        }
+    };
+    tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
+    let result = relay::many::run(config, health, traces.clone(), shutdown).await;
+    if let Some(traces) = traces {
+        traces.shutdown(otel::FLUSH_BOUND).await;
+    }
+    stop_serving.cancel();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => runtime_error(&e),
+    }
 }
 
 async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {

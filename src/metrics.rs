@@ -34,6 +34,8 @@ pub const REQUEST_CONCURRENCY_LIMIT: &str = "outbox_request_concurrency_limit";
 /// The table's live relays by version and state (`claiming`, or `refused` by the schema), as
 /// this relay's last registration renewal saw them: how far a rollout has come.
 pub const RELAYS: &str = "outbox_relays";
+/// A relay serving several tables: how many it serves (the table gauges carry a `table` label).
+pub const TABLES: &str = "outbox_tables";
 
 /// How often histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
@@ -171,6 +173,20 @@ pub struct Health {
     /// Set while the relay does not claim: the schema no longer admits it, or its registration
     /// could not be renewed.
     not_claiming: Mutex<Option<String>>,
+    /// Series rendered by their owner at each scrape rather than kept by the recorder: the
+    /// per-table gauges of a relay serving several tables, whose set of tables changes (a
+    /// series the recorder holds could not leave when its table drops out of the worst N).
+    sections: Mutex<Vec<Section>>,
+}
+
+/// Renders Prometheus text exposition lines, `# HELP` and `# TYPE` included.
+#[derive(Clone)]
+pub struct Section(pub Arc<dyn Fn() -> String + Send + Sync>);
+
+impl std::fmt::Debug for Section {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Section")
+    }
 }
 
 impl Health {
@@ -182,7 +198,18 @@ impl Health {
             database_ok: AtomicBool::new(false),
             config_error: Mutex::new(None),
             not_claiming: Mutex::new(None),
+            sections: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Adds series that `section` renders at every scrape, after the recorder's.
+    pub fn add_section(&self, section: Section) {
+        self.sections.lock().expect("sections lock").push(section);
+    }
+
+    fn render_sections(&self) -> String {
+        let sections = self.sections.lock().expect("sections lock").clone();
+        sections.iter().map(|render| (render.0)()).collect()
     }
 
     pub fn tick(&self) {
@@ -318,7 +345,7 @@ async fn answer(
         "/metrics" => (
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
-            handle.render(),
+            handle.render() + &health.render_sections(),
         ),
         "/healthz" => probe(health.live()),
         "/readyz" => probe(health.ready()),

@@ -51,10 +51,12 @@ mod search_path;
 mod selection;
 mod session;
 mod settings;
+mod shared;
 mod status;
 mod template;
 mod upkeep;
 mod wakeup;
+mod watch;
 
 use ident::key_sql;
 use template::{render, Value};
@@ -75,9 +77,11 @@ pub use search_path::Resolved;
 pub use selection::{Pattern, Selection};
 pub use session::{RelayStatement, Session, SharedSession, Stats, PLANS};
 pub use settings::{DatabaseConfig, Secret};
+pub use shared::SharedConn;
 pub use status::TableStatus;
 pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
+pub use watch::{Answer, Look, Watch};
 
 /// Schema version this build creates and understands, recorded in `outbox_relay_schema` by
 /// `migrate` once every step of it is done (see [`schema`]); what it needs to claim is the

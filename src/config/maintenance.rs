@@ -67,6 +67,14 @@ impl Retention {
     pub fn deletes_on_ack(self) -> bool {
         self == Retention::OnAck
     }
+
+    /// How long sent rows are kept, in seconds, where a pass deletes them.
+    pub fn seconds(self) -> Option<f64> {
+        match self {
+            Retention::For(d) => Some(d.as_secs_f64()),
+            Retention::OnAck | Retention::Off => None,
+        }
+    }
 }
 
 /// Rows deleted per retention statement: small enough that each DELETE holds its row locks

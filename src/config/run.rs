@@ -58,6 +58,63 @@ pub struct RunArgs {
     /// Large bodies through S3.
     #[command(flatten)]
     pub offload: OffloadArgs,
+
+    /// Several tables in one relay.
+    #[command(flatten)]
+    pub many: ManyArgs,
+}
+
+/// How a relay serving several tables (`--tables`, or `--table` more than once) shares itself
+/// between them.
+#[derive(Debug, Clone, Args)]
+pub struct ManyArgs {
+    /// How often --tables patterns are looked up again: a table created or dropped since is
+    /// served or let go without a restart.
+    #[arg(long, env = "OUTBOX_DISCOVER_EVERY", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub discover_every: std::time::Duration,
+
+    /// How many tables claim at once. Connections do not depend on it (every table shares
+    /// the relay's few); it bounds how many tables' claims and settlements interleave.
+    #[arg(long, env = "OUTBOX_ACTIVE_TABLES", default_value_t = 4)]
+    pub active_tables: usize,
+
+    /// A table with more to claim keeps claiming for this long before it gives way to a table
+    /// waiting for a turn (it goes on while none waits).
+    #[arg(long, env = "OUTBOX_TABLE_TURN", default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub table_turn: std::time::Duration,
+
+    /// The table gauges carry a `table` label for at most this many tables, the worst ones;
+    /// the others are summed into `table="(others)"`.
+    #[arg(long, env = "OUTBOX_TABLE_SERIES", default_value_t = 20)]
+    pub table_series: usize,
+}
+
+/// [`ManyArgs`], validated.
+#[derive(Debug, Clone)]
+pub struct ManyConfig {
+    pub discover_every: std::time::Duration,
+    pub active_tables: usize,
+    pub table_turn: std::time::Duration,
+    pub table_series: usize,
+}
+
+impl ManyArgs {
+    pub fn validate(&self) -> Result<ManyConfig, String> {
+        if self.active_tables == 0 {
+            return Err("--active-tables must be at least 1".to_string());
+        }
+        if self.discover_every < std::time::Duration::from_secs(1) {
+            return Err(
+                "--discover-every must be at least 1s: each look reads the catalog".to_string(),
+            );
+        }
+        Ok(ManyConfig {
+            discover_every: self.discover_every,
+            active_tables: self.active_tables,
+            table_turn: self.table_turn,
+            table_series: self.table_series,
+        })
+    }
 }
 
 /// Where messages go by default, and where the SQS and SNS APIs are reached.
@@ -101,6 +158,8 @@ pub struct RunConfig {
     pub format: MessageFormat,
     /// Large bodies through S3.
     pub offload: OffloadConfig,
+    /// How a relay serving several tables shares itself between them.
+    pub many: ManyConfig,
 }
 
 /// The destination group, validated.
@@ -135,7 +194,15 @@ impl RunArgs {
         }
         let format = self.format.validate()?;
         let offload = self.offload.validate(send.max_request_bytes)?;
+        let many = self.many.validate()?;
+        if database.selection.single().is_none() && claim.wakeup != crate::outbox::Wakeup::Poll {
+            return Err(format!(
+                "--wakeup {} serves one table: with several (--tables, or --table more than once) use --wakeup poll, whose one look covers every table",
+                claim.wakeup
+            ));
+        }
         Ok(RunConfig {
+            many,
             database,
             destination,
             metrics_addr,

@@ -12,7 +12,7 @@ use crate::row::KeyColumn;
 /// Parts are separated by dots outside double quotes; a part in double quotes may contain dots
 /// and doubled quotes. Parts are used exactly as written (case-sensitive) and always quoted
 /// when they reach SQL, so no configuration value is ever spliced into SQL raw.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TableName {
     pub schema: Option<String>,
     pub name: String,
@@ -97,6 +97,14 @@ pub fn quote_ident(ident: &str) -> String {
 }
 
 impl TableName {
+    /// The table as people write it, `schema.name` unquoted: a metric label, a log field.
+    pub fn label(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("{schema}.{}", self.name),
+            None => self.name.clone(),
+        }
+    }
+
     /// The table as SQL: `"schema"."name"` or `"name"`.
     pub fn quoted(&self) -> String {
         self.qualify(&self.name)

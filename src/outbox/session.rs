@@ -41,7 +41,14 @@ pub struct Stats {
 impl Outbox {
     /// A working connection with the relay's statements prepared.
     pub async fn connect(&self) -> Result<Session, OutboxError> {
-        let client = self.raw_connect().await?;
+        let client = Arc::new(self.raw_connect().await?);
+        self.session_on(client).await
+    }
+
+    /// The relay's statements for this table prepared on `client`, which may already hold
+    /// other tables' ([`SharedConn`]): the session settings below are the same for every
+    /// table, setting them again changes nothing.
+    pub(super) async fn session_on(&self, client: Arc<Conn>) -> Result<Session, OutboxError> {
         // The relay's own commits (claims, settlements, retention) do not wait for their WAL
         // flush: waiting made each of them queue with the application's commits for the same
         // flushes, and made the relay's connection, not the database, its limit on durable
@@ -249,7 +256,7 @@ struct Statements {
 /// One connection with the relay's prepared statements.
 #[derive(Debug)]
 pub struct Session {
-    client: Conn,
+    pub(super) client: Arc<Conn>,
     statements: Statements,
     /// Runs before each claim in its transaction: the claim lock (sql/claim_lock.sql), under
     /// the claim's budget when `run` has a deadline (sql/claim_deadline.sql).
@@ -531,6 +538,9 @@ struct Settle {
 pub struct SharedSession {
     outbox: Arc<Outbox>,
     current: Mutex<Option<Arc<Session>>>,
+    /// A connection this table shares with others ([`SharedSession::on`]), in place of one
+    /// of its own.
+    host: Option<Arc<super::SharedConn>>,
     /// Whether a connection was ever established: only a later one is news (INFO), the first
     /// of a lazy session is not.
     connected: std::sync::atomic::AtomicBool,
@@ -541,6 +551,17 @@ impl SharedSession {
         SharedSession {
             outbox,
             current: Mutex::new(Some(Arc::new(first))),
+            host: None,
+            connected: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// A session on `host`, a connection the sessions of several tables share.
+    pub fn on(outbox: Arc<Outbox>, host: Arc<super::SharedConn>) -> Self {
+        SharedSession {
+            outbox,
+            current: Mutex::new(None),
+            host: Some(host),
             connected: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -550,6 +571,7 @@ impl SharedSession {
         SharedSession {
             outbox,
             current: Mutex::new(None),
+            host: None,
             connected: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -557,6 +579,25 @@ impl SharedSession {
     /// The live session, reconnecting once if the last one is closed. Callers that get an
     /// error back decide how long to wait before asking again.
     pub async fn get(&self) -> Result<Arc<Session>, OutboxError> {
+        if let Some(host) = &self.host {
+            let limit = self.outbox.round_trip().map(|deadline| {
+                self.outbox
+                    .pg
+                    .get_connect_timeout()
+                    .copied()
+                    .unwrap_or_default()
+                    + deadline
+            });
+            return match limit {
+                Some(limit) => tokio::time::timeout(limit, host.session(&self.outbox))
+                    .await
+                    .map_err(|_| OutboxError::Unanswered {
+                        what: "setting up a shared connection",
+                        after: limit,
+                    })?,
+                None => host.session(&self.outbox).await,
+            };
+        }
         let mut current = self.current.lock().await;
         if let Some(session) = current.as_ref() {
             if !session.is_closed() {
@@ -634,7 +675,11 @@ impl SharedSession {
     /// Drops `session` if it is still the current one; of the callers that met the same dark
     /// connection only the first logs.
     async fn replace(&self, session: &Arc<Session>, why: Replace, what: &str, e: &OutboxError) {
-        {
+        if let Some(host) = &self.host {
+            if !host.drop_conn_of(session).await {
+                return;
+            }
+        } else {
             let mut current = self.current.lock().await;
             match current.as_ref() {
                 Some(live) if Arc::ptr_eq(live, session) => *current = None,

@@ -103,8 +103,9 @@ pub struct Upkeep {
     outbox: Arc<Outbox>,
     /// Every statement's `statement_timeout` (`--maintenance-timeout`).
     timeout: Duration,
-    /// `None` until first used, and after a failure that may have left it unusable.
-    client: Mutex<Option<Conn>>,
+    /// `None` until first used, and after a failure that may have left it unusable. Shared
+    /// by every table of a relay that serves several ([`Upkeep::for_table`]).
+    client: Arc<Mutex<Option<Conn>>>,
 }
 
 impl Upkeep {
@@ -112,7 +113,17 @@ impl Upkeep {
         Upkeep {
             outbox,
             timeout,
-            client: Mutex::new(None),
+            client: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Another table's upkeep on this one's connection: its statements are text, so one
+    /// connection serves every table, one statement at a time.
+    pub fn for_table(&self, outbox: Arc<Outbox>) -> Upkeep {
+        Upkeep {
+            outbox,
+            timeout: self.timeout,
+            client: Arc::clone(&self.client),
         }
     }
 

@@ -60,45 +60,67 @@ impl Relay {
         }
     }
 
-    /// Refreshes the table gauges with one index-backed query every `--stats-interval`.
+    /// Refreshes the table gauges with one index-backed query every `--stats-interval`
+    /// (counted from the last refresh, which for a table served in turns may be a turn ago).
     pub(super) async fn refresh_stats(self: Arc<Self>, stop: CancellationToken) {
-        let mut tick = tokio::time::interval(self.config.maintenance.stats_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let every = self.config.maintenance.stats_interval;
         loop {
+            let wait = due_in(*self.last_stats.lock().expect("stats lock"), every);
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => return,
             }
-            // First, so that rows parked behind a head that comes back now are released in the
-            // same pass.
-            self.unpark_destinations().await;
-            self.maintain_blocked_groups().await;
-            match self.upkeep.stats().await {
-                Ok(s) => {
-                    self.health.set_database_ok(true);
-                    metrics::gauge!(names::OLDEST_UNSENT_AGE).set(s.oldest_unsent_age_seconds);
-                    metrics::gauge!(names::UNSENT_ROWS).set(s.unsent as f64);
-                    metrics::gauge!(names::QUARANTINED_ROWS).set(s.quarantined as f64);
-                    metrics::gauge!(names::BLOCKED_ROWS).set(s.blocked as f64);
-                    metrics::gauge!(names::OLDEST_QUARANTINED_AGE)
-                        .set(s.oldest_quarantined_age_seconds);
-                    metrics::gauge!(names::WATERMARK_AGE).set(s.oldest_held_back_age_seconds);
-                    metrics::gauge!(names::WATERMARK_HELD_ROWS).set(s.held_back as f64);
-                    // With nothing unsent the floor stays: a row committing late below the
-                    // last unsent id must still be found.
-                    if s.claim_floor > 0 {
-                        self.claim_floor.store(s.claim_floor, Ordering::Relaxed);
+            self.stats_pass().await;
+        }
+    }
+
+    /// Whether the gauges are due for a refresh.
+    pub(super) fn stats_due(&self) -> bool {
+        due_in(
+            *self.last_stats.lock().expect("stats lock"),
+            self.config.maintenance.stats_interval,
+        )
+        .is_zero()
+    }
+
+    /// One refresh: unparking first, then the gauges.
+    pub(super) async fn stats_pass(&self) {
+        *self.last_stats.lock().expect("stats lock") = Some(Instant::now());
+        // First, so that rows parked behind a head that comes back now are released in the
+        // same pass.
+        self.unpark_destinations().await;
+        self.maintain_blocked_groups().await;
+        match self.upkeep.stats().await {
+            Ok(s) => {
+                self.health.set_database_ok(true);
+                match &self.gauges {
+                    Some(board) => board.stats(&self.outbox.table().label(), &s),
+                    None => {
+                        metrics::gauge!(names::OLDEST_UNSENT_AGE).set(s.oldest_unsent_age_seconds);
+                        metrics::gauge!(names::UNSENT_ROWS).set(s.unsent as f64);
+                        metrics::gauge!(names::QUARANTINED_ROWS).set(s.quarantined as f64);
+                        metrics::gauge!(names::BLOCKED_ROWS).set(s.blocked as f64);
+                        metrics::gauge!(names::OLDEST_QUARANTINED_AGE)
+                            .set(s.oldest_quarantined_age_seconds);
+                        metrics::gauge!(names::WATERMARK_AGE).set(s.oldest_held_back_age_seconds);
+                        metrics::gauge!(names::WATERMARK_HELD_ROWS).set(s.held_back as f64);
                     }
                 }
-                // A slow count is not a database that is down: readiness stays as claims find it.
-                Err(e) if e.timed_out() => tracing::warn!(target: LOG_TARGET,
-                    error = %e,
-                    "reading outbox statistics took longer than --maintenance-timeout; the gauges keep their last values"
-                ),
-                Err(e) => {
-                    self.health.set_database_ok(false);
-                    tracing::warn!(target: LOG_TARGET, error = %e, "could not read outbox statistics");
+                // With nothing unsent the floor stays: a row committing late below the
+                // last unsent id must still be found.
+                if s.claim_floor > 0 {
+                    self.claim_floor.store(s.claim_floor, Ordering::Relaxed);
                 }
+            }
+            // A slow count is not a database that is down: readiness stays as claims find it.
+            Err(e) if e.timed_out() => tracing::warn!(target: LOG_TARGET,
+                table = %self.outbox.table(),
+                error = %e,
+                "reading outbox statistics took longer than --maintenance-timeout; the gauges keep their last values"
+            ),
+            Err(e) => {
+                self.health.set_database_ok(false);
+                tracing::warn!(target: LOG_TARGET, table = %self.outbox.table(), error = %e, "could not read outbox statistics");
             }
         }
     }
@@ -116,34 +138,64 @@ impl Relay {
         loop {
             let wait = match failing {
                 true => every.min(self.config.retry.retry_base),
-                false => every,
+                false => due_in(self.admission.last_renewal(), every),
             };
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => return,
             }
-            let me = self.registration.lock().expect("registration lock").clone();
-            let began = Instant::now();
-            let outbox = Arc::clone(&self.outbox);
-            let renewal = self.session.run("renewing the relay's registration", |s| {
-                let me = me.clone();
-                async move { outbox.renew(&s, &me).await }
-            });
-            match renewal.await {
-                Ok(renewed) => {
+            let (now_shown, renewed) = self.renew(shown).await;
+            shown = now_shown;
+            match renewed {
+                Ok(()) => {
                     if std::mem::take(&mut failing) {
                         tracing::debug!(target: LOG_TARGET, "registration renewed");
                     }
-                    self.admission.renewed(began);
-                    shown = show_fleet(&renewed, &me, shown);
                 }
                 Err(e) => {
                     if !std::mem::replace(&mut failing, true) {
-                        tracing::warn!(target: LOG_TARGET, error = %e,
+                        tracing::warn!(target: LOG_TARGET, table = %self.outbox.table(), error = %e,
                             "could not renew the relay's registration; claims stop if it keeps failing for half a lease");
                     }
-                    self.admission.changed.notify_waiters();
                 }
+            }
+        }
+    }
+
+    /// Whether the registration is due for renewal.
+    pub(super) fn renewal_due(&self) -> bool {
+        due_in(
+            self.admission.last_renewal(),
+            version::check_every(self.config.claim.lease),
+        )
+        .is_zero()
+    }
+
+    /// One renewal: the registration written, the contract read (`admission`), the fleet shown
+    /// (one table: `outbox_relays`; several: the gauge would mix tables, so not).
+    pub(super) async fn renew(
+        &self,
+        shown: Shown,
+    ) -> (Shown, Result<(), crate::outbox::OutboxError>) {
+        let me = self.registration.lock().expect("registration lock").clone();
+        let began = Instant::now();
+        let outbox = Arc::clone(&self.outbox);
+        let renewal = self.session.run("renewing the relay's registration", |s| {
+            let me = me.clone();
+            async move { outbox.renew(&s, &me).await }
+        });
+        match renewal.await {
+            Ok(renewed) => {
+                self.admission.renewed(began);
+                let shown = match self.gauges {
+                    None => show_fleet(&renewed, &me, shown),
+                    Some(_) => shown,
+                };
+                (shown, Ok(()))
+            }
+            Err(e) => {
+                self.admission.changed.notify_waiters();
+                (shown, Err(e))
             }
         }
     }
@@ -207,36 +259,57 @@ impl Relay {
     /// Deletes sent rows past `--retention`, in short batches, every `--retention-interval`.
     /// Every replica may run it: SKIP LOCKED keeps them from waiting on each other.
     pub(super) async fn expire_sent(self: Arc<Self>, stop: CancellationToken) {
+        if !matches!(self.config.maintenance.retention, Retention::For(_)) {
+            return;
+        }
+        loop {
+            let wait = due_in(
+                *self.last_retention.lock().expect("retention lock"),
+                self.config.maintenance.retention_interval,
+            );
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.cancelled() => return,
+            }
+            self.retention_pass(&stop).await;
+        }
+    }
+
+    /// Whether a retention pass is due (never without retention).
+    pub(super) fn retention_due(&self) -> bool {
+        matches!(self.config.maintenance.retention, Retention::For(_))
+            && due_in(
+                *self.last_retention.lock().expect("retention lock"),
+                self.config.maintenance.retention_interval,
+            )
+            .is_zero()
+    }
+
+    /// One pass: batches until fewer than a batch are past retention, or `stop`.
+    pub(super) async fn retention_pass(&self, stop: &CancellationToken) {
         let Retention::For(retention) = self.config.maintenance.retention else {
             return;
         };
-        let mut tick = tokio::time::interval(self.config.maintenance.retention_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        *self.last_retention.lock().expect("retention lock") = Some(Instant::now());
+        let mut deleted = 0u64;
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.cancelled() => return,
-            }
-            let mut deleted = 0u64;
-            loop {
-                match self.upkeep.delete_expired(retention, RETENTION_BATCH).await {
-                    Ok(n) => {
-                        deleted += n;
-                        if n < RETENTION_BATCH as u64 || stop.is_cancelled() {
-                            break;
-                        }
-                        // Leave room for claims and settlements between batches.
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    Err(e) => {
-                        tracing::warn!(target: LOG_TARGET, error = %e, "retention pass failed; next pass retries");
+            match self.upkeep.delete_expired(retention, RETENTION_BATCH).await {
+                Ok(n) => {
+                    deleted += n;
+                    if n < RETENTION_BATCH as u64 || stop.is_cancelled() {
                         break;
                     }
+                    // Leave room for claims and settlements between batches.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(target: LOG_TARGET, table = %self.outbox.table(), error = %e, "retention pass failed; next pass retries");
+                    break;
                 }
             }
-            if deleted > 0 {
-                tracing::debug!(target: LOG_TARGET, rows = deleted, "deleted sent rows past retention");
-            }
+        }
+        if deleted > 0 {
+            tracing::debug!(target: LOG_TARGET, table = %self.outbox.table(), rows = deleted, "deleted sent rows past retention");
         }
     }
 
@@ -329,6 +402,11 @@ impl Relay {
             }
         }
     }
+}
+
+/// How long until something done every `every`, last at `last`, is due again: at once if never.
+pub(super) fn due_in(last: Option<Instant>, every: Duration) -> Duration {
+    last.map_or(Duration::ZERO, |at| every.saturating_sub(at.elapsed()))
 }
 
 /// The `outbox_relays` series (version, state) set by the last renewal.

@@ -42,12 +42,14 @@ use crate::sns::Sns;
 use crate::sqs::Sqs;
 
 mod admission;
+pub(crate) mod board;
 mod claim_size;
 mod decide;
 mod deliver;
 mod effect;
 mod gather;
 mod maintain;
+pub mod many;
 mod pressure;
 mod send;
 mod sequels;
@@ -97,20 +99,20 @@ struct Relay {
     /// reconnected (what committed meanwhile rang no bell).
     wake: Notify,
     /// Relay-wide back-off after whole-request failures (throttling, outage, credentials).
-    pressure: Pressure,
+    pressure: Arc<Pressure>,
     /// Queues that refused us (missing, access denied): only their rows wait, each queue on its
     /// own back-off.
-    destinations: Destinations,
+    destinations: Arc<Destinations>,
     /// Bounds SendMessageBatch calls in flight.
     request_permits: Arc<Semaphore>,
     /// Each destination's share of those, adapted to how it answers (taken before a permit).
-    concurrency: Limiter,
+    concurrency: Arc<Limiter>,
     /// No unsent row has a smaller id (as of the last statistics refresh): claims start
     /// there instead of walking the index entries of rows sent since the last VACUUM. A row
     /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
     claim_floor: AtomicI64,
     /// Each destination queue's `MaximumMessageSize`, learnt on first use.
-    queue_limits: Mutex<HashMap<Destination, (usize, Instant)>>,
+    queue_limits: Arc<Mutex<HashMap<Destination, (usize, Instant)>>>,
     /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
     tracing: Option<Arc<Tracing>>,
     /// Whether the schema lets this relay claim, and when its registration was last renewed.
@@ -118,6 +120,111 @@ struct Relay {
     /// This relay's registration as the next renewal writes it (its last claim, whether it
     /// claims): kept here, written to the database only by the renewal, never per claim.
     registration: Mutex<Registration>,
+    /// Rows and payload bytes in delivery, bounded for the whole process (every table's
+    /// claims take from the same budgets).
+    row_permits: Arc<Semaphore>,
+    byte_permits: Arc<Semaphore>,
+    /// When the gauges, retention and the registration last ran: a relay serving several
+    /// tables runs them during a table's turns only, each at its own interval across turns.
+    last_stats: Mutex<Option<Instant>>,
+    last_retention: Mutex<Option<Instant>>,
+    /// Where this table's gauges go: straight to the series without a `table` label (one
+    /// table), or to the board that publishes the worst tables' (several).
+    gauges: Option<Arc<board::Board>>,
+}
+
+/// What every table of a relay shares: the destinations' clients and back-offs, the request,
+/// row and byte budgets, health and tracing. One per process.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    sqs: Sqs,
+    sns: Sns,
+    s3: Option<S3>,
+    health: Arc<Health>,
+    tracing: Option<Arc<Tracing>>,
+    pressure: Arc<Pressure>,
+    destinations: Arc<Destinations>,
+    request_permits: Arc<Semaphore>,
+    concurrency: Arc<Limiter>,
+    queue_limits: Arc<Mutex<HashMap<Destination, (usize, Instant)>>>,
+    row_permits: Arc<Semaphore>,
+    byte_permits: Arc<Semaphore>,
+}
+
+impl Shared {
+    pub(crate) async fn new(
+        config: &RunConfig,
+        health: Arc<Health>,
+        tracing: Option<Arc<Tracing>>,
+    ) -> Shared {
+        let sqs = Sqs::new(
+            config.destination.sqs_endpoint.as_deref(),
+            config.send.send_timeout,
+        )
+        .await;
+        let sns = Sns::new(
+            config.destination.sns_endpoint.as_deref(),
+            config.send.send_timeout,
+        )
+        .await;
+        let s3 = match &config.offload.plan {
+            Some(offload) => Some(
+                S3::new(
+                    &offload.bucket,
+                    config.offload.s3_endpoint.as_deref(),
+                    config.send.send_timeout,
+                )
+                .await,
+            ),
+            None => None,
+        };
+        let mut configured_queues = vec![config.destination.queue_url.clone()];
+        for (_, url) in &config.order.routes {
+            if !configured_queues.contains(url) {
+                configured_queues.push(url.clone());
+            }
+        }
+        // The bucket is the relay's own configuration too: while it refuses us, large rows wait
+        // and the relay is not ready.
+        if let Some(offload) = &config.offload.plan {
+            configured_queues.push(offload.bucket.clone());
+        }
+        let concurrency = Limiter::new(
+            config.claim.request_concurrency,
+            config.claim.max_in_flight,
+            configured_queues.clone(),
+        );
+        let c = config;
+        // Rows in delivery, not claims, are bounded: enough to fill every request slot plus one
+        // claim being prepared. Counting claims instead starved the request slots when claims
+        // are small (a steady stream claims a few rows at a time): five claims of four rows
+        // kept five requests in flight of 32.
+        // A relay behind claims up to claim_size::CATCH_UP batches at once.
+        let most = c.claim.batch_size * claim_size::CATCH_UP;
+        let rows_in_delivery = (c.claim.max_in_flight * batch::MAX_ENTRIES).max(most) + most;
+        // Payload bytes in delivery are bounded too, so memory is: rows of 1 MiB would
+        // otherwise fill the row bound with hundreds of MiB (each byte is held about three
+        // times: the row, the message body, the request).
+        let byte_budget = c.send.max_bytes_in_flight.min(u32::MAX as usize);
+        Shared {
+            destinations: Arc::new(Destinations::new(
+                configured_queues,
+                config.retry.retry_base,
+                config.retry.retry_max,
+            )),
+            sqs,
+            sns,
+            s3,
+            health,
+            tracing,
+            pressure: Arc::new(Pressure::default()),
+            request_permits: Arc::new(Semaphore::new(config.claim.max_in_flight)),
+            concurrency: Arc::new(concurrency),
+            queue_limits: Arc::new(Mutex::new(HashMap::new())),
+            row_permits: Arc::new(Semaphore::new(rows_in_delivery)),
+            byte_permits: Arc::new(Semaphore::new(byte_budget)),
+        }
+    }
 }
 
 /// A relay that has reached its database and found its table, ready to [`run`].
@@ -211,70 +318,18 @@ pub async fn run(
     } = connected;
     health.set_database_ok(true);
     health.tick();
-    let sqs = Sqs::new(
-        config.destination.sqs_endpoint.as_deref(),
-        config.send.send_timeout,
-    )
-    .await;
-    let sns = Sns::new(
-        config.destination.sns_endpoint.as_deref(),
-        config.send.send_timeout,
-    )
-    .await;
-    let s3 = match &config.offload.plan {
-        Some(offload) => Some(
-            S3::new(
-                &offload.bucket,
-                config.offload.s3_endpoint.as_deref(),
-                config.send.send_timeout,
-            )
-            .await,
-        ),
-        None => None,
-    };
-    let mut configured_queues = vec![config.destination.queue_url.clone()];
-    for (_, url) in &config.order.routes {
-        if !configured_queues.contains(url) {
-            configured_queues.push(url.clone());
-        }
-    }
-    // The bucket is the relay's own configuration too: while it refuses us, large rows wait and
-    // the relay is not ready.
-    if let Some(offload) = &config.offload.plan {
-        configured_queues.push(offload.bucket.clone());
-    }
-    let concurrency = Limiter::new(
-        config.claim.request_concurrency,
-        config.claim.max_in_flight,
-        configured_queues.clone(),
-    );
-    let relay = Arc::new(Relay {
-        destinations: Destinations::new(
-            configured_queues,
-            config.retry.retry_base,
-            config.retry.retry_max,
-        ),
-        plan_config: config.plan(),
-        session: SharedSession::new(Arc::clone(&outbox), first),
-        settlements: SharedSession::lazy(Arc::clone(&outbox)),
-        upkeep: Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
-        outbox,
-        sqs,
-        sns,
-        s3,
-        health,
-        bell: Notify::new(),
-        wake: Notify::new(),
-        pressure: Pressure::default(),
-        request_permits: Arc::new(Semaphore::new(config.claim.max_in_flight)),
-        concurrency,
-        claim_floor: AtomicI64::new(0),
-        queue_limits: Mutex::new(HashMap::new()),
-        tracing,
-        admission: admission::Admission::default(),
-        registration: Mutex::new(registration),
+    let shared = Shared::new(&config, health, tracing).await;
+    let relay = Arc::new(Relay::new(
         config,
-    });
+        Arc::clone(&outbox),
+        Sessions {
+            claims: SharedSession::new(Arc::clone(&outbox), first),
+            settlements: SharedSession::lazy(Arc::clone(&outbox)),
+        },
+        &shared,
+        registration,
+        None,
+    ));
     let mut fleet = maintain::Shown::default();
     if let Some((began, renewed)) = &renewed {
         relay.admission.renewed(*began);
@@ -300,31 +355,82 @@ pub async fn run(
     let stats = tokio::spawn(Arc::clone(&relay).refresh_stats(background.clone()));
     let retention = tokio::spawn(Arc::clone(&relay).expire_sent(background.clone()));
     let renewals = tokio::spawn(Arc::clone(&relay).keep_registered(fleet, background.clone()));
-    relay.claim_loop(&shutdown).await;
+    relay.claim_loop(&shutdown, None).await;
     background.cancel();
     let _ = tokio::join!(listener, stats, retention, renewals);
     relay.deregister().await;
     tracing::info!("relay stopped");
 }
 
+/// A table's connections: its own (one table), or shared with the other tables'.
+pub(crate) struct Sessions {
+    pub(crate) claims: SharedSession,
+    pub(crate) settlements: SharedSession,
+}
+
 impl Relay {
-    async fn claim_loop(self: &Arc<Self>, shutdown: &CancellationToken) {
+    fn new(
+        config: RunConfig,
+        outbox: Arc<Outbox>,
+        sessions: Sessions,
+        shared: &Shared,
+        registration: Registration,
+        gauges: Option<(Arc<board::Board>, &Upkeep)>,
+    ) -> Relay {
+        let (gauges, upkeep) = match gauges {
+            Some((board, upkeep)) => (Some(board), upkeep.for_table(Arc::clone(&outbox))),
+            None => (
+                None,
+                Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
+            ),
+        };
+        Relay {
+            destinations: Arc::clone(&shared.destinations),
+            plan_config: config.plan(),
+            session: sessions.claims,
+            settlements: sessions.settlements,
+            upkeep,
+            outbox,
+            sqs: shared.sqs.clone(),
+            sns: shared.sns.clone(),
+            s3: shared.s3.clone(),
+            health: Arc::clone(&shared.health),
+            bell: Notify::new(),
+            wake: Notify::new(),
+            pressure: Arc::clone(&shared.pressure),
+            request_permits: Arc::clone(&shared.request_permits),
+            concurrency: Arc::clone(&shared.concurrency),
+            claim_floor: AtomicI64::new(0),
+            queue_limits: Arc::clone(&shared.queue_limits),
+            tracing: shared.tracing.clone(),
+            admission: admission::Admission::default(),
+            registration: Mutex::new(registration),
+            row_permits: Arc::clone(&shared.row_permits),
+            byte_permits: Arc::clone(&shared.byte_permits),
+            last_stats: Mutex::new(None),
+            last_retention: Mutex::new(None),
+            gauges,
+            config,
+        }
+    }
+
+    /// Claims until shutdown; with a `turn` (a relay serving several tables), until the
+    /// table has nothing claimable, or its turn is over and another table waits, or a claim
+    /// fails or may not run; what ended it is returned. In-flight deliveries are drained
+    /// before it returns, either way.
+    async fn claim_loop(
+        self: &Arc<Self>,
+        shutdown: &CancellationToken,
+        turn: Option<&Turn>,
+    ) -> TurnEnd {
+        let mut end = TurnEnd::Shutdown;
         let c = &self.config;
-        // Rows in delivery, not claims, are bounded: enough to fill every request slot plus one
-        // claim being prepared. Counting claims instead starved the request slots when claims
-        // are small (a steady stream claims a few rows at a time): five claims of four rows
-        // kept five requests in flight of 32.
-        // A relay behind claims up to claim_size::CATCH_UP batches at once.
-        let most = c.claim.batch_size * claim_size::CATCH_UP;
-        let rows_in_delivery = (c.claim.max_in_flight * batch::MAX_ENTRIES).max(most) + most;
         let mut limit = c.claim.batch_size;
-        let row_permits = Arc::new(Semaphore::new(rows_in_delivery));
-        // Payload bytes in delivery are bounded too, so memory is: rows of 1 MiB would
-        // otherwise fill the row bound with hundreds of MiB (each byte is held about three
-        // times: the row, the message body, the request). A claim asks for at most what is
-        // free; it waits until a large message's worth is free, or the whole budget if smaller.
+        let row_permits = Arc::clone(&self.row_permits);
+        // A claim asks for at most the bytes that are free; it waits until a large message's
+        // worth is free, or the whole budget if smaller (`Shared::new`).
         let byte_budget = c.send.max_bytes_in_flight.min(u32::MAX as usize) as u32;
-        let byte_permits = Arc::new(Semaphore::new(byte_budget as usize));
+        let byte_permits = Arc::clone(&self.byte_permits);
         let claim_threshold = byte_budget.min(c.send.max_request_bytes as u32);
         let mut cursor: Option<String> = None;
         let mut deliveries = JoinSet::new();
@@ -348,6 +454,10 @@ impl Relay {
             );
             if gate != admission::Gate::Claim {
                 let why = self.why_not_claiming(&gate);
+                if turn.is_some() {
+                    end = TurnEnd::NotClaiming(why);
+                    break;
+                }
                 if stopped.as_ref() != Some(&why) {
                     if stopped.is_none() {
                         sending.cancel();
@@ -438,6 +548,16 @@ impl Relay {
                                 .await
                         });
                     }
+                    if let Some(turn) = turn {
+                        if !full {
+                            end = TurnEnd::Drained;
+                            break;
+                        }
+                        if turn.over(Instant::now()) {
+                            end = TurnEnd::Yielded;
+                            break;
+                        }
+                    }
                     if full {
                         continue;
                     }
@@ -458,6 +578,11 @@ impl Relay {
                         self.gather_or_wake(wait, shutdown).await;
                     }
                 }
+                Err(e) if turn.is_some() => {
+                    // The scheduler backs this table off; the other tables go on.
+                    end = TurnEnd::Failed(e);
+                    break;
+                }
                 Err(e) => {
                     db_failures += 1;
                     self.health.set_database_ok(false);
@@ -476,10 +601,12 @@ impl Relay {
                 }
             }
         }
-        tracing::info!(
-            deliveries = deliveries.len(),
-            "shutting down: no new claims; finishing in-flight sends"
-        );
+        if turn.is_none() || shutdown.is_cancelled() {
+            tracing::info!(
+                deliveries = deliveries.len(),
+                "shutting down: no new claims; finishing in-flight sends"
+            );
+        }
         let drain = async { while deliveries.join_next().await.is_some() {} };
         if tokio::time::timeout(c.send.drain_timeout, drain)
             .await
@@ -490,8 +617,81 @@ impl Relay {
             );
             deliveries.abort_all();
         }
+        end
     }
 
+    /// One turn of a table served with others: the upkeep that is due (or that the look found
+    /// due: rows parked for their queue, rows past retention), the registration if due, then
+    /// claims until the turn ends; the gauges, retention and registration keep their
+    /// intervals across turns meanwhile.
+    pub(crate) async fn turn(
+        self: &Arc<Self>,
+        turn: Turn,
+        look: Option<crate::outbox::Look>,
+        shutdown: &CancellationToken,
+    ) -> TurnEnd {
+        if self.renewal_due() {
+            if let (_, Err(e)) = self.renew(maintain::Shown::default()).await {
+                return TurnEnd::Failed(e);
+            }
+        }
+        if look.is_some_and(|l| l.parked_due) {
+            self.unpark_destinations().await;
+        }
+        if self.stats_due() {
+            self.stats_pass().await;
+        }
+        if look.is_some_and(|l| l.expired) && self.retention_due() {
+            self.retention_pass(shutdown).await;
+        }
+        let background = CancellationToken::new();
+        let stats = tokio::spawn(Arc::clone(self).refresh_stats(background.clone()));
+        let retention = tokio::spawn(Arc::clone(self).expire_sent(background.clone()));
+        let renewals = tokio::spawn(
+            Arc::clone(self).keep_registered(maintain::Shown::default(), background.clone()),
+        );
+        let end = self.claim_loop(shutdown, Some(&turn)).await;
+        background.cancel();
+        let _ = tokio::join!(stats, retention, renewals);
+        end
+    }
+
+    /// Whether the look's finding needs a turn of this table now.
+    pub(crate) fn needs_turn(&self, look: &crate::outbox::Look) -> bool {
+        look.claimable || look.parked_due || (look.expired && self.retention_due())
+    }
+}
+
+/// A table's turn, for a relay serving several tables.
+pub(crate) struct Turn {
+    /// From then on the turn gives way as soon as another table waits.
+    pub(crate) until: Instant,
+    /// How many tables wait for a turn now.
+    pub(crate) waiting: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Turn {
+    fn over(&self, now: Instant) -> bool {
+        now >= self.until && self.waiting.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// What ended a table's turn.
+#[derive(Debug)]
+pub(crate) enum TurnEnd {
+    /// A claim found less than a full batch: nothing more is claimable now.
+    Drained,
+    /// The turn's time was up and another table waited; more may be claimable.
+    Yielded,
+    /// A claim (or the registration) failed: the table is backed off.
+    Failed(OutboxError),
+    /// The schema does not admit this relay, or its registration is not current.
+    NotClaiming(String),
+    /// The relay is shutting down.
+    Shutdown,
+}
+
+impl Relay {
     /// Waits `delay` or until shutdown, ticking health meanwhile: a loop that waits on purpose
     /// (a back-off up to `--retry-max` through a database outage) is alive, and `/healthz`
     /// must not get it restarted. Each tick comes from this task, so a loop that really stops

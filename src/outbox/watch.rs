@@ -1,0 +1,166 @@
+//! The look a relay serving several tables takes at all of them at once (sql/watch.sql): idle
+//! tables cost one statement between them per look, not a probe each.
+
+use std::sync::Arc;
+
+use super::template::{render, Value};
+use super::{query_err, Conn, Outbox, OutboxError};
+use crate::outbox::conn::Stmt;
+
+/// What the look saw of one table.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Look {
+    /// A row is claimable now.
+    pub claimable: bool,
+    /// now − created_at of the oldest unsent row, rows parked in quarantine included; 0 when
+    /// none.
+    pub oldest_unsent_age_seconds: f64,
+    /// Rows parked for their queue are due to be tried again.
+    pub parked_due: bool,
+    /// Sent rows are past retention.
+    pub expired: bool,
+}
+
+impl Look {
+    /// Whether the table needs a turn: rows to send, or upkeep only a turn does.
+    pub fn needs_turn(&self) -> bool {
+        self.claimable || self.parked_due || self.expired
+    }
+}
+
+/// At most this many tables per statement: a statement of a hundred parts plans in about a
+/// millisecond and is prepared once per connection, and one table that fails the statement
+/// (dropped, locked, unreadable) costs its hundred a second look each, not the whole relay.
+pub const PART_TABLES: usize = 100;
+
+impl Outbox {
+    /// This table's part of the look, as the `index`-th table.
+    fn watch_part(&self, index: usize) -> Result<String, OutboxError> {
+        let claims = self.table.claims();
+        let index = index.to_string();
+        let released = self.strategy.order_by().released(None);
+        render(
+            include_str!("../../sql/watch.sql"),
+            &[
+                ("index", Value::Sql(&index)),
+                ("table", Value::Table(&self.table)),
+                ("claims", Value::Table(&claims)),
+                ("released", Value::Sql(&released)),
+            ],
+        )
+        .map_err(OutboxError::Template)
+    }
+}
+
+/// The look's statements over a set of tables, on a connection of its own.
+pub struct Watch {
+    tables: Vec<Arc<Outbox>>,
+    /// Sent rows older than this many seconds are past retention; `None`: kept for ever.
+    retention: Option<f64>,
+    conn: Option<Conn>,
+    /// One statement per [`PART_TABLES`] tables, prepared on `conn`.
+    parts: Vec<(std::ops::Range<usize>, Stmt)>,
+}
+
+/// One table's answer: what the look saw, or why its part failed.
+pub type Answer = Result<Look, OutboxError>;
+
+impl Watch {
+    pub fn new(tables: Vec<Arc<Outbox>>, retention: Option<f64>) -> Watch {
+        Watch {
+            tables,
+            retention,
+            conn: None,
+            parts: Vec::new(),
+        }
+    }
+
+    /// The tables looked at, in the order of [`Watch::look`]'s answers.
+    pub fn tables(&self) -> &[Arc<Outbox>] {
+        &self.tables
+    }
+
+    /// Looks at every table. `Err`: the connection failed (every table unknown); otherwise
+    /// one answer per table, a table whose part failed (dropped, locked past the round-trip
+    /// deadline, unreadable, an older schema) answering with its error alone.
+    pub async fn look(&mut self) -> Result<Vec<Answer>, OutboxError> {
+        let Some(first) = self.tables.first().cloned() else {
+            return Ok(Vec::new());
+        };
+        if self.conn.as_ref().is_none_or(Conn::is_closed) {
+            self.parts.clear();
+            self.conn = Some(first.raw_connect().await?);
+        }
+        let conn = self.conn.as_ref().expect("connected above");
+        if self.parts.is_empty() {
+            for start in (0..self.tables.len()).step_by(PART_TABLES) {
+                let range = start..(start + PART_TABLES).min(self.tables.len());
+                let Ok(sql) = self.sql(range.clone()) else {
+                    continue;
+                };
+                match conn.statements(&[(&sql, false)]).await {
+                    Ok(mut s) => self.parts.push((range, s.remove(0))),
+                    // A table in it failed the preparation: its tables are looked at one by
+                    // one, below, each time.
+                    Err(_) if !conn.is_closed() => {}
+                    Err(e) => return Err(query_err("looking at the tables")(e)),
+                }
+            }
+        }
+        let mut answers: Vec<Option<Answer>> = (0..self.tables.len()).map(|_| None).collect();
+        let mut failed = Vec::new();
+        for (range, stmt) in &self.parts {
+            match conn.query(stmt, &[&self.retention]).await {
+                Ok(rows) => {
+                    for row in rows {
+                        let i: i32 = row.get(0);
+                        answers[i as usize] = Some(Ok(Look {
+                            claimable: row.get(1),
+                            oldest_unsent_age_seconds: row.get(2),
+                            parked_due: row.get(3),
+                            expired: row.get(4),
+                        }));
+                    }
+                }
+                Err(e) if conn.is_closed() => return Err(query_err("looking at the tables")(e)),
+                Err(_) => failed.push(range.clone()),
+            }
+        }
+        if !failed.is_empty() {
+            // Prepared again next time: a table dropped since invalidates its statement.
+            self.parts.clear();
+        }
+        // Each table no statement answered, on its own: which of them failed, and why.
+        for i in 0..self.tables.len() {
+            if answers[i].is_some() {
+                continue;
+            }
+            let sql = self.sql(i..i + 1)?;
+            answers[i] = Some(match conn.query(&sql, &[&self.retention]).await {
+                Ok(rows) => match rows.first() {
+                    Some(row) => Ok(Look {
+                        claimable: row.get(1),
+                        oldest_unsent_age_seconds: row.get(2),
+                        parked_due: row.get(3),
+                        expired: row.get(4),
+                    }),
+                    None => Err(OutboxError::Template("the look returned no row".into())),
+                },
+                Err(e) if conn.is_closed() => return Err(query_err("looking at the tables")(e)),
+                Err(e) => Err(query_err("looking at the table")(e)),
+            });
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every table answered"))
+            .collect())
+    }
+
+    /// The statement over `range`: each table's part, the index being its place in `tables`.
+    fn sql(&self, range: std::ops::Range<usize>) -> Result<String, OutboxError> {
+        let parts = range
+            .map(|i| self.tables[i].watch_part(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(parts.join("\nUNION ALL\n"))
+    }
+}

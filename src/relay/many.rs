@@ -1,0 +1,438 @@
+//! One relay serving several tables (`--tables`, or `--table` more than once).
+//!
+//! - **Connections**: a fixed few whatever the number of tables: claims and settlements each
+//!   on one connection every table's statements are prepared on ([`SharedConn`]), upkeep on
+//!   one, the look on one, discovery on a short-lived one.
+//! - **The look**: one statement (per hundred tables) every `--poll-interval` tells, for every
+//!   table, whether a row is claimable, the age of its oldest unsent row, and whether upkeep
+//!   is due ([`Watch`]). Idle tables cost that look between them, nothing else.
+//! - **Turns**: a table with work gets a turn: the relay's claim loop for that table until it
+//!   has nothing claimable, or its `--table-turn` is over while another table waits. At most
+//!   `--active-tables` turns run at once; tables wait in the order of their last turn (the one
+//!   served longest ago first), so a table with a backlog of millions delays another table's
+//!   new row by one turn at most. Every settlement is its claim's, on its table.
+//! - **Isolation**: a table that fails (dropped, renamed, locked, unreadable, a schema that
+//!   does not admit this relay) is reported once, backed off on its own and tried again;
+//!   the others keep flowing. Discovery every `--discover-every` adds and lets go of tables.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::board::Board;
+use super::{Relay, Sessions, Shared, Turn, TurnEnd};
+use crate::config::RunConfig;
+use crate::metrics::{Health, Section};
+use crate::otel::Tracing;
+use crate::outbox::{
+    Look, Outbox, OutboxError, Purpose, Registration, SharedConn, SharedSession, TableName, Upkeep,
+    Watch,
+};
+
+/// How many tables' statements one shared connection keeps prepared (least recently used
+/// dropped past it): a turn of a table among them prepares nothing.
+const PREPARED_TABLES: usize = 128;
+
+/// A table the relay serves, and where it is in the rotation.
+struct Table {
+    relay: Arc<Relay>,
+    /// Whether a turn runs now.
+    in_turn: bool,
+    /// When its last turn ended; `None`: never had one (served first).
+    last_turn: Option<Instant>,
+    /// Its last turn gave way with more to claim: it needs another without waiting for a look.
+    more: bool,
+    /// What the last look saw.
+    look: Option<Look>,
+    /// Why it is not served now, and until when it is left alone.
+    trouble: Option<Trouble>,
+}
+
+struct Trouble {
+    why: String,
+    failures: u32,
+    until: Instant,
+}
+
+/// The candidates for a turn, in the order they get one: the table served longest ago first
+/// (never served: first of all), ties by name. Pure.
+pub(crate) fn rotation(mut waiting: Vec<(TableName, Option<Instant>)>) -> Vec<TableName> {
+    waiting.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.label().cmp(&b.0.label())));
+    waiting.into_iter().map(|(t, _)| t).collect()
+}
+
+/// Relays for every table of the selection until `shutdown`, then drains every turn.
+pub async fn run(
+    config: RunConfig,
+    health: Arc<Health>,
+    tracing: Option<Arc<Tracing>>,
+    shutdown: CancellationToken,
+) -> Result<(), OutboxError> {
+    let purpose = Purpose::Relay(config.relay_settings());
+    let root = Arc::new(Outbox::from_config(&config.database, purpose.clone())?);
+    let selection = config.database.selection.clone();
+    let first = root.select(&selection).await?;
+    if first.is_empty() {
+        tracing::warn!(
+            "no table matches the selection yet; looking again every {}",
+            humantime::format_duration(config.many.discover_every)
+        );
+    }
+    health.set_database_ok(true);
+    let shared = Shared::new(&config, Arc::clone(&health), tracing).await;
+    let board = Arc::new(Board::new(config.many.table_series));
+    {
+        let board = Arc::clone(&board);
+        health.add_section(Section(Arc::new(move || board.render())));
+    }
+    let mut many = Many {
+        claims: SharedConn::new(PREPARED_TABLES),
+        settlements: SharedConn::new(PREPARED_TABLES),
+        upkeep: Upkeep::new(Arc::clone(&root), config.maintenance.maintenance_timeout),
+        tables: HashMap::new(),
+        order: Vec::new(),
+        watch: Watch::new(Vec::new(), None),
+        retention: config.maintenance.retention.seconds(),
+        shared,
+        board,
+        health,
+        purpose,
+        config,
+        waiting: Arc::new(AtomicUsize::new(0)),
+    };
+    many.serve(first);
+    tracing::info!(
+        relay_id = %many.config.claim.relay_id,
+        tables = many.tables.len(),
+        active_tables = many.config.many.active_tables,
+        queue_url = %many.config.destination.queue_url,
+        "relay started for several tables"
+    );
+    many.rotate(root, selection, shutdown).await;
+    Ok(())
+}
+
+struct Many {
+    config: RunConfig,
+    purpose: Purpose,
+    shared: Shared,
+    board: Arc<Board>,
+    health: Arc<Health>,
+    claims: Arc<SharedConn>,
+    settlements: Arc<SharedConn>,
+    upkeep: Upkeep,
+    tables: HashMap<TableName, Table>,
+    /// The tables in the look's order.
+    order: Vec<TableName>,
+    watch: Watch,
+    retention: Option<f64>,
+    /// How many tables wait for a turn (a turn past its `--table-turn` gives way then).
+    waiting: Arc<AtomicUsize>,
+}
+
+impl Many {
+    /// Serves `found` (named and discovered): new tables are added, tables no longer found
+    /// are let go once their turn ends.
+    fn serve(&mut self, found: Vec<TableName>) {
+        for table in &found {
+            if self.tables.contains_key(table) {
+                continue;
+            }
+            match self.table(table) {
+                Ok(relay) => {
+                    tracing::info!(table = %table.label(), "serving table");
+                    self.tables.insert(
+                        table.clone(),
+                        Table {
+                            relay,
+                            in_turn: false,
+                            last_turn: None,
+                            more: false,
+                            look: None,
+                            trouble: None,
+                        },
+                    );
+                }
+                Err(e) => tracing::error!(table = %table.label(), error = %e, "cannot serve table"),
+            }
+        }
+        let gone: Vec<TableName> = self
+            .tables
+            .keys()
+            .filter(|t| !found.contains(t))
+            .cloned()
+            .collect();
+        for table in gone {
+            if self.tables.get(&table).is_some_and(|t| !t.in_turn) {
+                tracing::info!(table = %table.label(), "table no longer selected (dropped, renamed or out of the pattern): let go");
+                self.tables.remove(&table);
+                self.board.forget(&table.label());
+            }
+        }
+        self.rewatch();
+    }
+
+    /// The look over every table not in trouble, in a stable order.
+    fn rewatch(&mut self) {
+        let mut order: Vec<TableName> = self
+            .tables
+            .iter()
+            .filter(|(_, t)| t.trouble.is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        order.sort_by_key(|t| t.label());
+        if order != self.order {
+            let outboxes = order
+                .iter()
+                .map(|t| Arc::clone(&self.tables[t].relay.outbox))
+                .collect();
+            self.watch = Watch::new(outboxes, self.retention);
+            self.order = order;
+        }
+    }
+
+    /// A table's relay: its statements, on the shared connections.
+    fn table(&self, table: &TableName) -> Result<Arc<Relay>, OutboxError> {
+        let mut config = self.config.clone();
+        config.database = config.database.for_table(table);
+        let outbox = Arc::new(Outbox::from_config(&config.database, self.purpose.clone())?);
+        let registration = Registration {
+            relay_id: config.claim.relay_id.clone(),
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            started: std::time::SystemTime::now(),
+            last_claim: None,
+            claiming: true,
+            lease: config.claim.lease,
+        };
+        let sessions = Sessions {
+            claims: SharedSession::on(Arc::clone(&outbox), Arc::clone(&self.claims)),
+            settlements: SharedSession::on(Arc::clone(&outbox), Arc::clone(&self.settlements)),
+        };
+        Ok(Arc::new(Relay::new(
+            config,
+            outbox,
+            sessions,
+            &self.shared,
+            registration,
+            Some((Arc::clone(&self.board), &self.upkeep)),
+        )))
+    }
+
+    async fn rotate(
+        &mut self,
+        root: Arc<Outbox>,
+        selection: crate::outbox::Selection,
+        shutdown: CancellationToken,
+    ) {
+        let c = self.config.clone();
+        let mut turns: JoinSet<(TableName, TurnEnd)> = JoinSet::new();
+        let mut discover_at = Instant::now() + c.many.discover_every;
+        let mut look_at = Instant::now();
+        let mut look_failures = 0u32;
+        while !shutdown.is_cancelled() {
+            self.health.tick();
+            let now = Instant::now();
+            if now >= discover_at && !selection.patterns.is_empty() {
+                discover_at = now + c.many.discover_every;
+                match root.select(&selection).await {
+                    Ok(found) => self.serve(found),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not look up the tables --tables selects; serving those found before")
+                    }
+                }
+            }
+            if now >= look_at {
+                match self.watch.look().await {
+                    Ok(answers) => {
+                        look_failures = 0;
+                        self.health.set_database_ok(true);
+                        self.seen(answers);
+                        look_at = Instant::now() + c.claim.poll_interval;
+                    }
+                    Err(e) => {
+                        look_failures += 1;
+                        self.health.set_database_ok(false);
+                        let delay = crate::outbox::reconnect_delay(
+                            look_failures,
+                            false,
+                            c.retry.retry_base,
+                            c.retry.db_retry_max,
+                            fastrand::f64(),
+                        );
+                        tracing::warn!(error = %e, retry_in = ?delay, "could not look at the tables; backing off");
+                        look_at = Instant::now() + delay;
+                    }
+                }
+            }
+            self.start_turns(&mut turns, &shutdown);
+            let wake = tokio::time::Instant::from_std(look_at.min(discover_at));
+            tokio::select! {
+                Some(done) = turns.join_next() => {
+                    if let Ok((table, end)) = done {
+                        self.ended(&table, end);
+                    }
+                    while let Some(done) = turns.try_join_next() {
+                        if let Ok((table, end)) = done {
+                            self.ended(&table, end);
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(wake) => {}
+                _ = tokio::time::sleep(self.health.tick_every()) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        }
+        tracing::info!(
+            turns = turns.len(),
+            "shutting down: no new turns; finishing the turns in flight"
+        );
+        while let Some(done) = turns.join_next().await {
+            if let Ok((table, end)) = done {
+                self.ended(&table, end);
+            }
+        }
+        for table in self.tables.values() {
+            if table.relay.admission.last_renewal().is_some() {
+                table.relay.deregister().await;
+            }
+        }
+        tracing::info!("relay stopped");
+    }
+
+    /// What the look saw: the gauges, and which tables need a turn; a table whose part of
+    /// the look failed is in trouble.
+    fn seen(&mut self, answers: Vec<crate::outbox::Answer>) {
+        let order = self.order.clone();
+        let mut troubled = false;
+        for (name, answer) in order.iter().zip(answers) {
+            let Some(table) = self.tables.get_mut(name) else {
+                continue;
+            };
+            match answer {
+                Ok(look) => {
+                    self.board.look(&name.label(), &look);
+                    table.look = Some(look);
+                }
+                Err(e) => {
+                    troubled = true;
+                    trouble(name, table, &e.to_string(), &self.config);
+                }
+            }
+        }
+        if troubled {
+            self.rewatch();
+        }
+    }
+
+    /// Starts turns for the tables that need one, in rotation, while fewer than
+    /// `--active-tables` run.
+    fn start_turns(
+        &mut self,
+        turns: &mut JoinSet<(TableName, TurnEnd)>,
+        shutdown: &CancellationToken,
+    ) {
+        let now = Instant::now();
+        let candidates: Vec<(TableName, Option<Instant>)> = self
+            .tables
+            .iter()
+            .filter(|(_, t)| !t.in_turn)
+            .filter(|(_, t)| match &t.trouble {
+                Some(trouble) => now >= trouble.until,
+                None => t.more || t.look.is_some_and(|l| t.relay.needs_turn(&l)),
+            })
+            .map(|(name, t)| (name.clone(), t.last_turn))
+            .collect();
+        let queue = rotation(candidates);
+        let free = self.config.many.active_tables.saturating_sub(turns.len());
+        self.waiting
+            .store(queue.len().saturating_sub(free), Ordering::Relaxed);
+        for name in queue.into_iter().take(free) {
+            let table = self.tables.get_mut(&name).expect("a candidate is served");
+            table.in_turn = true;
+            table.more = false;
+            let look = table.look.take();
+            let relay = Arc::clone(&table.relay);
+            let turn = Turn {
+                until: Instant::now() + self.config.many.table_turn,
+                waiting: Arc::clone(&self.waiting),
+            };
+            let shutdown = shutdown.clone();
+            turns.spawn(async move {
+                let end = relay.turn(turn, look, &shutdown).await;
+                (name, end)
+            });
+        }
+    }
+
+    /// A turn ended: the table waits for the next, or is backed off.
+    fn ended(&mut self, name: &TableName, end: TurnEnd) {
+        let Some(table) = self.tables.get_mut(name) else {
+            return;
+        };
+        table.in_turn = false;
+        table.last_turn = Some(Instant::now());
+        let was_troubled = table.trouble.is_some();
+        match end {
+            TurnEnd::Drained | TurnEnd::Shutdown => {
+                if let Some(trouble) = table.trouble.take() {
+                    tracing::info!(table = %name.label(), was = %trouble.why, "table served again");
+                }
+            }
+            TurnEnd::Yielded => {
+                table.more = true;
+                table.trouble = None;
+            }
+            TurnEnd::Failed(e) => trouble(name, table, &e.to_string(), &self.config),
+            TurnEnd::NotClaiming(why) => trouble(name, table, &why, &self.config),
+        }
+        if was_troubled != table.trouble.is_some() {
+            self.rewatch();
+        }
+    }
+}
+
+/// The table is not served until its back-off ends: said once per reason, at ERROR when it
+/// will not pass by itself.
+fn trouble(name: &TableName, table: &mut Table, why: &str, config: &RunConfig) {
+    let failures = table.trouble.as_ref().map_or(0, |t| t.failures) + 1;
+    let delay = crate::retry::backoff(
+        failures,
+        config.retry.retry_base,
+        config.retry.retry_max,
+        fastrand::f64(),
+    )
+    .max(config.retry.retry_base);
+    if table.trouble.as_ref().map(|t| t.why.as_str()) != Some(why) {
+        tracing::error!(table = %name.label(), retry_in = ?delay,
+            "table skipped, the others go on: {why}");
+    }
+    table.trouble = Some(Trouble {
+        why: why.to_string(),
+        failures,
+        until: Instant::now() + delay,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_table_served_longest_ago_goes_first_and_a_new_one_before_all() {
+        let t = |s: &str| s.parse::<TableName>().unwrap();
+        let t0 = Instant::now();
+        let order = rotation(vec![
+            (t("a.outbox"), Some(t0 + Duration::from_millis(5))),
+            (t("b.outbox"), Some(t0)),
+            (t("c.outbox"), None),
+            (t("d.outbox"), Some(t0 + Duration::from_millis(1))),
+        ]);
+        let labels: Vec<String> = order.iter().map(TableName::label).collect();
+        assert_eq!(labels, ["c.outbox", "b.outbox", "d.outbox", "a.outbox"]);
+    }
+}
