@@ -75,7 +75,7 @@ pub use search_path::Resolved;
 pub use selection::{Pattern, Selection};
 pub use session::{RelayStatement, Session, SharedSession, Stats, PLANS};
 pub use settings::{DatabaseConfig, Secret};
-pub use status::TableStatus;
+pub use status::{worst_first, TableReport, TableStatus};
 pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
 
