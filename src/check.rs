@@ -43,12 +43,19 @@ impl fmt::Display for Verdict {
 #[derive(Default)]
 struct Report {
     failed: usize,
+    /// The table the lines are about when the selection has several: `[table] ` starts
+    /// each line's `what`, after the `ok`/`FAIL` that scripts look for.
+    table: Option<String>,
 }
 
 impl Report {
     fn add(&mut self, what: impl Into<String>, result: Result<Option<String>, String>) -> bool {
+        let what = what.into();
         let verdict = Verdict {
-            what: what.into(),
+            what: match &self.table {
+                Some(table) => format!("[{table}] {what}"),
+                None => what,
+            },
             result,
         };
         println!("{verdict}");
@@ -83,19 +90,74 @@ pub async fn run(args: &RunArgs) -> bool {
             .map(|()| Some("a span per event over OTLP/HTTP".to_string()));
         report.add("tracing settings (OTEL_*)", verdict);
     }
-    check_database(&config, &mut report).await;
+    check_tables(&config, &mut report).await;
     check_queues(&config, &mut report).await;
     check_offload(&config, &mut report).await;
     report.failed == 0
 }
 
-async fn check_database(config: &RunConfig, report: &mut Report) {
+/// Whether a table's checks also report what holds for the whole database, whichever table
+/// a connection is for: with several tables, that is reported once, with the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// The connection's pooler and the settings imposed on the role, then the table.
+    DatabaseAndTable,
+    Table,
+}
+
+/// The database checks of every table the selection names or matches: one table as it
+/// always was, several each under its label.
+async fn check_tables(config: &RunConfig, report: &mut Report) {
     let db = &config.database;
+    if db.selection.single().is_some() {
+        return check_database(config, db, Scope::DatabaseAndTable, report).await;
+    }
+    let outbox = match Outbox::from_config(db, Purpose::Relay(config.relay_settings())) {
+        Ok(o) => o,
+        Err(e) => {
+            report.add("database settings", Err(e.to_string()));
+            return;
+        }
+    };
+    let tables = match outbox.select(&db.selection).await {
+        Ok(tables) => tables,
+        Err(e) => {
+            report.add("the tables --tables selects", Err(e.to_string()));
+            return;
+        }
+    };
+    let unmatched = db.selection.unmatched(&tables);
+    for pattern in &db.selection.patterns {
+        let verdict = if unmatched.contains(&pattern) {
+            Err("no outbox table (one with event_id and payload) matches it: fix --tables, or run `outbox-relay migrate --table SCHEMA.TABLE` for each table".to_string())
+        } else {
+            Ok(None)
+        };
+        report.add(format!("--tables '{pattern}' selects a table"), verdict);
+    }
+    for (i, table) in tables.iter().enumerate() {
+        let scope = if i == 0 {
+            Scope::DatabaseAndTable
+        } else {
+            Scope::Table
+        };
+        report.table = Some(table.to_string());
+        check_database(config, &db.for_table(table), scope, report).await;
+    }
+    report.table = None;
+}
+
+async fn check_database(
+    config: &RunConfig,
+    db: &crate::outbox::DatabaseConfig,
+    scope: Scope,
+    report: &mut Report,
+) {
     let table = db.table.quoted();
     let build = |database: &crate::outbox::DatabaseConfig| {
         Outbox::from_config(database, Purpose::Relay(config.relay_settings()))
     };
-    let outbox = match build(&config.database) {
+    let outbox = match build(db) {
         Ok(o) => o,
         Err(e) => {
             report.add("database settings", Err(e.to_string()));
@@ -106,7 +168,7 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
     let (outbox, table) = match outbox.resolve_table().await {
         Ok(Some(resolved)) => {
             report.add(format!("table {table}"), Ok(Some(resolved.describe())));
-            match build(&resolved.apply(&config.database)) {
+            match build(&resolved.apply(db)) {
                 Ok(o) => (o.pooler_as(&outbox), resolved.table.quoted()),
                 Err(e) => {
                     report.add("database settings", Err(e.to_string()));
@@ -140,29 +202,8 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
             facts
         }
     };
-    report.add(
-        format!("connections: --pooler {}", db.pooler),
-        outbox
-            .pooler_report()
-            .await
-            .map(Some)
-            .map_err(|e| e.to_string()),
-    );
-    match outbox.imposed_settings().await {
-        Ok(settings) => {
-            for setting in &settings {
-                report.add(
-                    format!(
-                        "setting {} = {} ({})",
-                        setting.name, setting.value, setting.source
-                    ),
-                    judge_setting(setting),
-                );
-            }
-        }
-        Err(e) => {
-            report.add("the session's settings", Err(e.to_string()));
-        }
+    if scope == Scope::DatabaseAndTable {
+        check_session(db, &outbox, report).await;
     }
     let Some(facts) = facts else {
         if let e @ OutboxError::TableHidden { .. } = outbox.why_missing().await {
@@ -206,6 +247,35 @@ async fn check_database(config: &RunConfig, report: &mut Report) {
         );
     }
     check_wakeup(config, &outbox, report).await;
+}
+
+/// What holds for the connection whatever its table: the pooler between, and the settings
+/// the database, role or URL impose.
+async fn check_session(db: &crate::outbox::DatabaseConfig, outbox: &Outbox, report: &mut Report) {
+    report.add(
+        format!("connections: --pooler {}", db.pooler),
+        outbox
+            .pooler_report()
+            .await
+            .map(Some)
+            .map_err(|e| e.to_string()),
+    );
+    match outbox.imposed_settings().await {
+        Ok(settings) => {
+            for setting in &settings {
+                report.add(
+                    format!(
+                        "setting {} = {} ({})",
+                        setting.name, setting.value, setting.source
+                    ),
+                    judge_setting(setting),
+                );
+            }
+        }
+        Err(e) => {
+            report.add("the session's settings", Err(e.to_string()));
+        }
+    }
 }
 
 /// The wake-up mode finds what it needs in the database, and nothing it does not use that

@@ -13,7 +13,9 @@ use outbox_relay::config::{
 };
 use outbox_relay::metrics::{self, Health};
 use outbox_relay::otel::{self, Tracing};
-use outbox_relay::outbox::{Outbox, OutboxError, Purpose, RetrySelection};
+use outbox_relay::outbox::{
+    worst_first, Outbox, OutboxError, Purpose, RetrySelection, TableName, TableReport, TableStatus,
+};
 use outbox_relay::relay;
 
 fn main() -> ExitCode {
@@ -90,6 +92,37 @@ fn runtime_error(message: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// Why a command could not do its work on a table, kept as a value so that a command over
+/// several tables can report it with the table and go on to the next; a command over one
+/// exits with it ([`Failure::exit`]).
+enum Failure {
+    /// A setting that cannot work: exit 2.
+    Config(String),
+    /// Doing the work failed: exit 1.
+    Runtime(String),
+}
+
+impl Failure {
+    fn runtime(e: impl std::fmt::Display) -> Failure {
+        Failure::Runtime(e.to_string())
+    }
+
+    fn exit(self) -> ExitCode {
+        match self {
+            Failure::Config(message) => config_error(&message),
+            Failure::Runtime(message) => runtime_error(&message),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Config(message) | Failure::Runtime(message) => f.write_str(message),
+        }
+    }
+}
+
 async fn dispatch(command: Command) -> ExitCode {
     match command {
         Command::Migrate(args) => migrate(args).await,
@@ -107,32 +140,60 @@ fn database(args: &DatabaseArgs) -> Result<DatabaseConfig, ExitCode> {
     args.validate().map_err(|e| config_error(&e))
 }
 
-/// The outbox a command uses, or the exit code for a bad database setting: the files the
-/// settings name (password, CA, client certificate and key) are read here, once, so an
-/// unusable one is a configuration error in every command.
+/// The outbox a command uses, or the exit code for a bad database setting ([`open`]).
+async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
+    open(db, purpose).await.map_err(Failure::exit)
+}
+
+/// The outbox of `db`'s table: the files the settings name (password, CA, client
+/// certificate and key) are read here, once, so an unusable one is a configuration error in
+/// every command.
 ///
 /// A `--table` without a schema is resolved once, on the role's search_path, and the outbox
 /// built on the schema-qualified name: every connection then uses that one table, whatever
 /// its own search_path. Where it cannot be resolved (no such table, no connection) the
 /// command goes on with the name as given and says what is wrong where it first needs it; a
 /// database it cannot reach, or a `--pooler` that cannot work there, ends it here.
-async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
-    db.read_secrets().map_err(|e| config_error(&e))?;
+async fn open(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, Failure> {
+    db.read_secrets().map_err(Failure::Config)?;
     let given =
-        Outbox::from_config(db, purpose.clone()).map_err(|e| config_error(&e.to_string()))?;
+        Outbox::from_config(db, purpose.clone()).map_err(|e| Failure::Config(e.to_string()))?;
     match given.resolve_table().await {
         Ok(Some(resolved)) => Outbox::from_config(&resolved.apply(db), purpose)
             .map(|outbox| outbox.pooler_as(&given))
-            .map_err(|e| config_error(&e.to_string())),
+            .map_err(|e| Failure::Config(e.to_string())),
         // What the command's own first connection would meet again, a connect timeout later.
-        Err(e @ (OutboxError::Connect { .. } | OutboxError::Pooler(_))) => Err(runtime_error(&e)),
+        Err(e @ (OutboxError::Connect { .. } | OutboxError::Pooler(_))) => Err(Failure::runtime(e)),
         _ => Ok(given),
     }
 }
 
-/// The outbox of a one-shot command that reads or re-drives rows.
-async fn admin_outbox(args: &DatabaseArgs) -> Result<Outbox, ExitCode> {
-    outbox(&database(args)?, Purpose::Admin).await
+/// The tables of a selection that is not a single table: the named ones and those its
+/// patterns match now. A pattern that matches none is an error: a mistyped pattern would
+/// otherwise do nothing and succeed.
+async fn selected_tables(db: &DatabaseConfig, purpose: Purpose) -> Result<Vec<TableName>, Failure> {
+    db.read_secrets().map_err(Failure::Config)?;
+    let outbox = Outbox::from_config(db, purpose).map_err(|e| Failure::Config(e.to_string()))?;
+    let tables = outbox
+        .select(&db.selection)
+        .await
+        .map_err(Failure::runtime)?;
+    match db.selection.unmatched(&tables).first() {
+        Some(pattern) => Err(Failure::Runtime(format!(
+            "--tables '{pattern}' matches no table"
+        ))),
+        None => Ok(tables),
+    }
+}
+
+/// The outbox of a one-shot command that reads or re-drives rows: of one table, since its
+/// selectors (ids, event ids, time ranges) mean something in one table only.
+async fn admin_outbox(args: &DatabaseArgs, command: &str) -> Result<Outbox, ExitCode> {
+    let db = database(args)?;
+    db.selection
+        .one_table(command)
+        .map_err(|e| config_error(&e))?;
+    outbox(&db, Purpose::Admin).await
 }
 
 async fn migrate(args: MigrateArgs) -> ExitCode {
@@ -150,46 +211,73 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         Ok(db) => db,
         Err(code) => return code,
     };
-    let outbox = match outbox(&db, Purpose::Migrate(locks)).await {
-        Ok(o) => o,
-        Err(code) => return code,
+    if db.selection.single().is_some() {
+        return match migrate_table(&args, &db, locks).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(failure) => failure.exit(),
+        };
+    }
+    // --column is refused with several tables, and adopting needs it.
+    if args.adopt {
+        return config_error("--adopt adopts one table: give one --table with its --column flags");
+    }
+    let tables = match selected_tables(&db, Purpose::Migrate(locks)).await {
+        Ok(tables) => tables,
+        Err(failure) => return failure.exit(),
     };
+    // One table after the other, each in its own steps and locks as when migrated alone; a
+    // table that fails does not keep the others at an older schema version.
+    let mut failed = false;
+    for table in &tables {
+        if args.print_sql {
+            println!("-- {table}");
+        }
+        if let Err(failure) = migrate_table(&args, &db.for_table(table), locks).await {
+            eprintln!("error: {table}: {failure}");
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `migrate` of `db`'s one table, printing what it did.
+async fn migrate_table(
+    args: &MigrateArgs,
+    db: &DatabaseConfig,
+    locks: outbox_relay::outbox::LockPolicy,
+) -> Result<(), Failure> {
+    let outbox = open(db, Purpose::Migrate(locks)).await?;
     if args.print_sql {
         let sql = match &db.adopted {
             Some((base, map)) if args.adopt => outbox.adopt_sql(base, map, &args.keys()).await,
             _ => outbox.migrate_sql(&args.keys()),
         };
-        return match sql {
-            Ok(sql) => {
-                print!("{sql}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => runtime_error(&e),
-        };
+        print!("{}", sql.map_err(Failure::runtime)?);
+        return Ok(());
     }
     if args.contract {
-        return match outbox.contract().await {
-            Ok(requirement) => {
-                println!(
-                    "contracted {}: relays {requirement} may claim; the lease columns of schema version 1 are gone",
-                    outbox.table()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => runtime_error(&e),
-        };
+        let requirement = outbox.contract().await.map_err(Failure::runtime)?;
+        println!(
+            "contracted {}: relays {requirement} may claim; the lease columns of schema version 1 are gone",
+            outbox.table()
+        );
+        return Ok(());
     }
     let result = match (&db.adopted, args.adopt) {
         (Some((base, map)), true) => outbox.adopt(base, map, &args.keys()).await,
         (None, true) => {
-            return config_error(
-                "--adopt needs --column NAME=COLUMN for the application's columns (e.g. --column event_id=id)",
-            )
+            return Err(Failure::Config(
+                "--adopt needs --column NAME=COLUMN for the application's columns (e.g. --column event_id=id)".to_string(),
+            ))
         }
         (Some(_), false) => {
-            return config_error(
-                "--column describes an existing table: add --adopt to adopt it, or drop --column to create a new outbox table",
-            )
+            return Err(Failure::Config(
+                "--column describes an existing table: add --adopt to adopt it, or drop --column to create a new outbox table".to_string(),
+            ))
         }
         (None, false) => outbox.migrate(&args.keys()).await,
     };
@@ -214,26 +302,22 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
         }),
         Err(e) => Err(e),
     };
-    match result {
-        Ok(report) if report.from == report.to => {
-            println!(
-                "{} is up to date (schema version {})",
-                outbox.table(),
-                report.to
-            );
-            ExitCode::SUCCESS
-        }
-        Ok(report) => {
-            println!(
-                "migrated {} from schema version {} to {}",
-                outbox.table(),
-                report.from,
-                report.to
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => runtime_error(&e),
+    let report = result.map_err(Failure::runtime)?;
+    if report.from == report.to {
+        println!(
+            "{} is up to date (schema version {})",
+            outbox.table(),
+            report.to
+        );
+    } else {
+        println!(
+            "migrated {} from schema version {} to {}",
+            outbox.table(),
+            report.from,
+            report.to
+        );
     }
+    Ok(())
 }
 
 /// `migrate --print-sql` without a database: the table and columns come from the flags alone.
@@ -372,13 +456,16 @@ async fn run_many(
 }
 
 async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database).await {
-        Ok(o) => o,
+    let db = match database(&args.database) {
+        Ok(db) => db,
         Err(code) => return code,
     };
-    let status = match outbox.status().await {
+    if db.selection.single().is_none() {
+        return status_of_tables(&db, args.json).await;
+    }
+    let status = match table_status(&db).await {
         Ok(s) => s,
-        Err(e) => return runtime_error(&e),
+        Err(failure) => return failure.exit(),
     };
     if args.json {
         match serde_json::to_string(&status) {
@@ -391,6 +478,49 @@ async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+async fn table_status(db: &DatabaseConfig) -> Result<TableStatus, Failure> {
+    let outbox = open(db, Purpose::Admin).await?;
+    outbox.status().await.map_err(Failure::runtime)
+}
+
+/// `status` of several tables, worst first: a table that cannot be read is listed with its
+/// error and the others still are; exit 1 then.
+async fn status_of_tables(db: &DatabaseConfig, json: bool) -> ExitCode {
+    let tables = match selected_tables(db, Purpose::Admin).await {
+        Ok(tables) => tables,
+        Err(failure) => return failure.exit(),
+    };
+    let mut reports = Vec::with_capacity(tables.len());
+    for table in &tables {
+        reports.push(match table_status(&db.for_table(table)).await {
+            Ok(status) => TableReport::Read(status),
+            Err(failure) => TableReport::Failed {
+                table: table.quoted(),
+                error: failure.to_string(),
+            },
+        });
+    }
+    worst_first(&mut reports);
+    if json {
+        match serde_json::to_string(&reports) {
+            Ok(json) => println!("{json}"),
+            Err(e) => return runtime_error(&e),
+        }
+    } else {
+        for (i, report) in reports.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            print!("{report}");
+        }
+    }
+    if reports.iter().any(TableReport::failed) {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 /// Every check prints its own line; a failed one is not a usage error, hence 1.
 async fn check(args: RunArgs) -> ExitCode {
     if outbox_relay::check::run(&args).await {
@@ -401,7 +531,7 @@ async fn check(args: RunArgs) -> ExitCode {
 }
 
 async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database).await {
+    let outbox = match admin_outbox(&args.database, "quarantine list").await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -444,7 +574,7 @@ async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
 }
 
 async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
-    let outbox = match admin_outbox(&args.database).await {
+    let outbox = match admin_outbox(&args.database, "quarantine retry").await {
         Ok(o) => o,
         Err(code) => return code,
     };
@@ -475,7 +605,7 @@ async fn replay(args: ReplayArgs) -> ExitCode {
         Ok(w) => w,
         Err(e) => return config_error(&e),
     };
-    let outbox = match admin_outbox(&args.database).await {
+    let outbox = match admin_outbox(&args.database, "replay").await {
         Ok(o) => o,
         Err(code) => return code,
     };

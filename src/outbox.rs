@@ -78,7 +78,7 @@ pub use selection::{Pattern, Selection};
 pub use session::{RelayStatement, Session, SharedSession, Stats, PLANS};
 pub use settings::{DatabaseConfig, Secret};
 pub use shared::SharedConn;
-pub use status::TableStatus;
+pub use status::{worst_first, TableReport, TableStatus};
 pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
 pub use watch::{Answer, Look, Watch};

@@ -38,6 +38,37 @@ impl Selection {
         }
         tables
     }
+
+    /// The patterns that select none of `tables` (what [`Selection::resolve`] returned): a
+    /// pattern matching nothing is a mistyped name far more often than an empty fleet, so
+    /// the commands that act on tables once say so instead of doing nothing.
+    pub fn unmatched(&self, tables: &[TableName]) -> Vec<&Pattern> {
+        self.patterns
+            .iter()
+            .filter(|p| {
+                !tables.iter().any(|t| {
+                    t.schema
+                        .as_deref()
+                        .is_some_and(|schema| p.matches(schema, &t.name))
+                })
+            })
+            .collect()
+    }
+
+    /// The one table of a command that acts on one table (`quarantine`, `replay`): their
+    /// selectors (ids, event ids, time ranges) mean something in one table only.
+    pub fn one_table(&self, command: &str) -> Result<&TableName, String> {
+        if let Some(table) = self.single() {
+            return Ok(table);
+        }
+        let why = match self.patterns.first() {
+            Some(pattern) => format!("--tables '{pattern}' is a pattern"),
+            None => format!("the selection names {} tables", self.named.len()),
+        };
+        Err(format!(
+            "{command} acts on one table: give one --table ({why})"
+        ))
+    }
 }
 
 /// Whether two configured names are the same table (an unqualified name and a qualified one
@@ -225,5 +256,49 @@ mod tests {
             patterns: vec![],
         };
         assert_eq!(one.single(), Some(&t("outbox")));
+    }
+
+    #[test]
+    fn a_pattern_that_selects_none_of_the_tables_is_named() {
+        let s = Selection {
+            named: vec![t("outbox")],
+            patterns: vec![
+                "tenant_*.outbox".parse().unwrap(),
+                "x_*.outbox".parse().unwrap(),
+            ],
+        };
+        let found = s.resolve(vec![t("tenant_1.outbox")]);
+        let unmatched: Vec<String> = s.unmatched(&found).iter().map(|p| p.to_string()).collect();
+        assert_eq!(unmatched, vec!["x_*.outbox"]);
+        assert_eq!(
+            s.unmatched(&[]).len(),
+            2,
+            "an unqualified name matches no pattern"
+        );
+    }
+
+    #[test]
+    fn a_one_table_command_refuses_several_tables_and_patterns() {
+        let one = Selection {
+            named: vec![t("app.outbox")],
+            patterns: vec![],
+        };
+        assert_eq!(one.one_table("replay"), Ok(&t("app.outbox")));
+        let two = Selection {
+            named: vec![t("a.outbox"), t("b.outbox")],
+            patterns: vec![],
+        };
+        assert_eq!(
+            two.one_table("quarantine retry"),
+            Err("quarantine retry acts on one table: give one --table (the selection names 2 tables)".to_string())
+        );
+        let pattern = Selection {
+            named: vec![],
+            patterns: vec!["tenant_*.outbox".parse().unwrap()],
+        };
+        assert_eq!(
+            pattern.one_table("quarantine list"),
+            Err("quarantine list acts on one table: give one --table (--tables 'tenant_*.outbox' is a pattern)".to_string())
+        );
     }
 }

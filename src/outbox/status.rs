@@ -46,6 +46,51 @@ pub struct TableStatus {
     pub unregistered: Vec<String>,
 }
 
+/// One table of a `status` over several: its snapshot, or why it could not be read, so a
+/// table dropped meanwhile or refused to the role is listed without hiding the others.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum TableReport {
+    Read(TableStatus),
+    /// The JSON object has the `table` field of a snapshot, and `error` in place of numbers.
+    Failed {
+        table: String,
+        error: String,
+    },
+}
+
+impl TableReport {
+    pub fn failed(&self) -> bool {
+        matches!(self, TableReport::Failed { .. })
+    }
+}
+
+/// Orders tables worst first, as an operator triages them: a table that could not be read
+/// first (its backlog is unknown, so it may be the worst), then the oldest unsent row, then
+/// the most unsent rows, then the most quarantined; ties keep the selection's order.
+pub fn worst_first(reports: &mut [TableReport]) {
+    use std::cmp::Reverse;
+    reports.sort_by(|a, b| match (a, b) {
+        (TableReport::Failed { .. }, TableReport::Failed { .. }) => std::cmp::Ordering::Equal,
+        (TableReport::Failed { .. }, TableReport::Read(_)) => std::cmp::Ordering::Less,
+        (TableReport::Read(_), TableReport::Failed { .. }) => std::cmp::Ordering::Greater,
+        (TableReport::Read(a), TableReport::Read(b)) => b
+            .oldest_unsent_age_seconds
+            .total_cmp(&a.oldest_unsent_age_seconds)
+            .then_with(|| Reverse(a.unsent).cmp(&Reverse(b.unsent)))
+            .then_with(|| Reverse(a.quarantined).cmp(&Reverse(b.quarantined))),
+    });
+}
+
+impl fmt::Display for TableReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableReport::Read(status) => status.fmt(f),
+            TableReport::Failed { table, error } => writeln!(f, "{table}: {error}"),
+        }
+    }
+}
+
 /// Rows the transaction order's watermark holds back.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct HeldBack {
@@ -193,6 +238,70 @@ impl fmt::Display for TableStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn backlog(table: &str, age: f64, unsent: i64, quarantined: i64) -> TableReport {
+        TableReport::Read(TableStatus {
+            table: table.into(),
+            unsent,
+            leased: 0,
+            parked: 0,
+            quarantined,
+            quarantined_by_reason: BTreeMap::new(),
+            oldest_unsent_age_seconds: age,
+            oldest_quarantined_age_seconds: 0.0,
+            sent_last_minute: 0,
+            held_back: None,
+            relays: vec![],
+            unregistered: vec![],
+        })
+    }
+
+    #[test]
+    fn tables_are_listed_worst_first() {
+        let mut reports = vec![
+            backlog("idle", 0.0, 0, 0),
+            backlog("few-old", 60.0, 1, 0),
+            backlog("many-young", 5.0, 900, 0),
+            TableReport::Failed {
+                table: "dropped".into(),
+                error: "relation does not exist".into(),
+            },
+            backlog("few-young", 5.0, 10, 0),
+            backlog("few-young-quarantined", 5.0, 10, 3),
+            backlog("idle-quarantined", 0.0, 0, 1),
+        ];
+        worst_first(&mut reports);
+        let order: Vec<String> = reports
+            .iter()
+            .map(|r| match r {
+                TableReport::Read(s) => s.table.clone(),
+                TableReport::Failed { table, .. } => table.clone(),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                "dropped",
+                "few-old",
+                "many-young",
+                "few-young-quarantined",
+                "few-young",
+                "idle-quarantined",
+                "idle"
+            ]
+        );
+        let json = serde_json::to_value(&reports[0]).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"table": "dropped", "error": "relation does not exist"})
+        );
+        assert_eq!(reports[0].to_string(), "dropped: relation does not exist\n");
+        assert_eq!(
+            serde_json::to_value(&reports[1]).unwrap()["table"],
+            "few-old",
+            "a snapshot keeps its object as it was"
+        );
+    }
 
     #[test]
     fn the_text_form_aligns_keys_and_numbers() {
