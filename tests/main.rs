@@ -20,6 +20,7 @@ mod gather;
 mod groups;
 mod large_events;
 mod liveness;
+mod many;
 mod many_admin;
 mod matrix;
 mod migrate_online;

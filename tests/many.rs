@@ -1,0 +1,479 @@
+//! One relay for many tables: every selected table flows on a few shared connections, tables
+//! come and go without a restart, a backlog in one does not hold back another, a table the
+//! relay cannot use is skipped while the others flow, and everything a table has (leases,
+//! quarantine, re-drive, retention, parking) works on a table other than the first.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::scenario::{events, relay_command, run_args, Event};
+use crate::support::{create_queue, receive_all, sqs, wait_until, RelayProcess, TestDb};
+
+/// Creates `schema.outbox` with the real `migrate`.
+async fn tenant(db: &TestDb, schema: &str) {
+    let client = db.client().await;
+    client
+        .batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        .await
+        .unwrap();
+    crate::scenario::migrate(db, &format!("{schema}.outbox")).await;
+}
+
+/// A client whose unqualified `outbox` is `schema.outbox`, as the tenant's application has.
+async fn tenant_client(db: &TestDb, schema: &str) -> tokio_postgres::Client {
+    let client = db.client().await;
+    client
+        .batch_execute(&format!("SET search_path = {schema}"))
+        .await
+        .unwrap();
+    client
+}
+
+async fn write(db: &TestDb, schema: &str, events: &[Event]) {
+    let client = tenant_client(db, schema).await;
+    crate::scenario::insert(&client, events, Duration::ZERO).await;
+}
+
+async fn count_in(db: &TestDb, schema: &str, condition: &str) -> i64 {
+    let client = db.client().await;
+    client
+        .query_one(
+            &format!("SELECT count(*) FROM {schema}.outbox WHERE {condition}"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn wait_in(db: &TestDb, schema: &str, condition: &str, n: i64, within: Duration) {
+    wait_until(
+        &format!("{n} rows of {schema}.outbox with {condition}"),
+        within,
+        || async { count_in(db, schema, condition).await == n },
+    )
+    .await;
+}
+
+fn many_args(db: &TestDb, queue: &str, extra: &[&str]) -> Vec<String> {
+    // run_args names no table: the selection comes from `extra`.
+    run_args(db, queue, sqs().endpoint(), extra)
+}
+
+fn ids(events: &[Event]) -> HashSet<String> {
+    events.iter().map(|e| e.event_id.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_selected_table_flows_through_one_relay_on_a_few_connections() {
+    let db = crate::support::fresh_db().await;
+    let tenants: Vec<String> = (1..=12).map(|i| format!("tenant_{i}")).collect();
+    for t in &tenants {
+        tenant(&db, t).await;
+    }
+    // A table outside the pattern, named on its own, and one the pattern must not select.
+    tenant(&db, "billing").await;
+    tenant(&db, "archive").await;
+    let queue = create_queue("many-flow", &[]).await;
+    let relay = RelayProcess::spawn(
+        &many_args(
+            &db,
+            &queue,
+            &["--tables", "tenant_*.outbox", "--table", "billing.outbox"],
+        ),
+        &[],
+    );
+    let mut expected = HashSet::new();
+    for t in tenants.iter().chain(["billing".to_string()].iter()) {
+        let batch = events(&format!("{t}-e"), 25, 5);
+        write(&db, t, &batch).await;
+        expected.extend(ids(&batch));
+    }
+    let stray = events("archive-e", 3, 1);
+    write(&db, "archive", &stray).await;
+
+    let got = receive_all(&queue, expected.len(), Duration::from_secs(60)).await;
+    let got_ids: HashSet<String> = got
+        .iter()
+        .map(|m| {
+            crate::scenario::attr(m, "event_id")
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        got_ids, expected,
+        "exactly the selected tables' events arrive"
+    );
+    // Each table's rows are settled in that table, and the unselected table is untouched.
+    for t in tenants.iter().chain(["billing".to_string()].iter()) {
+        wait_in(&db, t, "sent_at IS NOT NULL", 25, Duration::from_secs(30)).await;
+    }
+    assert_eq!(count_in(&db, "archive", "sent_at IS NOT NULL").await, 0);
+
+    // Thirteen tables, and the relay's backends are the few it always has.
+    let client = db.client().await;
+    let backends: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'outbox-relay%' AND datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (1..=4).contains(&backends),
+        "{backends} backends for 13 tables\n{}",
+        relay.output()
+    );
+
+    // Per-table series with a `table` label, and how many tables.
+    wait_until(
+        "the table gauges are exported per table",
+        Duration::from_secs(20),
+        || async {
+            let text = relay.scrape().await;
+            text.contains("outbox_unsent_rows{table=\"tenant_7.outbox\"} 0")
+                && text.contains("outbox_tables 13")
+        },
+    )
+    .await;
+    relay.sigterm();
+    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_added_later_is_served_and_a_dropped_one_is_let_go_while_the_others_flow() {
+    let db = crate::support::fresh_db().await;
+    for t in ["t_a", "t_b"] {
+        tenant(&db, t).await;
+    }
+    let queue = create_queue("many-discover", &[]).await;
+    let relay = RelayProcess::spawn(
+        &many_args(
+            &db,
+            &queue,
+            &["--tables", "t_*.outbox", "--discover-every", "1s"],
+        ),
+        &[],
+    );
+    let first = events("a-first", 5, 1);
+    write(&db, "t_a", &first).await;
+    wait_in(
+        &db,
+        "t_a",
+        "sent_at IS NOT NULL",
+        5,
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // A tenant created while the relay runs: no restart.
+    tenant(&db, "t_c").await;
+    let late = events("c-late", 5, 1);
+    write(&db, "t_c", &late).await;
+    wait_in(
+        &db,
+        "t_c",
+        "sent_at IS NOT NULL",
+        5,
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // A tenant dropped while the relay runs: let go, and the others keep flowing.
+    db.client()
+        .await
+        .batch_execute("DROP SCHEMA t_b CASCADE")
+        .await
+        .unwrap();
+    let after = events("a-after", 5, 1);
+    write(&db, "t_a", &after).await;
+    wait_in(
+        &db,
+        "t_a",
+        "sent_at IS NOT NULL",
+        10,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(
+        relay
+            .wait_for_line("let go", Duration::from_secs(20))
+            .await
+            .is_some(),
+        "the dropped table is let go:\n{}",
+        relay.output()
+    );
+    let got = receive_all(&queue, 15, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 15);
+    assert!(
+        relay.wait_exit(Duration::from_millis(10)).await.is_none(),
+        "still running"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_in_one_table_does_not_hold_back_a_new_row_of_another() {
+    let db = crate::support::fresh_db().await;
+    for t in ["busy", "quiet"] {
+        tenant(&db, t).await;
+    }
+    let backlog = 30_000;
+    db.client()
+        .await
+        .batch_execute(&format!(
+            "INSERT INTO busy.outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'busy-' || g, 'order', 'agg-' || (g % 50), 'order.placed', '{{}}'::jsonb
+             FROM generate_series(1, {backlog}) AS g"
+        ))
+        .await
+        .unwrap();
+    let queue = create_queue("many-fair", &[]).await;
+    // One table at a time: the quiet table's row can only go out if the busy table's turn
+    // gives way to it.
+    let relay = RelayProcess::spawn(
+        &many_args(
+            &db,
+            &queue,
+            &[
+                "--table",
+                "busy.outbox",
+                "--table",
+                "quiet.outbox",
+                "--active-tables",
+                "1",
+                "--table-turn",
+                "100ms",
+            ],
+        ),
+        &[],
+    );
+    wait_until(
+        "the backlog is draining",
+        Duration::from_secs(60),
+        || async { count_in(&db, "busy", "sent_at IS NOT NULL").await > 500 },
+    )
+    .await;
+    write(&db, "quiet", &events("quiet", 1, 1)).await;
+    wait_in(
+        &db,
+        "quiet",
+        "sent_at IS NOT NULL",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    let left = count_in(&db, "busy", "sent_at IS NULL").await;
+    assert!(
+        left > 0,
+        "the quiet table's row went out while the backlog still had {left} rows: the test proves nothing if the backlog drained first"
+    );
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_the_relay_cannot_use_is_skipped_while_the_others_flow() {
+    let db = crate::support::fresh_db().await;
+    for t in ["ok_1", "ok_newer", "ok_locked"] {
+        tenant(&db, t).await;
+    }
+    let admin = db.client().await;
+    // A schema whose migrate no longer admits this relay.
+    admin
+        .batch_execute(
+            "UPDATE ok_newer.outbox_relay_schema SET version = 5, relay_versions = '>=9.0.0'",
+        )
+        .await
+        .unwrap();
+    // A long migration holds the lock that blocks everything else on its table.
+    let mut locker = db.client().await;
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE ok_locked.outbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let queue = create_queue("many-isolate", &[]).await;
+    let relay = RelayProcess::spawn(
+        &many_args(
+            &db,
+            &queue,
+            &["--tables", "ok_*.outbox", "--db-timeout", "1s"],
+        ),
+        &[],
+    );
+    write(&db, "ok_newer", &events("newer", 3, 1)).await;
+    let good = events("good", 10, 2);
+    write(&db, "ok_1", &good).await;
+    wait_in(
+        &db,
+        "ok_1",
+        "sent_at IS NOT NULL",
+        10,
+        Duration::from_secs(30),
+    )
+    .await;
+    for (what, needle) in [
+        ("the newer schema", "ok_newer.outbox"),
+        ("the locked table", "ok_locked.outbox"),
+    ] {
+        wait_until(
+            &format!("{what} is reported"),
+            Duration::from_secs(30),
+            || async {
+                relay
+                    .output()
+                    .lines()
+                    .any(|l| l.contains("table skipped") && l.contains(needle))
+            },
+        )
+        .await;
+    }
+    assert_eq!(count_in(&db, "ok_newer", "sent_at IS NOT NULL").await, 0);
+    // The others still flow while both are skipped.
+    let more = events("good-more", 5, 1);
+    write(&db, "ok_1", &more).await;
+    wait_in(
+        &db,
+        "ok_1",
+        "sent_at IS NOT NULL",
+        15,
+        Duration::from_secs(30),
+    )
+    .await;
+    // The lock goes: the table is served again, with what was written meanwhile.
+    tx.rollback().await.unwrap();
+    write(&db, "ok_locked", &events("unlocked", 4, 1)).await;
+    wait_in(
+        &db,
+        "ok_locked",
+        "sent_at IS NOT NULL",
+        4,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(count_in(&db, "ok_newer", "sent_at IS NOT NULL").await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_quarantine_redrive_parking_and_retention_work_on_a_table_other_than_the_first() {
+    let db = crate::support::fresh_db().await;
+    for t in ["first", "second"] {
+        tenant(&db, t).await;
+    }
+    let queue = create_queue("many-each", &[]).await;
+    let admin = db.client().await;
+    // A claim of a relay that died holding two rows of the second table, its lease ending soon.
+    let held = events("held", 2, 1);
+    write(&db, "second", &held).await;
+    admin
+        .batch_execute(
+            "INSERT INTO second.outbox_claims (owner, until, ids)
+             SELECT 'dead-relay', now() + interval '2 seconds', array_agg(id) FROM second.outbox",
+        )
+        .await
+        .unwrap();
+    // A row SQS refuses (bad input): quarantined, then re-driven once fixed.
+    let mut bad = events("bad", 1, 1);
+    bad[0].headers = serde_json::json!({"bad": [1]});
+    write(&db, "second", &bad).await;
+    // A row for a queue that does not exist yet: parked, sent once the queue exists.
+    let missing = format!("{queue}-later");
+    let mut parked = events("parked", 1, 1);
+    parked[0].queue_url = Some(missing.clone());
+    write(&db, "second", &parked).await;
+    write(&db, "first", &events("first", 3, 1)).await;
+
+    let relay = RelayProcess::spawn(
+        &many_args(
+            &db,
+            &queue,
+            &[
+                "--table",
+                "first.outbox",
+                "--table",
+                "second.outbox",
+                "--retention",
+                "2s",
+                "--retention-interval",
+                "500ms",
+            ],
+        ),
+        &[],
+    );
+    // The dead relay's lease ends: its rows are claimed and sent.
+    let received = receive_all(&queue, 5, Duration::from_secs(60)).await;
+    let got: HashSet<String> = received
+        .iter()
+        .map(|m| {
+            crate::scenario::attr(m, "event_id")
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert!(got.contains("held-0") && got.contains("held-1"), "{got:?}");
+    wait_in(
+        &db,
+        "second",
+        "quarantine_reason = 'invalid'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_in(
+        &db,
+        "second",
+        "quarantine_reason = 'destination'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // Re-drive the fixed row with the one-table command; the relay serving both sends it.
+    admin
+        .batch_execute("UPDATE second.outbox SET headers = '{}' WHERE event_id = 'bad-0'")
+        .await
+        .unwrap();
+    let out = relay_command(&[
+        "quarantine",
+        "retry",
+        "--event-id",
+        "bad-0",
+        "--database-url",
+        &db.url,
+        "--table",
+        "second.outbox",
+    ])
+    .await;
+    assert!(out.contains("moved 1 "), "{out}");
+    // The parked row's queue appears: unparked and sent.
+    let later = sqs_client_create(&missing).await;
+    assert_eq!(later, missing);
+    let redriven = receive_all(&queue, 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        redriven
+            .iter()
+            .map(|m| crate::scenario::attr(m, "event_id").unwrap_or(""))
+            .collect::<Vec<_>>(),
+        ["bad-0"]
+    );
+    let unparked = receive_all(&missing, 1, Duration::from_secs(90)).await;
+    assert_eq!(unparked.len(), 1);
+    // Retention: every sent row of the second table is deleted two seconds after sending.
+    wait_in(&db, "second", "true", 0, Duration::from_secs(60)).await;
+    drop(relay);
+}
+
+/// Creates the queue whose URL is `url` on the test server; its URL back.
+async fn sqs_client_create(url: &str) -> String {
+    let name = url.rsplit('/').next().unwrap();
+    crate::support::sqs_client()
+        .await
+        .create_queue()
+        .queue_name(name)
+        .send()
+        .await
+        .unwrap()
+        .queue_url()
+        .unwrap()
+        .to_string()
+}
