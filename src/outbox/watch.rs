@@ -131,12 +131,12 @@ impl Watch {
             self.parts.clear();
         }
         // Each table no statement answered, on its own: which of them failed, and why.
-        for i in 0..self.tables.len() {
-            if answers[i].is_some() {
+        for (i, answer) in answers.iter_mut().enumerate() {
+            if answer.is_some() {
                 continue;
             }
             let sql = self.sql(i..i + 1)?;
-            answers[i] = Some(match conn.query(&sql, &[&self.retention]).await {
+            *answer = Some(match conn.query(&sql, &[&self.retention]).await {
                 Ok(rows) => match rows.first() {
                     Some(row) => Ok(Look {
                         claimable: row.get(1),

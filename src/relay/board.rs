@@ -156,7 +156,7 @@ impl Board {
             rows.push((OTHERS.to_string(), g));
         }
         let mut out = String::new();
-        let gauges: [(&str, &str, fn(&Gauges) -> f64); 7] = [
+        let gauges: [Series; 7] = [
             (names::OLDEST_UNSENT_AGE, "now - created_at of the oldest unsent row of the table (rows parked in quarantine included); 0 when none", |g| g.oldest_unsent_age_seconds),
             (names::UNSENT_ROWS, "unsent rows of the table, leased ones and rows parked in quarantine included", |g| g.unsent),
             (names::QUARANTINED_ROWS, "rows of the table in quarantine", |g| g.quarantined),
@@ -178,6 +178,9 @@ impl Board {
         out
     }
 }
+
+/// A gauge's name, its help text, and its value of a table's gauges.
+type Series = (&'static str, &'static str, fn(&Gauges) -> f64);
 
 /// A label value as the exposition format needs it.
 fn escape(value: &str) -> String {
