@@ -36,6 +36,8 @@ pub const REQUEST_CONCURRENCY_LIMIT: &str = "outbox_request_concurrency_limit";
 pub const RELAYS: &str = "outbox_relays";
 /// A relay serving several tables: how many it serves (the table gauges carry a `table` label).
 pub const TABLES: &str = "outbox_tables";
+/// A relay serving several tables: 1 for each table it skips now, labelled `table`.
+pub const TABLE_SKIPPED: &str = "outbox_table_skipped";
 
 /// How often histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);

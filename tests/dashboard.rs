@@ -47,11 +47,12 @@ async fn every_panel_variable_alert_and_scaling_query_returns_series_from_relays
 
     let prometheus = Prometheus::start(&[&root.join(ALERTS)]).await;
     let start = now();
-    let (_main, _lease, _order, _refused) = tokio::join!(
+    let (_main, _lease, _order, _refused, _many) = tokio::join!(
         quarantines_throttling_and_a_parked_destination(&prometheus),
         lease_losses(&prometheus),
         transaction_order_hold_back(&prometheus),
         a_relay_the_schema_refuses(&prometheus),
+        a_relay_of_several_tables_skips_one(&prometheus),
     );
     for target in prometheus.targets() {
         let up = format!("up{{job=\"{JOB}\", instance=\"{target}\"}}");
@@ -298,6 +299,57 @@ async fn a_relay_the_schema_refuses(prometheus: &Prometheus) -> RelayProcess {
         format!("outbox_relays{{job=\"{JOB}\", instance=\"{addr}\", state=\"refused\"}} > 0");
     prometheus
         .wait_for_series("a relay refused by the schema", &refused, WAIT)
+        .await;
+    relay
+}
+
+/// A relay serving two tables, one of whose schema no longer admits it: the other flows, the
+/// table gauges carry their `table` label, and the refused one is counted skipped.
+async fn a_relay_of_several_tables_skips_one(prometheus: &Prometheus) -> RelayProcess {
+    let db = crate::support::fresh_db().await;
+    let client = db.client().await;
+    for schema in ["dash_a", "dash_b"] {
+        client
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        crate::scenario::migrate(&db, &format!("{schema}.outbox")).await;
+    }
+    let later = format!(">{}", env!("CARGO_PKG_VERSION"));
+    client
+        .execute(
+            "UPDATE dash_b.outbox_relay_schema SET relay_versions = $1",
+            &[&later],
+        )
+        .await
+        .unwrap();
+    for schema in ["dash_a", "dash_b"] {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO {schema}.outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+                 VALUES ('{schema}-1', 'order', 'a', 'order.placed', '{{}}')"
+            ))
+            .await
+            .unwrap();
+    }
+    let queue = create_queue("dash-many", &[]).await;
+    let relay = RelayProcess::spawn_named(
+        "dash-many",
+        &run_args(
+            &db,
+            &queue,
+            sqs().endpoint(),
+            &["--tables", "dash_*.outbox", "--relay-id", "dash-many"],
+        ),
+        &[],
+    );
+    let addr = relay.metrics_addr(WAIT).await;
+    prometheus.add_target(&addr);
+    let skipped = format!(
+        "outbox_table_skipped{{job=\"{JOB}\", instance=\"{addr}\", table=\"dash_b.outbox\"}} > 0"
+    );
+    prometheus
+        .wait_for_series("a table skipped", &skipped, WAIT)
         .await;
     relay
 }

@@ -134,7 +134,7 @@ async fn every_selected_table_flows_through_one_relay_on_a_few_connections() {
         || async {
             let text = relay.scrape().await;
             text.contains("outbox_unsent_rows{table=\"tenant_7.outbox\"} 0")
-                && text.contains("outbox_tables 13")
+                && text.contains("outbox_tables{state=\"serving\"} 13")
         },
     )
     .await;
@@ -329,6 +329,16 @@ async fn a_table_the_relay_cannot_use_is_skipped_while_the_others_flow() {
         .await;
     }
     assert_eq!(count_in(&db, "ok_newer", "sent_at IS NOT NULL").await, 0);
+    wait_until(
+        "the skipped tables are exported",
+        Duration::from_secs(20),
+        || async {
+            let text = relay.scrape().await;
+            text.contains("outbox_table_skipped{table=\"ok_newer.outbox\"} 1")
+                && text.contains("outbox_tables{state=\"skipped\"} 2")
+        },
+    )
+    .await;
     // The others still flow while both are skipped.
     let more = events("good-more", 5, 1);
     write(&db, "ok_1", &more).await;

@@ -102,6 +102,8 @@ pub fn show(mut tables: Vec<(String, Gauges)>, limit: usize) -> Shown {
 #[derive(Debug)]
 pub struct Board {
     tables: Mutex<HashMap<String, Gauges>>,
+    /// Tables skipped now (dropped, locked, unreadable, refused), each with `outbox_table_skipped`.
+    skipped: Mutex<std::collections::BTreeSet<String>>,
     limit: usize,
 }
 
@@ -109,6 +111,7 @@ impl Board {
     pub fn new(limit: usize) -> Board {
         Board {
             tables: Mutex::new(HashMap::new()),
+            skipped: Mutex::new(std::collections::BTreeSet::new()),
             limit,
         }
     }
@@ -138,6 +141,16 @@ impl Board {
     /// The table is no longer served (dropped, no longer selected): its series go.
     pub fn forget(&self, table: &str) {
         self.tables.lock().expect("board lock").remove(table);
+        self.skipped.lock().expect("board lock").remove(table);
+    }
+
+    /// The table is skipped (`true`) or served again.
+    pub fn skipped(&self, table: &str, skipped: bool) {
+        let mut set = self.skipped.lock().expect("board lock");
+        match skipped {
+            true => set.insert(table.to_string()),
+            false => set.remove(table),
+        };
     }
 
     /// The series as Prometheus text.
@@ -172,9 +185,39 @@ impl Board {
                 let _ = writeln!(out, "{name}{{table=\"{}\"}} {}", escape(table), value(g));
             }
         }
-        let _ = writeln!(out, "# HELP {} tables this relay serves", names::TABLES);
+        let skipped = self.skipped.lock().expect("board lock").clone();
+        let _ = writeln!(
+            out,
+            "# HELP {} tables this relay serves, by state (serving, skipped: failing on their own)",
+            names::TABLES
+        );
         let _ = writeln!(out, "# TYPE {} gauge", names::TABLES);
-        let _ = writeln!(out, "{} {total}", names::TABLES);
+        let _ = writeln!(
+            out,
+            "{}{{state=\"serving\"}} {}",
+            names::TABLES,
+            total.saturating_sub(skipped.len())
+        );
+        let _ = writeln!(
+            out,
+            "{}{{state=\"skipped\"}} {}",
+            names::TABLES,
+            skipped.len()
+        );
+        let _ = writeln!(
+            out,
+            "# HELP {} 1 for a table skipped now (dropped, locked, unreadable, or its schema refuses this relay); at most --table-series of them",
+            names::TABLE_SKIPPED
+        );
+        let _ = writeln!(out, "# TYPE {} gauge", names::TABLE_SKIPPED);
+        for table in skipped.iter().take(self.limit.max(1)) {
+            let _ = writeln!(
+                out,
+                "{}{{table=\"{}\"}} 1",
+                names::TABLE_SKIPPED,
+                escape(table)
+            );
+        }
         out
     }
 }
@@ -246,7 +289,20 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("t1.outbox"), "{text}");
-        assert!(text.contains("outbox_tables 3\n"), "{text}");
+        assert!(
+            text.contains("outbox_tables{state=\"serving\"} 3\n"),
+            "{text}"
+        );
+        board.skipped("t3.\"x\"", true);
+        let text = board.render();
+        assert!(
+            text.contains("outbox_tables{state=\"skipped\"} 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox_table_skipped{table=\"t3.\\\"x\\\"\"} 1\n"),
+            "{text}"
+        );
         board.forget("t2.outbox");
         let text = board.render();
         assert!(!text.contains("t2.outbox"), "{text}");

@@ -56,6 +56,9 @@ struct Trouble {
     why: String,
     failures: u32,
     until: Instant,
+    /// A trial look at it alone, on a connection of its own, passed: it is looked at and
+    /// given turns again, and its failures are forgotten after a turn that works.
+    tried: bool,
 }
 
 /// The candidates for a turn, in the order they get one: the table served longest ago first
@@ -181,7 +184,7 @@ impl Many {
         let mut order: Vec<TableName> = self
             .tables
             .iter()
-            .filter(|(_, t)| t.trouble.is_none())
+            .filter(|(_, t)| t.trouble.as_ref().is_none_or(|t| t.tried))
             .map(|(name, _)| name.clone())
             .collect();
         order.sort_by_key(|t| t.label());
@@ -230,6 +233,10 @@ impl Many {
     ) {
         let c = self.config.clone();
         let mut turns: JoinSet<(TableName, TurnEnd)> = JoinSet::new();
+        // A skipped table is tried alone, on a connection of its own, before it shares the
+        // look and the claims' connection again: a table locked by a migration would otherwise
+        // hold up the statements of every table queued behind its own on those connections.
+        let mut trials: JoinSet<(TableName, Result<(), String>)> = JoinSet::new();
         let mut discover_at = Instant::now() + c.many.discover_every;
         let mut look_at = Instant::now();
         let mut look_failures = 0u32;
@@ -269,6 +276,7 @@ impl Many {
                 }
             }
             self.start_turns(&mut turns, &shutdown);
+            self.start_trials(&mut trials);
             let wake = tokio::time::Instant::from_std(look_at.min(discover_at));
             tokio::select! {
                 Some(done) = turns.join_next() => {
@@ -281,6 +289,7 @@ impl Many {
                         }
                     }
                 }
+                Some(Ok((table, result))) = trials.join_next() => self.tried(&table, result),
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = tokio::time::sleep(self.health.tick_every()) => {}
                 _ = shutdown.cancelled() => {}
@@ -320,6 +329,7 @@ impl Many {
                 Err(e) => {
                     troubled = true;
                     trouble(name, table, &e.to_string(), &self.config);
+                    self.board.skipped(&name.label(), true);
                 }
             }
         }
@@ -335,14 +345,13 @@ impl Many {
         turns: &mut JoinSet<(TableName, TurnEnd)>,
         shutdown: &CancellationToken,
     ) {
-        let now = Instant::now();
         let candidates: Vec<(TableName, Option<Instant>)> = self
             .tables
             .iter()
             .filter(|(_, t)| !t.in_turn)
             .filter(|(_, t)| match &t.trouble {
-                Some(trouble) => now >= trouble.until,
-                None => t.more || t.look.is_some_and(|l| t.relay.needs_turn(&l)),
+                Some(trouble) if !trouble.tried => false,
+                _ => t.more || t.look.is_some_and(|l| t.relay.needs_turn(&l)),
             })
             .map(|(name, t)| (name.clone(), t.last_turn))
             .collect();
@@ -368,6 +377,54 @@ impl Many {
         }
     }
 
+    /// Starts a trial of the skipped tables whose back-off is over, one at a time.
+    fn start_trials(&mut self, trials: &mut JoinSet<(TableName, Result<(), String>)>) {
+        if !trials.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let due = self
+            .tables
+            .iter()
+            .filter(|(_, t)| !t.in_turn)
+            .filter_map(|(name, t)| match &t.trouble {
+                Some(trouble) if !trouble.tried && now >= trouble.until => {
+                    Some((name.clone(), trouble.until))
+                }
+                _ => None,
+            })
+            .min_by_key(|(_, until)| *until);
+        let Some((name, _)) = due else {
+            return;
+        };
+        let outbox = Arc::clone(&self.tables[&name].relay.outbox);
+        let retention = self.retention;
+        trials.spawn(async move {
+            let mut alone = Watch::new(vec![outbox], retention);
+            let result = match alone.look().await {
+                Ok(mut answers) => answers.remove(0).map(|_| ()).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            (name, result)
+        });
+    }
+
+    /// A trial ended: the table shares the look and the turns again, or waits longer.
+    fn tried(&mut self, name: &TableName, result: Result<(), String>) {
+        let Some(table) = self.tables.get_mut(name) else {
+            return;
+        };
+        match result {
+            Ok(()) => {
+                if let Some(trouble) = table.trouble.as_mut() {
+                    trouble.tried = true;
+                }
+                self.rewatch();
+            }
+            Err(why) => trouble(name, table, &why, &self.config),
+        }
+    }
+
     /// A turn ended: the table waits for the next, or is backed off.
     fn ended(&mut self, name: &TableName, end: TurnEnd) {
         let Some(table) = self.tables.get_mut(name) else {
@@ -376,6 +433,7 @@ impl Many {
         table.in_turn = false;
         table.last_turn = Some(Instant::now());
         let was_troubled = table.trouble.is_some();
+        let was_watched = table.trouble.as_ref().is_none_or(|t| t.tried);
         match end {
             TurnEnd::Drained | TurnEnd::Shutdown => {
                 if let Some(trouble) = table.trouble.take() {
@@ -390,6 +448,9 @@ impl Many {
             TurnEnd::NotClaiming(why) => trouble(name, table, &why, &self.config),
         }
         if was_troubled != table.trouble.is_some() {
+            self.board.skipped(&name.label(), table.trouble.is_some());
+        }
+        if was_watched != table.trouble.as_ref().is_none_or(|t| t.tried) {
             self.rewatch();
         }
     }
@@ -414,6 +475,7 @@ fn trouble(name: &TableName, table: &mut Table, why: &str, config: &RunConfig) {
         why: why.to_string(),
         failures,
         until: Instant::now() + delay,
+        tried: false,
     });
 }
 
