@@ -487,3 +487,178 @@ async fn sqs_client_create(url: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// Every event of `tables` with its id: event ids are unique across the tables of a test.
+async fn ids_by_event(db: &TestDb, tables: &[&str]) -> std::collections::HashMap<String, i64> {
+    let client = db.client().await;
+    let mut ids = std::collections::HashMap::new();
+    for t in tables {
+        for row in client
+            .query(&format!("SELECT event_id, id FROM {t}.outbox"), &[])
+            .await
+            .unwrap()
+        {
+            ids.insert(row.get(0), row.get(1));
+        }
+    }
+    ids
+}
+
+/// `n` events of `schema`, over `groups` aggregates of its own (another table's `agg-1` is
+/// another group).
+fn tenant_events(schema: &str, n: usize, groups: usize) -> Vec<Event> {
+    let mut written = events(schema, n, groups);
+    for e in &mut written {
+        e.aggregate_id = format!("{schema}-{}", e.aggregate_id);
+    }
+    written
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_of_several_tables_keep_each_groups_order_through_kill_9_and_lost_acknowledgements(
+) {
+    let db = crate::support::fresh_db().await;
+    let tables = ["r_1", "r_2", "r_3", "r_4"];
+    for t in tables {
+        tenant(&db, t).await;
+    }
+    let (groups, per_group) = (10, 40);
+    let mut total = 0;
+    for t in tables {
+        let written = tenant_events(t, groups * per_group, groups);
+        total += written.len();
+        write(&db, t, &written).await;
+    }
+    let queue = create_queue("many-order.fifo", &[]).await;
+    let proxy = crate::support::FaultProxy::start(sqs().endpoint());
+    // Two batches reach SQS and their answers are lost: resent, deduplicated by event_id.
+    proxy.fault_next(crate::support::Mode::DropResponse, 2);
+    let replica = |name: String| {
+        let mut a = crate::scenario::relay_args_for(&db, &queue, proxy.endpoint(), &name);
+        a.extend(
+            ["--tables", "r_*.outbox", "--batch-size", "20"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+        RelayProcess::spawn_named(&name, &a, &[])
+    };
+    let mut relays: Vec<RelayProcess> = (0..3).map(|i| replica(format!("m{i}"))).collect();
+    let mut kills = 0;
+    let started = std::time::Instant::now();
+    loop {
+        let mut sent = 0;
+        for t in tables {
+            sent += count_in(&db, t, "sent_at IS NOT NULL").await;
+        }
+        if sent == total as i64 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "not drained in time: {sent} of {total}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if kills < 2 && sent > 0 {
+            let victim = kills % relays.len();
+            relays[victim].kill9();
+            kills += 1;
+            relays[victim] = replica(format!("m{victim}-{kills}"));
+        }
+    }
+    drop(relays);
+    let received = receive_all(&queue, total, Duration::from_secs(60)).await;
+    let by_id = crate::scenario::copies(&received);
+    let (violations, by_group) =
+        crate::fifo::order_violations(&received, &ids_by_event(&db, &tables).await);
+    assert_eq!(by_id.len(), total, "every event of every table arrives");
+    assert_eq!(
+        by_id.values().filter(|&&c| c > 1).count(),
+        0,
+        "FIFO drops every resend"
+    );
+    assert_eq!(by_group.len(), groups * tables.len());
+    assert_eq!(violations, 0, "each group's order is kept");
+    assert_eq!(kills, 2);
+    assert_eq!(proxy.faulted(), 2, "two acknowledgements were lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_tables_through_transaction_pooling_leave_nothing_on_the_applications_connections()
+{
+    use crate::support::{PgBouncer, PoolMode, Pooling};
+    let db = crate::support::fresh_db().await;
+    let tables = ["p_1", "p_2", "p_3"];
+    for t in tables {
+        tenant(&db, t).await;
+    }
+    let bouncer = PgBouncer::start(
+        crate::support::pg().port(),
+        crate::support::pg().password(),
+        Pooling {
+            mode: PoolMode::Transaction,
+            size: 2,
+            reset: false,
+        },
+    )
+    .await;
+    let pooled = TestDb {
+        name: db.name.clone(),
+        url: bouncer.url_for(&db.name),
+    };
+    let queue = create_queue("many-pooled", &[]).await;
+    let relays: Vec<RelayProcess> = ["pa", "pb"]
+        .iter()
+        .map(|id| {
+            RelayProcess::spawn_named(
+                id,
+                &run_args(
+                    &pooled,
+                    &queue,
+                    sqs().endpoint(),
+                    &["--relay-id", id, "--tables", "p_*.outbox"],
+                ),
+                &[],
+            )
+        })
+        .collect();
+    // The application's own session through the same pool: what it reads must be the
+    // server's defaults in every sample, whatever the relays' transactions set.
+    let app = bouncer.client(&db.name).await;
+    let mut expected = HashSet::new();
+    for round in 0..5 {
+        for t in tables {
+            let batch = tenant_events(&format!("{t}-{round}"), 20, 4);
+            expected.extend(ids(&batch));
+            write(&db, t, &batch).await;
+        }
+        let settings = app
+            .simple_query(
+                "SHOW synchronous_commit; SHOW lock_timeout; SHOW statement_timeout; \
+                 SHOW default_transaction_isolation; SELECT count(*) FROM pg_prepared_statements",
+            )
+            .await
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect::<Vec<_>>();
+        assert_eq!(settings, ["on", "0", "0", "read committed", "0"]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let got = receive_all(&queue, expected.len(), Duration::from_secs(90)).await;
+    let got_ids: HashSet<String> = got
+        .iter()
+        .map(|m| {
+            crate::scenario::attr(m, "event_id")
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(got_ids, expected);
+    for t in tables {
+        wait_in(&db, t, "sent_at IS NOT NULL", 100, Duration::from_secs(30)).await;
+    }
+    drop(relays);
+}
