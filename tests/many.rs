@@ -662,3 +662,56 @@ async fn several_tables_through_transaction_pooling_leave_nothing_on_the_applica
     }
     drop(relays);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_tables_flow_under_a_roles_serializable_read_only_short_timeouts_and_empty_search_path(
+) {
+    let db = crate::support::fresh_db().await;
+    let tables = ["s_1", "s_2"];
+    for t in tables {
+        tenant(&db, t).await;
+    }
+    // The test's writers connect first and keep what they had; the relay connects after.
+    let writers: Vec<tokio_postgres::Client> = {
+        let mut w = Vec::new();
+        for t in tables {
+            w.push(tenant_client(&db, t).await);
+        }
+        w
+    };
+    for setting in [
+        "default_transaction_isolation = 'serializable'",
+        "statement_timeout = '50ms'",
+        "lock_timeout = '10ms'",
+        "idle_in_transaction_session_timeout = '100ms'",
+        "search_path = nowhere",
+        // Last: the sessions that impose the others would be read-only after it.
+        "default_transaction_read_only = on",
+    ] {
+        crate::settings::impose(&db, setting).await;
+    }
+    let queue = create_queue("many-settings", &[]).await;
+    let relay = RelayProcess::spawn(
+        &many_args(
+            &db,
+            &queue,
+            &["--tables", "s_*.outbox", "--retention", "1h"],
+        ),
+        &[],
+    );
+    let mut expected = HashSet::new();
+    for (t, client) in tables.iter().zip(&writers) {
+        let batch = tenant_events(t, 30, 3);
+        expected.extend(ids(&batch));
+        crate::scenario::insert(client, &batch, Duration::ZERO).await;
+    }
+    let got = receive_all(&queue, expected.len(), Duration::from_secs(60)).await;
+    let by_id = crate::scenario::copies(&got);
+    assert_eq!(
+        by_id.keys().cloned().collect::<HashSet<_>>(),
+        expected,
+        "{}",
+        relay.output()
+    );
+    assert!(by_id.values().all(|&c| c == 1), "each row once");
+}
