@@ -169,7 +169,9 @@ pub struct Outbox {
     round_trip: Option<Duration>,
     /// Set once a server refused a write as read-only (SQLSTATE 25006): from then on new
     /// connections skip read-only hosts, as `target_session_attrs=read-write` would.
-    writable_only: std::sync::atomic::AtomicBool,
+    /// Shared by the tables of a relay serving several ([`Outbox::sharing_hosts_with`]): they
+    /// share connections, so what one learnt of a host holds for all.
+    writable_only: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Whether server connections are shared with other clients (a pooler in between), as
     /// configured (`--pooler`).
     pooler: Pooler,
@@ -288,7 +290,7 @@ impl Outbox {
             limits: claim::ClaimLimits::default(),
             locks: LockPolicy::default(),
             round_trip: None,
-            writable_only: std::sync::atomic::AtomicBool::new(false),
+            writable_only: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
             pooler: Pooler::Auto,
             pooler_detected: std::sync::OnceLock::new(),
             observed: fleet::Observed::default(),
@@ -315,6 +317,13 @@ impl Outbox {
                 .claim_limits(relay.limits)
                 .claim_strategy(relay.strategy),
         }
+    }
+
+    /// This table's connections skip read-only hosts once `other`'s learnt to (they share
+    /// connections: a relay serving several tables).
+    pub fn sharing_hosts_with(mut self, other: &Outbox) -> Self {
+        self.writable_only = std::sync::Arc::clone(&other.writable_only);
+        self
     }
 
     /// Chooses how claims pick rows (ordered per group, fair across keys).

@@ -77,7 +77,15 @@ pub async fn run(
 ) -> Result<(), OutboxError> {
     let purpose = Purpose::Relay(config.relay_settings());
     let root = Arc::new(Outbox::from_config(&config.database, purpose.clone())?);
-    let selection = config.database.selection.clone();
+    let mut selection = config.database.selection.clone();
+    // An unqualified --table is resolved once on the role's search_path, as for one table, so
+    // that every connection (a pooler's included) uses the same table.
+    for named in selection.named.iter_mut().filter(|t| t.schema.is_none()) {
+        let one = Outbox::from_config(&config.database.for_table(named), purpose.clone())?;
+        if let Some(resolved) = one.resolve_table().await? {
+            *named = resolved.table;
+        }
+    }
     let first = root.select(&selection).await?;
     if first.is_empty() {
         tracing::warn!(
@@ -107,7 +115,7 @@ pub async fn run(
         config,
         waiting: Arc::new(AtomicUsize::new(0)),
     };
-    many.serve(first);
+    many.serve(first, &root);
     tracing::info!(
         relay_id = %many.config.claim.relay_id,
         tables = many.tables.len(),
@@ -140,12 +148,12 @@ struct Many {
 impl Many {
     /// Serves `found` (named and discovered): new tables are added, tables no longer found
     /// are let go once their turn ends.
-    fn serve(&mut self, found: Vec<TableName>) {
+    fn serve(&mut self, found: Vec<TableName>, root: &Outbox) {
         for table in &found {
             if self.tables.contains_key(table) {
                 continue;
             }
-            match self.table(table) {
+            match self.table(table, root) {
                 Ok(relay) => {
                     tracing::info!(table = %table.label(), "serving table");
                     self.tables.insert(
@@ -199,10 +207,12 @@ impl Many {
     }
 
     /// A table's relay: its statements, on the shared connections.
-    fn table(&self, table: &TableName) -> Result<Arc<Relay>, OutboxError> {
+    fn table(&self, table: &TableName, root: &Outbox) -> Result<Arc<Relay>, OutboxError> {
         let mut config = self.config.clone();
         config.database = config.database.for_table(table);
-        let outbox = Arc::new(Outbox::from_config(&config.database, self.purpose.clone())?);
+        let outbox = Arc::new(
+            Outbox::from_config(&config.database, self.purpose.clone())?.sharing_hosts_with(root),
+        );
         let registration = Registration {
             relay_id: config.claim.relay_id.clone(),
             host: gethostname::gethostname().to_string_lossy().into_owned(),
@@ -246,7 +256,7 @@ impl Many {
             if now >= discover_at && !selection.patterns.is_empty() {
                 discover_at = now + c.many.discover_every;
                 match root.select(&selection).await {
-                    Ok(found) => self.serve(found),
+                    Ok(found) => self.serve(found, &root),
                     Err(e) => {
                         tracing::warn!(error = %e, "could not look up the tables --tables selects; serving those found before")
                     }
