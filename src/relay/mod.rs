@@ -549,13 +549,32 @@ impl Relay {
                         });
                     }
                     if let Some(turn) = turn {
-                        if !full {
-                            end = TurnEnd::Drained;
-                            break;
-                        }
                         if turn.over(Instant::now()) {
                             end = TurnEnd::Yielded;
                             break;
+                        }
+                        if !full {
+                            reap(&mut deliveries);
+                            if deliveries.is_empty() {
+                                end = TurnEnd::Drained;
+                                break;
+                            }
+                            // Settlements in flight may make more rows claimable (the next
+                            // rows of their groups, under ordered delivery): the turn claims
+                            // again when one is done, rather than ending and waiting for the
+                            // next look.
+                            tokio::select! {
+                                done = deliveries.join_next() => {
+                                    if let Some(Err(e)) = done {
+                                        if e.is_panic() {
+                                            tracing::error!(error = %e, "a delivery task panicked; its rows are retried after their lease");
+                                        }
+                                    }
+                                }
+                                _ = self.wake.notified() => {}
+                                _ = shutdown.cancelled() => {}
+                            }
+                            continue;
                         }
                     }
                     if full {
