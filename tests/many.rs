@@ -715,3 +715,104 @@ async fn several_tables_flow_under_a_roles_serializable_read_only_short_timeouts
     );
     assert!(by_id.values().all(|&c| c == 1), "each row once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_the_relays_role_may_not_read_is_skipped_and_served_once_granted() {
+    let db = crate::support::fresh_db().await;
+    for t in ["u_1", "u_2", "u_3"] {
+        tenant(&db, t).await;
+    }
+    let n = crate::support::unique();
+    let (relay_role, app_role) = (
+        format!("mrelay_{n}_{}", std::process::id()),
+        format!("mapp_{n}_{}", std::process::id()),
+    );
+    let password = crate::support::random_hex(12);
+    // sql/roles.sql grants the relay's role what it needs on one table: u_1 and u_2, not u_3.
+    let grant = |schema: &'static str| {
+        crate::ops_check::apply_roles(
+            &db,
+            &[
+                ("relay_role", &relay_role),
+                ("app_role", &app_role),
+                ("schema", schema),
+            ],
+            &[
+                ("OUTBOX_RELAY_PASSWORD", &password),
+                ("OUTBOX_APP_PASSWORD", &password),
+            ],
+        )
+    };
+    for schema in ["u_1", "u_2"] {
+        let out = grant(schema);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let as_relay = TestDb {
+        name: db.name.clone(),
+        url: crate::ops_check::url_as(&db, &relay_role, &password),
+    };
+    let queue = create_queue("many-grants", &[]).await;
+    let relay = RelayProcess::spawn(
+        &many_args(&as_relay, &queue, &["--tables", "u_*.outbox"]),
+        &[],
+    );
+    for t in ["u_1", "u_2", "u_3"] {
+        write(&db, t, &tenant_events(t, 5, 1)).await;
+    }
+    wait_in(
+        &db,
+        "u_1",
+        "sent_at IS NOT NULL",
+        5,
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_in(
+        &db,
+        "u_2",
+        "sent_at IS NOT NULL",
+        5,
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_until(
+        "the table without grants is skipped",
+        Duration::from_secs(30),
+        || async {
+            relay.output().lines().any(|l| {
+                l.contains("table skipped")
+                    && l.contains("u_3.outbox")
+                    && l.contains("permission denied")
+            })
+        },
+    )
+    .await;
+    assert_eq!(count_in(&db, "u_3", "sent_at IS NOT NULL").await, 0);
+    // Granted: served again without a restart.
+    let out = grant("u_3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_in(
+        &db,
+        "u_3",
+        "sent_at IS NOT NULL",
+        5,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        relay
+            .wait_for_line("table served again", Duration::from_secs(10))
+            .await
+            .is_some(),
+        "{}",
+        relay.output()
+    );
+}

@@ -88,7 +88,11 @@ fn psql() -> PathBuf {
 }
 
 /// Runs sql/roles.sql on `db` as the superuser; passwords come from the environment.
-fn apply_roles(db: &TestDb, vars: &[(&str, &str)], envs: &[(&str, &str)]) -> std::process::Output {
+pub(crate) fn apply_roles(
+    db: &TestDb,
+    vars: &[(&str, &str)],
+    envs: &[(&str, &str)],
+) -> std::process::Output {
     let mut cmd = Command::new(psql());
     cmd.arg(&db.url)
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])
@@ -106,7 +110,7 @@ fn apply_roles(db: &TestDb, vars: &[(&str, &str)], envs: &[(&str, &str)]) -> std
 }
 
 /// `db.url` for another role.
-fn url_as(db: &TestDb, role: &str, password: &str) -> String {
+pub(crate) fn url_as(db: &TestDb, role: &str, password: &str) -> String {
     format!(
         "postgres://{role}:{password}@127.0.0.1:{}/{}",
         pg().port(),
