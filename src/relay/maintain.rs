@@ -375,17 +375,28 @@ impl Relay {
                 Wakeup::Poll => idle.next(Instant::now(), self.config.claim.poll_interval),
                 Wakeup::Notify | Wakeup::Logical => self.config.claim.poll_interval,
             };
-            tokio::select! {
-                _ = self.bell.notified() => {
-                    // A permit stored before the wait began is a bell that rang during the
-                    // claim or its delivery: its rows committed after the claim started.
-                    let now = Instant::now();
-                    let rang = if now.duration_since(entered) < idle::FAST { last_claim } else { now };
-                    return Woken::Bell(rang);
+            let until = tokio::time::Instant::now() + wait;
+            loop {
+                tokio::select! {
+                    _ = self.bell.notified() => {
+                        // A permit stored before the wait began is a bell that rang during the
+                        // claim or its delivery: its rows committed after the claim started.
+                        let now = Instant::now();
+                        let rang = if now.duration_since(entered) < idle::FAST { last_claim } else { now };
+                        return Woken::Bell(rang);
+                    }
+                    _ = self.wake.notified() => return Woken::Now,
+                    // A renewal read the contract: an idle relay the schema no longer admits
+                    // (or whose registration lapses) stops claiming and says so now, not when
+                    // rows next come.
+                    _ = self.admission.changed.notified() => {
+                        if self.gate() != Gate::Claim {
+                            return Woken::Now;
+                        }
+                    }
+                    _ = tokio::time::sleep_until(until) => break,
+                    _ = shutdown.cancelled() => return Woken::Now,
                 }
-                _ = self.wake.notified() => return Woken::Now,
-                _ = tokio::time::sleep(wait) => {}
-                _ = shutdown.cancelled() => return Woken::Now,
             }
             self.health.tick();
             let probe =

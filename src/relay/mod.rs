@@ -446,12 +446,7 @@ impl Relay {
         while !shutdown.is_cancelled() {
             self.health.tick();
             reap(&mut deliveries);
-            let gate = admission::gate(
-                self.outbox.verdict().map(|(v, _)| v),
-                self.admission.last_renewal(),
-                Instant::now(),
-                crate::version::claims_allowed_for(c.claim.lease),
-            );
+            let gate = self.gate();
             if gate != admission::Gate::Claim {
                 let why = self.why_not_claiming(&gate);
                 if turn.is_some() {
@@ -673,6 +668,16 @@ impl Relay {
         background.cancel();
         let _ = tokio::join!(stats, retention, renewals);
         end
+    }
+
+    /// Whether the relay may claim now ([`admission::gate`]).
+    fn gate(&self) -> admission::Gate {
+        admission::gate(
+            self.outbox.verdict().map(|(v, _)| v),
+            self.admission.last_renewal(),
+            Instant::now(),
+            crate::version::claims_allowed_for(self.config.claim.lease),
+        )
     }
 
     /// Whether the look's finding needs a turn of this table now.
