@@ -87,6 +87,11 @@ pub fn order_payload_sql(n: &str) -> String {
     with_n(PAYLOAD_SQL, n)
 }
 
+/// The `traceparent` header of event number `n` (an SQL expression), as SQL.
+pub fn headers_sql(n: &str) -> String {
+    with_n(HEADERS_SQL, n)
+}
+
 fn with_n(template: &str, n: &str) -> String {
     template.replace("{n}", n)
 }
@@ -518,8 +523,13 @@ pub const WRITER_APP: &str = "bench-writer";
 
 /// The application's single-row INSERT: a ~300-byte event built by PostgreSQL from `$3`.
 pub fn insert_sql() -> String {
+    insert_sql_into("outbox")
+}
+
+/// [`insert_sql`] into `table` (an SQL name, quoted where it needs to be).
+pub fn insert_sql_into(table: &str) -> String {
     format!(
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
+        "INSERT INTO {table} (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
          VALUES ($1, 'order', $2, 'order.paid', {}, {})",
         with_n(PAYLOAD_SQL, "$3::bigint"),
         with_n(HEADERS_SQL, "$3::bigint"),

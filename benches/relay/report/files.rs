@@ -11,6 +11,7 @@ use crate::backlog::BacklogRun;
 use crate::drain::DrainRun;
 use crate::harm::HarmRun;
 use crate::idle::IdleRun;
+use crate::many_tables::ManyTablesRun;
 use crate::own_core::OwnCoreRun;
 use crate::rates::RatesRun;
 use crate::settings::SQS_LATENCY;
@@ -69,6 +70,7 @@ impl Report {
             })).collect::<Vec<_>>(),
             "storage": self.storage.iter().map(StorageRun::to_json).collect::<Vec<_>>(),
             "big_backlog": self.big_backlog.iter().map(BacklogRun::to_json).collect::<Vec<_>>(),
+            "many_tables": self.many_tables.as_ref().map(ManyTablesRun::to_json),
             "ratios": self.ratios().into_iter().map(|(what, v)| json!({"ratio": what, "value": v})).collect::<Vec<_>>(),
             "targets": self.targets().into_iter().map(|t| json!({
                 "target": t.what, "goal": t.goal, "value": t.value, "met": t.met, "note": t.note,

@@ -21,6 +21,7 @@ use crate::ceiling::CeilingRun;
 use crate::drain::{Destination, DrainRun};
 use crate::harm::HarmRun;
 use crate::idle::{IdleClusterCpu, IdleRun};
+use crate::many_tables::ManyTablesRun;
 use crate::own_core::OwnCoreRun;
 use crate::rates::RatesRun;
 use crate::settings::Settings;
@@ -68,6 +69,8 @@ pub struct Report {
     pub storage: Vec<StorageRun>,
     /// A large backlog drained while the application commits at a steady rate (`big-backlog`).
     pub big_backlog: Vec<BacklogRun>,
+    /// One relay serving many tables (`many-tables`); `None` when not run.
+    pub many_tables: Option<ManyTablesRun>,
     /// The whole run's time.
     pub seconds: f64,
     /// Whether the build has `--ordered`: what the ordered target's note says.
@@ -112,6 +115,7 @@ impl Report {
             idle_clusters: Vec::new(),
             storage: Vec::new(),
             big_backlog: Vec::new(),
+            many_tables: None,
             seconds: 0.0,
             ordered_flag,
             batch: settings.batch,

@@ -193,6 +193,9 @@ impl Report {
             }
         }
         self.harm_tables(&mut t);
+        if let Some(many) = &self.many_tables {
+            t.push_str(&many.table());
+        }
         let _ = writeln!(t, "\n### Ratios (same run)\n");
         let _ = writeln!(t, "| ratio | value |");
         let _ = writeln!(t, "|---|---:|");
