@@ -1,19 +1,12 @@
--- One table's part of the look a relay serving several tables takes at all of them at once
--- (parts joined by UNION ALL, one statement for up to a hundred tables): is a row claimable
--- now (as sql/probe.sql), the age of the oldest unsent row (the first entry of the unsent
--- partial index, or a row parked in quarantine: as sql/stats.sql), are rows parked for their queue due again, and are sent
+-- One table's part of the full look a relay serving several tables takes at all of them at
+-- once every --stats-interval (parts joined by UNION ALL, one statement for up to a hundred
+-- tables; sql/watch_fast.sql is the look between): is a row claimable now (sql/probe.sql),
+-- the age of the oldest unsent row (the first entry of the unsent partial index, or of a row
+-- parked in quarantine: as sql/stats.sql), are rows parked for their queue due again, are sent
 -- rows past retention ($1 seconds; NULL without retention). Read-only and lock-free; each
 -- answer is one short index scan, none of which walks the backlog.
 SELECT {index}::int4,
-       EXISTS (
-           SELECT 1
-           FROM {table}
-           WHERE sent_at IS NULL
-             AND quarantined_at IS NULL
-             AND available_at <= now()
-             AND id NOT IN (SELECT unnest(l.ids) FROM {claims} AS l WHERE l.until >= now())
-             AND {released}
-       ),
+       ({probe}),
        coalesce((SELECT greatest(extract(epoch FROM now() - min(created_at)), 0)::float8
                  FROM ((SELECT created_at
                         FROM {table}

@@ -12,6 +12,9 @@ use crate::outbox::conn::Stmt;
 pub struct Look {
     /// A row is claimable now.
     pub claimable: bool,
+    /// A full look (sql/watch.sql): the fields below are read; otherwise (sql/watch_fast.sql)
+    /// only `claimable` is.
+    pub full: bool,
     /// now − created_at of the oldest unsent row, rows parked in quarantine included; 0 when
     /// none.
     pub oldest_unsent_age_seconds: f64,
@@ -34,22 +37,29 @@ impl Look {
 pub const PART_TABLES: usize = 100;
 
 impl Outbox {
-    /// This table's part of the look, as the `index`-th table.
-    fn watch_part(&self, index: usize) -> Result<String, OutboxError> {
-        let claims = self.table.claims();
+    /// This table's part of the look, as the `index`-th table: the full look or the fast one.
+    fn watch_part(&self, index: usize, full: bool) -> Result<String, OutboxError> {
         let index = index.to_string();
-        let released = self.strategy.order_by().released(None);
         render(
-            include_str!("../../sql/watch.sql"),
+            match full {
+                true => include_str!("../../sql/watch.sql"),
+                false => include_str!("../../sql/watch_fast.sql"),
+            },
             &[
                 ("index", Value::Sql(&index)),
                 ("table", Value::Table(&self.table)),
-                ("claims", Value::Table(&claims)),
-                ("released", Value::Sql(&released)),
+                ("probe", Value::Sql(&self.sql.probe)),
             ],
         )
         .map_err(OutboxError::Template)
     }
+}
+
+/// A look's statements over `tables`, prepared on one connection.
+#[derive(Default)]
+struct Parts {
+    /// One statement per [`PART_TABLES`] tables.
+    statements: Vec<(std::ops::Range<usize>, Stmt)>,
 }
 
 /// The look's statements over a set of tables, on a connection of its own.
@@ -58,8 +68,9 @@ pub struct Watch {
     /// Sent rows older than this many seconds are past retention; `None`: kept for ever.
     retention: Option<f64>,
     conn: Option<Conn>,
-    /// One statement per [`PART_TABLES`] tables, prepared on `conn`.
-    parts: Vec<(std::ops::Range<usize>, Stmt)>,
+    /// The fast look's statements and the full look's, prepared on `conn` at first use.
+    fast: Parts,
+    full: Parts,
 }
 
 /// One table's answer: what the look saw, or why its part failed.
@@ -71,7 +82,8 @@ impl Watch {
             tables,
             retention,
             conn: None,
-            parts: Vec::new(),
+            fast: Parts::default(),
+            full: Parts::default(),
         }
     }
 
@@ -80,26 +92,37 @@ impl Watch {
         &self.tables
     }
 
-    /// Looks at every table. `Err`: the connection failed (every table unknown); otherwise
-    /// one answer per table, a table whose part failed (dropped, locked past the round-trip
+    /// Looks at every table: the full look (every answer's fields) or the fast one
+    /// (`claimable` only). `Err`: the connection failed (every table unknown); otherwise one
+    /// answer per table, a table whose part failed (dropped, locked past the round-trip
     /// deadline, unreadable, an older schema) answering with its error alone.
-    pub async fn look(&mut self) -> Result<Vec<Answer>, OutboxError> {
+    pub async fn look(&mut self, full: bool) -> Result<Vec<Answer>, OutboxError> {
         let Some(first) = self.tables.first().cloned() else {
             return Ok(Vec::new());
         };
         if self.conn.as_ref().is_none_or(Conn::is_closed) {
-            self.parts.clear();
+            self.fast = Parts::default();
+            self.full = Parts::default();
             self.conn = Some(first.raw_connect().await?);
         }
         let conn = self.conn.as_ref().expect("connected above");
-        if self.parts.is_empty() {
+        let retention = self.retention;
+        let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = match full {
+            true => &[&retention],
+            false => &[],
+        };
+        let parts = match full {
+            true => &mut self.full,
+            false => &mut self.fast,
+        };
+        if parts.statements.is_empty() {
             for start in (0..self.tables.len()).step_by(PART_TABLES) {
                 let range = start..(start + PART_TABLES).min(self.tables.len());
-                let Ok(sql) = self.sql(range.clone()) else {
+                let Ok(sql) = sql(&self.tables, range.clone(), full) else {
                     continue;
                 };
                 match conn.statements(&[(&sql, false)]).await {
-                    Ok(mut s) => self.parts.push((range, s.remove(0))),
+                    Ok(mut s) => parts.statements.push((range, s.remove(0))),
                     // A table in it failed the preparation: its tables are looked at one by
                     // one, below, each time.
                     Err(_) if !conn.is_closed() => {}
@@ -107,43 +130,40 @@ impl Watch {
                 }
             }
         }
+        let read = |row: &tokio_postgres::Row| Look {
+            claimable: row.get(1),
+            full,
+            oldest_unsent_age_seconds: row.get(2),
+            parked_due: row.get(3),
+            expired: row.get(4),
+        };
         let mut answers: Vec<Option<Answer>> = (0..self.tables.len()).map(|_| None).collect();
-        let mut failed = Vec::new();
-        for (range, stmt) in &self.parts {
-            match conn.query(stmt, &[&self.retention]).await {
+        let mut failed = false;
+        for (_, stmt) in &parts.statements {
+            match conn.query(stmt, params).await {
                 Ok(rows) => {
                     for row in rows {
                         let i: i32 = row.get(0);
-                        answers[i as usize] = Some(Ok(Look {
-                            claimable: row.get(1),
-                            oldest_unsent_age_seconds: row.get(2),
-                            parked_due: row.get(3),
-                            expired: row.get(4),
-                        }));
+                        answers[i as usize] = Some(Ok(read(&row)));
                     }
                 }
                 Err(e) if conn.is_closed() => return Err(query_err("looking at the tables")(e)),
-                Err(_) => failed.push(range.clone()),
+                Err(_) => failed = true,
             }
         }
-        if !failed.is_empty() {
+        if failed {
             // Prepared again next time: a table dropped since invalidates its statement.
-            self.parts.clear();
+            parts.statements.clear();
         }
         // Each table no statement answered, on its own: which of them failed, and why.
         for (i, answer) in answers.iter_mut().enumerate() {
             if answer.is_some() {
                 continue;
             }
-            let sql = self.sql(i..i + 1)?;
-            *answer = Some(match conn.query(&sql, &[&self.retention]).await {
+            let sql = sql(&self.tables, i..i + 1, full)?;
+            *answer = Some(match conn.query(&sql, params).await {
                 Ok(rows) => match rows.first() {
-                    Some(row) => Ok(Look {
-                        claimable: row.get(1),
-                        oldest_unsent_age_seconds: row.get(2),
-                        parked_due: row.get(3),
-                        expired: row.get(4),
-                    }),
+                    Some(row) => Ok(read(row)),
                     None => Err(OutboxError::Template("the look returned no row".into())),
                 },
                 Err(e) if conn.is_closed() => return Err(query_err("looking at the tables")(e)),
@@ -155,12 +175,17 @@ impl Watch {
             .map(|a| a.expect("every table answered"))
             .collect())
     }
+}
 
-    /// The statement over `range`: each table's part, the index being its place in `tables`.
-    fn sql(&self, range: std::ops::Range<usize>) -> Result<String, OutboxError> {
-        let parts = range
-            .map(|i| self.tables[i].watch_part(i))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(parts.join("\nUNION ALL\n"))
-    }
+/// The look's statement over `range` of `tables`: each table's part, the index being its place
+/// in `tables`.
+fn sql(
+    tables: &[Arc<Outbox>],
+    range: std::ops::Range<usize>,
+    full: bool,
+) -> Result<String, OutboxError> {
+    let parts = range
+        .map(|i| tables[i].watch_part(i, full))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(parts.join("\nUNION ALL\n"))
 }

@@ -319,6 +319,7 @@ mod tests {
             "t",
             &Look {
                 claimable: true,
+                full: true,
                 oldest_unsent_age_seconds: 9.0,
                 parked_due: false,
                 expired: false,
@@ -329,6 +330,7 @@ mod tests {
             "t",
             &Look {
                 claimable: false,
+                full: true,
                 oldest_unsent_age_seconds: 0.0,
                 parked_due: false,
                 expired: false,

@@ -66,21 +66,14 @@ impl Relay {
         let every = self.config.maintenance.stats_interval;
         loop {
             let wait = due_in(*self.last_stats.lock().expect("stats lock"), every);
+            // A pass due now runs even if the turn that started this task ended meanwhile.
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => return,
             }
             self.stats_pass().await;
         }
-    }
-
-    /// Whether the gauges are due for a refresh.
-    pub(super) fn stats_due(&self) -> bool {
-        due_in(
-            *self.last_stats.lock().expect("stats lock"),
-            self.config.maintenance.stats_interval,
-        )
-        .is_zero()
     }
 
     /// One refresh: unparking first, then the gauges.
@@ -160,15 +153,6 @@ impl Relay {
                 }
             }
         }
-    }
-
-    /// Whether the registration is due for renewal.
-    pub(super) fn renewal_due(&self) -> bool {
-        due_in(
-            self.admission.last_renewal(),
-            version::check_every(self.config.claim.lease),
-        )
-        .is_zero()
     }
 
     /// One renewal: the registration written, the contract read (`admission`), the fleet shown
@@ -268,6 +252,7 @@ impl Relay {
                 self.config.maintenance.retention_interval,
             );
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.cancelled() => return,
             }

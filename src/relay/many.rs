@@ -249,6 +249,9 @@ impl Many {
         let mut trials: JoinSet<(TableName, Result<(), String>)> = JoinSet::new();
         let mut discover_at = Instant::now() + c.many.discover_every;
         let mut look_at = Instant::now();
+        // The full look (the gauges' ages, upkeep due) every --stats-interval; between, the
+        // fast one (claimable only) every --poll-interval.
+        let mut full_at = Instant::now();
         let mut look_failures = 0u32;
         while !shutdown.is_cancelled() {
             self.health.tick();
@@ -263,8 +266,12 @@ impl Many {
                 }
             }
             if now >= look_at {
-                match self.watch.look().await {
+                let full = now >= full_at;
+                match self.watch.look(full).await {
                     Ok(answers) => {
+                        if full {
+                            full_at = now + c.maintenance.stats_interval;
+                        }
                         look_failures = 0;
                         self.health.set_database_ok(true);
                         self.seen(answers);
@@ -333,7 +340,9 @@ impl Many {
             };
             match answer {
                 Ok(look) => {
-                    self.board.look(&name.label(), &look);
+                    if look.full {
+                        self.board.look(&name.label(), &look);
+                    }
                     table.look = Some(look);
                 }
                 Err(e) => {
@@ -411,7 +420,7 @@ impl Many {
         let retention = self.retention;
         trials.spawn(async move {
             let mut alone = Watch::new(vec![outbox], retention);
-            let result = match alone.look().await {
+            let result = match alone.look(true).await {
                 Ok(mut answers) => answers.remove(0).map(|_| ()).map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };

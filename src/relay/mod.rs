@@ -634,29 +634,26 @@ impl Relay {
         end
     }
 
-    /// One turn of a table served with others: the upkeep that is due (or that the look found
-    /// due: rows parked for their queue, rows past retention), the registration if due, then
-    /// claims until the turn ends; the gauges, retention and registration keep their
-    /// intervals across turns meanwhile.
+    /// One turn of a table served with others: claims until the turn ends, and beside them
+    /// the upkeep that is due (the gauges, retention, the registration, each at its own
+    /// interval across turns; unparking at once when the look found parked rows due).
     pub(crate) async fn turn(
         self: &Arc<Self>,
         turn: Turn,
         look: Option<crate::outbox::Look>,
         shutdown: &CancellationToken,
     ) -> TurnEnd {
-        if self.renewal_due() {
+        // Claims first: the upkeep that is due runs beside them (below), on the upkeep
+        // connection every table shares, where another table's statistics or retention may be
+        // running. Only a registration too old to claim on is renewed before.
+        if self.gate() != admission::Gate::Claim {
             if let (_, Err(e)) = self.renew(maintain::Shown::default()).await {
                 return TurnEnd::Failed(e);
             }
         }
         if look.is_some_and(|l| l.parked_due) {
-            self.unpark_destinations().await;
-        }
-        if self.stats_due() {
-            self.stats_pass().await;
-        }
-        if look.is_some_and(|l| l.expired) && self.retention_due() {
-            self.retention_pass(shutdown).await;
+            // The statistics pass unparks first: run it now.
+            *self.last_stats.lock().expect("stats lock") = None;
         }
         let background = CancellationToken::new();
         let stats = tokio::spawn(Arc::clone(self).refresh_stats(background.clone()));
