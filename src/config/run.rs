@@ -73,8 +73,9 @@ pub struct ManyArgs {
     #[arg(long, env = "OUTBOX_DISCOVER_EVERY", default_value = "30s", value_parser = humantime::parse_duration)]
     pub discover_every: std::time::Duration,
 
-    /// How many tables claim at once. Connections do not depend on it (every table shares
-    /// the relay's few); it bounds how many tables' claims and settlements interleave.
+    /// How many tables claim at once (turns). Each turn has a claims and a settlements
+    /// connection of its own: the relay's connections are 2 x this + 2, whatever the number
+    /// of tables.
     #[arg(long, env = "OUTBOX_ACTIVE_TABLES", default_value_t = 4)]
     pub active_tables: usize,
 

@@ -539,8 +539,8 @@ pub struct SharedSession {
     outbox: Arc<Outbox>,
     current: Mutex<Option<Arc<Session>>>,
     /// A connection this table shares with others ([`SharedSession::on`]), in place of one
-    /// of its own.
-    host: Option<Arc<super::SharedConn>>,
+    /// of its own; another may be bound for each turn ([`SharedSession::bind`]).
+    host: std::sync::Mutex<Option<Arc<super::SharedConn>>>,
     /// Whether a connection was ever established: only a later one is news (INFO), the first
     /// of a lazy session is not.
     connected: std::sync::atomic::AtomicBool,
@@ -551,7 +551,7 @@ impl SharedSession {
         SharedSession {
             outbox,
             current: Mutex::new(Some(Arc::new(first))),
-            host: None,
+            host: std::sync::Mutex::new(None),
             connected: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -561,7 +561,7 @@ impl SharedSession {
         SharedSession {
             outbox,
             current: Mutex::new(None),
-            host: Some(host),
+            host: std::sync::Mutex::new(Some(host)),
             connected: std::sync::atomic::AtomicBool::new(true),
         }
     }
@@ -571,15 +571,25 @@ impl SharedSession {
         SharedSession {
             outbox,
             current: Mutex::new(None),
-            host: None,
+            host: std::sync::Mutex::new(None),
             connected: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     /// The live session, reconnecting once if the last one is closed. Callers that get an
     /// error back decide how long to wait before asking again.
+    /// From now on, runs on `host` (a session made with [`SharedSession::on`]): a relay serving
+    /// several tables gives each turn a connection of its own.
+    pub fn bind(&self, host: Arc<super::SharedConn>) {
+        *self.host.lock().expect("host lock") = Some(host);
+    }
+
+    fn host(&self) -> Option<Arc<super::SharedConn>> {
+        self.host.lock().expect("host lock").clone()
+    }
+
     pub async fn get(&self) -> Result<Arc<Session>, OutboxError> {
-        if let Some(host) = &self.host {
+        if let Some(host) = self.host() {
             let limit = self.outbox.round_trip().map(|deadline| {
                 self.outbox
                     .pg
@@ -675,7 +685,7 @@ impl SharedSession {
     /// Drops `session` if it is still the current one; of the callers that met the same dark
     /// connection only the first logs.
     async fn replace(&self, session: &Arc<Session>, why: Replace, what: &str, e: &OutboxError) {
-        if let Some(host) = &self.host {
+        if let Some(host) = self.host() {
             if !host.drop_conn_of(session).await {
                 return;
             }

@@ -103,7 +103,16 @@ impl Watch {
         if self.conn.as_ref().is_none_or(Conn::is_closed) {
             self.fast = Parts::default();
             self.full = Parts::default();
-            self.conn = Some(first.raw_connect().await?);
+            let conn = first.raw_connect().await?;
+            // Planned once per connection, as the relay's own statements are (`PLANS`): with
+            // the retention bound as a parameter the full look was otherwise planned afresh
+            // at each execution, a hundred tables at a time.
+            if !conn.pooled() {
+                conn.batch_execute(super::PLANS)
+                    .await
+                    .map_err(query_err("setting up the look's connection"))?;
+            }
+            self.conn = Some(conn);
         }
         let conn = self.conn.as_ref().expect("connected above");
         let retention = self.retention;

@@ -1,7 +1,8 @@
 //! One relay serving several tables (`--tables`, or `--table` more than once).
 //!
-//! - **Connections**: a fixed few whatever the number of tables: claims and settlements each
-//!   on one connection every table's statements are prepared on ([`SharedConn`]), upkeep on
+//! - **Connections**: a fixed few whatever the number of tables: each of the
+//!   `--active-tables` turns that may run at once has a connection for claims and one for
+//!   settlements, which every table's statements are prepared on ([`SharedConn`]); upkeep on
 //!   one, the look on one, discovery on a short-lived one.
 //! - **The look**: one statement (per hundred tables) every `--poll-interval` tells, for every
 //!   table, whether a row is claimable, the age of its oldest unsent row, and whether upkeep
@@ -52,6 +53,12 @@ struct Table {
     trouble: Option<Trouble>,
 }
 
+/// A turn's connections: claims (and the registration), settlements.
+struct Slot {
+    claims: Arc<SharedConn>,
+    settlements: Arc<SharedConn>,
+}
+
 struct Trouble {
     why: String,
     failures: u32,
@@ -100,9 +107,15 @@ pub async fn run(
         let board = Arc::clone(&board);
         health.add_section(Section(Arc::new(move || board.render())));
     }
+    let slots = (0..config.many.active_tables)
+        .map(|_| Slot {
+            claims: SharedConn::new(PREPARED_TABLES),
+            settlements: SharedConn::new(PREPARED_TABLES),
+        })
+        .collect::<Vec<_>>();
     let mut many = Many {
-        claims: SharedConn::new(PREPARED_TABLES),
-        settlements: SharedConn::new(PREPARED_TABLES),
+        free: (0..slots.len()).rev().collect(),
+        slots,
         upkeep: Upkeep::new(Arc::clone(&root), config.maintenance.maintenance_timeout),
         tables: HashMap::new(),
         order: Vec::new(),
@@ -133,8 +146,11 @@ struct Many {
     shared: Shared,
     board: Arc<Board>,
     health: Arc<Health>,
-    claims: Arc<SharedConn>,
-    settlements: Arc<SharedConn>,
+    /// One per turn that may run at once: a turn's claims and settlements never queue behind
+    /// another table's on a connection (a backlog's claims would hold up every other table's).
+    slots: Vec<Slot>,
+    /// The slots no turn uses now.
+    free: Vec<usize>,
     upkeep: Upkeep,
     tables: HashMap<TableName, Table>,
     /// The tables in the look's order.
@@ -221,9 +237,13 @@ impl Many {
             claiming: true,
             lease: config.claim.lease,
         };
+        // Bound to a slot's connections at each turn (`start_turns`).
         let sessions = Sessions {
-            claims: SharedSession::on(Arc::clone(&outbox), Arc::clone(&self.claims)),
-            settlements: SharedSession::on(Arc::clone(&outbox), Arc::clone(&self.settlements)),
+            claims: SharedSession::on(Arc::clone(&outbox), Arc::clone(&self.slots[0].claims)),
+            settlements: SharedSession::on(
+                Arc::clone(&outbox),
+                Arc::clone(&self.slots[0].settlements),
+            ),
         };
         Ok(Arc::new(Relay::new(
             config,
@@ -242,7 +262,7 @@ impl Many {
         shutdown: CancellationToken,
     ) {
         let c = self.config.clone();
-        let mut turns: JoinSet<(TableName, TurnEnd)> = JoinSet::new();
+        let mut turns: JoinSet<(TableName, TurnEnd, usize)> = JoinSet::new();
         // A skipped table is tried alone, on a connection of its own, before it shares the
         // look and the claims' connection again: a table locked by a migration would otherwise
         // hold up the statements of every table queued behind its own on those connections.
@@ -297,12 +317,12 @@ impl Many {
             let wake = tokio::time::Instant::from_std(look_at.min(discover_at));
             tokio::select! {
                 Some(done) = turns.join_next() => {
-                    if let Ok((table, end)) = done {
-                        self.ended(&table, end);
+                    if let Ok((table, end, slot)) = done {
+                        self.ended(&table, end, slot);
                     }
                     while let Some(done) = turns.try_join_next() {
-                        if let Ok((table, end)) = done {
-                            self.ended(&table, end);
+                        if let Ok((table, end, slot)) = done {
+                            self.ended(&table, end, slot);
                         }
                     }
                 }
@@ -317,8 +337,8 @@ impl Many {
             "shutting down: no new turns; finishing the turns in flight"
         );
         while let Some(done) = turns.join_next().await {
-            if let Ok((table, end)) = done {
-                self.ended(&table, end);
+            if let Ok((table, end, slot)) = done {
+                self.ended(&table, end, slot);
             }
         }
         for table in self.tables.values() {
@@ -361,7 +381,7 @@ impl Many {
     /// `--active-tables` run.
     fn start_turns(
         &mut self,
-        turns: &mut JoinSet<(TableName, TurnEnd)>,
+        turns: &mut JoinSet<(TableName, TurnEnd, usize)>,
         shutdown: &CancellationToken,
     ) {
         let candidates: Vec<(TableName, Option<Instant>)> = self
@@ -375,11 +395,20 @@ impl Many {
             .map(|(name, t)| (name.clone(), t.last_turn))
             .collect();
         let queue = rotation(candidates);
-        let free = self.config.many.active_tables.saturating_sub(turns.len());
+        let free = self.free.len();
         self.waiting
             .store(queue.len().saturating_sub(free), Ordering::Relaxed);
         for name in queue.into_iter().take(free) {
+            let slot = self.free.pop().expect("a free slot");
             let table = self.tables.get_mut(&name).expect("a candidate is served");
+            table
+                .relay
+                .session
+                .bind(Arc::clone(&self.slots[slot].claims));
+            table
+                .relay
+                .settlements
+                .bind(Arc::clone(&self.slots[slot].settlements));
             table.in_turn = true;
             table.more = false;
             let look = table.look.take();
@@ -391,7 +420,7 @@ impl Many {
             let shutdown = shutdown.clone();
             turns.spawn(async move {
                 let end = relay.turn(turn, look, &shutdown).await;
-                (name, end)
+                (name, end, slot)
             });
         }
     }
@@ -445,7 +474,8 @@ impl Many {
     }
 
     /// A turn ended: the table waits for the next, or is backed off.
-    fn ended(&mut self, name: &TableName, end: TurnEnd) {
+    fn ended(&mut self, name: &TableName, end: TurnEnd, slot: usize) {
+        self.free.push(slot);
         let Some(table) = self.tables.get_mut(name) else {
             return;
         };
