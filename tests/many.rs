@@ -824,3 +824,47 @@ async fn a_table_the_relays_role_may_not_read_is_skipped_and_served_once_granted
         relay.output()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_a_table_other_than_the_first_is_sent_again_by_the_relay_serving_both() {
+    let db = crate::support::fresh_db().await;
+    for t in ["rp_a", "rp_b"] {
+        tenant(&db, t).await;
+    }
+    let queue = create_queue("many-replay", &[]).await;
+    let _relay = RelayProcess::spawn(&many_args(&db, &queue, &["--tables", "rp_*.outbox"]), &[]);
+    write(&db, "rp_a", &tenant_events("rp_a", 3, 1)).await;
+    write(&db, "rp_b", &tenant_events("rp_b", 3, 1)).await;
+    assert_eq!(
+        receive_all(&queue, 6, Duration::from_secs(60)).await.len(),
+        6
+    );
+    wait_in(
+        &db,
+        "rp_b",
+        "sent_at IS NOT NULL",
+        3,
+        Duration::from_secs(30),
+    )
+    .await;
+    let done = relay_command(&[
+        "replay",
+        "--database-url",
+        &db.url,
+        "--table",
+        "rp_b.outbox",
+        "--event-id",
+        "rp_b-1",
+    ])
+    .await;
+    assert!(done.contains("replayed 1 sent row(s)"), "{done}");
+    let again = receive_all(&queue, 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        again
+            .iter()
+            .map(|m| crate::scenario::attr(m, "event_id").unwrap_or(""))
+            .collect::<Vec<_>>(),
+        ["rp_b-1"],
+        "the replayed event, with its event_id, and nothing of the other table"
+    );
+}

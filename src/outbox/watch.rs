@@ -104,11 +104,12 @@ impl Watch {
             self.fast = Parts::default();
             self.full = Parts::default();
             let conn = first.raw_connect().await?;
-            // Planned once per connection, as the relay's own statements are (`PLANS`): with
-            // the retention bound as a parameter the full look was otherwise planned afresh
-            // at each execution, a hundred tables at a time.
+            // Planned once per connection: with the retention bound as a parameter the full
+            // look was otherwise planned afresh now and then, a hundred tables at a time
+            // (~100 ms each). Not the relay's other planner switches (`PLANS`): they made the
+            // look's antijoin on the lease table a thousand times slower.
             if !conn.pooled() {
-                conn.batch_execute(super::PLANS)
+                conn.batch_execute("SET plan_cache_mode = force_generic_plan")
                     .await
                     .map_err(query_err("setting up the look's connection"))?;
             }
