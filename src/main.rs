@@ -372,33 +372,10 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(c) => c,
         Err(e) => return runtime_error(&e),
     };
-    let handle = match metrics::install() {
-        Ok(h) => h,
-        Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
+    let (health, stop_serving) = match serve_metrics(&config).await {
+        Ok(served) => served,
+        Err(code) => return code,
     };
-    // Several poll intervals without a loop iteration means the loop is stuck.
-    let stuck_after = (config.claim.poll_interval * 5).max(std::time::Duration::from_secs(10));
-    let health = Health::new(stuck_after);
-    // Separate from `shutdown`: metrics and probes keep answering while in-flight sends
-    // drain after SIGTERM.
-    let stop_serving = CancellationToken::new();
-    let bound = match metrics::serve(
-        config.metrics_addr,
-        handle,
-        Arc::clone(&health),
-        stop_serving.clone(),
-    )
-    .await
-    {
-        Ok(addr) => addr,
-        Err(e) => {
-            return runtime_error(&format!(
-                "cannot listen on --metrics-addr {}: {e}",
-                config.metrics_addr
-            ))
-        }
-    };
-    tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
     if traces.is_some() {
         tracing::info!("exporting a span per event over OTLP/HTTP");
     }
@@ -411,6 +388,35 @@ async fn run(args: RunArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`, and the health they report;
+/// the token stops serving. Separate from `shutdown`: metrics and probes keep answering while
+/// in-flight sends drain after SIGTERM.
+async fn serve_metrics(
+    config: &outbox_relay::config::RunConfig,
+) -> Result<(Arc<Health>, CancellationToken), ExitCode> {
+    let handle =
+        metrics::install().map_err(|e| runtime_error(&format!("cannot set up metrics: {e}")))?;
+    // Several poll intervals without a loop iteration means the loop is stuck.
+    let stuck_after = (config.claim.poll_interval * 5).max(std::time::Duration::from_secs(10));
+    let health = Health::new(stuck_after);
+    let stop_serving = CancellationToken::new();
+    let bound = metrics::serve(
+        config.metrics_addr,
+        handle,
+        Arc::clone(&health),
+        stop_serving.clone(),
+    )
+    .await
+    .map_err(|e| {
+        runtime_error(&format!(
+            "cannot listen on --metrics-addr {}: {e}",
+            config.metrics_addr
+        ))
+    })?;
+    tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
+    Ok((health, stop_serving))
+}
+
 /// `run` for several tables (`relay::many`): the same endpoint, health and shutdown.
 async fn run_many(
     config: outbox_relay::config::RunConfig,
@@ -420,30 +426,10 @@ async fn run_many(
     if let Err(e) = config.database.read_secrets() {
         return config_error(&e);
     }
-    let handle = match metrics::install() {
-        Ok(h) => h,
-        Err(e) => return runtime_error(&format!("cannot set up metrics: {e}")),
+    let (health, stop_serving) = match serve_metrics(&config).await {
+        Ok(served) => served,
+        Err(code) => return code,
     };
-    let stuck_after = (config.claim.poll_interval * 5).max(std::time::Duration::from_secs(10));
-    let health = Health::new(stuck_after);
-    let stop_serving = CancellationToken::new();
-    let bound = match metrics::serve(
-        config.metrics_addr,
-        handle,
-        Arc::clone(&health),
-        stop_serving.clone(),
-    )
-    .await
-    {
-        Ok(addr) => addr,
-        Err(e) => {
-            return runtime_error(&format!(
-                "cannot listen on --metrics-addr {}: {e}",
-                config.metrics_addr
-            ))
-        }
-    };
-    tracing::info!(metrics_addr = %bound, "metrics endpoint listening");
     let result = relay::many::run(config, health, traces.clone(), shutdown).await;
     if let Some(traces) = traces {
         traces.shutdown(otel::FLUSH_BOUND).await;

@@ -26,6 +26,20 @@ pub struct Registration {
     pub lease: Duration,
 }
 
+impl Registration {
+    /// A relay that starts now on this host, claiming, before its first claim.
+    pub fn starting(relay_id: &str, lease: Duration) -> Registration {
+        Registration {
+            relay_id: relay_id.to_string(),
+            host: gethostname::gethostname().to_string_lossy().into_owned(),
+            started: SystemTime::now(),
+            last_claim: None,
+            claiming: true,
+            lease,
+        }
+    }
+}
+
 /// What a renewal learnt: the contract, and the live fleet before this renewal.
 #[derive(Debug, Clone)]
 pub struct Renewed {

@@ -229,14 +229,7 @@ impl Many {
         let outbox = Arc::new(
             Outbox::from_config(&config.database, self.purpose.clone())?.sharing_hosts_with(root),
         );
-        let registration = Registration {
-            relay_id: config.claim.relay_id.clone(),
-            host: gethostname::gethostname().to_string_lossy().into_owned(),
-            started: std::time::SystemTime::now(),
-            last_claim: None,
-            claiming: true,
-            lease: config.claim.lease,
-        };
+        let registration = Registration::starting(&config.claim.relay_id, config.claim.lease);
         // Bound to a slot's connections at each turn (`start_turns`).
         let sessions = Sessions {
             claims: SharedSession::on(Arc::clone(&outbox), Arc::clone(&self.slots[0].claims)),

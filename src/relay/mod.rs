@@ -274,14 +274,7 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
     // relay that claims; a role that may not write the registry stops the start here. A
     // server that takes no writes (a standby first in the URL) or a failure worth retrying
     // does not: claims wait for the first renewal that succeeds (`admission`).
-    let registration = Registration {
-        relay_id: config.claim.relay_id.clone(),
-        host: gethostname::gethostname().to_string_lossy().into_owned(),
-        started: std::time::SystemTime::now(),
-        last_claim: None,
-        claiming: true,
-        lease: config.claim.lease,
-    };
+    let registration = Registration::starting(&config.claim.relay_id, config.claim.lease);
     let began = Instant::now();
     let renewed = match outbox.renew(&first, &registration).await {
         Ok(renewed) => Some((began, renewed)),
