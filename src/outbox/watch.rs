@@ -87,6 +87,11 @@ impl Watch {
         }
     }
 
+    /// Drops the connection (a look that got no answer): the next look opens a new one.
+    pub fn reset(&mut self) {
+        self.conn = None;
+    }
+
     /// The tables looked at, in the order of [`Watch::look`]'s answers.
     pub fn tables(&self) -> &[Arc<Outbox>] {
         &self.tables

@@ -271,7 +271,13 @@ impl Many {
             let now = Instant::now();
             if now >= discover_at && !selection.patterns.is_empty() {
                 discover_at = now + c.many.discover_every;
-                match root.select(&selection).await {
+                match within(
+                    c.retry.db_timeout,
+                    "looking up the tables",
+                    root.select(&selection),
+                )
+                .await
+                {
                     Ok(found) => self.serve(found, &root),
                     Err(e) => {
                         tracing::warn!(error = %e, "could not look up the tables --tables selects; serving those found before")
@@ -280,7 +286,12 @@ impl Many {
             }
             if now >= look_at {
                 let full = now >= full_at;
-                match self.watch.look(full).await {
+                let look = within(
+                    c.retry.db_timeout,
+                    "looking at the tables",
+                    self.watch.look(full),
+                );
+                match look.await {
                     Ok(answers) => {
                         if full {
                             full_at = now + c.maintenance.stats_interval;
@@ -291,6 +302,9 @@ impl Many {
                         look_at = Instant::now() + c.claim.poll_interval;
                     }
                     Err(e) => {
+                        if matches!(e, OutboxError::Unanswered { .. }) {
+                            self.watch.reset();
+                        }
                         look_failures += 1;
                         self.health.set_database_ok(false);
                         let delay = crate::outbox::reconnect_delay(
@@ -440,9 +454,10 @@ impl Many {
         };
         let outbox = Arc::clone(&self.tables[&name].relay.outbox);
         let retention = self.retention;
+        let deadline = self.config.retry.db_timeout;
         trials.spawn(async move {
             let mut alone = Watch::new(vec![outbox], retention);
-            let result = match alone.look(true).await {
+            let result = match within(deadline, "looking at the table", alone.look(true)).await {
                 Ok(mut answers) => answers.remove(0).map(|_| ()).map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
@@ -496,6 +511,20 @@ impl Many {
             self.rewatch();
         }
     }
+}
+
+/// `work` (statements on one connection, each under the server's `--db-timeout`) within a
+/// bound of the relay's own: a connection gone dark would otherwise hold the rotation until
+/// TCP gives up. Each statement has `--db-timeout`; the whole gets ten, then fails.
+async fn within<T>(
+    db_timeout: std::time::Duration,
+    what: &'static str,
+    work: impl std::future::Future<Output = Result<T, OutboxError>>,
+) -> Result<T, OutboxError> {
+    let after = db_timeout * 10;
+    tokio::time::timeout(after, work)
+        .await
+        .unwrap_or(Err(OutboxError::Unanswered { what, after }))
 }
 
 /// The table is not served until its back-off ends: said once per reason, at ERROR when it
