@@ -64,7 +64,16 @@ claimed AS (
            d.last_error AS doom_error,
            o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
-           row_number() OVER (ORDER BY {order_o}) AS turn
+           row_number() OVER (ORDER BY {order_o}) AS turn,
+           -- The lowest live claim's token, this one's included (src/outbox/floors.rs).
+           least((SELECT token FROM live_from), (SELECT token FROM lease)) AS live_from,
+           -- The lowest unsent id from the rows' floor $5 on, this claim's rows included: the
+           -- next claim starts there (src/outbox/floors.rs), not at the floor the statistics
+           -- raised seconds ago.
+           (SELECT u.id FROM {table} AS u
+            WHERE u.sent_at IS NULL AND u.quarantined_at IS NULL AND u.id >= $5::bigint
+            ORDER BY u.id
+            LIMIT 1) AS lowest_unsent
     FROM candidates AS c
     JOIN {table} AS o ON o.id = c.id
     LEFT JOIN doomed AS d ON d.id = c.id

@@ -1,15 +1,16 @@
 -- Up to $1 claimable rows in id order, as many as fit the byte budget $4 (the first always
 -- does; a row quarantined at claim weighs nothing, see `weighed` in claim.rs). Rows in a
--- claim (`leased`, sql/claim.sql), rows waiting for a retry and settled rows are skipped. (No floor here, unlike the ordered and fair claims: given `id >= floor`
--- the planner may walk the primary key over sent rows, measured at half the throughput of
--- walking the unsent index's dead entries.) The ordered filter holds back rows bound for a FIFO
--- queue that are not their group's head (see claim.rs).
+-- claim (`leased`, sql/claim.sql), rows waiting for a retry and settled rows are skipped.
+-- From the rows' floor $5 on (src/outbox/floors.rs): the entries settled rows left below it
+-- are never read, however many a held vacuum horizon keeps. The ordered filter holds back rows
+-- bound for a FIFO queue that are not their group's head (see claim.rs).
 {leased}
 chosen AS (
     SELECT id, {attempts_c} AS attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     WHERE sent_at IS NULL
       AND quarantined_at IS NULL
+      AND id >= $5::bigint
       AND available_at <= now()
       AND id NOT IN (SELECT id FROM leased)
       {ordered_filter}

@@ -4,9 +4,14 @@
 -- (sql/settle.sql deletes the claim's row as its fence), so its rows (`taken`) are this claim's
 -- to take. A claim that its owner settled before this one got to it is not among `expired`, and
 -- its ids stay in `leased` for this statement, which still sees them unsettled.
+--
+-- The lease table is read from the claims' floor {claims_floor} on (src/outbox/floors.rs): no
+-- live claim has a smaller token, and the rows of settled claims below it, which stay until
+-- VACUUM can remove them, are never read. `live_from` is the floor the next claim may use.
 expired AS (
     DELETE FROM {claims} AS l
-    WHERE l.until < now()
+    WHERE l.token >= {claims_floor}
+      AND l.until < now()
     RETURNING l.token, l.ids
 ),
 taken AS (
@@ -15,5 +20,12 @@ taken AS (
 leased AS (
     SELECT unnest(l.ids) AS id
     FROM {claims} AS l
-    WHERE l.token NOT IN (SELECT e.token FROM expired AS e)
+    WHERE l.token >= {claims_floor}
+      AND l.token NOT IN (SELECT e.token FROM expired AS e)
+),
+live_from AS (
+    SELECT min(l.token) AS token
+    FROM {claims} AS l
+    WHERE l.token >= {claims_floor}
+      AND l.token NOT IN (SELECT e.token FROM expired AS e)
 ),

@@ -96,6 +96,7 @@ others AS (
         SELECT f.id
         FROM {table} AS f
         WHERE {key_f} >= keys.k AND {key_f} <= keys.k
+          AND f.id >= $5::bigint
           AND f.sent_at IS NULL
           AND f.quarantined_at IS NULL
         ORDER BY {key_f}, {order_f}

@@ -8,6 +8,7 @@ CROSS JOIN LATERAL (
     SELECT f.id
     FROM {table} AS f
     WHERE {fair_f} >= fair_values.k AND {fair_f} <= fair_values.k
+      AND f.id >= $5::bigint
       AND f.sent_at IS NULL
       AND f.quarantined_at IS NULL
     ORDER BY {fair_f}, f.id

@@ -103,6 +103,17 @@ GRANT SELECT, UPDATE, DELETE ON TABLE :"schema".:"relay_table" TO :"relay_role";
 GRANT SELECT, INSERT, DELETE ON TABLE :"schema".:"relay_claims" TO :"relay_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".:"relay_registry" TO :"relay_role";
 GRANT SELECT ON TABLE :"schema".outbox_relay_schema TO :"relay_role";
+-- Where row-level security is on for the table, a policy that lets the relay see and settle
+-- every row: without it the relay would not see what the other policies hide, or could not
+-- settle what it sent (the relay refuses to start then). Named after the role.
+SELECT relrowsecurity AS row_security
+FROM pg_class
+WHERE oid = format('%I.%I', :'schema', :'table')::regclass
+\gset
+\if :row_security
+DROP POLICY IF EXISTS :"relay_role" ON :"schema".:"table";
+CREATE POLICY :"relay_role" ON :"schema".:"table" FOR ALL TO :"relay_role" USING (true) WITH CHECK (true);
+\endif
 
 -- The application: it writes outbox rows in its own transactions, and nothing more here.
 \if :create_app

@@ -2,7 +2,8 @@
 -- entries of its partial index (never the sent rows), lowest ids first, and two index probes
 -- for the highest id. Up to $1 rows the counts are exact; past it the relay extrapolates them
 -- from the id span (src/outbox/upkeep.rs, `extrapolate`), and says so in the docs. The oldest
--- unsent row and the claims' floor are the first index entry: always exact.
+-- unsent row and the claims' floor are the first index entry from the rows' floor $2 on
+-- (src/outbox/floors.rs): a row that committed late below it counts from the next sweep.
 --
 -- Rows the relay parked in quarantine are still unsent: `blocked` (waiting behind a
 -- quarantined row of their group) and `destination` (their queue is missing or refused
@@ -12,7 +13,7 @@
 WITH unsent_head AS (
     SELECT id, created_at{carried}
     FROM {table}
-    WHERE sent_at IS NULL AND quarantined_at IS NULL
+    WHERE sent_at IS NULL AND quarantined_at IS NULL AND id >= $2::bigint
     ORDER BY id
     LIMIT $1
 ), unsent AS (
@@ -22,7 +23,7 @@ WITH unsent_head AS (
         coalesce(min(id), 0) AS floor,
         coalesce(max(id), 0) AS head_last,
         coalesce((SELECT id FROM {table}
-                  WHERE sent_at IS NULL AND quarantined_at IS NULL
+                  WHERE sent_at IS NULL AND quarantined_at IS NULL AND id >= $2::bigint
                   ORDER BY id DESC
                   LIMIT 1), 0) AS top
     FROM unsent_head

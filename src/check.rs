@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::config::{Retention, RunArgs, RunConfig};
 use crate::destination::{Client, Destination};
-use crate::outbox::inspect::{ColumnFacts, TableFacts, RELAY_COLUMNS};
+use crate::outbox::inspect::{ColumnFacts, TableFacts, TriggerFacts, RELAY_COLUMNS};
 use crate::outbox::{quote_ident, Outbox, OutboxError, Purpose};
 use crate::retry::{RequestFailure, Transport};
 use crate::s3::S3;
@@ -230,6 +230,10 @@ async fn check_database(
         ),
         judge_privileges(&facts, &table, needs_delete),
     );
+    report.add(
+        format!("triggers and rules on {table}"),
+        judge_triggers(&facts.triggers),
+    );
     if shape_ok && privileges_ok {
         // Preparing the relay's own statements finds what the catalog checks cannot: a
         // missing index for --group-by / --fair-by, or a table the statements do not fit;
@@ -327,6 +331,31 @@ pub fn judge_setting(
 }
 
 /// Every column of the migration, with a type the relay's statements can use.
+/// The table's triggers and rules, each with what it can do to the relay: a rule that
+/// rewrites the relay's DELETE or UPDATE fails (PostgreSQL refuses the settlement); a trigger
+/// passes with what it does said, since only its function knows whether it keeps rows (the
+/// relay stops claiming on the table if one does).
+pub fn judge_triggers(triggers: &[TriggerFacts]) -> Result<Option<String>, String> {
+    if triggers.is_empty() {
+        return Ok(Some("none".to_string()));
+    }
+    let said = |t: &TriggerFacts| format!("{}: {}", t.what, t.effect);
+    let breaking: Vec<String> = triggers
+        .iter()
+        .filter(|t| t.undoes && t.what.starts_with("rule "))
+        .map(said)
+        .collect();
+    if !breaking.is_empty() {
+        return Err(format!(
+            "{}; drop the rule, or make it leave the relay's DELETE and UPDATE as they are",
+            breaking.join("; ")
+        ));
+    }
+    Ok(Some(
+        triggers.iter().map(said).collect::<Vec<_>>().join("; "),
+    ))
+}
+
 pub fn judge_columns(columns: &[ColumnFacts]) -> Result<(), String> {
     let mut problems = Vec::new();
     for (name, kind, _) in RELAY_COLUMNS {
@@ -755,7 +784,34 @@ mod tests {
                 name: "\"outbox_claims\"".into(),
                 lacking: vec![],
             }],
+            triggers: vec![],
         }
+    }
+
+    #[test]
+    fn triggers_are_named_with_what_they_do_and_a_rewriting_rule_fails() {
+        let fact = |what: &str, undoes: bool| TriggerFacts {
+            what: what.to_string(),
+            effect: "effect".to_string(),
+            undoes,
+        };
+        assert_eq!(judge_triggers(&[]), Ok(Some("none".to_string())));
+        let keep = fact(
+            "trigger keep (BEFORE DELETE FOR EACH ROW, function k)",
+            true,
+        );
+        let audit = fact(
+            "trigger audit (AFTER DELETE FOR EACH ROW, function a)",
+            false,
+        );
+        let passed = judge_triggers(&[keep, audit.clone()]).unwrap().unwrap();
+        assert!(passed.contains("trigger keep") && passed.contains("trigger audit"));
+        let rule = fact("rule keep (ON DELETE DO INSTEAD)", true);
+        let failed = judge_triggers(&[audit, rule]).unwrap_err();
+        assert!(
+            failed.contains("rule keep") && !failed.contains("audit"),
+            "{failed}"
+        );
     }
 
     #[test]

@@ -100,6 +100,9 @@ enum Failure {
     Config(String),
     /// Doing the work failed: exit 1.
     Runtime(String),
+    /// The database is not there yet (refused, reset, starting up, too many clients, no
+    /// answer): exit 1 for a one-shot command; `run` waits for it.
+    Unavailable(String),
 }
 
 impl Failure {
@@ -110,7 +113,7 @@ impl Failure {
     fn exit(self) -> ExitCode {
         match self {
             Failure::Config(message) => config_error(&message),
-            Failure::Runtime(message) => runtime_error(&message),
+            Failure::Runtime(message) | Failure::Unavailable(message) => runtime_error(&message),
         }
     }
 }
@@ -118,7 +121,9 @@ impl Failure {
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Config(message) | Failure::Runtime(message) => f.write_str(message),
+            Failure::Config(message)
+            | Failure::Runtime(message)
+            | Failure::Unavailable(message) => f.write_str(message),
         }
     }
 }
@@ -163,7 +168,12 @@ async fn open(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, Failure> 
             .map(|outbox| outbox.pooler_as(&given))
             .map_err(|e| Failure::Config(e.to_string())),
         // What the command's own first connection would meet again, a connect timeout later.
-        Err(e @ (OutboxError::Connect { .. } | OutboxError::Pooler(_))) => Err(Failure::runtime(e)),
+        Err(e @ (OutboxError::Connect { .. } | OutboxError::Unanswered { .. })) => {
+            Err(Failure::Unavailable(e.to_string()))
+        }
+        Err(e @ (OutboxError::Rejected { .. } | OutboxError::Pooler(_))) => {
+            Err(Failure::runtime(e))
+        }
         _ => Ok(given),
     }
 }
@@ -364,17 +374,26 @@ async fn run(args: RunArgs) -> ExitCode {
     if config.database.selection.single().is_none() {
         return run_many(config, traces, shutdown).await;
     }
-    let outbox = match outbox(&config.database, Purpose::Relay(config.relay_settings())).await {
-        Ok(o) => o,
-        Err(code) => return code,
-    };
-    let connected = match relay::connect(config.clone(), outbox).await {
-        Ok(c) => c,
-        Err(e) => return runtime_error(&e),
-    };
+    // The files the settings name first: one that cannot be used is a configuration error,
+    // said before anything else.
+    if let Err(e) = config.database.read_secrets() {
+        return config_error(&e);
+    }
+    if let Err(e) = Outbox::from_config(&config.database, Purpose::Relay(config.relay_settings())) {
+        return config_error(&e.to_string());
+    }
+    // Serving before the first connection: /readyz says why the relay is not ready while it
+    // waits for its database, and /healthz that it is alive.
     let (health, stop_serving) = match serve_metrics(&config).await {
         Ok(served) => served,
         Err(code) => return code,
+    };
+    let connected = match connect_when_ready(&config, &health, &shutdown).await {
+        Ok(c) => c,
+        Err(code) => {
+            stop_serving.cancel();
+            return code;
+        }
     };
     if traces.is_some() {
         tracing::info!("exporting a span per event over OTLP/HTTP");
@@ -386,6 +405,67 @@ async fn run(args: RunArgs) -> ExitCode {
     }
     stop_serving.cancel();
     ExitCode::SUCCESS
+}
+
+/// `run`'s first connection, tried again with the relay's back-off while the database is not
+/// there yet (refused, reset, starting up, too many clients, a pooler's login retry, a name not
+/// yet resolving): one line per try, and `/readyz` says why. A relay started with its
+/// database, or before it (a pod beside a database that restarts), then comes up by itself
+/// instead of exiting into a restart loop whose back-off outlasts the database's return. Only
+/// what no retry fixes exits at once: configuration (a malformed URL, authentication, a
+/// missing database or table, a certificate that does not verify), or a SIGTERM meanwhile.
+async fn connect_when_ready(
+    config: &outbox_relay::config::RunConfig,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<relay::Connected, ExitCode> {
+    let mut failures = 0u32;
+    health.set_not_claiming(Some("starting: connecting to the database".to_string()));
+    loop {
+        health.tick();
+        let attempt = async {
+            let outbox = open(&config.database, Purpose::Relay(config.relay_settings())).await?;
+            relay::connect(config.clone(), outbox)
+                .await
+                .map_err(|relay::RelayError::Startup(e)| match e.is_transient() {
+                    true => Failure::Unavailable(e.to_string()),
+                    false => Failure::runtime(e),
+                })
+        };
+        // Alive while it waits: an attempt may take the connect timeout and a round trip.
+        tokio::pin!(attempt);
+        let result = loop {
+            tokio::select! {
+                result = &mut attempt => break result,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => health.tick(),
+            }
+        };
+        let why = match result {
+            Ok(connected) => {
+                health.set_not_claiming(None);
+                return Ok(connected);
+            }
+            Err(Failure::Unavailable(why)) => why,
+            Err(failure) => return Err(failure.exit()),
+        };
+        if shutdown.is_cancelled() {
+            return Err(runtime_error(&why));
+        }
+        failures += 1;
+        let delay = outbox_relay::outbox::reconnect_delay(
+            failures,
+            false,
+            config.retry.retry_base,
+            config.retry.db_retry_max,
+            fastrand::f64(),
+        );
+        tracing::warn!(retry_in = ?delay, "waiting for the database: {why}");
+        health.set_not_claiming(Some(format!("waiting for the database: {why}")));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.cancelled() => return Err(runtime_error(&why)),
+        }
+    }
 }
 
 /// `/metrics`, `/healthz` and `/readyz` on `--metrics-addr`, and the health they report;

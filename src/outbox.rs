@@ -40,6 +40,7 @@ mod decode;
 mod doorbell;
 mod error;
 mod fleet;
+mod floors;
 mod ident;
 pub mod inspect;
 mod listen;
@@ -68,6 +69,7 @@ pub use conn::Conn;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use fleet::{LiveRelay, Registration, Renewed};
+pub use floors::Floors;
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use liveness::{reconnect_delay, replacement, Replace};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
@@ -107,6 +109,10 @@ struct Sql {
     unpark_destination: String,
     stats: String,
     probe: String,
+    /// The floors' safety net: an unsent row below the rows' floor (src/outbox/floors.rs).
+    sweep: String,
+    /// A relay's claims that it gave up on and does not hold (sql/release_orphans.sql).
+    release_orphans: String,
     delete_expired: String,
     quarantine_list: String,
     quarantine_retry: String,
@@ -179,6 +185,8 @@ pub struct Outbox {
     pooler_detected: std::sync::OnceLock<Pooler>,
     /// The latest contract read from the schema (at a new connection, or a renewal).
     observed: fleet::Observed,
+    /// Where this relay's scans of the table start; shared by its connections to it.
+    floors: std::sync::Arc<Floors>,
 }
 
 impl Outbox {
@@ -274,6 +282,8 @@ impl Outbox {
             unpark_destination: fill(include_str!("../sql/unpark_destination.sql"))?,
             stats: stats_sql(&table, OrderBy::Id)?,
             probe: probe_sql(&table, OrderBy::Id)?,
+            sweep: fill(include_str!("../sql/sweep.sql"))?,
+            release_orphans: fill(include_str!("../sql/release_orphans.sql"))?,
             delete_expired: fill(include_str!("../sql/delete_expired.sql"))?,
             quarantine_list: fill(include_str!("../sql/quarantine_list.sql"))?,
             quarantine_retry: fill(include_str!("../sql/quarantine_retry.sql"))?,
@@ -294,6 +304,7 @@ impl Outbox {
             pooler: Pooler::Auto,
             pooler_detected: std::sync::OnceLock::new(),
             observed: fleet::Observed::default(),
+            floors: std::sync::Arc::default(),
         })
     }
 
@@ -430,6 +441,11 @@ impl Outbox {
         self
     }
 
+    /// The table whose rows the relay reads: an adopted table's base table, or the table.
+    pub fn base_or_table(&self) -> &TableName {
+        self.base.as_ref().unwrap_or(&self.table)
+    }
+
     /// The relay reads `table`, a view over this adopted table (`migrate --adopt`).
     pub fn adopted_from(mut self, base: Option<TableName>) -> Self {
         self.base = base;
@@ -461,6 +477,11 @@ impl Outbox {
         &self.table
     }
 
+    /// Where this relay's scans of the table start (src/outbox/floors.rs).
+    pub fn floors(&self) -> &std::sync::Arc<Floors> {
+        &self.floors
+    }
+
     /// Where we connect, for messages: host and port, never the password.
     pub fn target(&self) -> String {
         use tokio_postgres::config::Host;
@@ -476,7 +497,18 @@ impl Outbox {
 }
 
 /// The idle relay's look for work (sql/probe.sql): rows an order holds back are not work yet.
+/// Its parameters: the rows' floor, then the claims' (src/outbox/floors.rs).
 fn probe_sql(table: &TableName, by: OrderBy) -> Result<String, OutboxError> {
+    probe_sql_with(table, by, ("$1::bigint", "$2::bigint"))
+}
+
+/// The probe with the floors as the SQL `floors` gives: parameters of its own, or one table's
+/// elements of the many-table look's arrays (sql/watch.sql).
+fn probe_sql_with(
+    table: &TableName,
+    by: OrderBy,
+    (floor, claims_floor): (&str, &str),
+) -> Result<String, OutboxError> {
     let claims = table.claims();
     render(
         include_str!("../sql/probe.sql"),
@@ -484,6 +516,8 @@ fn probe_sql(table: &TableName, by: OrderBy) -> Result<String, OutboxError> {
             ("table", Value::Table(table)),
             ("claims", Value::Table(&claims)),
             ("released", Value::Sql(&by.released(None))),
+            ("floor", Value::Sql(floor)),
+            ("claims_floor", Value::Sql(claims_floor)),
         ],
     )
     .map_err(OutboxError::Template)
@@ -540,12 +574,13 @@ impl Outbox {
         // come from the network (web identity, container or instance roles).
         let connect = async {
             let pg = self.connect_settings().await?;
-            pg.connect(self.tls.clone())
-                .await
-                .map_err(|e| OutboxError::Connect {
-                    target: self.target(),
-                    reason: describe(&e),
-                })
+            pg.connect(self.tls.clone()).await.map_err(|e| {
+                let (target, reason) = (self.target(), describe(&e));
+                match error::connect_rejected(&e) {
+                    true => OutboxError::Rejected { target, reason },
+                    false => OutboxError::Connect { target, reason },
+                }
+            })
         };
         match tokio::time::timeout(limit, connect).await {
             Ok(result) => result,
@@ -690,6 +725,9 @@ impl Outbox {
         row: Result<Option<tokio_postgres::Row>, tokio_postgres::Error>,
     ) -> Result<String, OutboxError> {
         match row.map_err(query_err("looking up the outbox table"))? {
+            Some(row) if row.get::<_, bool>(1) => {
+                Err(OutboxError::Partitioned(self.table.quoted()))
+            }
             Some(row) => Ok(row.get(0)),
             None => Err(OutboxError::TableMissing(self.table.quoted())),
         }

@@ -194,6 +194,9 @@ pub struct Settled {
     /// The reasons of the rows actually quarantined (for the per-reason counter).
     pub quarantined_reasons: Vec<QuarantineReason>,
     pub lost: u64,
+    /// Acknowledged rows the settlement left unsent although its claim's fence held: something
+    /// on the table undid it (a trigger, a rule, row-level security).
+    pub unchanged: u64,
 }
 
 /// A per-row key: the FIFO message group, the routing key, the fairness key.

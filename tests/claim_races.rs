@@ -24,7 +24,6 @@ fn request(limit: i64) -> ClaimRequest {
         owner: "races".into(),
         lease: Duration::from_secs(300),
         budget_bytes: i64::MAX,
-        floor: 0,
         cursor: None,
         catching_up: false,
     }

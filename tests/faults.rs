@@ -509,7 +509,8 @@ async fn a_missing_default_queue_fails_readiness_parks_its_rows_and_they_flow_on
 
     let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &[]);
     wait_until("/readyz fails on the configuration error", WAIT, || async {
-        relay.http_status("/readyz").await == 503
+        let (status, why) = relay.http_get("/readyz").await;
+        status == 503 && why.contains(&queue)
     })
     .await;
     let (_, why) = relay.http_get("/readyz").await;

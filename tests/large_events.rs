@@ -231,7 +231,8 @@ async fn the_aws_extended_client_library_reads_a_3_mib_event_back_whole() {
 async fn extended_client_receive(queue: &str, count: usize) -> (Vec<serde_json::Value>, String) {
     let python = repo_root().join(".tools/venv/bin/python");
     let script = repo_root().join("tests/consumers/extended_client_receive.py");
-    let output = tokio::process::Command::new(&python)
+    let mut consumer = std::process::Command::new(&python);
+    consumer
         .arg(&script)
         .args([queue, &count.to_string(), "60"])
         .env("AWS_ENDPOINT_URL_SQS", sqs().endpoint())
@@ -242,9 +243,12 @@ async fn extended_client_receive(queue: &str, count: usize) -> (Vec<serde_json::
         .env("AWS_SECRET_ACCESS_KEY", TEST_SECRET_ACCESS_KEY)
         .env("AWS_CONFIG_FILE", "/dev/null")
         .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .output()
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    // std's Command on a blocking thread: tokio's `process` feature, for the tests alone, would
+    // make the test build compile tokio and everything above it a second time.
+    let output = tokio::task::spawn_blocking(move || consumer.output())
         .await
+        .expect("the consumer's thread")
         .unwrap_or_else(|e| {
             panic!(
                 "{} (scripts/test installs amazon-sqs-extended-client into .tools/venv): {e}",

@@ -868,3 +868,73 @@ async fn a_replay_of_a_table_other_than_the_first_is_sent_again_by_the_relay_ser
         "the replayed event, with its event_id, and nothing of the other table"
     );
 }
+
+/// Settlements that change nothing on one table (a BEFORE UPDATE trigger that keeps its rows,
+/// under the tests' --retention) stop claims on that table only: it is named, its gauge says
+/// so, it is skipped, its rows wait unsent, and the other table keeps flowing
+/// (docs/operations.md, "Triggers and rules").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_whose_settlements_change_nothing_is_skipped_while_the_others_flow() {
+    let db = crate::support::fresh_db().await;
+    for t in ["k_1", "k_2"] {
+        tenant(&db, t).await;
+    }
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION k_2.keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+             CREATE TRIGGER keep_rows BEFORE UPDATE ON k_2.outbox FOR EACH ROW EXECUTE FUNCTION k_2.keep_rows()",
+        )
+        .await
+        .unwrap();
+    let queue = create_queue("many-undone", &[]).await;
+    let relay = RelayProcess::spawn(&many_args(&db, &queue, &["--tables", "k_*.outbox"]), &[]);
+    let kept = tenant_events("k_2", 10, 2);
+    write(&db, "k_2", &kept).await;
+    write(&db, "k_1", &tenant_events("k_1", 10, 2)).await;
+    wait_until(
+        "the table whose settlements change nothing is named",
+        Duration::from_secs(30),
+        || async {
+            relay.output().lines().any(|l| {
+                l.contains("settlements on") && l.contains("k_2") && l.contains("keep_rows")
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        relay
+            .metric("outbox_table_blocked{table=\"k_2.outbox\"}")
+            .await,
+        Some(1.0)
+    );
+    // The other table flows, also with rows written after the stop.
+    write(&db, "k_1", &tenant_events("k_1-later", 10, 2)).await;
+    wait_in(
+        &db,
+        "k_1",
+        "sent_at IS NOT NULL",
+        20,
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_until(
+        "the blocked table is skipped",
+        Duration::from_secs(30),
+        || async {
+            relay
+                .metric("outbox_table_skipped{table=\"k_2.outbox\"}")
+                .await
+                == Some(1.0)
+        },
+    )
+    .await;
+    assert_eq!(count_in(&db, "k_2", "sent_at IS NULL").await, 10);
+    let received = receive_all(&queue, 20, Duration::from_secs(10)).await;
+    let kept = ids(&kept);
+    let over: Vec<_> = crate::scenario::copies(&received)
+        .into_iter()
+        .filter(|(id, n)| kept.contains(id) && *n > 2)
+        .collect();
+    assert!(over.is_empty(), "events sent more than twice: {over:?}");
+}

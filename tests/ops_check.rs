@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use crate::scenario::{args, events, insert, migrated_db, run_args};
+use crate::scenario::{args, count, events, insert, migrated_db, run_args};
 use crate::support::{
     create_queue, pg, receive_all, run_to_end, sqs, unique, RelayProcess, TestDb,
     TEST_SECRET_ACCESS_KEY,
@@ -168,8 +168,8 @@ async fn check_passes_for_the_roles_sql_relay_role_which_can_relay_what_the_app_
     assert_eq!(code, Some(0), "{output}");
     let lines = verdicts(&output);
     // configuration, reachable, connections (--pooler), exists, columns, privileges,
-    // statements, wake-up; the settings a role can impose; 3 per queue.
-    assert_eq!(lines.len(), 8 + 13 + 3 * 2, "{output}");
+    // triggers and rules, statements, wake-up; the settings a role can impose; 3 per queue.
+    assert_eq!(lines.len(), 9 + 13 + 3 * 2, "{output}");
     assert!(lines.iter().all(|l| l.starts_with("ok   ")), "{output}");
     assert!(
         lines
@@ -452,4 +452,156 @@ async fn check_and_status_read_an_adopted_table_through_its_view() {
         output.contains("\"table\":\"\\\"outboxevent_relay\\\"\""),
         "{output}"
     );
+}
+
+/// The relay's and the application's roles from sql/roles.sql, named with `prefix` and unique
+/// to this test: (relay role, application role, the relay role's password).
+async fn rls_roles(db: &TestDb, prefix: &str) -> (String, String, String) {
+    let n = unique();
+    let relay_role = format!("{prefix}_relay_{n}_{}", std::process::id());
+    let app_role = format!("{prefix}_app_{n}_{}", std::process::id());
+    let relay_pw = crate::support::random_hex(12);
+    let out = apply_roles(
+        db,
+        &[("relay_role", &relay_role), ("app_role", &app_role)],
+        &[
+            ("OUTBOX_RELAY_PASSWORD", &relay_pw),
+            ("OUTBOX_APP_PASSWORD", &crate::support::random_hex(12)),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (relay_role, app_role, relay_pw)
+}
+
+/// Row-level security on the outbox (a tenant policy, as multi-tenant applications turn on for
+/// every table) hid every row from the relay's role: 0 sent, `check` exit 0, an oldest-unsent
+/// age of 0. Now `check` and `run` refuse in one line naming the policy and the fix, and
+/// sql/roles.sql, run again, gives the relay the policy it needs; then the rows flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_level_security_that_hides_rows_is_refused_and_roles_sql_gives_the_relay_its_policy() {
+    let db = migrated_db().await;
+    let (relay_role, app_role, relay_pw) = rls_roles(&db, "rls").await;
+    let vars = [
+        ("relay_role", relay_role.as_str()),
+        ("app_role", app_role.as_str()),
+    ];
+    let admin = db.client().await;
+    admin
+        .batch_execute(
+            "ALTER TABLE outbox ENABLE ROW LEVEL SECURITY; \
+             CREATE POLICY tenant_isolation ON outbox \
+                 USING (aggregate_type = current_setting('app.tenant', true))",
+        )
+        .await
+        .unwrap();
+    insert(&admin, &events("rls", 5, 1), Duration::ZERO).await;
+    let relay_url = url_as(&db, &relay_role, &relay_pw);
+    let queue = create_queue("rls", &[("MaximumMessageSize", SIZE)]).await;
+
+    let (code, output) = check(&relay_url, &queue, &["--max-request-bytes", SIZE]).await;
+    assert_ne!(code, Some(0), "{output}");
+    assert!(
+        output.contains("row-level security") && output.contains("tenant_isolation"),
+        "{output}"
+    );
+    let relay_db = TestDb {
+        name: db.name.clone(),
+        url: relay_url.clone(),
+    };
+    let run = run_args(
+        &relay_db,
+        &queue,
+        sqs().endpoint(),
+        &["--max-request-bytes", SIZE],
+    );
+    let (status, output) = run_to_end(&run, &[], Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    crate::startup::assert_one_clear_line(&output, "CREATE POLICY outbox_relay");
+
+    // sql/roles.sql again: the relay's policy, and nothing else changes.
+    let out = apply_roles(&db, &vars, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (code, output) = check(&relay_url, &queue, &["--max-request-bytes", SIZE]).await;
+    assert_eq!(code, Some(0), "{output}");
+    let relay = RelayProcess::spawn(&run, &[]);
+    let received = receive_all(&queue, 5, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 5, "{}", relay.output());
+}
+
+/// Row-level security turned on while the relay runs, with a policy that hides the rows from
+/// its role: the next statistics pass sees it, claims stop with one ERROR line naming the
+/// policy, and `outbox_table_blocked` says so rather than an oldest-unsent age of 0 while rows
+/// wait. sql/roles.sql then gives the relay its policy, and claims resume by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn row_level_security_turned_on_while_running_stops_claims_until_the_relay_has_its_policy() {
+    let db = migrated_db().await;
+    let (relay_role, app_role, relay_pw) = rls_roles(&db, "rls_live").await;
+    let vars = [
+        ("relay_role", relay_role.as_str()),
+        ("app_role", app_role.as_str()),
+    ];
+    let admin = db.client().await;
+    let relay_db = TestDb {
+        name: db.name.clone(),
+        url: url_as(&db, &relay_role, &relay_pw),
+    };
+    let queue = create_queue("rls-live", &[]).await;
+    let relay = RelayProcess::spawn(&run_args(&relay_db, &queue, sqs().endpoint(), &[]), &[]);
+    insert(&admin, &events("rls-before", 5, 1), Duration::ZERO).await;
+    assert_eq!(
+        receive_all(&queue, 5, Duration::from_secs(30)).await.len(),
+        5
+    );
+
+    admin
+        .batch_execute(
+            "ALTER TABLE outbox ENABLE ROW LEVEL SECURITY; \
+             CREATE POLICY tenant_isolation ON outbox \
+                 USING (aggregate_type = current_setting('app.tenant', true))",
+        )
+        .await
+        .unwrap();
+    insert(&admin, &events("rls-hidden", 5, 1), Duration::ZERO).await;
+    let line = relay
+        .wait_for_line("claims on it stopped", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("row-level security not caught:\n{}", relay.output()));
+    assert!(
+        line.contains("tenant_isolation") && line.contains(&relay_role),
+        "{line}"
+    );
+    assert_eq!(
+        relay.metric("outbox_table_blocked{table=\"outbox\"}").await,
+        Some(1.0)
+    );
+    assert_eq!(relay.http_status("/readyz").await, 503);
+
+    // sql/roles.sql again creates the relay's policy: claims resume without a restart.
+    let out = apply_roles(&db, &vars, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    relay
+        .wait_for_line("no longer hides rows", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("claims did not resume:\n{}", relay.output()));
+    assert_eq!(
+        receive_all(&queue, 5, Duration::from_secs(30)).await.len(),
+        5
+    );
+    assert_eq!(
+        relay.metric("outbox_table_blocked{table=\"outbox\"}").await,
+        Some(0.0)
+    );
+    assert_eq!(count(&admin, "sent_at IS NULL").await, 0);
 }

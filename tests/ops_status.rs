@@ -186,7 +186,9 @@ async fn status_on_a_million_rows_answers_from_the_indexes_and_matches_a_full_co
             .replace("{carried}", "")
             .replace("{watermark}", "0::bigint, 0::float8")
             // The gauges' bound on how many index entries each side counts.
-            .replace("$1", &outbox_relay::outbox::STATS_EXACT_UP_TO.to_string());
+            .replace("$1", &outbox_relay::outbox::STATS_EXACT_UP_TO.to_string())
+            // The gauges' floor (src/outbox/floors.rs): a relay that just started.
+            .replace("$2", "0");
         let plan: Vec<String> = client
             .query(&format!("EXPLAIN (COSTS OFF) {sql}"), &[])
             .await

@@ -15,7 +15,6 @@ fn request(owner: &str, lease: Duration, limit: i64) -> ClaimRequest {
         owner: owner.into(),
         lease,
         budget_bytes: i64::MAX,
-        floor: 0,
         cursor: None,
         catching_up: false,
     }

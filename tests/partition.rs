@@ -423,3 +423,89 @@ async fn claims_the_relay_gave_up_on_end_on_the_server_instead_of_piling_up_behi
         "each row sent once"
     );
 }
+
+/// A claim that commits on the server while its answer comes back after the relay gave it up
+/// (docs/failure-handling.md, "The database"): the server's answers held up 3 s for a
+/// moment, past the two-second `--db-timeout`, while the relay claims a backlog of 1,000 rows. Before its
+/// next claim the relay removes the claims it gave up on, so their rows are sent long before
+/// their 60 s lease would have ended, and no row's attempt count includes the claim given up
+/// on. Without the release the test waited for the lease and found rows with two attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_committed_after_the_relay_gave_it_up_is_released_before_its_next_claim() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("given-up", &[]).await;
+    let proxy = TcpProxy::start(pg().port());
+    let through = TestDb {
+        name: db.name.clone(),
+        url: proxy.url_through(&db.url),
+    };
+    let timings = [
+        "--lease",
+        "60s",
+        "--send-timeout",
+        "1s",
+        "--settle-margin",
+        "1s",
+        "--db-timeout",
+        "2s",
+        "--batch-size",
+        "10",
+    ];
+    let relay = RelayProcess::spawn(&run_args(&through, &queue, sqs().endpoint(), &timings), &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    let sent = || async {
+        client
+            .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    // Each try writes a backlog, and once the relay is sending it holds the server's answers
+    // up past the deadline for a moment: a claim in flight then commits unseen.
+    let (mut total, mut released) = (0, None);
+    for attempt in 0..5 {
+        insert(
+            &client,
+            &events(&format!("given-up-{attempt}"), 1000, 10),
+            Duration::ZERO,
+        )
+        .await;
+        total += 1000;
+        let started = total - 1000 + 50;
+        crate::support::wait_until("the relay sends", Duration::from_secs(60), || async {
+            sent().await >= started
+        })
+        .await;
+        proxy.set_answer_delay(Duration::from_millis(3000));
+        tokio::time::sleep(Duration::from_millis(4000)).await;
+        proxy.set_answer_delay(Duration::ZERO);
+        released = relay
+            .wait_for_line("released the claims given up on", Duration::from_secs(10))
+            .await;
+        if released.is_some() {
+            break;
+        }
+    }
+    assert!(
+        released.is_some(),
+        "no claim given up on had committed in five tries:\n{}",
+        relay.output()
+    );
+    // Well within the 60 s lease that the claims given up on would have held their rows for.
+    crate::scenario::wait_count(
+        &client,
+        "sent_at IS NOT NULL",
+        total,
+        Duration::from_secs(40),
+    )
+    .await;
+    let twice: i64 = client
+        .query_one("SELECT count(*) FROM outbox WHERE attempts <> 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(twice, 0, "rows whose attempts count a claim given up on");
+    let messages = receive_all(&queue, total as usize, Duration::from_secs(30)).await;
+    assert_eq!(copies(&messages).len(), total as usize);
+}

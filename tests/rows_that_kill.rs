@@ -28,7 +28,6 @@ fn request(lease: Duration) -> ClaimRequest {
         owner: "r".into(),
         lease,
         budget_bytes: i64::MAX,
-        floor: 0,
         cursor: None,
         catching_up: false,
     }

@@ -49,6 +49,9 @@ pub fn run_args(db: &TestDb, queue_url: &str, endpoint: &str, extra: &[&str]) ->
         "200ms",
         "--stats-interval",
         "200ms",
+        // Rows made unsent again below the floor (replays, re-drives) wait for the sweep.
+        "--sweep-interval",
+        "1s",
         "--retry-base",
         "100ms",
         "--retry-max",

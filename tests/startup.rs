@@ -1,6 +1,6 @@
 //! Bad configuration: a non-zero exit, one line that says what to fix, and no secret in it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::scenario::{args, migrated_db};
 use crate::support::{pg, run_to_end, sqs, TEST_SECRET_ACCESS_KEY};
@@ -8,6 +8,24 @@ use crate::support::{pg, run_to_end, sqs, TEST_SECRET_ACCESS_KEY};
 /// Lines the process printed that are not log lines: its verdict.
 fn error_lines(output: &str) -> Vec<&str> {
     output.lines().filter(|l| l.starts_with("error:")).collect()
+}
+
+/// `run` with `command`'s flags passed validation and waits for its database (which is not
+/// there): it says so, and a SIGTERM ends it.
+pub async fn waits_for_its_database(command: &[String], env: &[(String, String)]) {
+    let mut command = command.to_vec();
+    command.extend(args(&["--metrics-addr", "127.0.0.1:0"]));
+    let relay = crate::support::RelayProcess::spawn(&command, env);
+    let line = relay
+        .wait_for_line("waiting for the database", Duration::from_secs(20))
+        .await;
+    assert!(
+        line.is_some_and(|l| l.contains("cannot connect to PostgreSQL")),
+        "{command:?}: {}",
+        relay.output()
+    );
+    relay.sigterm();
+    relay.wait_exit(Duration::from_secs(20)).await;
 }
 
 pub fn assert_one_clear_line(output: &str, needle: &str) {
@@ -73,17 +91,20 @@ async fn a_lease_shorter_than_a_send_is_refused_before_touching_data() {
     );
 }
 
+/// `run` waits for a database that does not answer yet: one line per try, `/readyz` says why,
+/// `/healthz` stays alive, no password anywhere; a SIGTERM ends the wait. A one-shot command
+/// (`migrate`) still fails at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_database_fails_after_the_connect_timeout_without_showing_the_password() {
-    // A server that accepts connections and never answers: only the relay's own timeout ends it.
+async fn an_unreachable_database_is_waited_for_by_run_and_fails_a_one_shot_command() {
+    // A server that accepts connections and never answers: only the relay's own timeout ends
+    // each try.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     let url = format!(
         "postgres://postgres:{}@127.0.0.1:{port}/app",
         pg().password()
     );
-    let started = Instant::now();
-    let (status, output) = run_to_end(
+    let relay = crate::support::RelayProcess::spawn(
         &args(&[
             "run",
             "--database-url",
@@ -96,15 +117,32 @@ async fn an_unreachable_database_fails_after_the_connect_timeout_without_showing
             "127.0.0.1:0",
         ]),
         &[],
-        Duration::from_secs(30),
-    )
+    );
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    crate::support::wait_until("two tries, one line each", Duration::from_secs(30), || {
+        let tries = relay
+            .output()
+            .lines()
+            .filter(|l| l.contains("waiting for the database") && l.contains("no answer within 1s"))
+            .count();
+        async move { tries >= 2 }
+    })
     .await;
-    println!("gave up after {:?}", started.elapsed());
-    assert_eq!(status.code(), Some(1), "{output}");
-    assert_one_clear_line(&output, "no answer within 1s");
+    let (ready, why) = relay.http_get("/readyz").await;
+    assert_eq!(ready, 503, "{why}");
+    assert!(why.contains("waiting for the database"), "{why}");
+    assert_eq!(relay.http_status("/healthz").await, 200);
+    assert!(relay.wait_exit(Duration::from_millis(100)).await.is_none());
+    relay.sigterm();
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("a SIGTERM ends the wait");
+    assert_eq!(status.code(), Some(1), "{}", relay.output());
+    assert!(!relay.output().contains(pg().password()));
     drop(silent);
 
-    // Nobody listening at all: refused at once.
+    // Nobody listening at all: a one-shot command is refused at once.
     let closed = crate::support::pg::free_port();
     let url = format!(
         "postgres://postgres:{}@127.0.0.1:{closed}/app",
@@ -118,6 +156,62 @@ async fn an_unreachable_database_fails_after_the_connect_timeout_without_showing
     .await;
     assert_eq!(status.code(), Some(1), "{output}");
     assert_one_clear_line(&output, "cannot connect to PostgreSQL at 127.0.0.1");
+}
+
+/// A relay started while its database is down comes up by itself once the database does, and
+/// delivers: no exit, so no restart loop whose back-off outlasts the database's return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_before_its_database_delivers_once_it_is_up() {
+    let private = crate::support::pg::PrivatePg::start().await;
+    let db = private.create_db().await;
+    crate::scenario::migrate(&db, "outbox").await;
+    private.stop_fast().await;
+    let queue = crate::support::create_queue("before-db", &[]).await;
+    let relay = crate::support::RelayProcess::spawn(
+        &crate::scenario::run_args(&db, &queue, sqs().endpoint(), &[]),
+        &[],
+    );
+    relay
+        .wait_for_line("waiting for the database", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("no waiting line:\n{}", relay.output()));
+    assert_eq!(relay.http_status("/readyz").await, 503);
+    private.start_again().await;
+    let client = db.client().await;
+    crate::scenario::insert(
+        &client,
+        &crate::scenario::events("late-db", 5, 1),
+        Duration::ZERO,
+    )
+    .await;
+    crate::scenario::wait_count(&client, "sent_at IS NOT NULL", 5, Duration::from_secs(30)).await;
+    assert!(relay.wait_exit(Duration::from_millis(100)).await.is_none());
+}
+
+/// What no retry fixes still ends `run` at once: a database that does not exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_database_ends_run_at_once() {
+    let url = format!(
+        "postgres://postgres:{}@127.0.0.1:{}/no_such_database_here",
+        pg().password(),
+        pg().port()
+    );
+    let (status, output) = run_to_end(
+        &args(&[
+            "run",
+            "--database-url",
+            &url,
+            "--queue-url",
+            "http://127.0.0.1:1/000000000000/q",
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]),
+        &[],
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(status.code(), Some(1), "{output}");
+    assert_one_clear_line(&output, "does not exist");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,7 +356,7 @@ async fn a_sigterm_during_start_up_is_handled_not_fatal() {
     let status = relay
         .wait_exit(Duration::from_secs(30))
         .await
-        .expect("the relay ends after its connect timeout");
+        .expect("the relay ends after its connect timeout, without trying again");
     assert_eq!(status.code(), Some(1), "{status}: {}", relay.output());
 }
 
@@ -298,18 +392,15 @@ async fn boolean_environment_variables_take_1_yes_and_on() {
     assert_eq!(status.code(), Some(2), "{output}");
     assert_one_clear_line(&output, "--fair-group-id sends the --fair-by key");
 
-    // Off: validation passes and the relay goes on to its (unreachable) database.
+    // Off: validation passes and the relay goes on to wait for its (unreachable) database.
     for (name, value) in [
         ("OUTBOX_DELETE_ON_ACK", "0"),
         ("OUTBOX_FAIR_GROUP_ID", "off"),
     ] {
-        let (status, output) = run_to_end(
+        waits_for_its_database(
             &with(&["--retention", "1h", "--connect-timeout", "1s"]),
             &env(name, value),
-            Duration::from_secs(20),
         )
         .await;
-        assert_eq!(status.code(), Some(1), "{name}={value}: {output}");
-        assert_one_clear_line(&output, "cannot connect to PostgreSQL");
     }
 }

@@ -279,8 +279,21 @@ pub async fn commit_to_sent(
     relay: RelayProcess,
     written: &Written,
 ) -> (Vec<f64>, usize) {
+    let (each, missing) = each_commit_to_sent(sink, relay, &written.commits).await;
+    let mut latencies_ms: Vec<f64> = each.into_iter().map(|(_, ms)| ms).collect();
+    latencies_ms.sort_by(f64::total_cmp);
+    (latencies_ms, missing)
+}
+
+/// [`commit_to_sent`] event by event: (when it committed, its commit-to-sent in ms), in the
+/// order of `commits`, and how many never arrived.
+pub async fn each_commit_to_sent(
+    sink: &Sink,
+    relay: RelayProcess,
+    commits: &[(u64, Instant)],
+) -> (Vec<(Instant, f64)>, usize) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while sink.arrivals_len() < written.commits.len() && Instant::now() < deadline {
+    while sink.arrivals_len() < commits.len() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     check_alive(std::slice::from_ref(&relay));
@@ -290,15 +303,14 @@ pub async fn commit_to_sent(
         let slot = arrived.entry(n).or_insert(at);
         *slot = (*slot).min(at);
     }
-    let (mut latencies_ms, mut missing) = (Vec::new(), 0);
-    for (n, commit) in &written.commits {
+    let (mut each, mut missing) = (Vec::new(), 0);
+    for (n, commit) in commits {
         match arrived.get(n) {
-            Some(at) => latencies_ms.push(signed_ms(*commit, *at)),
+            Some(at) => each.push((*commit, signed_ms(*commit, *at))),
             None => missing += 1,
         }
     }
-    latencies_ms.sort_by(f64::total_cmp);
-    (latencies_ms, missing)
+    (each, missing)
 }
 
 async fn harm_cell(

@@ -23,7 +23,10 @@
 //! | `OUTBOX_BENCH_RATE_SECONDS` | 20 (quick: 5) | measured window of each `rates` cell, after a 2 s warm-up |
 //! | `OUTBOX_BENCH_RATE_ROUNDS` | 3 (quick: 1) | rounds of the `rates` group (each runs none, relay, log-based at every rate, in rotated order) |
 //! | `OUTBOX_BENCH_RATES` | 50,200,500,2000,5000 | the `rates` group's rates, events/s, comma-separated |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,rates,wal,idle,storage,adopt,big-backlog,pooler,order-by,many-tables` (rates: the relay's database CPU per event at production rates beside the application's write and a log-based reader's, its process, claims and their planning, commit-to-sent, see rates.rs; order-by: the FIFO ordered drain and the 2,000/s durable steady stream in insertion and in transaction order, see steady.rs; harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; many-tables: one relay over 1, 100 and 1,000 tables idle, a backlog in one of 1,000 beside quiet ones, and 100 tables against one, see many_tables.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
+//! | `OUTBOX_BENCH_HORIZON_RATES` | 200,2000 | the `horizon` group's rates, events/s, comma-separated |
+//! | `OUTBOX_BENCH_HORIZON_WINDOW` | 30 (quick: 10) | seconds of each `horizon` window |
+//! | `OUTBOX_BENCH_HOLD` | 3m (quick: 1m) | how long the `horizon` group holds its snapshot (humantime, e.g. `30m`) |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,rates,horizon,wal,idle,storage,adopt,big-backlog,pooler,order-by,many-tables` (rates: the relay's database CPU per event at production rates beside the application's write and a log-based reader's, its process, claims and their planning, commit-to-sent, see rates.rs; horizon: the same costs per window while a read-only REPEATABLE READ snapshot holds the vacuum horizon, and before and after, see horizon.rs; order-by: the FIFO ordered drain and the 2,000/s durable steady stream in insertion and in transaction order, see steady.rs; harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; many-tables: one relay over 1, 100 and 1,000 tables idle, a backlog in one of 1,000 beside quiet ones, and 100 tables against one, see many_tables.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -42,6 +45,7 @@ mod drain;
 mod drains;
 mod harm;
 mod help;
+mod horizon;
 mod http;
 mod idle;
 mod large_events;
@@ -163,6 +167,9 @@ async fn run(settings: Settings) {
     }
     if settings.runs("rates") {
         report.rates = rates::run(&settings, &modes[0]).await;
+    }
+    if settings.runs("horizon") {
+        report.horizon = horizon::run(&settings, &modes[0]).await;
     }
     if settings.runs("wal") {
         (report.wal, report.durable_drain) =

@@ -523,7 +523,7 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<RatesRun> {
 
 /// Creates [`RELAY_ROLE`] (a superuser, as the `postgres` role the writers use, so that only
 /// the name differs) and returns `db` as that role sees it, for the relay's `--database-url`.
-async fn relay_role(cluster: &PrivatePg, db: &TestDb) -> TestDb {
+pub async fn relay_role(cluster: &PrivatePg, db: &TestDb) -> TestDb {
     // The cluster's own random superuser password: hex, so it needs no quoting.
     let password = cluster.password();
     db.client()
@@ -544,7 +544,7 @@ async fn relay_role(cluster: &PrivatePg, db: &TestDb) -> TestDb {
 }
 
 /// Which part each backend of `db`'s cluster is, now.
-async fn parts(monitor: &tokio_postgres::Client) -> BTreeMap<u32, Part> {
+pub async fn parts(monitor: &tokio_postgres::Client) -> BTreeMap<u32, Part> {
     monitor
         .query(
             "SELECT pid, coalesce(backend_type, ''), usename::text, coalesce(application_name, '') \

@@ -102,6 +102,18 @@ const TESTS: &[(&str, fn())] = &[
         crate::statements::tests::per_claim_figures_include_the_claims_steps,
     ),
     (
+        "statements::statements_are_named_by_the_sql_file_they_open_with",
+        crate::statements::tests::statements_are_named_by_the_sql_file_they_open_with,
+    ),
+    (
+        "horizon::phases_run_free_held_released_in_order",
+        crate::horizon::tests::phases_run_free_held_released_in_order,
+    ),
+    (
+        "horizon::the_held_ratio_is_the_last_held_window_over_the_free_phase",
+        crate::horizon::tests::the_held_ratio_is_the_last_held_window_over_the_free_phase,
+    ),
+    (
         "report::ratios_print_two_decimals_and_a_dash_for_none",
         crate::report::tests::ratios_print_two_decimals_and_a_dash_for_none,
     ),

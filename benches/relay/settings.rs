@@ -64,6 +64,16 @@ pub struct Settings {
     pub rate_rounds: usize,
     /// The `rates` group's rates, events/s (`OUTBOX_BENCH_RATES`, e.g. `200,2000`).
     pub rates: Vec<u64>,
+    /// The `horizon` group's rates, events/s (`OUTBOX_BENCH_HORIZON_RATES`).
+    pub horizon_rates: Vec<u64>,
+    /// The `horizon` group's measured window (`OUTBOX_BENCH_HORIZON_WINDOW`, seconds).
+    pub horizon_window: Duration,
+    /// How long the `horizon` group holds its snapshot (`OUTBOX_BENCH_HOLD`, e.g. `30m`).
+    pub horizon_hold: Duration,
+    /// Windows of the `horizon` group before the hold, and after it.
+    pub horizon_free_windows: usize,
+    /// See `horizon_free_windows`.
+    pub horizon_released_windows: usize,
     /// Groups to run (`OUTBOX_BENCH_ONLY`); `None`: all of them.
     pub only: Option<Vec<String>>,
     /// Extra flags for every relay (`OUTBOX_BENCH_RELAY_ARGS`).
@@ -92,6 +102,19 @@ impl Settings {
                     .replace('_', "")
                     .parse()
                     .unwrap_or_else(|_| panic!("{name}={v:?}: expected a whole number"))
+            })
+        };
+        let rates = |name: &str, default: &[u64]| -> Vec<u64> {
+            var(name).map_or(default.to_vec(), |v| {
+                v.split(',')
+                    .map(|r| {
+                        r.trim().replace('_', "").parse().unwrap_or_else(|_| {
+                            panic!(
+                                "{name}={v:?}: expected whole numbers of events/s, comma-separated"
+                            )
+                        })
+                    })
+                    .collect()
             })
         };
         let quick = var("OUTBOX_BENCH_QUICK").is_some_and(|v| v != "0");
@@ -159,15 +182,22 @@ impl Settings {
                 if quick { 5 } else { 20 },
             )),
             rate_rounds: number("OUTBOX_BENCH_RATE_ROUNDS", if quick { 1 } else { 3 }) as usize,
-            rates: var("OUTBOX_BENCH_RATES").map_or(crate::rates::RATES.to_vec(), |v| {
-                v.split(',')
-                    .map(|r| {
-                        r.trim().replace('_', "").parse().unwrap_or_else(|_| {
-                            panic!("OUTBOX_BENCH_RATES={v:?}: expected whole numbers of events/s, comma-separated")
-                        })
+            rates: rates("OUTBOX_BENCH_RATES", &crate::rates::RATES),
+            horizon_rates: rates("OUTBOX_BENCH_HORIZON_RATES", &crate::horizon::RATES),
+            horizon_window: Duration::from_secs(number(
+                "OUTBOX_BENCH_HORIZON_WINDOW",
+                if quick { 10 } else { 30 },
+            )),
+            horizon_hold: var("OUTBOX_BENCH_HOLD").map_or(
+                Duration::from_secs(if quick { 60 } else { 180 }),
+                |v| {
+                    humantime::parse_duration(v.trim()).unwrap_or_else(|e| {
+                        panic!("OUTBOX_BENCH_HOLD={v:?}: expected a duration such as 30m ({e})")
                     })
-                    .collect()
-            }),
+                },
+            ),
+            horizon_free_windows: if quick { 2 } else { 4 },
+            horizon_released_windows: if quick { 1 } else { 2 },
             only: var("OUTBOX_BENCH_ONLY")
                 .map(|v| v.split(',').map(|s| s.trim().to_string()).collect()),
             relay_args: var("OUTBOX_BENCH_RELAY_ARGS")

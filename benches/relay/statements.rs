@@ -147,6 +147,20 @@ impl RelayStatements {
         self.claim.rows / self.claim.calls
     }
 
+    /// Executions of every statement of the relay's.
+    pub fn calls(&self) -> f64 {
+        [
+            self.claim,
+            self.claim_steps,
+            self.settlement,
+            self.probe,
+            self.other,
+        ]
+        .iter()
+        .map(|t| t.calls)
+        .sum()
+    }
+
     /// Plan + execution time of every statement of the relay's, milliseconds.
     pub fn total_ms(&self) -> f64 {
         [
@@ -192,6 +206,16 @@ pub async fn reset(client: &tokio_postgres::Client) {
 
 /// The relay role's statements in the current database since the last [`reset`].
 pub async fn read(client: &tokio_postgres::Client) -> RelayStatements {
+    let mut statements = RelayStatements::default();
+    for (query, totals) in read_each(client).await {
+        statements.add(&query, totals);
+    }
+    statements
+}
+
+/// The same, one entry per statement (its normalized text), for a caller that needs to know
+/// which statement took the time.
+pub async fn read_each(client: &tokio_postgres::Client) -> Vec<(String, Totals)> {
     let rows = client
         .query(
             "SELECT s.query, s.calls::float8, s.plans::float8, s.rows::float8, \
@@ -204,21 +228,63 @@ pub async fn read(client: &tokio_postgres::Client) -> RelayStatements {
         )
         .await
         .expect("read pg_stat_statements");
-    let mut statements = RelayStatements::default();
-    for row in rows {
-        let query: String = row.get(0);
-        statements.add(
-            &query,
-            Totals {
-                calls: row.get(1),
-                plans: row.get(2),
-                rows: row.get(3),
-                plan_ms: row.get(4),
-                exec_ms: row.get(5),
-            },
-        );
-    }
-    statements
+    rows.iter()
+        .map(|row| {
+            (
+                row.get(0),
+                Totals {
+                    calls: row.get(1),
+                    plans: row.get(2),
+                    rows: row.get(3),
+                    plan_ms: row.get(4),
+                    exec_ms: row.get(5),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Which of the relay's SQL files (`sql/*.sql`, given as (name, text)) a statement was made
+/// from: the one whose first line (each opens with a comment of its own) is on the
+/// statement's first line (a claim opens with `WITH ` and then its candidates' file); a
+/// statement with none there (BEGIN, SET, COMMIT) is named by its first 60 characters.
+pub fn source(query: &str, files: &[(String, String)]) -> String {
+    let first = query.lines().next().unwrap_or("").trim();
+    files
+        .iter()
+        .find(|(_, text)| {
+            let opening = text.lines().next().unwrap_or("").trim();
+            !opening.is_empty() && first.contains(opening)
+        })
+        .map(|(name, _)| format!("sql/{name}"))
+        .unwrap_or_else(|| {
+            query
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .chars()
+                .take(60)
+                .collect()
+        })
+}
+
+/// The relay's SQL files, (file name, text), from the checkout the benchmark was built in.
+pub fn sql_files() -> Vec<(String, String)> {
+    let dir = crate::support::repo_root().join("sql");
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().to_str()?.to_string();
+                    name.ends_with(".sql")
+                        .then(|| Some((name, std::fs::read_to_string(e.path()).ok()?)))?
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files
 }
 
 // Run by selftest.rs (`cargo test --bench relay`): the bench has no libtest harness.
@@ -237,6 +303,29 @@ pub mod tests {
         assert_eq!(kind(probe), Kind::Probe);
         assert_eq!(kind("BEGIN ISOLATION LEVEL READ COMMITTED"), Kind::Other);
         assert_eq!(kind("COMMIT"), Kind::Other);
+    }
+
+    pub fn statements_are_named_by_the_sql_file_they_open_with() {
+        let files = vec![
+            (
+                "sweep.sql".to_string(),
+                "-- The floors' safety net\nSELECT 1".to_string(),
+            ),
+            ("empty.sql".to_string(), "\nSELECT 2".to_string()),
+        ];
+        assert_eq!(
+            source("-- The floors' safety net\nSELECT 1", &files),
+            "sql/sweep.sql"
+        );
+        assert_eq!(
+            source("WITH -- The floors' safety net\nx AS (SELECT 1)", &files),
+            "sql/sweep.sql"
+        );
+        assert_eq!(
+            source("BEGIN   ISOLATION LEVEL\nREAD COMMITTED", &files),
+            "BEGIN ISOLATION LEVEL READ COMMITTED"
+        );
+        assert_eq!(source("", &files), "");
     }
 
     pub fn per_claim_figures_include_the_claims_steps() {
@@ -261,6 +350,7 @@ pub mod tests {
         assert!(close(settle_plan, 0.15) && close(settle_exec, 0.05));
         assert!(close(s.events_per_claim(), 1.5));
         assert!(close(s.total_ms(), 9.2));
+        assert!(close(s.calls(), 46.0));
         assert_eq!(s.top_other.len(), 1);
         assert!(RelayStatements::default().per_claim_ms().0.is_nan());
     }

@@ -299,15 +299,13 @@ pub async fn ceiling(
                 claims: Vec::new(),
                 settle_time: Duration::ZERO,
             };
-            // The relay refreshes its claim floor with its statistics every few seconds; do
-            // the same here so the ceiling runs the relay's SQL as the relay runs it.
-            let mut floor = 0i64;
+            // The relay raises its floors with its statistics every few seconds; do the same
+            // here so the ceiling runs the relay's SQL as the relay runs it.
             let mut cursor: Option<String> = None;
             let mut floor_read = Instant::now() - Duration::from_secs(60);
             loop {
                 if floor_read.elapsed() >= Duration::from_secs(5) {
-                    let stats = session.stats().await.expect("ceiling stats");
-                    floor = floor.max(stats.claim_floor);
+                    session.stats().await.expect("ceiling stats");
                     floor_read = Instant::now();
                 }
                 let t = Instant::now();
@@ -316,7 +314,6 @@ pub async fn ceiling(
                     owner: owner.clone(),
                     lease,
                     budget_bytes: i64::MAX,
-                    floor,
                     cursor: cursor.take(),
                     catching_up: false,
                 };

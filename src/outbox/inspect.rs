@@ -94,6 +94,19 @@ pub struct TableFacts {
     pub columns: Vec<ColumnFacts>,
     /// The relay's own tables beside it that exist, each with what the role lacks there.
     pub beside: Vec<BesideFacts>,
+    /// The triggers and rules on the table (an adopted table's base table).
+    pub triggers: Vec<TriggerFacts>,
+}
+
+/// A trigger or rule on the outbox, and what it can do to the relay (sql/inspect_triggers.sql).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct TriggerFacts {
+    /// What it is: `trigger audit (AFTER DELETE FOR EACH ROW, function audit_copy)`.
+    pub what: String,
+    /// What it does to the relay, in a phrase.
+    pub effect: String,
+    /// It can make the relay's settlements change nothing, or fail.
+    pub undoes: bool,
 }
 
 /// One of the relay's own tables beside the outbox, as the connected role sees it.
@@ -172,6 +185,7 @@ impl Outbox {
                 });
             }
         }
+        let triggers = self.triggers_on(&client).await?;
         Ok(Some(TableFacts {
             role: row.get(0),
             superuser: row.get(1),
@@ -181,7 +195,30 @@ impl Outbox {
             extra: row.get(5),
             columns,
             beside,
+            triggers,
         }))
+    }
+}
+
+impl Outbox {
+    /// The triggers and rules on the table (an adopted table's base table), each with what it
+    /// can do to the relay (sql/inspect_triggers.sql): for `check` and `status`.
+    pub(super) async fn triggers_on(
+        &self,
+        client: &super::Conn,
+    ) -> Result<Vec<TriggerFacts>, OutboxError> {
+        let base = self.base_or_table().quoted();
+        Ok(client
+            .query(include_str!("../../sql/inspect_triggers.sql"), &[&base])
+            .await
+            .map_err(query_err("reading the outbox table's triggers and rules"))?
+            .iter()
+            .map(|r| TriggerFacts {
+                what: r.get(0),
+                effect: r.get(1),
+                undoes: r.get(2),
+            })
+            .collect())
     }
 }
 

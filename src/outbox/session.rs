@@ -7,7 +7,8 @@ use tokio::sync::Mutex;
 
 use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy};
 use super::conn::{Conn, Stmt};
-use super::decode::{decode, Decoded, CURSOR, TURN};
+use super::decode::{decode, Decoded, CURSOR, LIVE_FROM, LOWEST_UNSENT, TURN};
+use super::floors::Floors;
 use super::liveness::{replacement, Replace};
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
 use super::{query_err, Outbox, OutboxError, Sql};
@@ -26,8 +27,11 @@ pub struct Stats {
     pub quarantined: i64,
     /// Quarantined rows parked behind a quarantined row of their group (ordered delivery).
     pub blocked: i64,
-    /// The smallest unsent id (0 when none): no claim needs to look below it.
+    /// The smallest unsent id at or above the rows' floor (0 when none): no claim needs to
+    /// look below it (src/outbox/floors.rs).
     pub claim_floor: i64,
+    /// Unsent rows counted from the floor on: `claim_floor` is one of them.
+    pub counted_unsent: i64,
     /// now − quarantined_at of the row longest in quarantine, any reason; 0 when none.
     pub oldest_quarantined_age_seconds: f64,
     /// Some count was extrapolated past `upkeep::STATS_EXACT_UP_TO` rows rather than counted.
@@ -74,6 +78,7 @@ impl Outbox {
                 .map_err(query_err("setting up the relay's session"))?;
         }
         self.resolve_channel(&client).await?;
+        self.check_row_security(&client).await?;
         self.check_contract(&client).await?;
         self.check_key_indexes(&client).await?;
         let sqls: Vec<(&str, bool)> = self
@@ -81,11 +86,36 @@ impl Outbox {
             .into_iter()
             .map(|s| (s.sql, s.writes))
             .collect();
-        let mut prepared = client
-            .statements(&sqls)
-            .await
-            .map_err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)"))?
-            .into_iter();
+        let blockers = self.fill_table(
+            include_str!("../../sql/settlement_blockers.sql"),
+            self.base.as_ref().unwrap_or(&self.table),
+        )?;
+        let mut prepared = match client.statements(&sqls).await {
+            Ok(prepared) => prepared.into_iter(),
+            // A rule on the table that a data-modifying statement in WITH cannot go through
+            // (DO INSTEAD NOTHING, DO ALSO, DO INSTEAD without RETURNING): name it, rather
+            // than suggest a migration.
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::FEATURE_NOT_SUPPORTED) => {
+                let rules: Vec<String> = match client.query(&blockers, &[]).await {
+                    Ok(rows) => rows
+                        .iter()
+                        .map(|r| r.get::<_, String>(0))
+                        .filter(|line| line.starts_with("rule "))
+                        .collect(),
+                    Err(_) => Vec::new(),
+                };
+                if rules.is_empty() {
+                    return Err(query_err("preparing the relay's statements")(e));
+                }
+                return Err(OutboxError::SettlementRewritten {
+                    table: self.table.to_string(),
+                    causes: format!("{} ({})", rules.join("; "), super::describe(&e)),
+                });
+            }
+            Err(e) => {
+                return Err(query_err("preparing the relay's statements (is the table at the current schema version? run `outbox-relay migrate`)")(e))
+            }
+        };
         let mut next = || prepared.next().expect("one statement per text");
         // Fields are evaluated in the order written: the order of `sqls`.
         let statements = Statements {
@@ -129,7 +159,46 @@ impl Outbox {
             catch_up_start: self.claim_start_for(true)?,
             strategy: self.strategy.clone(),
             limits: self.limits,
+            floors: std::sync::Arc::clone(&self.floors),
+            unsettled: self.fill_table(include_str!("../../sql/unsettled.sql"), &self.table)?,
+            blockers,
         })
+    }
+
+    /// Row-level security that applies to the relay's role without a policy that lets it see
+    /// and settle every row (sql/row_security.sql) refuses the connection: checked at every
+    /// new connection, so a table that turns it on is caught at the next.
+    async fn check_row_security(&self, client: &Conn) -> Result<(), OutboxError> {
+        let table = self.base.as_ref().unwrap_or(&self.table);
+        let row = client
+            .query_opt(
+                include_str!("../../sql/row_security.sql"),
+                &[&table.quoted()],
+            )
+            .await
+            .map_err(query_err("reading the table's row-level security"))?;
+        match row {
+            Some(row) if row.get::<_, bool>(0) && !row.get::<_, bool>(1) => {
+                Err(OutboxError::RowSecurity {
+                    table: table.quoted(),
+                    policies: row.get(2),
+                    role: row.get(3),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `template` for `table` (its name and its name as a literal).
+    fn fill_table(&self, template: &str, table: &super::TableName) -> Result<String, OutboxError> {
+        super::template::render(
+            template,
+            &[
+                ("table", super::template::Value::Table(table)),
+                ("table_literal", super::template::Value::TableLiteral(table)),
+            ],
+        )
+        .map_err(OutboxError::Template)
     }
 }
 
@@ -271,6 +340,14 @@ pub struct Session {
     strategy: ClaimStrategy,
     /// The claim's last two parameters.
     limits: ClaimLimits,
+    /// Where the claims, the probe and the statistics start (src/outbox/floors.rs): the
+    /// table's, shared with the relay's other connections to it.
+    floors: Arc<Floors>,
+    /// How many acknowledged rows a settlement left unsent (sql/unsettled.sql), and what on
+    /// the table can make it so (sql/settlement_blockers.sql): asked only when a settlement
+    /// changed fewer rows than it meant to. Unprepared: they run once in a relay's life.
+    unsettled: String,
+    blockers: String,
 }
 
 impl Session {
@@ -289,7 +366,13 @@ impl Session {
     /// claim's rows, marked `unreadable`, instead of failing the claim; one the claim quarantined
     /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
-        let bound = Bound::new(request, &self.strategy, &self.limits);
+        let read = self.floors.reading();
+        let bound = Bound::new(
+            request,
+            &self.strategy,
+            &self.limits,
+            (read.rows, self.floors.claims()),
+        );
         let rows = self
             .client
             .query_in_transaction(
@@ -307,6 +390,9 @@ impl Session {
             ..Claimed::default()
         };
         let mut turns = Vec::with_capacity(rows.len());
+        let mut live_from: Option<i64> = None;
+        let mut lowest_unsent: Option<i64> = None;
+        let mut highest: Option<i64> = None;
         for row in &rows {
             if self.strategy.returns_cursor() {
                 claimed.cursor = row
@@ -321,6 +407,12 @@ impl Session {
             let turn: i64 = row
                 .try_get(TURN)
                 .map_err(query_err("reading a claimed row's turn"))?;
+            live_from = row
+                .try_get(LIVE_FROM)
+                .map_err(query_err("reading the claims' floor"))?;
+            lowest_unsent = row
+                .try_get(LOWEST_UNSENT)
+                .map_err(query_err("reading the rows' floor"))?;
             match decode(row)? {
                 Decoded::Row(row) => turns.push((turn, *row)),
                 Decoded::Quarantined(row) => claimed.quarantined.push(row),
@@ -330,6 +422,14 @@ impl Session {
         // in the order they are given, so they are given in the group's (`--order-by`).
         turns.sort_unstable_by_key(|(turn, _)| *turn);
         claimed.rows = turns.into_iter().map(|(_, row)| row).collect();
+        for id in claimed.rows.iter().map(|r| r.id) {
+            highest = highest.max(Some(id));
+        }
+        self.floors.claimed(highest, live_from);
+        // Only a claim that took rows says where the unsent ones start: its own are among them.
+        if lowest_unsent.is_some() {
+            self.floors.raise(read, lowest_unsent);
+        }
         Ok(claimed)
     }
 
@@ -399,6 +499,19 @@ impl Session {
             .filter(|r| quarantined.contains(&r.id))
             .map(|r| r.reason)
             .collect();
+        // Acknowledged rows of claims the fence found: each must have been settled. Fewer
+        // changed means something on the table undid the settlement (a trigger, a rule, a
+        // row-level security policy); those rows would be claimed and sent again and again.
+        let acknowledged: Vec<i64> = s
+            .sent
+            .iter()
+            .filter(|r| fenced.contains(&r.lease_token))
+            .map(|r| r.id)
+            .collect();
+        let unchanged = match (sent as usize) < acknowledged.len() {
+            true => self.unsettled(&acknowledged).await?,
+            false => 0,
+        };
         let unfenced = s.without_claims(&fenced);
         let lost = match (unfenced.is_empty(), retry) {
             (true, _) => 0,
@@ -412,7 +525,31 @@ impl Session {
             rescheduled: rescheduled.len() as u64,
             quarantined_reasons,
             lost,
+            unchanged,
         })
+    }
+
+    /// Of the acknowledged `ids`, how many are still unsent.
+    async fn unsettled(&self, ids: &[i64]) -> Result<u64, OutboxError> {
+        let row = self
+            .client
+            .query_one(&self.unsettled, &[&ids])
+            .await
+            .map_err(query_err(
+                "looking for acknowledged rows the settlement left unsent",
+            ))?;
+        Ok(row.get::<_, i64>(0) as u64)
+    }
+
+    /// What on the table can make a settlement change nothing: one line per trigger, rule or
+    /// row-level security that applies (sql/settlement_blockers.sql).
+    pub async fn settlement_blockers(&self) -> Result<Vec<String>, OutboxError> {
+        let rows = self
+            .client
+            .query(&self.blockers, &[])
+            .await
+            .map_err(query_err("looking for what undoes the relay's settlements"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     /// Of a retried settlement whose claim is gone, how many rows another claim holds. The
@@ -429,9 +566,10 @@ impl Session {
     /// Whether a claim now would find a row: a read-only look that takes no lock, for an
     /// idle relay to decide whether to claim.
     pub async fn probe(&self) -> Result<bool, OutboxError> {
+        let (floor, claims_floor) = (self.floors.rows(), self.floors.claims());
         let row = self
             .client
-            .query_one(&self.statements.probe, &[])
+            .query_one(&self.statements.probe, &[&floor, &claims_floor])
             .await
             .map_err(query_err("looking for claimable rows"))?;
         Ok(row.get(0))
@@ -464,12 +602,15 @@ impl Session {
     /// Gauges for `/metrics`, from partial indexes only; the relay reads them on its
     /// maintenance connection (`Upkeep::stats`).
     pub async fn stats(&self) -> Result<Stats, OutboxError> {
+        let read = self.floors.reading();
         let row = self
             .client
-            .query_one(&self.statements.stats, &[&STATS_EXACT_UP_TO])
+            .query_one(&self.statements.stats, &[&STATS_EXACT_UP_TO, &read.rows])
             .await
             .map_err(query_err("reading outbox statistics"))?;
-        Ok(Stats::from_row(&row, STATS_EXACT_UP_TO))
+        let stats = Stats::from_row(&row, STATS_EXACT_UP_TO);
+        self.floors.raise(read, stats.lowest_unsent());
+        Ok(stats)
     }
 
     /// Makes up to `UNPARK_BATCH` rows parked for their destination unsent again once their

@@ -44,6 +44,10 @@ pub struct TableStatus {
     /// Signs of relays of before 0.2.0, which do not register: owners of live leases that are
     /// not registered, sessions named `outbox-relay`. What `migrate --contract` waits for.
     pub unregistered: Vec<String>,
+    /// The table's triggers and rules, each with what it does to the relay; one that `undoes`
+    /// can make the relay's settlements change nothing, and a relay that met it stopped
+    /// claiming (its `claiming` is false, its metric `outbox_table_blocked` 1).
+    pub triggers: Vec<super::inspect::TriggerFacts>,
 }
 
 /// One table of a `status` over several: its snapshot, or why it could not be read, so a
@@ -117,6 +121,7 @@ impl Outbox {
             .map_err(query_err("reading the outbox status"))?;
         let held_back = self.held_back(&client).await?;
         let (relays, unregistered) = self.fleet_on(&client).await?;
+        let triggers = self.triggers_on(&client).await?;
         let by_reason: serde_json::Value = row.get(4);
         let quarantined_by_reason: BTreeMap<String, i64> = by_reason
             .as_object()
@@ -137,6 +142,7 @@ impl Outbox {
             held_back,
             relays,
             unregistered,
+            triggers,
         })
     }
 
@@ -223,13 +229,28 @@ impl fmt::Display for TableStatus {
                 "  {}  {}  {}  {}  up {:.0}s  last claim {last}",
                 r.relay_id,
                 r.version,
-                if r.claiming { "claiming" } else { "refused" },
+                if r.claiming {
+                    "claiming"
+                } else {
+                    "not claiming"
+                },
                 r.host,
                 r.running_seconds
             )?;
         }
         for sign in &self.unregistered {
             writeln!(f, "  unregistered (a relay before 0.2.0?): {sign}")?;
+        }
+        if !self.triggers.is_empty() {
+            writeln!(f, "triggers and rules       {}", self.triggers.len())?;
+        }
+        for t in &self.triggers {
+            let mark = if t.undoes {
+                "  (can undo settlements)"
+            } else {
+                ""
+            };
+            writeln!(f, "  {}: {}{mark}", t.what, t.effect)?;
         }
         Ok(())
     }
@@ -253,6 +274,7 @@ mod tests {
             held_back: None,
             relays: vec![],
             unregistered: vec![],
+            triggers: vec![],
         })
     }
 
@@ -332,6 +354,11 @@ mod tests {
                 claiming: true,
             }],
             unregistered: vec!["lease owner 'old-1'".into()],
+            triggers: vec![crate::outbox::inspect::TriggerFacts {
+                what: "trigger keep_rows (BEFORE DELETE FOR EACH ROW, function keep_rows)".into(),
+                effect: "can skip or change each row the relay settles".into(),
+                undoes: true,
+            }],
         };
         let text = status.to_string();
         let lines: Vec<&str> = text.lines().collect();
@@ -352,6 +379,11 @@ mod tests {
             lines[13],
             "  unregistered (a relay before 0.2.0?): lease owner 'old-1'"
         );
+        assert_eq!(lines[14], "triggers and rules       1");
+        assert_eq!(
+            lines[15],
+            "  trigger keep_rows (BEFORE DELETE FOR EACH ROW, function keep_rows): can skip or change each row the relay settles  (can undo settlements)"
+        );
         let json = serde_json::to_value(&status).unwrap();
         for field in [
             "table",
@@ -365,6 +397,7 @@ mod tests {
             "sent_last_minute",
             "relays",
             "unregistered",
+            "triggers",
         ] {
             assert!(json.get(field).is_some(), "{field}");
         }

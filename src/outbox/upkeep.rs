@@ -69,6 +69,11 @@ fn scale(part: i64, counted: i64, total: Count) -> i64 {
 }
 
 impl Stats {
+    /// The lowest unsent id the statistics saw at or above the floor, if any.
+    pub fn lowest_unsent(&self) -> Option<i64> {
+        (self.counted_unsent > 0).then_some(self.claim_floor)
+    }
+
     /// The gauges from a row of stats.sql run with `bound` ([`STATS_EXACT_UP_TO`]).
     pub(super) fn from_row(row: &Row, bound: i64) -> Stats {
         let unsent = extrapolate(row.get(1), bound, row.get(2), row.get(3), row.get(4));
@@ -81,6 +86,7 @@ impl Stats {
             quarantined: quarantined.rows,
             blocked: scale(row.get(6), counted_q, quarantined),
             claim_floor: row.get(2),
+            counted_unsent: row.get(1),
             oldest_quarantined_age_seconds: row.get(11),
             estimated: unsent.estimated || quarantined.estimated,
             held_back: row.get(12),
@@ -202,15 +208,99 @@ impl Upkeep {
 
     /// The table gauges, exact up to [`STATS_EXACT_UP_TO`] rows and estimated past it.
     pub async fn stats(&self) -> Result<Stats, OutboxError> {
+        let floors = self.outbox.floors();
+        let read = floors.reading();
         let rows = self
             .run(
                 &self.outbox.sql.stats,
-                &[(&STATS_EXACT_UP_TO, Type::INT8)],
+                &[(&STATS_EXACT_UP_TO, Type::INT8), (&read.rows, Type::INT8)],
                 "reading outbox statistics",
             )
             .await?;
         let row = rows.first().expect("stats.sql returns one row");
-        Ok(Stats::from_row(row, STATS_EXACT_UP_TO))
+        let stats = Stats::from_row(row, STATS_EXACT_UP_TO);
+        floors.raise(read, stats.lowest_unsent());
+        Ok(stats)
+    }
+
+    /// Removes the claims of `owner` that it does not hold (`held`: the tokens of the claims
+    /// whose rows it is delivering) after a claim it gave up on (sql/release_orphans.sql),
+    /// once the claims before it are done; returns how many. The claim loop waits for it, so
+    /// it gets `within` (a claim's round-trip deadline), the wait for this connection
+    /// included: a connection that does not answer in that time is dropped, as a claim's is.
+    pub async fn release_orphans(
+        &self,
+        owner: &str,
+        held: &[i64],
+        within: Duration,
+    ) -> Result<u64, OutboxError> {
+        const WHAT: &str = "releasing the claims the relay gave up on";
+        let floor = self.outbox.floors().claims();
+        let held = held.to_vec();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&owner, Type::TEXT),
+            (&held, Type::INT8_ARRAY),
+            (&floor, Type::INT8),
+        ];
+        let work = self.run_locked(&self.outbox.sql.release_orphans, &params, WHAT, true);
+        match tokio::time::timeout(within, work).await {
+            Ok(rows) => Ok(rows?.len() as u64),
+            Err(_) => {
+                // Cut off while it ran: the connection may have gone dark. Not while another
+                // statement holds it (then it is that statement's to judge).
+                if let Ok(mut slot) = self.client.try_lock() {
+                    *slot = None;
+                }
+                Err(OutboxError::Unanswered {
+                    what: WHAT,
+                    after: within,
+                })
+            }
+        }
+    }
+
+    /// Row-level security that applies to the relay's role without a policy that lets it see
+    /// and settle every row (sql/row_security.sql, as checked at every new connection): the
+    /// refusal, if the table turned it on since. Asked every statistics pass, whose counts
+    /// would otherwise leave out the rows the policies hide.
+    pub async fn row_security(&self) -> Result<Option<OutboxError>, OutboxError> {
+        let table = self.outbox.base_or_table().quoted();
+        let rows = self
+            .run(
+                include_str!("../../sql/row_security.sql"),
+                &[(&table, Type::TEXT)],
+                "reading the table's row-level security",
+            )
+            .await?;
+        Ok(rows
+            .first()
+            .filter(|row| row.get::<_, bool>(0) && !row.get::<_, bool>(1))
+            .map(|row| OutboxError::RowSecurity {
+                table,
+                policies: row.get(2),
+                role: row.get(3),
+            }))
+    }
+
+    /// The floors' safety net (sql/sweep.sql): lowers the rows' floor to an unsent row below
+    /// it, one that committed after the floor passed it. Returns that row's id.
+    pub async fn sweep(&self) -> Result<Option<i64>, OutboxError> {
+        let floors = self.outbox.floors();
+        let floor = floors.rows();
+        // Ids start at 1: below a floor of 1 there is nothing to find.
+        if floor <= 1 {
+            return Ok(None);
+        }
+        let rows = self
+            .run(
+                &self.outbox.sql.sweep,
+                &[(&floor, Type::INT8)],
+                "looking for rows below the claims' floor",
+            )
+            .await?;
+        let found: Option<i64> = rows.first().and_then(|r| r.get(0));
+        floors.lower(found);
+        Ok(found)
     }
 
     /// Deletes up to `limit` sent rows older than `retention`; returns how many went.
@@ -237,19 +327,27 @@ impl Upkeep {
     pub async fn unpark_destinations(&self) -> Result<u64, OutboxError> {
         let mut total = 0;
         loop {
-            let n = self
+            let rows = self
                 .run(
                     &self.outbox.sql.unpark_destination,
                     &[(&UNPARK_BATCH, Type::INT8)],
                     "unparking rows whose destination is due a retry",
                 )
-                .await?
-                .len() as u64;
+                .await?;
+            self.unsent_again(&rows);
+            let n = rows.len() as u64;
             total += n;
             if n < UNPARK_BATCH as u64 {
                 return Ok(total);
             }
         }
+    }
+
+    /// Rows made unsent again keep their ids, which may be below the rows' floor: it goes down
+    /// to them now rather than at the next sweep.
+    fn unsent_again(&self, rows: &[Row]) {
+        let lowest = rows.iter().map(|r| r.get::<_, i64>(0)).min();
+        self.outbox.floors().lower(lowest);
     }
 
     /// Ordered delivery with poison blocking: parks rows behind quarantined heads and unparks
@@ -261,10 +359,11 @@ impl Upkeep {
         ) else {
             return Ok((0, 0));
         };
-        let unparked = self
+        let rows = self
             .run(unpark, &[], "unparking rows of re-driven groups")
-            .await?
-            .len() as u64;
+            .await?;
+        self.unsent_again(&rows);
+        let unparked = rows.len() as u64;
         // Parking applies to ordered rows only: with a standard default queue, those bound for a
         // FIFO queue (the FIFO routes' keys are the statement's one parameter).
         let routes = match self.outbox.strategy.ordered().map(|o| &o.scope) {

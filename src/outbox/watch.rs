@@ -38,7 +38,15 @@ pub const PART_TABLES: usize = 100;
 
 impl Outbox {
     /// This table's part of the look, as the `index`-th table: the full look or the fast one.
+    /// Its floors are the `index`-th elements of the look's first two parameters.
     fn watch_part(&self, index: usize, full: bool) -> Result<String, OutboxError> {
+        let element = |n: usize| format!("(${n}::bigint[])[{}]", index + 1);
+        let (floor, claims_floor) = (element(1), element(2));
+        let probe = super::probe_sql_with(
+            &self.table,
+            self.strategy.order_by(),
+            (&floor, &claims_floor),
+        )?;
         let index = index.to_string();
         render(
             match full {
@@ -48,7 +56,8 @@ impl Outbox {
             &[
                 ("index", Value::Sql(&index)),
                 ("table", Value::Table(&self.table)),
-                ("probe", Value::Sql(&self.sql.probe)),
+                ("probe", Value::Sql(&probe)),
+                ("floor", Value::Sql(&floor)),
             ],
         )
         .map_err(OutboxError::Template)
@@ -122,9 +131,12 @@ impl Watch {
         }
         let conn = self.conn.as_ref().expect("connected above");
         let retention = self.retention;
+        // Each table's floors, read now (src/outbox/floors.rs).
+        let floors: Vec<i64> = self.tables.iter().map(|t| t.floors().rows()).collect();
+        let claims_floors: Vec<i64> = self.tables.iter().map(|t| t.floors().claims()).collect();
         let params: &[&(dyn tokio_postgres::types::ToSql + Sync)] = match full {
-            true => &[&retention],
-            false => &[],
+            true => &[&floors, &claims_floors, &retention],
+            false => &[&floors, &claims_floors],
         };
         let parts = match full {
             true => &mut self.full,

@@ -21,17 +21,25 @@ pub(super) enum Gate {
     Refused(Verdict),
     /// No renewal succeeded for this long: the registration may lapse before a claim ends.
     Unrenewed(Duration),
+    /// The relay's settlements of the table change nothing (a trigger, a rule, row-level
+    /// security undid them): claiming again would send the same rows again and again. Why, as
+    /// one line; it stays until the relay restarts.
+    Blocked(String),
 }
 
-/// The rule: the verdict first (no verdict yet counts as admitted: start-up refused any
-/// other), then the registration's age against `allowed_for`
-/// ([`crate::version::claims_allowed_for`]).
+/// The rule: settlements that change nothing first (`blocked`), then the verdict (no verdict
+/// yet counts as admitted: start-up refused any other), then the registration's age against
+/// `allowed_for` ([`crate::version::claims_allowed_for`]).
 pub(super) fn gate(
+    blocked: Option<String>,
     verdict: Option<Verdict>,
     renewed: Option<Instant>,
     now: Instant,
     allowed_for: Duration,
 ) -> Gate {
+    if let Some(why) = blocked {
+        return Gate::Blocked(why);
+    }
     if let Some(v) = verdict.filter(|v| !v.claims()) {
         return Gate::Refused(v);
     }
@@ -47,6 +55,11 @@ pub(super) fn gate(
 #[derive(Debug, Default)]
 pub(super) struct Admission {
     renewed: Mutex<Option<Instant>>,
+    /// Why claims stopped for good: the relay's settlements change nothing ([`Gate::Blocked`]).
+    blocked: Mutex<Option<String>>,
+    /// Why claims stopped until it passes: row-level security hides rows from the relay's
+    /// role or keeps it from settling them, seen by a statistics pass ([`Gate::Blocked`]).
+    hidden: Mutex<Option<String>>,
     pub(super) changed: Notify,
 }
 
@@ -60,6 +73,46 @@ impl Admission {
     pub(super) fn last_renewal(&self) -> Option<Instant> {
         *self.renewed.lock().expect("admission lock")
     }
+
+    /// Claims stop for good, for `why`; the first reason stays.
+    pub(super) fn block(&self, why: String) {
+        self.blocked
+            .lock()
+            .expect("admission lock")
+            .get_or_insert(why);
+        self.changed.notify_waiters();
+    }
+
+    /// The reason claims stopped for good, completed once it is known.
+    pub(super) fn explain(&self, why: String) {
+        *self.blocked.lock().expect("admission lock") = Some(why);
+        self.changed.notify_waiters();
+    }
+
+    /// Why claims stop now, if they do for the table itself: settlements undone (for good)
+    /// first, then rows hidden from the relay (until that passes).
+    pub(super) fn blocked(&self) -> Option<String> {
+        let blocked = self.blocked.lock().expect("admission lock").clone();
+        blocked.or_else(|| self.hidden.lock().expect("admission lock").clone())
+    }
+
+    /// Row-level security hides rows from the relay (`Some(why)`) or no longer does (`None`);
+    /// returns whether that changed.
+    pub(super) fn hidden(&self, why: Option<String>) -> bool {
+        let mut hidden = self.hidden.lock().expect("admission lock");
+        if *hidden == why {
+            return false;
+        }
+        *hidden = why;
+        drop(hidden);
+        self.changed.notify_waiters();
+        true
+    }
+
+    /// Whether claims stopped for good (settlements undone), which no later pass clears.
+    pub(super) fn blocked_for_good(&self) -> bool {
+        self.blocked.lock().expect("admission lock").is_some()
+    }
 }
 
 #[cfg(test)]
@@ -72,10 +125,16 @@ mod tests {
     fn a_relay_claims_while_admitted_and_renewed_within_half_a_lease() {
         let t0 = Instant::now();
         assert_eq!(
-            gate(Some(Verdict::Claim), Some(t0), t0 + HALF_LEASE, HALF_LEASE),
+            gate(
+                None,
+                Some(Verdict::Claim),
+                Some(t0),
+                t0 + HALF_LEASE,
+                HALF_LEASE
+            ),
             Gate::Claim
         );
-        assert_eq!(gate(None, Some(t0), t0, HALF_LEASE), Gate::Claim);
+        assert_eq!(gate(None, None, Some(t0), t0, HALF_LEASE), Gate::Claim);
     }
 
     #[test]
@@ -86,13 +145,28 @@ mod tests {
             requirement: ">=0.3.0".into(),
         };
         assert_eq!(
-            gate(Some(refused.clone()), Some(t0), t0, HALF_LEASE),
+            gate(None, Some(refused.clone()), Some(t0), t0, HALF_LEASE),
             Gate::Refused(refused)
         );
         let old = Verdict::Migrate { found: 3 };
         assert_eq!(
-            gate(Some(old.clone()), Some(t0), t0, HALF_LEASE),
+            gate(None, Some(old.clone()), Some(t0), t0, HALF_LEASE),
             Gate::Refused(old)
+        );
+    }
+
+    #[test]
+    fn settlements_that_change_nothing_stop_claims_whatever_else_holds() {
+        let t0 = Instant::now();
+        assert_eq!(
+            gate(
+                Some("trigger keep".into()),
+                Some(Verdict::Claim),
+                Some(t0),
+                t0,
+                HALF_LEASE
+            ),
+            Gate::Blocked("trigger keep".into())
         );
     }
 
@@ -101,11 +175,11 @@ mod tests {
         let t0 = Instant::now();
         let late = t0 + HALF_LEASE + Duration::from_millis(1);
         assert_eq!(
-            gate(Some(Verdict::Claim), Some(t0), late, HALF_LEASE),
+            gate(None, Some(Verdict::Claim), Some(t0), late, HALF_LEASE),
             Gate::Unrenewed(HALF_LEASE + Duration::from_millis(1))
         );
         assert_eq!(
-            gate(Some(Verdict::Claim), None, t0, HALF_LEASE),
+            gate(None, Some(Verdict::Claim), None, t0, HALF_LEASE),
             Gate::Unrenewed(Duration::MAX)
         );
     }

@@ -271,6 +271,7 @@ mod tests {
             quarantined: 0,
             blocked: 0,
             claim_floor: 0,
+            counted_unsent: unsent,
             oldest_quarantined_age_seconds: 0.0,
             estimated: false,
             held_back: 0,

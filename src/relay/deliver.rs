@@ -212,6 +212,45 @@ impl Relay {
         self.plan_config.keeps_order(queue_url)
     }
 
+    /// A settlement left `rows` acknowledged rows unsent while its claim held them: they would
+    /// be claimed and sent again, and so would every row after them, for ever. Claims stop for
+    /// good, with one line naming what on the table can do that; the rows stay unsent, each sent
+    /// once more than it should have been at most by each relay.
+    async fn settlements_undone(&self, rows: u64) {
+        // Claims stop at once: the rows are free again since the settlement removed their
+        // claim, and a claim now would send them again. The reason is named below.
+        let what = format!(
+            "settlements on {} change nothing: {rows} row(s) SQS acknowledged are still unsent after the relay settled them under its claim",
+            self.outbox.table()
+        );
+        self.admission.block(what.clone());
+        metrics::gauge!(names::TABLE_BLOCKED, "table" => self.outbox.table().label()).set(1.0);
+        let causes = self
+            .settlements
+            .run("naming what undoes the settlements", |s| async move {
+                s.settlement_blockers().await
+            })
+            .await;
+        let causes = match causes {
+            Ok(c) if c.is_empty() => {
+                "no trigger, rule or row-level security policy was found that explains it"
+                    .to_string()
+            }
+            Ok(c) => c.join("; "),
+            Err(e) => format!("could not read the table's triggers, rules and policies: {e}"),
+        };
+        let why = format!(
+            "{what} ({causes}); claims stopped so that the same events are not sent again and again: make the relay's DELETE (or, with --retention, UPDATE) take effect, then restart the relay"
+        );
+        // Not ready from the line on, not from the claim loop's next turn; a relay serving
+        // several tables skips this one and stays ready for the others.
+        if self.gauges.is_none() {
+            self.health.set_not_claiming(Some(why.clone()));
+        }
+        tracing::error!(target: LOG_TARGET, "{why}");
+        self.admission.explain(why);
+    }
+
     /// Writes a claim's outcomes, retrying while the lease still protects the rows. If the
     /// database stays away past the lease, the rows are simply claimed and sent again later,
     /// with the same event_id.
@@ -236,6 +275,9 @@ impl Relay {
                     for reason in &settled.quarantined_reasons {
                         metrics::counter!(names::EVENTS_QUARANTINED, "reason" => reason.as_str())
                             .increment(1);
+                    }
+                    if settled.unchanged > 0 {
+                        self.settlements_undone(settled.unchanged).await;
                     }
                     if settled.lost > 0 {
                         metrics::counter!(names::LEASE_LOST).increment(settled.lost);

@@ -1,6 +1,5 @@
 //! Background work beside the claim loop: wake-ups, gauges and statistics, retention, unparking.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,10 +78,23 @@ impl Relay {
     /// One refresh: unparking first, then the gauges.
     pub(super) async fn stats_pass(&self) {
         *self.last_stats.lock().expect("stats lock") = Some(Instant::now());
+        // Row-level security turned on since the relay connected: its counts would leave out
+        // the rows the policies hide (an age of 0 while they wait), and its settlements might
+        // not apply. Nothing more is read or claimed until it passes. A failed look is left
+        // to the statements below, which fail the same way and say so.
+        match self.upkeep.row_security().await {
+            Ok(Some(refusal)) => {
+                self.rows_hidden(Some(refusal.to_string()));
+                return;
+            }
+            Ok(None) => self.rows_hidden(None),
+            Err(_) => {}
+        }
         // First, so that rows parked behind a head that comes back now are released in the
         // same pass.
         self.unpark_destinations().await;
         self.maintain_blocked_groups().await;
+        self.sweep_if_due().await;
         match self.upkeep.stats().await {
             Ok(s) => {
                 self.health.set_database_ok(true);
@@ -99,11 +111,6 @@ impl Relay {
                         metrics::gauge!(names::WATERMARK_HELD_ROWS).set(s.held_back as f64);
                     }
                 }
-                // With nothing unsent the floor stays: a row committing late below the
-                // last unsent id must still be found.
-                if s.claim_floor > 0 {
-                    self.claim_floor.store(s.claim_floor, Ordering::Relaxed);
-                }
             }
             // A slow count is not a database that is down: readiness stays as claims find it.
             Err(e) if e.timed_out() => tracing::warn!(target: LOG_TARGET,
@@ -116,6 +123,65 @@ impl Relay {
                 tracing::warn!(target: LOG_TARGET, table = %self.outbox.table(), error = %e, "could not read outbox statistics");
             }
         }
+    }
+
+    /// Row-level security hides rows from the relay's role (`Some(why)`), or no longer does:
+    /// claims stop and resume with it, the table's `outbox_table_blocked` says so, and the
+    /// change is logged once.
+    fn rows_hidden(&self, why: Option<String>) {
+        if !self.admission.hidden(why.clone()) {
+            return;
+        }
+        let table = self.outbox.table().label();
+        match why {
+            Some(why) => {
+                metrics::gauge!(names::TABLE_BLOCKED, "table" => table).set(1.0);
+                let why = format!("{why}; claims on it stopped, and its gauges keep their last values, until the role can see and settle every row");
+                // Not ready from the line on, not from the claim loop's next turn; a relay
+                // serving several tables skips this one and stays ready for the others.
+                if self.gauges.is_none() {
+                    self.health.set_not_claiming(Some(why.clone()));
+                }
+                tracing::error!(target: LOG_TARGET, "{why}");
+            }
+            None => {
+                if !self.admission.blocked_for_good() {
+                    metrics::gauge!(names::TABLE_BLOCKED, "table" => table).set(0.0);
+                }
+                tracing::info!(target: LOG_TARGET, table = %self.outbox.table(),
+                    "row-level security no longer hides rows from the relay's role: claiming again");
+            }
+        }
+    }
+
+    /// The floors' safety net (src/outbox/floors.rs): every `--sweep-interval`, or less often
+    /// when a sweep takes long (a held vacuum horizon keeps what it reads), so that sweeping
+    /// takes at most 1 % of the time ([`sweep_gap`]). A failed sweep is tried at the next pass.
+    pub(super) async fn sweep_if_due(&self) {
+        if !self.sweep_due() {
+            return;
+        }
+        let started = Instant::now();
+        match self.upkeep.sweep().await {
+            Ok(found) => {
+                if let Some(id) = found {
+                    tracing::debug!(target: LOG_TARGET, table = %self.outbox.table(), id, "a row committed below the claims' floor; claims start from it again");
+                }
+                let gap = sweep_gap(self.config.maintenance.sweep_interval, started.elapsed());
+                *self.next_sweep.lock().expect("sweep lock") = Some(started + gap);
+            }
+            Err(e) => {
+                tracing::warn!(target: LOG_TARGET, table = %self.outbox.table(), error = %e, "could not look below the claims' floor; trying again at the next statistics pass")
+            }
+        }
+    }
+
+    /// Whether the next sweep is due now.
+    pub(super) fn sweep_due(&self) -> bool {
+        self.next_sweep
+            .lock()
+            .expect("sweep lock")
+            .is_none_or(|at| Instant::now() >= at)
     }
 
     /// Renews the relay's registration and reads the contract every few seconds
@@ -204,6 +270,7 @@ impl Relay {
     pub(super) fn why_not_claiming(&self, gate: &Gate) -> String {
         match gate {
             Gate::Claim => String::new(),
+            Gate::Blocked(why) => why.clone(),
             Gate::Refused(verdict) => self.outbox.refusal(verdict.clone()).to_string(),
             Gate::Unrenewed(_) if self.admission.last_renewal().is_none() => {
                 "the relay is not registered yet (its first registration has not succeeded): claims wait for it".to_string()
@@ -227,6 +294,8 @@ impl Relay {
             Gate::Refused(_) => {
                 tracing::error!(target: LOG_TARGET, deliveries = in_flight, "{why}")
             }
+            // Said once, with its cause, where it was found (`Relay::settlements_undone`).
+            Gate::Blocked(_) => {}
             _ => tracing::warn!(target: LOG_TARGET, deliveries = in_flight, "{why}"),
         }
     }
@@ -237,7 +306,7 @@ impl Relay {
             .expect("registration lock")
             .claiming = true;
         self.health.set_not_claiming(None);
-        tracing::info!(target: LOG_TARGET, version = %version::this_relay(), "the schema admits this relay again: claiming");
+        tracing::info!(target: LOG_TARGET, version = %version::this_relay(), "claiming again: nothing stops this relay's claims any more");
     }
 
     /// Deletes sent rows past `--retention`, in short batches, every `--retention-interval`.
@@ -435,4 +504,25 @@ pub(super) fn show_fleet(
         metrics::gauge!(names::RELAYS, "version" => v.clone(), "state" => *s).set(f64::from(*n));
     }
     counts.into_keys().collect()
+}
+
+/// The time from one sweep's start to the next: `every`, or a hundred times what the last one
+/// took when that is longer.
+pub(super) fn sweep_gap(every: Duration, took: Duration) -> Duration {
+    every.max(took * 100)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_sweep_runs_less_often() {
+        let every = Duration::from_secs(10);
+        assert_eq!(sweep_gap(every, Duration::from_millis(5)), every);
+        assert_eq!(
+            sweep_gap(every, Duration::from_millis(300)),
+            Duration::from_secs(30)
+        );
+    }
 }

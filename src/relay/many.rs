@@ -266,6 +266,10 @@ impl Many {
         // fast one (claimable only) every --poll-interval.
         let mut full_at = Instant::now();
         let mut look_failures = 0u32;
+        // The tables' sweeps below their floors (src/outbox/floors.rs), due after full looks:
+        // a row that became unsent below a table's floor makes the look see nothing there, so
+        // the sweep cannot wait for the table's next turn.
+        let mut sweeping: Option<tokio::task::JoinHandle<()>> = None;
         while !shutdown.is_cancelled() {
             self.health.tick();
             let now = Instant::now();
@@ -295,6 +299,9 @@ impl Many {
                     Ok(answers) => {
                         if full {
                             full_at = now + c.maintenance.stats_interval;
+                            if sweeping.as_ref().is_none_or(|s| s.is_finished()) {
+                                sweeping = Some(tokio::spawn(self.sweeps()));
+                            }
                         }
                         look_failures = 0;
                         self.health.set_database_ok(true);
@@ -381,6 +388,22 @@ impl Many {
         }
         if troubled {
             self.rewatch();
+        }
+    }
+
+    /// The sweeps that are due, one table after another on the shared upkeep connection; a
+    /// table in trouble is left to its trial.
+    fn sweeps(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let due: Vec<Arc<Relay>> = self
+            .tables
+            .values()
+            .filter(|t| t.trouble.is_none() && t.relay.sweep_due())
+            .map(|t| Arc::clone(&t.relay))
+            .collect();
+        async move {
+            for relay in due {
+                relay.sweep_if_due().await;
+            }
         }
     }
 

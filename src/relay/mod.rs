@@ -18,7 +18,7 @@
 //! destination has its own adaptive limit (`concurrency`), fed with every send's outcome.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,7 @@ mod decide;
 mod deliver;
 mod effect;
 mod gather;
+mod given_up;
 mod maintain;
 pub mod many;
 mod pressure;
@@ -107,10 +108,6 @@ struct Relay {
     request_permits: Arc<Semaphore>,
     /// Each destination's share of those, adapted to how it answers (taken before a permit).
     concurrency: Arc<Limiter>,
-    /// No unsent row has a smaller id (as of the last statistics refresh): claims start
-    /// there instead of walking the index entries of rows sent since the last VACUUM. A row
-    /// that becomes unsent below it (a late commit, a re-drive) waits at most one refresh.
-    claim_floor: AtomicI64,
     /// Each destination queue's `MaximumMessageSize`, learnt on first use.
     queue_limits: Arc<Mutex<HashMap<Destination, (usize, Instant)>>>,
     /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
@@ -127,7 +124,13 @@ struct Relay {
     /// When the gauges, retention and the registration last ran: a relay serving several
     /// tables runs them during a table's turns only, each at its own interval across turns.
     last_stats: Mutex<Option<Instant>>,
+    /// When the next sweep below the floor is due (src/outbox/floors.rs); `None`: at the next
+    /// statistics pass.
+    next_sweep: Mutex<Option<Instant>>,
     last_retention: Mutex<Option<Instant>>,
+    /// The claims whose rows are in delivery, and whether a claim was given up on since the
+    /// last release of such claims ([`given_up`]).
+    given_up: Arc<given_up::GivenUp>,
     /// Where this table's gauges go: straight to the series without a `table` label (one
     /// table), or to the board that publishes the worst tables' (several).
     gauges: Option<Arc<board::Board>>,
@@ -343,6 +346,9 @@ pub async fn run(
         lease = %humantime::format_duration(relay.config.claim.lease),
         "relay started"
     );
+    // The series exists from the start, 0, so that dashboards and the alert see the table
+    // before anything goes wrong (with several tables only blocked ones get one).
+    metrics::gauge!(names::TABLE_BLOCKED, "table" => relay.outbox.table().label()).set(0.0);
     let background = CancellationToken::new();
     let listener = tokio::spawn(Arc::clone(&relay).listen_for_wakeups(background.clone()));
     let stats = tokio::spawn(Arc::clone(&relay).refresh_stats(background.clone()));
@@ -393,7 +399,6 @@ impl Relay {
             pressure: Arc::clone(&shared.pressure),
             request_permits: Arc::clone(&shared.request_permits),
             concurrency: Arc::clone(&shared.concurrency),
-            claim_floor: AtomicI64::new(0),
             queue_limits: Arc::clone(&shared.queue_limits),
             tracing: shared.tracing.clone(),
             admission: admission::Admission::default(),
@@ -401,7 +406,9 @@ impl Relay {
             row_permits: Arc::clone(&shared.row_permits),
             byte_permits: Arc::clone(&shared.byte_permits),
             last_stats: Mutex::new(None),
+            next_sweep: Mutex::new(None),
             last_retention: Mutex::new(None),
+            given_up: Arc::default(),
             gauges,
             config,
         }
@@ -486,13 +493,15 @@ impl Relay {
             {
                 bytes.merge(more);
             }
+            if let Some(held) = self.given_up.due() {
+                self.release_given_up(&held).await;
+            }
             let claimed_at = Instant::now();
             let request = ClaimRequest {
                 limit: limit as i64,
                 owner: c.claim.relay_id.clone(),
                 lease: c.claim.lease,
                 budget_bytes: i64::from(bytes.num_permits() as u32),
-                floor: self.claim_floor.load(Ordering::Relaxed),
                 cursor: cursor.clone(),
                 catching_up: limit > c.claim.batch_size,
             };
@@ -530,10 +539,14 @@ impl Relay {
                         let lease_deadline = claimed_at + c.claim.lease;
                         let relay = Arc::clone(self);
                         let shutdown = sending.clone();
+                        let held = self
+                            .given_up
+                            .hold(claimed.rows.iter().map(|r| r.lease_token));
                         deliveries.spawn(async move {
                             relay
                                 .deliver(claimed, lease_deadline, (permit, bytes), shutdown)
-                                .await
+                                .await;
+                            drop(held);
                         });
                     }
                     if let Some(turn) = turn {
@@ -586,11 +599,20 @@ impl Relay {
                     }
                 }
                 Err(e) if turn.is_some() => {
+                    if e.outcome_unknown() {
+                        self.given_up.claim_given_up();
+                    }
                     // The scheduler backs this table off; the other tables go on.
                     end = TurnEnd::Failed(e);
                     break;
                 }
                 Err(e) => {
+                    // A claim that may have committed unseen is released before the next
+                    // claim. Not one that failed otherwise: a claim whose rows cannot be read
+                    // must keep counting attempts until they are quarantined.
+                    if e.outcome_unknown() {
+                        self.given_up.claim_given_up();
+                    }
                     db_failures += 1;
                     self.health.set_database_ok(false);
                     let replaced = crate::outbox::replacement(&e).is_some();
@@ -643,6 +665,11 @@ impl Relay {
             if let (_, Err(e)) = self.renew(maintain::Shown::default()).await {
                 return TurnEnd::Failed(e);
             }
+            // Rows hidden by row-level security: the statistics pass looks again, and lets
+            // the turn claim if that passed.
+            if self.admission.blocked().is_some() && !self.admission.blocked_for_good() {
+                self.stats_pass().await;
+            }
         }
         if look.is_some_and(|l| l.parked_due) {
             // The statistics pass unparks first: run it now.
@@ -660,9 +687,36 @@ impl Relay {
         end
     }
 
+    /// Removes this relay's claims that it gave up on (all but `held`, the ones in delivery)
+    /// so that their rows are free now, not after their lease, and their attempt is not
+    /// counted; tried again before the next claim if it fails.
+    async fn release_given_up(&self, held: &[i64]) {
+        match self
+            .upkeep
+            .release_orphans(
+                &self.config.claim.relay_id,
+                held,
+                self.config.retry.db_timeout,
+            )
+            .await
+        {
+            Ok(released) => {
+                self.given_up.released();
+                if released > 0 {
+                    tracing::info!(
+                        claims = released,
+                        "released the claims given up on that had committed: their rows are free again, their attempt not counted"
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not release the claims given up on yet"),
+        }
+    }
+
     /// Whether the relay may claim now ([`admission::gate`]).
     fn gate(&self) -> admission::Gate {
         admission::gate(
+            self.admission.blocked(),
             self.outbox.verdict().map(|(v, _)| v),
             self.admission.last_renewal(),
             Instant::now(),

@@ -94,10 +94,7 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
     let by_id: HashMap<i64, &Written> = written.iter().map(|w| (w.id, w)).collect();
     let types: HashMap<&str, &str> = plan
         .workload
-        .writers
-        .iter()
-        .flatten()
-        .flat_map(|t| &t.rows)
+        .specs()
         .map(|r| (r.event_id.as_str(), r.aggregate_type.as_str()))
         .collect();
     let queue_of = |event_id: &str| -> &str {
@@ -254,8 +251,17 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
     }
 
     // The message itself.
+    let committed: HashSet<&str> = written.iter().map(|w| w.event_id.as_str()).collect();
     for m in &ev.received {
         let Some(e) = &m.event_id else { continue };
+        // A row of a transaction that rolled back (or a savepoint rolled back to) never
+        // existed for anyone but its writer.
+        if !committed.contains(e.as_str()) {
+            report.add(
+                "only committed rows are delivered",
+                format!("{e} received on {}, never committed", m.queue),
+            );
+        }
         let body_event = serde_json::from_str::<serde_json::Value>(&m.body)
             .ok()
             .and_then(|v| v["ev"].as_str().map(str::to_string));

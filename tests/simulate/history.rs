@@ -167,6 +167,20 @@ pub async fn read_log(client: &Client) -> Vec<Change> {
         .collect()
 }
 
+/// Of the late writers' rows (`late-…`) that committed: how many, and how many committed
+/// below the id of a row already acknowledged then (sent, or deleted on acknowledgement).
+/// Needs `track_commit_timestamp`; `None` where the server cannot say.
+pub async fn late_below(client: &Client) -> Option<(i64, i64)> {
+    let row = client
+        .query_one(
+            "WITH late AS (                SELECT l.id, extract(epoch FROM                  pg_xact_commit_timestamp(((l.txid % 4294967296)::text)::xid)) AS committed                FROM sim.log l                WHERE l.tbl = 'outbox' AND l.op = 'I' AND l.event_id LIKE 'late-%'),              acked AS (                SELECT id, at FROM sim.log                WHERE tbl = 'outbox' AND ((op = 'U' AND new_sent AND NOT old_sent)                  OR (op = 'D' AND NOT old_sent AND old_reason IS NULL)))              SELECT count(*), count(*) FILTER (WHERE EXISTS (                SELECT 1 FROM acked a WHERE a.id > late.id AND a.at < late.committed))              FROM late",
+            &[],
+        )
+        .await
+        .ok()?;
+    Some((row.get(0), row.get(1)))
+}
+
 /// The final state of one row still in the table.
 #[derive(Clone, Debug)]
 pub struct FinalRow {

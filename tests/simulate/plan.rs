@@ -185,6 +185,9 @@ pub struct Fleet {
     pub max_in_flight: u32,
     pub lease_ms: u64,
     pub max_attempts: u32,
+    /// `--sweep-interval`: how long a row that committed late below a relay's floor may wait
+    /// for the sweep that finds it. [`DEFAULT_SWEEP_MS`] leaves the flag out.
+    pub sweep_ms: u64,
 }
 
 impl Fleet {
@@ -207,6 +210,9 @@ impl Fleet {
         self.dest.fifo() || self.ordered_standard
     }
 }
+
+/// The relay's own `--sweep-interval` (10 s): a fleet drawn with it passes no flag.
+pub const DEFAULT_SWEEP_MS: u64 = 10_000;
 
 /// Too large for `--max-payload-bytes`.
 pub const MAX_PAYLOAD_BYTES: usize = 2048;
@@ -258,12 +264,93 @@ pub struct Workload {
     /// Each writer's first this many transactions are written before the relays start: a
     /// backlog, where claims meet whole groups at once.
     pub backlog_txns: usize,
+    /// Writers whose rows commit late with low ids (issue 36): below the floor a relay has
+    /// raised past them by then, where only its sweep finds them.
+    pub late: Vec<LateWriter>,
 }
 
 impl Workload {
     pub fn rows(&self) -> usize {
         self.writers.iter().flatten().map(|t| t.rows.len()).sum()
     }
+
+    /// Every row any writer inserts, late ones and ones that never commit included.
+    pub fn specs(&self) -> impl Iterator<Item = &RowSpec> {
+        self.writers
+            .iter()
+            .flatten()
+            .flat_map(|t| &t.rows)
+            .chain(self.late.iter().flat_map(|w| w.what.rows()))
+    }
+
+    /// A late writer holds ids a session cached from the sequence: the outbox's identity is
+    /// given `CACHE 50` before anything is written.
+    pub fn cached_ids(&self) -> bool {
+        self.late
+            .iter()
+            .any(|w| matches!(w.what, Late::Cached { .. }))
+    }
+}
+
+/// How a late writer's rows come to commit with ids below rows sent before them.
+#[derive(Clone, Debug)]
+pub enum Late {
+    /// One transaction inserts `rows` and stays open across many claims, then commits, or
+    /// rolls back (its rows never exist).
+    Long { rows: Vec<RowSpec>, commit: bool },
+    /// `rows` inserted under a savepoint released at once, the transaction committed long
+    /// after; `discarded` inserted under a second savepoint rolled back to (never exist).
+    Savepoint {
+        rows: Vec<RowSpec>,
+        discarded: Vec<RowSpec>,
+    },
+    /// A prepared (two-phase) transaction: `PREPARE TRANSACTION` at once, `COMMIT PREPARED`
+    /// (or `ROLLBACK PREPARED`) at the end, from another session.
+    Prepared { rows: Vec<RowSpec>, commit: bool },
+    /// One long-lived session inserts each batch in a transaction of its own, spread over
+    /// the writer's time: with the sequence's `CACHE 50` its ids come from a block it took
+    /// at its first insert, below the blocks other sessions took since.
+    Cached { inserts: Vec<Vec<RowSpec>> },
+}
+
+impl Late {
+    /// Every row it inserts, committed or not.
+    pub fn rows(&self) -> Vec<&RowSpec> {
+        match self {
+            Late::Long { rows, .. } | Late::Prepared { rows, .. } => rows.iter().collect(),
+            Late::Savepoint { rows, discarded } => rows.iter().chain(discarded).collect(),
+            Late::Cached { inserts } => inserts.iter().flatten().collect(),
+        }
+    }
+}
+
+/// A late writer, from `at_ms` after the relays started, for `ms`.
+#[derive(Clone, Debug)]
+pub struct LateWriter {
+    pub at_ms: u64,
+    pub ms: u64,
+    pub what: Late,
+}
+
+/// What holds the vacuum horizon back (issue 36): no settled row deleted after it began can
+/// be removed, nor its index entries marked dead, until it ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;` kept open:
+    /// what `pg_dump` does (read-only, no xid).
+    Snapshot,
+    /// A transaction that wrote to a table of its own (`sim.scratch`) and stays open.
+    IdleWriter,
+    /// The same write, prepared (`PREPARE TRANSACTION`) and committed or rolled back at the end.
+    Prepared { commit: bool },
+}
+
+/// A horizon held from `at_ms` after the relays started, for `ms`.
+#[derive(Clone, Copy, Debug)]
+pub struct Held {
+    pub at_ms: u64,
+    pub ms: u64,
+    pub what: Hold,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -356,6 +443,8 @@ pub struct Plan {
     pub workload: Workload,
     pub faults: Vec<Timed<Fault>>,
     pub ops: Vec<Timed<Op>>,
+    /// Horizons held for part of the run.
+    pub horizon: Vec<Held>,
 }
 
 impl Plan {
@@ -393,6 +482,7 @@ impl Plan {
             max_in_flight: rng.pick(&[1, 4, 32]),
             lease_ms: rng.range(1, 3) * 1000,
             max_attempts: rng.range(4, 10) as u32,
+            sweep_ms: DEFAULT_SWEEP_MS,
         };
         let workload = draw_workload(&mut rng, &fleet);
         let faulty = rng.chance(65);
@@ -455,6 +545,11 @@ impl Plan {
         // Drawn last, so that it changes no earlier draw: the plans of the seeds chosen before
         // it came are the same but for this.
         fleet.mixed_poison = fleet.ordered() && fleet.relays > 1 && rng.chance(30);
+        // Issue 36, drawn after everything else for the same reason.
+        let mut workload = workload;
+        let horizon = draw_horizon(&mut rng, workload.write_ms);
+        workload.late = draw_late(&mut rng, workload.write_ms);
+        fleet.sweep_ms = rng.pick(&[1000, 2000, 3000, DEFAULT_SWEEP_MS]);
         Plan {
             seed,
             redraw,
@@ -465,6 +560,7 @@ impl Plan {
             workload,
             faults,
             ops,
+            horizon,
         }
     }
 
@@ -542,6 +638,9 @@ impl Plan {
         if f.order_by_transaction {
             flags.extend(["--order-by".into(), "transaction".into()]);
         }
+        if f.sweep_ms != DEFAULT_SWEEP_MS {
+            flags.extend(["--sweep-interval".into(), format!("{}ms", f.sweep_ms)]);
+        }
         flags
     }
 }
@@ -615,7 +714,98 @@ fn draw_workload(rng: &mut Rng, fleet: &Fleet) -> Workload {
         writers,
         write_ms,
         backlog_txns,
+        late: Vec::new(),
     }
+}
+
+/// A third of the seeds hold the horizon once or twice, each for between half the writers'
+/// time and two seconds past it, starting in the first half.
+fn draw_horizon(rng: &mut Rng, write_ms: u64) -> Vec<Held> {
+    if !rng.chance(35) {
+        return Vec::new();
+    }
+    (0..rng.range(1, 2))
+        .map(|_| Held {
+            at_ms: rng.range(0, write_ms / 2),
+            ms: rng.range(write_ms / 2, write_ms + 2000),
+            what: match rng.range(0, 3) {
+                0 | 1 => Hold::Snapshot,
+                2 => Hold::IdleWriter,
+                _ => Hold::Prepared {
+                    commit: rng.chance(50),
+                },
+            },
+        })
+        .collect()
+}
+
+/// A third of the seeds get one to three late writers, each starting in the first third of
+/// the writers' time and committing between half of it and two seconds past it: across many
+/// claims, and (the writers going on meanwhile) after the relays' floors passed their ids.
+/// Each writes a group of its own (`late<k>`): rows of one group written by two sessions
+/// would be ordered by id, which is insert order, not commit order (docs/ordering.md).
+fn draw_late(rng: &mut Rng, write_ms: u64) -> Vec<LateWriter> {
+    if !rng.chance(35) {
+        return Vec::new();
+    }
+    (0..rng.range(1, 3))
+        .map(|k| {
+            let mut n = 0;
+            let mut rows = |rng: &mut Rng, kept: bool, lo: u64, hi: u64| -> Vec<RowSpec> {
+                (0..rng.range(lo, hi))
+                    .map(|_| {
+                        n += 1;
+                        RowSpec {
+                            // Rows that never commit are named apart: one received is a row
+                            // the relay read uncommitted, or made up.
+                            event_id: format!("{}-{k}-{n}", if kept { "late" } else { "void" }),
+                            aggregate_type: format!("a{}", k % 2),
+                            aggregate_id: format!("late{k}"),
+                            poison: None,
+                        }
+                    })
+                    .collect()
+            };
+            let what = match rng.range(0, 3) {
+                0 => {
+                    let commit = rng.chance(75);
+                    Late::Long {
+                        rows: rows(rng, commit, 1, 4),
+                        commit,
+                    }
+                }
+                1 => {
+                    let kept = rows(rng, true, 1, 3);
+                    let discarded = if rng.chance(50) {
+                        rows(rng, false, 1, 2)
+                    } else {
+                        Vec::new()
+                    };
+                    Late::Savepoint {
+                        rows: kept,
+                        discarded,
+                    }
+                }
+                2 => {
+                    let commit = rng.chance(75);
+                    Late::Prepared {
+                        rows: rows(rng, commit, 1, 3),
+                        commit,
+                    }
+                }
+                _ => Late::Cached {
+                    inserts: (0..rng.range(3, 8))
+                        .map(|_| rows(rng, true, 1, 2))
+                        .collect(),
+                },
+            };
+            LateWriter {
+                at_ms: rng.range(0, write_ms / 3),
+                ms: rng.range(write_ms / 2, write_ms + 2000),
+                what,
+            }
+        })
+        .collect()
 }
 
 impl fmt::Display for Plan {
@@ -623,7 +813,7 @@ impl fmt::Display for Plan {
         let fl = &self.fleet;
         write!(
             f,
-            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows ({} poison, backlog {}) in {} groups, {} writers | faults: {} | ops: {}",
+            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows ({} poison, backlog {}) in {} groups, {} writers | faults: {} | ops: {} | horizon: {} | late: {} | sweep {}",
             self.seed,
             self.redraw,
             self.cell(),
@@ -662,6 +852,45 @@ impl fmt::Display for Plan {
                 .map(|t| format!("{:?}@{}ms", t.what, t.at_ms))
                 .collect::<Vec<_>>()
                 .join(", "),
+            self.horizon
+                .iter()
+                .map(|h| format!("{:?}@{}ms+{}ms", h.what, h.at_ms, h.ms))
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.workload
+                .late
+                .iter()
+                .map(|w| format!("{}@{}ms+{}ms", w.what, w.at_ms, w.ms))
+                .collect::<Vec<_>>()
+                .join(", "),
+            if fl.sweep_ms == DEFAULT_SWEEP_MS {
+                "default".to_string()
+            } else {
+                format!("{}ms", fl.sweep_ms)
+            },
         )
+    }
+}
+
+impl fmt::Display for Late {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ending = |commit: bool| if commit { "commit" } else { "rollback" };
+        match self {
+            Late::Long { rows, commit } => {
+                write!(f, "Long({} rows, {})", rows.len(), ending(*commit))
+            }
+            Late::Savepoint { rows, discarded } => {
+                write!(
+                    f,
+                    "Savepoint({} rows, {} rolled back to)",
+                    rows.len(),
+                    discarded.len()
+                )
+            }
+            Late::Prepared { rows, commit } => {
+                write!(f, "Prepared({} rows, {})", rows.len(), ending(*commit))
+            }
+            Late::Cached { inserts } => write!(f, "Cached({} inserts)", inserts.len()),
+        }
     }
 }

@@ -22,6 +22,8 @@ fn plan() -> Plan {
         aggregate_id: "g1".to_string(),
         poison: None,
     };
+    plan.horizon.clear();
+    plan.workload.late.clear();
     plan.workload.writers = vec![vec![Txn {
         rows: vec![row("ev-1"), row("ev-2")],
         hold_ms: 0,
@@ -119,6 +121,16 @@ const CASES: &[Case] = &[
         "a copy without faults",
         |_, ev| ev.received.push(message(1)),
         "a seed without faults delivers every row exactly once",
+    ),
+    (
+        "a message of a row whose transaction rolled back",
+        |_, ev| {
+            let mut void = message(3);
+            void.event_id = Some("void-0-1".into());
+            void.body = r#"{"ev":"void-0-1"}"#.into();
+            ev.received.push(void);
+        },
+        "only committed rows are delivered",
     ),
     (
         "a row neither received nor quarantined",
@@ -222,7 +234,11 @@ pub fn run() -> Vec<String> {
     }
     // The same takeover is legitimate when the relay that lost the claim was faulted.
     let (plan, mut ev) = (plan(), clean());
-    (CASES[5].1)(&mut plan.clone(), &mut ev);
+    let takeover = CASES
+        .iter()
+        .find(|c| c.0 == "an attempt counted by the takeover of an unfaulted relay's claim")
+        .expect("the takeover case");
+    (takeover.1)(&mut plan.clone(), &mut ev);
     ev.faulted_hard.insert("r0".into());
     let found = check(&plan, &ev);
     if !found.is_empty() {

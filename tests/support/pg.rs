@@ -74,7 +74,8 @@ impl TestDb {
     }
 }
 
-async fn connect(url: &str) -> tokio_postgres::Client {
+/// A connection as the superuser to `url`; the connection task ends quietly when the server goes.
+pub async fn connect(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await
         .unwrap_or_else(|e| panic!("connect to test PostgreSQL: {e}"));
@@ -193,7 +194,9 @@ impl Pg {
             // fsync=off is safe against a killed server (writes reach the page cache); commits
             // stay synchronous so a restart test never loses an acknowledged row.
             .args(["-c", "fsync=off"])
-            .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"]);
+            .args(["-c", "max_connections=300", "-c", "shared_buffers=128MB"])
+            // Two-phase commits for the rows of prepared transactions (tests/horizon.rs).
+            .args(["-c", "max_prepared_transactions=20"]);
         for setting in &self.settings {
             cmd.arg("-c").arg(setting);
         }

@@ -1,7 +1,8 @@
 //! A TCP fault proxy in front of PostgreSQL: it forwards bytes both ways and, on demand, turns
 //! the connections open at that moment dark (nothing forwarded either way, no FIN, no RST: the
 //! sockets stay open, as after a lost NAT entry or a failover behind a load balancer), resets
-//! them (RST), or delays everything it forwards. Connections made after a fault work.
+//! them (RST), or delays everything it forwards, or only the server's answers. Connections
+//! made after a fault work.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,9 @@ struct Control {
     reset_below: u64,
     /// Added before each chunk is forwarded, either way.
     delay: Duration,
+    /// Added before each chunk from the server is forwarded: a statement runs (and commits)
+    /// at once, its answer comes late.
+    answer_delay: Duration,
 }
 
 impl TcpProxy {
@@ -111,6 +115,12 @@ impl TcpProxy {
     pub fn set_delay(&self, delay: Duration) {
         self.shared.control.send_modify(|c| c.delay = delay);
     }
+
+    /// Every chunk the server sends from now on waits `delay` before it is forwarded; what
+    /// the client sends goes through at once.
+    pub fn set_answer_delay(&self, delay: Duration) {
+        self.shared.control.send_modify(|c| c.answer_delay = delay);
+    }
 }
 
 impl Drop for TcpProxy {
@@ -157,8 +167,9 @@ async fn serve(mut client: TcpStream, n: u64, shared: Arc<Shared>) {
             }
             read = server.read(&mut down) => {
                 let Ok(len @ 1..) = read else { return };
-                if !c.delay.is_zero() {
-                    tokio::time::sleep(c.delay).await;
+                let delay = c.delay + c.answer_delay;
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
                 }
                 if client.write_all(&down[..len]).await.is_err() {
                     return;

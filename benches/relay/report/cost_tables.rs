@@ -62,6 +62,7 @@ impl Report {
         }
         self.own_core_table(t);
         self.rates_table(t);
+        self.horizon_table(t);
         self.wal_table(t);
         if !self.idle.is_empty() {
             let _ = writeln!(

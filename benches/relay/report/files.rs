@@ -10,6 +10,7 @@ use super::{Report, ENTRIES_PER_REQUEST};
 use crate::backlog::BacklogRun;
 use crate::drain::DrainRun;
 use crate::harm::HarmRun;
+use crate::horizon::HorizonRun;
 use crate::idle::IdleRun;
 use crate::many_tables::ManyTablesRun;
 use crate::own_core::OwnCoreRun;
@@ -59,6 +60,7 @@ impl Report {
             "harm": self.harm.iter().map(HarmRun::to_json).collect::<Vec<_>>(),
             "harm_own_core": self.own_core.as_ref().map(OwnCoreRun::to_json),
             "rates": self.rates.as_ref().map(RatesRun::to_json),
+            "horizon": self.horizon.as_ref().map(HorizonRun::to_json),
             "wal_per_event": self.wal.iter().map(WalRun::to_json).collect::<Vec<_>>(),
             "durable_drain": self.durable_drain.as_ref().map(DrainRun::to_json),
             "idle": self.idle.iter().map(IdleRun::to_json).collect::<Vec<_>>(),

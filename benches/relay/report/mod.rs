@@ -8,6 +8,7 @@
 mod cost_tables;
 mod drain_tables;
 mod files;
+mod horizon_table;
 mod rates_table;
 mod tables;
 mod verdict;
@@ -20,6 +21,7 @@ use crate::backlog::BacklogRun;
 use crate::ceiling::CeilingRun;
 use crate::drain::{Destination, DrainRun};
 use crate::harm::HarmRun;
+use crate::horizon::HorizonRun;
 use crate::idle::{IdleClusterCpu, IdleRun};
 use crate::many_tables::ManyTablesRun;
 use crate::own_core::OwnCoreRun;
@@ -57,6 +59,9 @@ pub struct Report {
     pub own_core: Option<OwnCoreRun>,
     /// Group `rates`: the relay's cost at production rates; `None` when not run or skipped.
     pub rates: Option<RatesRun>,
+    /// Group `horizon`: the relay's cost while a snapshot holds the vacuum horizon; `None`
+    /// when not run or skipped.
+    pub horizon: Option<HorizonRun>,
     /// Group `wal`: WAL and database CPU per relayed event, one run per settlement mode.
     pub wal: Vec<WalRun>,
     /// Group `wal`: the default drain on a durable cluster.
@@ -109,6 +114,7 @@ impl Report {
             harm: Vec::new(),
             own_core: None,
             rates: None,
+            horizon: None,
             wal: Vec::new(),
             durable_drain: None,
             idle: Vec::new(),

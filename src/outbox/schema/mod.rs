@@ -112,6 +112,18 @@ impl Outbox {
         keys: &[(KeyColumn, KeyIndex)],
     ) -> Result<MigrateReport, OutboxError> {
         let client = self.migration_session().await?;
+        let base = self.base.as_ref().unwrap_or(&self.table);
+        let partitioned: bool = client
+            .query_one(
+                include_str!("../../../sql/partitioned.sql"),
+                &[&base.quoted()],
+            )
+            .await
+            .map_err(super::query_err("looking up the outbox table"))?
+            .get(0);
+        if partitioned {
+            return Err(OutboxError::Partitioned(base.quoted()));
+        }
         let found = self.read_version(&client).await?;
         if found > SCHEMA_VERSION {
             return Err(OutboxError::TooNew {

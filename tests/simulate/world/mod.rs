@@ -5,6 +5,7 @@
 //! checker reads; it judges nothing itself.
 
 mod faults;
+mod horizon;
 mod observe;
 mod workload;
 
@@ -94,6 +95,10 @@ pub struct Evidence {
     pub sqs_errors: bool,
     /// Exit status and last line of each relay that stopped on its own.
     pub exits: Vec<String>,
+    /// With late writers: their rows that committed, and how many of those committed below
+    /// an id already sent then (where a relay's floor had likely passed them: its sweep's
+    /// work). Said, not judged.
+    pub late_rows: Option<(i64, i64)>,
 }
 
 pub enum Run {
@@ -262,6 +267,7 @@ pub async fn run(plan: &Plan, cluster: &PrivatePg) -> Run {
     let result = run_in(plan, cluster, &db).await;
     // A long `--minutes` run would otherwise fill the disk with finished seeds' databases.
     if let Some(admin) = own_session(&cluster.admin_url()).await {
+        horizon::roll_back_left_behind(&admin, &db.name).await;
         let _ = admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
             .await;
@@ -311,6 +317,16 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         ))
         .await
         .expect("install the trigger log");
+    admin
+        .batch_execute(horizon::SETUP_SQL)
+        .await
+        .expect("create sim.scratch");
+    if plan.workload.cached_ids() {
+        admin
+            .batch_execute(horizon::CACHE_SQL)
+            .await
+            .expect("cache the outbox's ids");
+    }
 
     // Destinations, all behind one fault proxy.
     let sqs_proxy = FaultProxy::start(sqs().endpoint());
@@ -383,6 +399,10 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         .map(|i| flags.iter().cloned().chain(plan.run_flags(i)).collect())
         .collect();
     let flags = flags_of[0].clone();
+    let mut primed = Vec::new();
+    for w in &plan.workload.late {
+        primed.push(horizon::prime(w, &db.url).await);
+    }
     let backlog = plan.workload.backlog_txns;
     if backlog > 0 {
         futures_util::future::join_all(plan.workload.writers.iter().map(|txns| {
@@ -473,17 +493,32 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             .iter()
             .map(|t| operate(*t, start, &admin_url, table)),
     );
+    let held = futures_util::future::join_all(
+        plan.horizon
+            .iter()
+            .enumerate()
+            .map(|(n, h)| horizon::hold(*h, start, &db.url, horizon::gid(&db.name, "hold", n))),
+    );
+    let late =
+        futures_util::future::join_all(plan.workload.late.iter().zip(primed).enumerate().map(
+            |(n, (w, session))| {
+                let gid = horizon::gid(&db.name, "late", n);
+                horizon::write_late(w.clone(), start, &db.url, gid, session)
+            },
+        ));
     let checker_url = db.url.clone();
     let supervising = std::sync::atomic::AtomicBool::new(false);
     let restarts = Mutex::new(Vec::new());
     let (checker, is_settled) = {
         let work = async {
-            tokio::join!(writers, faults, ops);
+            tokio::join!(writers, faults, ops, held, late);
             let checker =
                 own_session_retrying(&checker_url, Instant::now() + Duration::from_secs(60))
                     .await
                     .expect("connect to check");
-            let deadline = Instant::now() + SETTLE_TIMEOUT;
+            // Rows that committed late below a relay's floor wait for its next sweep.
+            let deadline =
+                Instant::now() + SETTLE_TIMEOUT + 2 * Duration::from_millis(plan.fleet.sweep_ms);
             let mut is_settled = false;
             while Instant::now() < deadline {
                 if settled(&checker).await {
@@ -559,6 +594,11 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     }
 
     let changes = history::read_log(&checker).await;
+    let late_rows = if plan.workload.late.is_empty() {
+        None
+    } else {
+        history::late_below(&checker).await
+    };
     let rows = history::read_rows(&checker, "public.outbox").await;
     let route_of = |aggregate_type: &str| {
         routes
@@ -568,12 +608,10 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     };
     let mut types = HashMap::new();
     let mut poison = HashMap::new();
-    for txn in plan.workload.writers.iter().flatten() {
-        for row in &txn.rows {
-            types.insert(row.event_id.clone(), row.aggregate_type.clone());
-            if let Some(p) = row.poison {
-                poison.insert(row.event_id.clone(), p);
-            }
+    for row in plan.workload.specs() {
+        types.insert(row.event_id.clone(), row.aggregate_type.clone());
+        if let Some(p) = row.poison {
+            poison.insert(row.event_id.clone(), p);
         }
     }
     let mut sent_to: HashMap<String, HashSet<String>> = HashMap::new();
@@ -624,5 +662,6 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         settled: is_settled,
         sqs_errors: marks.sqs_errors,
         exits,
+        late_rows,
     }))
 }

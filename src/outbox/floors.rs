@@ -1,0 +1,158 @@
+//! Where a relay's scans of one table start, so that they seek past what settled rows left
+//! behind instead of walking it (docs/guarantees.md, "Seek, never walk").
+//!
+//! A settled row's index entries stay until VACUUM removes them, and while anything holds the
+//! vacuum horizon back (a `pg_dump`, a report, a standby's feedback) nothing can remove them,
+//! nor even mark them dead for the scans that pass over them. A scan from the start of the
+//! unsent index then reads every row settled since the horizon was taken: a claim that cost
+//! 0.1 ms costs tens of milliseconds after minutes, and more each minute. Each relay keeps two
+//! floors per table and starts its scans there:
+//!
+//! - **rows**: no unsent row it can see has a smaller id. Raised by each claim that took rows,
+//!   and by the statistics pass (every `--stats-interval`), to the lowest unsent id at or above
+//!   it, which a seek finds. A row that
+//!   commits late below it (a long transaction, a prepared one, ids a session cached from a
+//!   sequence) is found by the *sweep*, the one statement that still reads from the start of
+//!   the index, every `--sweep-interval`: it lowers the floor to that row. The sweep is the
+//!   safety net: between two sweeps a late row waits, never longer.
+//! - **claims**: no live claim in the lease table has a smaller token. Claims are inserted
+//!   one at a time under the claim lock, so tokens only grow; each claim reports the lowest
+//!   live token it saw (its own included), and the next claim reads the lease table from
+//!   there. Nothing needs a sweep: a claim with a smaller token cannot appear later.
+//!
+//! Both are lower bounds: a stale one costs a longer scan, never a missed row. Each relay keeps
+//! its own; replicas need not agree.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// One table's floors, shared by a relay's connections to it.
+#[derive(Debug, Default)]
+pub struct Floors {
+    /// No unsent row below this id, but rows that committed since the last sweep.
+    rows: AtomicI64,
+    /// No live claim below this token.
+    claims: AtomicI64,
+    /// The highest id this relay has claimed: a statistics pass that finds no unsent row at or
+    /// above the floor raises it past this (every row up to it was seen settled).
+    claimed: AtomicI64,
+}
+
+/// What a claim or a statistics pass read before its statement ran; the floor moves only from
+/// there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub rows: i64,
+    pub claimed: i64,
+}
+
+impl Floors {
+    /// Where claims, the idle look and the statistics start in the outbox.
+    pub fn rows(&self) -> i64 {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    /// Where claims and the idle look start in the lease table.
+    pub fn claims(&self) -> i64 {
+        self.claims.load(Ordering::Relaxed)
+    }
+
+    /// What a claim or a statistics pass starts from; read before its statement.
+    pub fn reading(&self) -> Reading {
+        Reading {
+            claimed: self.claimed.load(Ordering::Relaxed),
+            rows: self.rows(),
+        }
+    }
+
+    /// A claim took rows up to `highest_id` and saw no live claim below `live_from`.
+    pub fn claimed(&self, highest_id: Option<i64>, live_from: Option<i64>) {
+        if let Some(id) = highest_id {
+            self.claimed.fetch_max(id, Ordering::Relaxed);
+        }
+        if let Some(token) = live_from {
+            self.claims.fetch_max(token, Ordering::Relaxed);
+        }
+    }
+
+    /// A claim or a statistics pass that started from `read` found `lowest` to be the lowest
+    /// unsent id at or above the floor. A sweep that lowered the floor meanwhile wins: the
+    /// answer is about rows above where the sweep found one.
+    pub fn raise(&self, read: Reading, lowest: Option<i64>) {
+        let next = raised(read, lowest);
+        if next > read.rows {
+            let _ =
+                self.rows
+                    .compare_exchange(read.rows, next, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// A sweep found `found`, the lowest unsent id below the floor it was given (a row that
+    /// committed late), or the relay made rows unsent again (unparked): the floor goes down to
+    /// it.
+    pub fn lower(&self, found: Option<i64>) {
+        if let Some(id) = found {
+            self.rows.fetch_min(id, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The rows' floor after a statistics pass from `read` that found `lowest`: that row, or with
+/// no unsent row at or above the floor, past every row this relay had claimed before the pass
+/// (each was seen settled by it). Never lower than it was.
+pub fn raised(read: Reading, lowest: Option<i64>) -> i64 {
+    match lowest {
+        Some(id) => id.max(read.rows),
+        None => read.rows.max(read.claimed.saturating_add(1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_rises_to_the_lowest_unsent_row_and_never_falls_by_statistics() {
+        let read = Reading {
+            rows: 10,
+            claimed: 50,
+        };
+        assert_eq!(raised(read, Some(42)), 42);
+        assert_eq!(
+            raised(read, Some(3)),
+            10,
+            "statistics never lower the floor"
+        );
+        assert_eq!(raised(read, None), 51, "past every row claimed");
+        let idle = Reading {
+            rows: 80,
+            claimed: 50,
+        };
+        assert_eq!(raised(idle, None), 80);
+    }
+
+    #[test]
+    fn a_sweep_that_found_a_late_row_wins_over_a_pass_that_read_the_floor_before_it() {
+        let f = Floors::default();
+        f.raise(f.reading(), Some(100));
+        assert_eq!(f.rows(), 100);
+        let read = f.reading();
+        f.lower(Some(7));
+        f.raise(read, Some(120));
+        assert_eq!(f.rows(), 7, "the late row stays reachable");
+        f.raise(f.reading(), Some(7));
+        assert_eq!(f.rows(), 7);
+        f.lower(None);
+        assert_eq!(f.rows(), 7);
+    }
+
+    #[test]
+    fn claims_raise_their_floors_only() {
+        let f = Floors::default();
+        f.claimed(Some(30), Some(5));
+        f.claimed(Some(20), Some(3));
+        assert_eq!(f.claims(), 5);
+        assert_eq!(f.reading().claimed, 30);
+        f.claimed(None, None);
+        assert_eq!(f.claims(), 5);
+    }
+}

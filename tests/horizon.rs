@@ -1,0 +1,422 @@
+//! Cost that follows the work, not the history (docs/guarantees.md, "Seek, never walk").
+//!
+//! While anything holds the vacuum horizon back, the index entries of settled rows and claims
+//! stay, unremovable and unmarkable. The relay's claims, looks and statistics start at its
+//! floors (src/outbox/floors.rs) and so read what is there now, not what was settled since the
+//! horizon was taken; measured here in buffers, beside the same statement from the start of the
+//! index, which must read the history (so the test can tell the two apart).
+//!
+//! And the floors must never lose a row that commits late below them: a transaction open
+//! across many claims, a row under a released savepoint, a prepared transaction, ids a session
+//! cached from the sequence. Each is delivered by the sweep; with the sweep out of the way
+//! (`--sweep-interval 1h`) each of these tests fails, the late row never sent.
+
+use std::time::Duration;
+
+use outbox_relay::outbox::{ClaimRequest, Outbox, PLANS};
+
+use crate::scenario::{count, events, insert, migrated_db, run_args, set_arg, wait_count};
+use crate::support::pg::PrivatePg;
+use crate::support::{create_queue, sqs, RelayProcess, TestDb};
+
+/// Buffers (shared, hit or read) the statement `sql` touched, run with `params` (SQL
+/// literals) under the relay's planner settings, inside a transaction that is rolled back.
+async fn buffers(client: &tokio_postgres::Client, sql: &str, params: &[String]) -> i64 {
+    client.batch_execute(PLANS).await.unwrap();
+    client.batch_execute("BEGIN").await.unwrap();
+    client
+        .batch_execute(&format!("PREPARE measured AS {sql}"))
+        .await
+        .unwrap();
+    let explain = format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE measured({})",
+        params.join(", ")
+    );
+    let row = client.query_one(&explain, &[]).await.unwrap();
+    client.batch_execute("ROLLBACK").await.unwrap();
+    client.batch_execute("DEALLOCATE ALL").await.unwrap();
+    let plan: serde_json::Value = row.get(0);
+    let top = &plan[0]["Plan"];
+    top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
+}
+
+/// The relay's statement named `name`, as its session prepares it.
+fn statement(outbox: &Outbox, name: &str) -> String {
+    outbox
+        .relay_statements()
+        .into_iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no statement {name}"))
+        .sql
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_looks_and_statistics_seek_past_what_a_held_horizon_keeps() {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    // What pg_dump does: one read-only snapshot, no transaction id, held open.
+    let dump = db.client().await;
+    dump.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
+        .await
+        .unwrap();
+    // 5,000 rows sent and settled (deleted) while the snapshot is held, and 500 claims
+    // made and settled: their entries stay.
+    insert(&app, &events("settled", 5_000, 50), Duration::ZERO).await;
+    app.batch_execute("DELETE FROM outbox").await.unwrap();
+    app.batch_execute(
+        "INSERT INTO outbox_claims (owner, until, ids) \
+         SELECT 'gone', now() + interval '1 hour', ARRAY[g::bigint] FROM generate_series(1, 500) AS g; \
+         DELETE FROM outbox_claims",
+    )
+    .await
+    .unwrap();
+    assert_claims_and_looks_seek(&db, 5_000, 500).await;
+    dump.batch_execute("COMMIT").await.unwrap();
+}
+
+/// A standby with `hot_standby_feedback = on` running a long query holds the primary's horizon
+/// as a snapshot on the primary would: the relay delivers 3,000 rows meanwhile, and what it
+/// left behind costs its claims and looks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standbys_long_query_under_hot_standby_feedback_costs_the_claims_nothing() {
+    let primary = PrivatePg::start_with(&["hot_standby_feedback=on"]).await;
+    let db = primary.create_db().await;
+    crate::scenario::migrate(&db, "outbox").await;
+    let standby = primary.standby().await;
+    let report = crate::support::pg::connect(&standby.url(&db.name)).await;
+    let admin = db.client().await;
+    crate::support::wait_until("the standby streams", Duration::from_secs(30), || async {
+        report
+            .query_one("SELECT count(*) FROM outbox", &[])
+            .await
+            .is_ok()
+    })
+    .await;
+    report
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox")
+        .await
+        .unwrap();
+    crate::support::wait_until(
+        "the standby's feedback holds the primary's horizon",
+        Duration::from_secs(30),
+        || async {
+            admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_replication WHERE backend_xmin IS NOT NULL",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        },
+    )
+    .await;
+    let queue = create_queue("horizon-standby", &[]).await;
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    for batch in 0..30 {
+        insert(
+            &admin,
+            &events(&format!("standby-{batch}"), 100, 20),
+            Duration::ZERO,
+        )
+        .await;
+    }
+    wait_count(
+        &admin,
+        "sent_at IS NOT NULL",
+        3_000,
+        Duration::from_secs(60),
+    )
+    .await;
+    relay.sigterm();
+    relay.wait_exit(Duration::from_secs(30)).await;
+    // The horizon is held: VACUUM removes none of the 3,000 sent rows' old versions.
+    admin.batch_execute("VACUUM outbox").await.unwrap();
+    let dead: i64 = admin
+        .query_one(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'outbox'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        dead >= 2_900,
+        "the standby's feedback holds {dead} dead rows"
+    );
+    assert_claims_and_looks_seek(&db, 3_000, 1).await;
+    report.batch_execute("COMMIT").await.unwrap();
+}
+
+/// Three rows wait behind `settled_rows` rows (and `settled_claims` claims) settled under a
+/// held horizon. A relay's floors, raised by its statistics and a claim of one row, let its
+/// claim, probe and statistics read a few buffers, where the same statements from the start of
+/// the indexes read the settled rows' pages: measured side by side.
+async fn assert_claims_and_looks_seek(db: &TestDb, settled_rows: i64, settled_claims: i64) {
+    let app = db.client().await;
+    insert(&app, &events("waiting", 3, 3), Duration::ZERO).await;
+    let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let session = outbox.connect().await.unwrap();
+    // The statistics raise the rows' floor to the first waiting row; a claim of one row
+    // raises the claims' floor to its own claim, past the settled ones.
+    let stats = session.stats().await.unwrap();
+    assert_eq!(stats.unsent, 3);
+    let claimed = session
+        .claim(&ClaimRequest {
+            limit: 1,
+            owner: "horizon".into(),
+            lease: Duration::from_secs(60),
+            budget_bytes: i64::MAX,
+            cursor: None,
+            catching_up: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.rows.len(), 1);
+    let (floor, claims_floor) = (outbox.floors().rows(), outbox.floors().claims());
+    assert!(
+        floor > settled_rows,
+        "the rows' floor is past the settled rows: {floor}"
+    );
+    assert!(
+        claims_floor > settled_claims,
+        "the claims' floor is past the settled claims: {claims_floor}"
+    );
+
+    let measure = db.client().await;
+    let probe = statement(&outbox, "probe");
+    let stats_sql = statement(&outbox, "stats");
+    let claim = statement(&outbox, "claim");
+    let claim_params = |floor: i64, claims_floor: i64| {
+        [
+            "10",
+            "'horizon'",
+            "60",
+            "1000000",
+            &floor.to_string(),
+            "1000000",
+            "100",
+            &claims_floor.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let cases = [
+        (
+            "probe",
+            buffers(
+                &measure,
+                &probe,
+                &[floor.to_string(), claims_floor.to_string()],
+            )
+            .await,
+            buffers(&measure, &probe, &["0".into(), "0".into()]).await,
+        ),
+        (
+            "stats",
+            buffers(&measure, &stats_sql, &["10000".into(), floor.to_string()]).await,
+            buffers(&measure, &stats_sql, &["10000".into(), "0".into()]).await,
+        ),
+        (
+            "claim",
+            buffers(&measure, &claim, &claim_params(floor, claims_floor)).await,
+            buffers(&measure, &claim, &claim_params(0, 0)).await,
+        ),
+    ];
+    for (name, from_floors, from_start) in cases {
+        println!("{name}: {from_floors} buffers from the floors, {from_start} from the start");
+        // From the start, the statement reads the pages of the settled rows (about a
+        // hundred); from the floors, a few index pages and the waiting rows'.
+        assert!(
+            from_start >= 60,
+            "{name}: from the start of the index it should read the settled rows' pages: {from_start} buffers"
+        );
+        assert!(
+            from_floors * 5 < from_start && from_floors <= 40,
+            "{name}: from the floors it read {from_floors} buffers, from the start {from_start}"
+        );
+    }
+}
+
+/// How a row comes to commit late, below ids the relay has already sent.
+#[derive(Clone, Copy, Debug)]
+enum Late {
+    /// A transaction that inserts its row and stays open across many claims.
+    OpenTransaction,
+    /// The row inserted under a savepoint released long before the commit.
+    ReleasedSavepoint,
+    /// A two-phase transaction, prepared, then committed later.
+    Prepared,
+    /// A session that cached 50 ids of the sequence inserts again after others were sent.
+    CachedSequence,
+}
+
+/// Writes the late row `late-0` on `late` without committing it, or (cached ids) commits a
+/// first row and takes the sequence's next ids into the session's cache.
+async fn start_late(late: &tokio_postgres::Client, kind: Late) {
+    let row = "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('late-0', 'order', 'late', 'order.late', '{\"late\":true}')";
+    match kind {
+        Late::OpenTransaction | Late::Prepared => {
+            late.batch_execute(&format!("BEGIN; {row}")).await.unwrap();
+        }
+        Late::ReleasedSavepoint => {
+            late.batch_execute(&format!("BEGIN; SAVEPOINT s; {row}; RELEASE SAVEPOINT s"))
+                .await
+                .unwrap();
+        }
+        Late::CachedSequence => {
+            late.batch_execute(
+                "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('late-first', 'order', 'late', 'order.late', '{}')",
+            )
+            .await
+            .unwrap();
+        }
+    }
+    if let Late::Prepared = kind {
+        late.batch_execute("PREPARE TRANSACTION 'outbox-late-row'")
+            .await
+            .unwrap();
+    }
+}
+
+/// Commits the late row: it is now below the ids the relay sent meanwhile.
+async fn commit_late(late: &tokio_postgres::Client, kind: Late) {
+    match kind {
+        Late::OpenTransaction | Late::ReleasedSavepoint => {
+            late.batch_execute("COMMIT").await.unwrap()
+        }
+        Late::Prepared => late
+            .batch_execute("COMMIT PREPARED 'outbox-late-row'")
+            .await
+            .unwrap(),
+        Late::CachedSequence => late
+            .batch_execute(
+                "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('late-0', 'order', 'late', 'order.late', '{\"late\":true}')",
+            )
+            .await
+            .unwrap(),
+    }
+}
+
+/// A relay sends 60 rows written after the late row began; once its floor has passed the late
+/// row's id, the late row commits, and must be sent.
+async fn a_late_row_is_delivered(kind: Late) {
+    let db: TestDb = migrated_db().await;
+    let app = db.client().await;
+    if let Late::CachedSequence = kind {
+        app.batch_execute("ALTER TABLE outbox ALTER COLUMN id SET CACHE 50")
+            .await
+            .unwrap();
+    }
+    let queue = create_queue("late", &[]).await;
+    let mut args = run_args(&db, &queue, sqs().endpoint(), &[]);
+    set_arg(&mut args, "--sweep-interval", "1s");
+    let relay = RelayProcess::spawn(&args, &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    let late = db.client().await;
+    start_late(&late, kind).await;
+    for batch in 0..6 {
+        insert(
+            &app,
+            &events(&format!("on-time-{batch}"), 10, 5),
+            Duration::ZERO,
+        )
+        .await;
+    }
+    wait_count(
+        &app,
+        "event_id LIKE 'on-time-%' AND sent_at IS NOT NULL",
+        60,
+        Duration::from_secs(30),
+    )
+    .await;
+    // Statistics every 200 ms: several passes, so the floor is past every row sent.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    commit_late(&late, kind).await;
+    let late_id: i64 = app
+        .query_one("SELECT id FROM outbox WHERE event_id = 'late-0'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let sent_after: i64 = app
+        .query_one(
+            "SELECT count(*) FROM outbox WHERE id > $1 AND sent_at IS NOT NULL",
+            &[&late_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        sent_after >= 50,
+        "{kind:?}: the late row's id {late_id} is below the rows sent before it ({sent_after})"
+    );
+    crate::support::wait_until(
+        &format!("{kind:?}: the late row sent"),
+        Duration::from_secs(30),
+        || async { count(&app, "event_id = 'late-0' AND sent_at IS NOT NULL").await == 1 },
+    )
+    .await;
+    assert_eq!(
+        count(&app, "sent_at IS NULL").await,
+        0,
+        "{}",
+        relay.output()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_of_a_transaction_open_across_many_claims_is_sent_when_it_commits() {
+    a_late_row_is_delivered(Late::OpenTransaction).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_under_a_savepoint_released_before_the_commit_is_sent() {
+    a_late_row_is_delivered(Late::ReleasedSavepoint).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_of_a_prepared_transaction_is_sent_once_committed() {
+    a_late_row_is_delivered(Late::Prepared).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_a_session_cached_from_the_sequence_below_rows_already_sent_is_sent() {
+    a_late_row_is_delivered(Late::CachedSequence).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writing_transaction_held_open_holds_back_no_other_row_and_its_rollback_nothing() {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    let queue = create_queue("late-rollback", &[]).await;
+    let mut args = run_args(&db, &queue, sqs().endpoint(), &[]);
+    set_arg(&mut args, "--sweep-interval", "1s");
+    let relay = RelayProcess::spawn(&args, &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    let open = db.client().await;
+    open.batch_execute(
+        "BEGIN; INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('rolled-back', 'order', 'x', 'order.x', '{}')",
+    )
+    .await
+    .unwrap();
+    insert(&app, &events("beside", 30, 3), Duration::ZERO).await;
+    // Every other row goes while the writing transaction is open.
+    wait_count(&app, "sent_at IS NOT NULL", 30, Duration::from_secs(30)).await;
+    open.batch_execute("ROLLBACK").await.unwrap();
+    insert(&app, &events("after", 10, 3), Duration::ZERO).await;
+    wait_count(&app, "sent_at IS NOT NULL", 40, Duration::from_secs(30)).await;
+    assert_eq!(count(&app, "event_id = 'rolled-back'").await, 0);
+    assert_eq!(
+        count(&app, "sent_at IS NULL").await,
+        0,
+        "{}",
+        relay.output()
+    );
+}

@@ -1,0 +1,276 @@
+//! Settlements that change nothing (docs/operations.md, "Triggers and rules"): a trigger that
+//! keeps the row, a rule that does something else instead. The relay sent the rows and settled
+//! them under its claim; if the settlement left them unsent they would be claimed and sent
+//! again, for ever (84 copies of one event in 20 s before this was caught). The relay stops
+//! claiming instead, names the cause, and loses nothing: each event reaches SQS once.
+
+use std::time::Duration;
+
+use crate::scenario::{copies, count, events, insert, migrated_db, relay_command, run_args};
+use crate::support::{create_queue, receive_all, sqs, RelayProcess};
+
+/// With `setup` applied to a migrated table and the relay run with `retention` (`None`: its
+/// default, delete on acknowledgement), 30 rows are written: the relay sends some, finds its
+/// settlement undone, and stops with a line naming `cause`.
+async fn undone_settlements_stop_claims(setup: &str, retention: Option<&str>, cause: &str) {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    app.batch_execute(setup).await.unwrap();
+    let queue = create_queue("undone", &[]).await;
+    let mut args = run_args(&db, &queue, sqs().endpoint(), &[]);
+    let at = args.iter().position(|a| a == "--retention").unwrap();
+    match retention {
+        Some(r) => args[at + 1] = r.to_string(),
+        None => {
+            args.drain(at..at + 2);
+        }
+    }
+    let relay = RelayProcess::spawn(&args, &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    insert(&app, &events("undone", 30, 3), Duration::ZERO).await;
+    let line = relay
+        .wait_for_line("claims stopped so that", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("no line about the undone settlement:\n{}", relay.output()));
+    assert!(line.contains(cause), "{line}");
+    assert!(line.contains("outbox"), "{line}");
+    assert_eq!(relay.http_status("/readyz").await, 503);
+    // The gauge the alert OutboxSettlementsUndone reads names the table.
+    assert_eq!(
+        relay.metric("outbox_table_blocked{table=\"outbox\"}").await,
+        Some(1.0)
+    );
+    // Whatever was sent, at most once more than it should have been (a claim may have taken
+    // the rows in the moment between the settlement and the stop); the relay keeps running
+    // and claims nothing more.
+    let received = receive_all(&queue, 1, Duration::from_secs(10)).await;
+    assert!(!received.is_empty());
+    let over = copies(&received)
+        .into_iter()
+        .filter(|(_, n)| *n > 2)
+        .collect::<Vec<_>>();
+    assert!(over.is_empty(), "events sent more than twice: {over:?}");
+    assert!(relay.wait_exit(Duration::from_millis(100)).await.is_none());
+    // Nothing lost: every row is still there, unsent.
+    assert_eq!(count(&app, "sent_at IS NULL").await, 30);
+    // `status` shows why: the relay registered as not claiming (at its next renewal), and the
+    // table's trigger marked as one that can undo settlements.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let output = relay_command(&["status", "--json", "--database-url", &db.url]).await;
+        let json = output.lines().find(|l| l.starts_with('{')).unwrap_or("");
+        let status: serde_json::Value = serde_json::from_str(json)
+            .unwrap_or_else(|e| panic!("status --json is not JSON ({e}): {output}"));
+        let claiming = status["relays"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["claiming"] == true));
+        if !claiming || std::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let relays = status["relays"].as_array().expect("relays");
+    assert_eq!(relays.len(), 1, "{status}");
+    assert_eq!(relays[0]["claiming"], false, "{status}");
+    let undoing: Vec<&str> = status["triggers"]
+        .as_array()
+        .expect("triggers")
+        .iter()
+        .filter(|t| t["undoes"] == true)
+        .filter_map(|t| t["what"].as_str())
+        .collect();
+    assert!(undoing.iter().any(|w| w.contains(cause)), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_before_delete_trigger_that_keeps_the_rows_stops_claims_after_one_copy() {
+    undone_settlements_stop_claims(
+        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER keep_rows BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
+        None,
+        "trigger keep_rows (BEFORE DELETE",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_before_update_trigger_that_keeps_the_rows_stops_claims_under_retention() {
+    undone_settlements_stop_claims(
+        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
+        Some("1h"),
+        "trigger keep_rows (BEFORE UPDATE",
+    )
+    .await;
+}
+
+/// A rule that rewrites the DELETE cannot serve a settlement at all (PostgreSQL refuses it in
+/// the settlement's WITH): the relay refuses to start, naming the rule, rather than asking for a
+/// migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_that_does_something_else_instead_of_the_delete_is_named_at_start() {
+    let db = migrated_db().await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE outbox_deleted (id bigint); \
+             CREATE RULE keep_rows AS ON DELETE TO outbox DO INSTEAD INSERT INTO outbox_deleted VALUES (old.id)",
+        )
+        .await
+        .unwrap();
+    let queue = create_queue("undone-rule", &[]).await;
+    let mut args = run_args(&db, &queue, sqs().endpoint(), &[]);
+    let at = args.iter().position(|a| a == "--retention").unwrap();
+    args.drain(at..at + 2);
+    let relay = RelayProcess::spawn(&args, &[]);
+    let status = relay
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("the relay refuses to start");
+    assert!(!status.success());
+    let output = relay.output();
+    assert!(
+        output.contains("rule keep_rows (ON DELETE DO INSTEAD)")
+            && !output.contains("run `outbox-relay migrate`"),
+        "{output}"
+    );
+    // `check` names it too, and passes a trigger that only adds work, saying so.
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION audit_copy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN OLD; END $$; \
+             CREATE TRIGGER audit AFTER DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION audit_copy()",
+        )
+        .await
+        .unwrap();
+    let mut check = args.clone();
+    check[0] = "check".into();
+    let (status, output) = crate::support::run_to_end(&check, &[], Duration::from_secs(30)).await;
+    assert!(!status.success(), "{output}");
+    let failed: Vec<&str> = output
+        .lines()
+        .filter(|l| l.starts_with("FAIL triggers and rules"))
+        .collect();
+    assert!(
+        failed.len() == 1 && failed[0].contains("rule keep_rows") && !failed[0].contains("audit"),
+        "{output}"
+    );
+    db.client()
+        .await
+        .batch_execute("DROP RULE keep_rows ON outbox")
+        .await
+        .unwrap();
+    let (_, output) = crate::support::run_to_end(&check, &[], Duration::from_secs(30)).await;
+    let line = output
+        .lines()
+        .find(|l| l.starts_with("ok   triggers and rules"))
+        .unwrap_or_else(|| panic!("{output}"));
+    assert!(
+        line.contains("trigger audit (AFTER DELETE FOR EACH ROW")
+            && line.contains("its work is added to each event"),
+        "{line}"
+    );
+}
+
+/// A partitioned outbox (range on `created_at`, the usual way to drop old events) is refused by
+/// `migrate`, `check` and `run` alike, in one line that names partitioning and what to do,
+/// rather than with PostgreSQL's own words about concurrent indexes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_outbox_is_refused_in_one_line_by_migrate_check_and_run() {
+    let db = crate::support::fresh_db().await;
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE outbox (
+                 id bigint GENERATED ALWAYS AS IDENTITY,
+                 event_id text NOT NULL,
+                 aggregate_type text NOT NULL,
+                 aggregate_id text NOT NULL,
+                 event_type text NOT NULL,
+                 payload jsonb NOT NULL,
+                 headers jsonb NOT NULL DEFAULT '{}',
+                 created_at timestamptz NOT NULL DEFAULT now(),
+                 PRIMARY KEY (id, created_at)
+             ) PARTITION BY RANGE (created_at);
+             CREATE TABLE outbox_2026 PARTITION OF outbox
+                 FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
+        )
+        .await
+        .unwrap();
+    let queue = create_queue("partitioned", &[]).await;
+    let run = run_args(&db, &queue, sqs().endpoint(), &[]);
+    let mut check = run.clone();
+    check[0] = "check".into();
+    for command in [
+        crate::scenario::args(&["migrate", "--database-url", &db.url]),
+        check,
+        run,
+    ] {
+        let (status, output) =
+            crate::support::run_to_end(&command, &[], Duration::from_secs(30)).await;
+        assert!(!status.success(), "{} succeeded: {output}", command[0]);
+        assert!(
+            output.contains("is partitioned, which the relay does not serve")
+                && !output.contains("concurrently"),
+            "{}: {output}",
+            command[0]
+        );
+    }
+}
+
+/// Several relays: each meets the undone settlement on its own claims and stops, so each event
+/// is sent at most once more per relay, and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_relays_each_stop_and_no_event_is_sent_more_than_once_more_per_relay() {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    app.batch_execute(
+        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
+    )
+    .await
+    .unwrap();
+    let queue = create_queue("undone-three", &[]).await;
+    let relays: Vec<RelayProcess> = (0..3)
+        .map(|i| {
+            let id = format!("undone-{i}");
+            RelayProcess::spawn_named(
+                &id,
+                &run_args(&db, &queue, sqs().endpoint(), &["--relay-id", &id]),
+                &[],
+            )
+        })
+        .collect();
+    for relay in &relays {
+        relay.metrics_addr(Duration::from_secs(30)).await;
+    }
+    insert(&app, &events("undone-three", 60, 6), Duration::ZERO).await;
+    // A relay whose claims all came back empty before the others stopped never meets the
+    // undone settlement; every relay that settled something stops.
+    let stopped_one = relays[0]
+        .wait_for_line("claims stopped so that", Duration::from_secs(30))
+        .await
+        .or(relays[1]
+            .wait_for_line("claims stopped so that", Duration::from_secs(5))
+            .await)
+        .or(relays[2]
+            .wait_for_line("claims stopped so that", Duration::from_secs(5))
+            .await);
+    assert!(stopped_one.is_some(), "no relay stopped");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let received = receive_all(&queue, 1, Duration::from_secs(10)).await;
+    let most = copies(&received).into_values().max().unwrap_or(0);
+    assert!(most >= 1);
+    assert!(most <= 1 + relays.len(), "an event was sent {most} times");
+    for relay in &relays {
+        let sent_something = relay.output().contains("claims stopped so that");
+        let blocked = relay.metric("outbox_table_blocked{table=\"outbox\"}").await;
+        assert_eq!(
+            blocked,
+            Some(if sent_something { 1.0 } else { 0.0 }),
+            "{}: the gauge is set exactly when claims stopped",
+            relay.name()
+        );
+    }
+    assert_eq!(count(&app, "sent_at IS NULL").await, 60);
+}
