@@ -531,12 +531,18 @@ async fn three_replicas_of_several_tables_keep_each_groups_order_through_kill_9_
         tenant(&db, t).await;
     }
     let (groups, per_group) = (10, 40);
-    let mut total = 0;
+    // Each table's events come in two waves, the second written after the first kill, so
+    // that the second kill finds rows still to send however fast the first wave drains.
+    let mut first_wave = 0;
+    let mut second_waves = Vec::new();
     for t in tables {
-        let written = tenant_events(t, groups * per_group, groups);
-        total += written.len();
+        let mut written = tenant_events(t, groups * per_group, groups);
+        let second = written.split_off(written.len() / 2);
+        first_wave += written.len();
         write(&db, t, &written).await;
+        second_waves.push((t, second));
     }
+    let total = first_wave + second_waves.iter().map(|(_, w)| w.len()).sum::<usize>();
     let queue = create_queue("many-order.fifo", &[]).await;
     let proxy = crate::support::FaultProxy::start(sqs().endpoint());
     // Two batches reach SQS and their answers are lost: resent, deduplicated by event_id.
@@ -558,20 +564,31 @@ async fn three_replicas_of_several_tables_keep_each_groups_order_through_kill_9_
         for t in tables {
             sent += count_in(&db, t, "sent_at IS NOT NULL").await;
         }
-        if sent == total as i64 {
+        if sent == total as i64 && kills == 2 {
             break;
         }
         assert!(
             started.elapsed() < Duration::from_secs(180),
             "not drained in time: {sent} of {total}"
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        if kills < 2 && sent > 0 {
+        // The first kill once the first wave flows, the second once the second wave does.
+        let due = match kills {
+            0 => sent > 0,
+            1 => sent > first_wave as i64,
+            _ => false,
+        };
+        if due {
             let victim = kills % relays.len();
             relays[victim].kill9();
             kills += 1;
             relays[victim] = replica(format!("m{victim}-{kills}"));
+            if kills == 1 {
+                for (t, wave) in &second_waves {
+                    write(&db, t, wave).await;
+                }
+            }
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     drop(relays);
     let received = receive_all(&queue, total, Duration::from_secs(60)).await;
