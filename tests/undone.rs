@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use crate::scenario::{copies, count, events, insert, migrated_db, relay_command, run_args};
+use crate::scenario::{
+    copies, count, events, insert, migrated_db, relay_command, run_args, wait_count,
+};
 use crate::support::{create_queue, receive_all, sqs, RelayProcess};
 
 /// With `setup` applied to a migrated table and the relay run with `retention` (`None`: its
@@ -102,6 +104,50 @@ async fn a_before_update_trigger_that_keeps_the_rows_stops_claims_under_retentio
         "trigger keep_rows (BEFORE UPDATE",
     )
     .await;
+}
+
+/// A `DO INSTEAD NOTHING` rule created while the relay runs: PostgreSQL then refuses the
+/// relay's own `UPDATE ... RETURNING` (SQLSTATE 0A000) on every settlement. The relay stopped
+/// for nothing before this was caught: it retried each settlement until its lease ended and
+/// logged a warning per retry (found by the simulation, seed 47). It names the rule once,
+/// stops claiming, and every row it could not settle stays unsent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_created_while_the_relay_runs_stops_claims_with_one_line_naming_it() {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    let queue = create_queue("undone-rule-later", &[]).await;
+    let relay = RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    insert(&app, &events("before", 10, 2), Duration::ZERO).await;
+    wait_count(&app, "sent_at IS NOT NULL", 10, Duration::from_secs(30)).await;
+    app.batch_execute("CREATE RULE keep_rows AS ON UPDATE TO outbox DO INSTEAD NOTHING")
+        .await
+        .unwrap();
+    insert(&app, &events("after", 20, 2), Duration::ZERO).await;
+    let line = relay
+        .wait_for_line("claims stopped so that", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("no line about the rule:\n{}", relay.output()));
+    assert!(
+        line.contains("rule keep_rows (ON UPDATE DO INSTEAD)"),
+        "{line}"
+    );
+    assert_eq!(relay.http_status("/readyz").await, 503);
+    assert_eq!(
+        relay.metric("outbox_table_blocked{table=\"outbox\"}").await,
+        Some(1.0)
+    );
+    // Claims stay stopped: a second later nothing more was said or sent.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let output = relay.output();
+    assert_eq!(output.matches("change nothing").count(), 1, "{output}");
+    assert_eq!(count(&app, "sent_at IS NULL").await, 20);
+    let received = receive_all(&queue, 10, Duration::from_secs(10)).await;
+    let over = copies(&received)
+        .into_iter()
+        .filter(|(_, n)| *n > 2)
+        .collect::<Vec<_>>();
+    assert!(over.is_empty(), "events sent more than twice: {over:?}");
 }
 
 /// A rule that rewrites the DELETE cannot serve a settlement at all (PostgreSQL refuses it in

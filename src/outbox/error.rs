@@ -148,6 +148,15 @@ impl OutboxError {
         }
     }
 
+    /// Whether the server refused the statement because a rule rewrites it: PostgreSQL cannot
+    /// run the relay's `UPDATE ... RETURNING` or `DELETE ... RETURNING` on a table with a
+    /// `DO INSTEAD` rule that lacks a RETURNING clause (SQLSTATE 0A000). A rule created while
+    /// the relay runs does this to every settlement; no retry changes it.
+    pub fn rewritten_by_rule(&self) -> bool {
+        matches!(self, OutboxError::Query { source, .. }
+            if source.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED))
+    }
+
     pub fn is_transient(&self) -> bool {
         match self {
             OutboxError::Connect { .. } => true,

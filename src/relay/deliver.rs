@@ -216,13 +216,23 @@ impl Relay {
     /// be claimed and sent again, and so would every row after them, for ever. Claims stop for
     /// good, with one line naming what on the table can do that; the rows stay unsent, each sent
     /// once more than it should have been at most by each relay.
-    async fn settlements_undone(&self, rows: u64) {
+    pub(super) async fn settlements_undone(&self, undone: Undone) {
+        // Said once: the first statement that found it names it, later ones add nothing.
+        if self.admission.blocked_for_good() {
+            return;
+        }
         // Claims stop at once: the rows are free again since the settlement removed their
         // claim, and a claim now would send them again. The reason is named below.
-        let what = format!(
-            "settlements on {} change nothing: {rows} row(s) SQS acknowledged are still unsent after the relay settled them under its claim",
-            self.outbox.table()
-        );
+        let what = match undone {
+            Undone::Unchanged(rows) => format!(
+                "settlements on {} change nothing: {rows} row(s) SQS acknowledged are still unsent after the relay settled them under its claim",
+                self.outbox.table()
+            ),
+            Undone::Refused(error) => format!(
+                "settlements on {} change nothing: the server refuses the relay's own statements on it ({error})",
+                self.outbox.table()
+            ),
+        };
         self.admission.block(what.clone());
         metrics::gauge!(names::TABLE_BLOCKED, "table" => self.outbox.table().label()).set(1.0);
         let causes = self
@@ -277,7 +287,8 @@ impl Relay {
                             .increment(1);
                     }
                     if settled.unchanged > 0 {
-                        self.settlements_undone(settled.unchanged).await;
+                        self.settlements_undone(Undone::Unchanged(settled.unchanged))
+                            .await;
                     }
                     if settled.lost > 0 {
                         metrics::counter!(names::LEASE_LOST).increment(settled.lost);
@@ -286,6 +297,13 @@ impl Relay {
                             "lease lost: another replica owns these rows now; our outcome was not recorded"
                         );
                     }
+                    return;
+                }
+                Err(e) if e.rewritten_by_rule() => {
+                    // The rows stay unsent and their claim ends with its lease: each is sent
+                    // once more at most, by the relay that claims it next, which stops too.
+                    self.settlements_undone(Undone::Refused(e.to_string()))
+                        .await;
                     return;
                 }
                 Err(e) => {
@@ -303,6 +321,15 @@ impl Relay {
             }
         }
     }
+}
+
+/// How the relay found that its settlements cannot take effect.
+pub(super) enum Undone {
+    /// A settlement changed fewer rows than it meant to while its claim held them (a row
+    /// trigger that skips them, a policy, a privilege).
+    Unchanged(u64),
+    /// The server refused the settling statement itself (a rule that rewrites it).
+    Refused(String),
 }
 
 fn unix_now() -> f64 {

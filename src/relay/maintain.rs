@@ -376,6 +376,10 @@ impl Relay {
                 tracing::info!(target: LOG_TARGET, rows, "rows parked for their queue are tried again");
                 self.wake.notify_one();
             }
+            Err(e) if e.rewritten_by_rule() => {
+                self.settlements_undone(super::deliver::Undone::Refused(e.to_string()))
+                    .await
+            }
             Err(e) => {
                 tracing::warn!(target: LOG_TARGET, error = %e, "could not unpark rows parked for their queue")
             }
@@ -402,6 +406,10 @@ impl Relay {
                         "rows released: the quarantined event of their group was re-driven"
                     );
                 }
+            }
+            Err(e) if e.rewritten_by_rule() => {
+                self.settlements_undone(super::deliver::Undone::Refused(e.to_string()))
+                    .await
             }
             Err(e) => {
                 tracing::warn!(target: LOG_TARGET, error = %e, "could not maintain blocked groups")

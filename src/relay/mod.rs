@@ -598,6 +598,12 @@ impl Relay {
                         self.gather_or_wake(wait, shutdown).await;
                     }
                 }
+                Err(e) if e.rewritten_by_rule() => {
+                    // A claim that quarantines rows updates them: a rule made while the relay
+                    // runs refuses that as it refuses settlements. Claims stop at the gate.
+                    self.settlements_undone(deliver::Undone::Refused(e.to_string()))
+                        .await;
+                }
                 Err(e) if turn.is_some() => {
                     if e.outcome_unknown() {
                         self.given_up.claim_given_up();

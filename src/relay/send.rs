@@ -114,6 +114,12 @@ impl Relay {
         if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
             return (request, Err(Unsent::Parked(park)));
         }
+        // Another delivery found that settlements on this table change nothing, after this
+        // request's claim took rows its settlement had just freed: sent now, they would be a
+        // copy that no settlement can stop. Given back, they wait unsent like the others.
+        if self.admission.blocked_for_good() {
+            return (request, Err(Unsent::NotSent(SETTLEMENTS_UNDONE)));
+        }
         // Sending now could outlive the lease: another replica might take the rows over while
         // SQS's answer is still on its way. Give them back instead.
         if Instant::now() + c.send.send_timeout + c.send.settle_margin > lease_deadline {
@@ -271,6 +277,8 @@ impl Relay {
 /// Why a request waiting for its turn is not sent when sending stops: the relay shuts down, or
 /// stopped claiming because the schema no longer admits it; its rows are given back either way.
 const STOPPING: &str = "sending stopped (shutdown, or the schema no longer admits this relay)";
+/// Why a request is not sent once settlements on its table were found to change nothing.
+const SETTLEMENTS_UNDONE: &str = "settlements on the table change nothing";
 
 pub(super) enum Unsent {
     /// SQS (or the path to it) failed the whole request.

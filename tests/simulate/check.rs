@@ -176,6 +176,10 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
         .map(|r| (r.event_id.as_str(), r.reason.as_deref()))
         .collect();
     let any_fault = !ev.faulted_hard.is_empty() || !ev.faulted_soft.is_empty() || ev.sqs_errors;
+    // Settlements that change nothing (issue 37): rows the relays stopped at stay unsent in the
+    // table once a relay named the cause, and each relay may have sent them once more.
+    let kept_named = plan.keeps_rows() && ev.undone_named.is_some();
+    let undone_copies = if plan.keeps_rows() { ev.relays_run } else { 0 };
     for w in &written {
         let got = receipts.get(w.event_id.as_str()).copied().unwrap_or(0);
         let poison = ev.poison.get(&w.event_id);
@@ -186,7 +190,8 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 format!("{} ({:?}) was received {got} time(s)", w.event_id, p),
             );
         }
-        if got == 0 {
+        let waits_named = kept_named && final_reason.contains_key(w.event_id.as_str());
+        if got == 0 && !waits_named {
             match reason {
                 None => report.add(
                     "no committed row is lost",
@@ -220,8 +225,17 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 }
             }
         }
-        let allowed = 1 + replays.get(w.event_id.as_str()).copied().unwrap_or(0);
-        if got > allowed {
+        let replayed = replays.get(w.event_id.as_str()).copied().unwrap_or(0);
+        let allowed = 1 + replayed + undone_copies;
+        if plan.keeps_rows() && got > allowed {
+            report.add(
+                "settlements that change nothing cost at most one copy per relay",
+                format!(
+                    "{} received {got} times ({} relay processes, {replayed} replays)",
+                    w.event_id, ev.relays_run
+                ),
+            );
+        } else if got > allowed {
             let holders: Vec<&str> = claims_of_row
                 .get(&w.id)
                 .into_iter()
@@ -513,11 +527,32 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
             ev.pool_leaks.join("; "),
         );
     }
-    if !ev.settled {
+    if !ev.settled && !kept_named {
         report.add(
             "nothing is left unsent",
             "rows still unsent or leased when the run ended".to_string(),
         );
+    }
+    if let Some(line) = &ev.undone_named {
+        if !plan.keeps_rows() {
+            report.add(
+                "settlements are undone only where something undoes them",
+                line.clone(),
+            );
+        } else if !line.contains("sim_keep_rows") {
+            report.add(
+                "a relay whose settlements change nothing names the cause",
+                line.clone(),
+            );
+        }
+    }
+    if matches!(plan.hazard, Some(crate::plan::Hazard::EarlyStart { .. })) {
+        for exit in &ev.startup_exits {
+            report.add(
+                "a relay started before its database waits for it",
+                exit.clone(),
+            );
+        }
     }
     if let Some(q) = &ev.quiet {
         // The gauges refresh every 500 ms; status reads the table when asked.

@@ -415,6 +415,19 @@ impl Fault {
     }
 }
 
+/// What the application's side may do to the relay's table or to its start (issue 37).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hazard {
+    /// At `at_ms`, the owner makes the relay's settlements change nothing: a `BEFORE` row
+    /// trigger returning NULL, or (`rule`) a `DO INSTEAD NOTHING` rule, on the statement that
+    /// settles (DELETE under delete-on-ack, UPDATE under retention). The relays must name it,
+    /// stop claiming, and send each event at most once more per relay.
+    KeepRows { at_ms: u64, rule: bool },
+    /// The database is down when the relays start and comes up `down_ms` later: they wait
+    /// for it, none exits.
+    EarlyStart { down_ms: u64 },
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// `outbox-relay replay --since 1h` while relays run.
@@ -445,6 +458,7 @@ pub struct Plan {
     pub ops: Vec<Timed<Op>>,
     /// Horizons held for part of the run.
     pub horizon: Vec<Held>,
+    pub hazard: Option<Hazard>,
 }
 
 impl Plan {
@@ -550,6 +564,20 @@ impl Plan {
         let horizon = draw_horizon(&mut rng, workload.write_ms);
         workload.late = draw_late(&mut rng, workload.write_ms);
         fleet.sweep_ms = rng.pick(&[1000, 2000, 3000, DEFAULT_SWEEP_MS]);
+        // Issue 37, drawn after everything else for the same reason. A rule is seen at start,
+        // so a relay started again after it (a kill -9's restart) refuses: rules only where
+        // no relay is restarted.
+        let restarts = faults.iter().any(|f| matches!(f.what, Fault::Kill { .. }));
+        let hazard = match rng.range(0, 9) {
+            0 | 1 => Some(Hazard::KeepRows {
+                at_ms: rng.range(0, workload.write_ms),
+                rule: !restarts && rng.chance(50),
+            }),
+            2 => Some(Hazard::EarlyStart {
+                down_ms: rng.range(500, 3000),
+            }),
+            _ => None,
+        };
         Plan {
             seed,
             redraw,
@@ -561,7 +589,13 @@ impl Plan {
             faults,
             ops,
             horizon,
+            hazard,
         }
+    }
+
+    /// The seed makes the relays' settlements change nothing at some point.
+    pub fn keeps_rows(&self) -> bool {
+        matches!(self.hazard, Some(Hazard::KeepRows { .. }))
     }
 
     /// The settings cell of this plan in a `--minutes` summary.
@@ -813,7 +847,7 @@ impl fmt::Display for Plan {
         let fl = &self.fleet;
         write!(
             f,
-            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows ({} poison, backlog {}) in {} groups, {} writers | faults: {} | ops: {} | horizon: {} | late: {} | sweep {}",
+            "seed {} draw {}: {} | {} relays, {:?}{}{}{}{}, batch {}, lease {}ms, {} | {} rows ({} poison, backlog {}) in {} groups, {} writers | faults: {} | ops: {} | horizon: {} | late: {} | sweep {} | hazard: {}",
             self.seed,
             self.redraw,
             self.cell(),
@@ -867,6 +901,16 @@ impl fmt::Display for Plan {
                 "default".to_string()
             } else {
                 format!("{}ms", fl.sweep_ms)
+            },
+            match self.hazard {
+                None => String::new(),
+                Some(Hazard::KeepRows { at_ms, rule }) => format!(
+                    "settlements kept by a {}@{at_ms}ms",
+                    if rule { "rule" } else { "trigger" }
+                ),
+                Some(Hazard::EarlyStart { down_ms }) => {
+                    format!("relays start {down_ms}ms before the database")
+                }
             },
         )
     }

@@ -23,6 +23,7 @@ fn plan() -> Plan {
         poison: None,
     };
     plan.horizon.clear();
+    plan.hazard = None;
     plan.workload.late.clear();
     plan.workload.writers = vec![vec![Txn {
         rows: vec![row("ev-1"), row("ev-2")],

@@ -22,7 +22,7 @@ use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
 use crate::history::{self, Change, FinalRow};
 use crate::plan::{
-    Dest, Fault, Op, Plan, Poison, Scope, Setting, SqsFault, Timed, MAX_PAYLOAD_BYTES,
+    Dest, Fault, Hazard, Op, Plan, Poison, Scope, Setting, SqsFault, Timed, MAX_PAYLOAD_BYTES,
 };
 use crate::support::pg::PrivatePg;
 use crate::support::{
@@ -33,6 +33,8 @@ use crate::support::{
 /// How long a relay may take to refuse its configuration (exit non-zero) before it counts as
 /// started.
 const START_WINDOW: Duration = Duration::from_secs(3);
+/// What a relay says when its settlements change nothing (src/relay/deliver.rs).
+const UNDONE: &str = "change nothing";
 /// How long the fleet gets, after the writers and faults are done, to leave no row unsent.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(40);
 
@@ -99,6 +101,12 @@ pub struct Evidence {
     /// an id already sent then (where a relay's floor had likely passed them: its sweep's
     /// work). Said, not judged.
     pub late_rows: Option<(i64, i64)>,
+    /// Relay processes started in all (restarts after kill -9 included).
+    pub relays_run: usize,
+    /// Relays that exited at start-up and were started again, with their last line.
+    pub startup_exits: Vec<String>,
+    /// Some relay said that its settlements change nothing (issue 37), and named this.
+    pub undone_named: Option<String>,
 }
 
 pub enum Run {
@@ -180,6 +188,49 @@ impl Fleet {
         self.slots[i] = Some(RelayProcess::spawn_named(&id, &a, &[]));
         self.ids[i] = id;
     }
+}
+
+/// The first line of any relay's output containing `needle`.
+fn output_line(fleet: &Mutex<Fleet>, needle: &str) -> Option<String> {
+    fleet.lock().unwrap().slots.iter().flatten().find_map(|p| {
+        p.output()
+            .lines()
+            .find(|l| l.contains(needle))
+            .map(str::to_string)
+    })
+}
+
+/// What a [`Hazard::KeepRows`] installs: the relay's settling statement (DELETE under
+/// delete-on-ack, UPDATE under retention) made to change nothing.
+fn keep_rows_sql(plan: &Plan, rule: bool) -> String {
+    let event = if plan.fleet.delete_on_ack {
+        "DELETE"
+    } else {
+        "UPDATE"
+    };
+    if rule {
+        format!("CREATE RULE sim_keep_rows AS ON {event} TO public.outbox DO INSTEAD NOTHING")
+    } else {
+        format!(
+            "CREATE FUNCTION public.sim_keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+             CREATE TRIGGER sim_keep_rows BEFORE {event} ON public.outbox FOR EACH ROW EXECUTE FUNCTION public.sim_keep_rows()"
+        )
+    }
+}
+
+async fn keep_rows(plan: &Plan, start: Instant, db_url: &str) {
+    let Some(Hazard::KeepRows { at_ms, rule }) = plan.hazard else {
+        return;
+    };
+    tokio::time::sleep_until((start + Duration::from_millis(at_ms)).into()).await;
+    let session = own_session_retrying(db_url, Instant::now() + Duration::from_secs(60))
+        .await
+        .expect("connect to keep the rows");
+    let sql = keep_rows_sql(plan, rule);
+    session
+        .batch_execute(&sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }
 
 /// Every relay of the fleet got past its start-up (it may have exited since: that is the
@@ -423,6 +474,24 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         ids: vec![String::new(); n],
         incarnations: vec![0; n],
     });
+    // Relays started before their database: it comes up `down_ms` later.
+    let database_up = match plan.hazard {
+        Some(Hazard::EarlyStart { down_ms }) => {
+            cluster.stop_fast().await;
+            Some(async move {
+                tokio::time::sleep(Duration::from_millis(down_ms)).await;
+                cluster.start_again().await;
+            })
+        }
+        _ => None,
+    };
+    let database_up = async move {
+        if let Some(up) = database_up {
+            up.await;
+        }
+    };
+    tokio::pin!(database_up);
+    let mut database_is_up = false;
     let mut all_ids = Vec::new();
     for i in 0..n {
         let mut f = fleet.lock().unwrap();
@@ -433,6 +502,9 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     // A relay that refuses its configuration exits at once.
     let window = Instant::now() + START_WINDOW;
     while Instant::now() < window {
+        if !database_is_up {
+            database_is_up = futures_util::FutureExt::now_or_never(&mut database_up).is_some();
+        }
         let refused = {
             let f = fleet.lock().unwrap();
             f.slots.iter().flatten().find_map(|p| {
@@ -450,8 +522,14 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         if let Some((line, error_lines)) = refused {
             // The same flags, straight to the database and without the seed's setting: if
             // they start, the setting or the pool was what the relay refused.
+            if !database_is_up {
+                (&mut database_up).await;
+            }
             if let Some(reset) = setting_sql(plan, &db.name, true) {
-                admin
+                // A session of its own: the database may have been down since `admin` connected.
+                own_session_retrying(&db.url, Instant::now() + Duration::from_secs(60))
+                    .await
+                    .expect("connect to reset the setting")
                     .batch_execute(&reset)
                     .await
                     .expect("reset the setting");
@@ -468,6 +546,9 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             };
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !database_is_up {
+        database_up.await;
     }
 
     let start = Instant::now();
@@ -506,12 +587,13 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
                 horizon::write_late(w.clone(), start, &db.url, gid, session)
             },
         ));
+    let kept = keep_rows(plan, start, &db.url);
     let checker_url = db.url.clone();
     let supervising = std::sync::atomic::AtomicBool::new(false);
     let restarts = Mutex::new(Vec::new());
     let (checker, is_settled) = {
         let work = async {
-            tokio::join!(writers, faults, ops, held, late);
+            tokio::join!(writers, faults, ops, held, late, kept);
             let checker =
                 own_session_retrying(&checker_url, Instant::now() + Duration::from_secs(60))
                     .await
@@ -520,9 +602,18 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             let deadline =
                 Instant::now() + SETTLE_TIMEOUT + 2 * Duration::from_millis(plan.fleet.sweep_ms);
             let mut is_settled = false;
+            let mut named_at = None;
             while Instant::now() < deadline {
                 if settled(&checker).await {
                     is_settled = true;
+                    break;
+                }
+                // Settlements that change nothing leave rows unsent for good: once a relay
+                // said so, the others get a little longer to meet them too.
+                if plan.keeps_rows() && named_at.is_none() {
+                    named_at = output_line(&fleet, UNDONE).map(|_| Instant::now());
+                }
+                if named_at.is_some_and(|at| at.elapsed() > Duration::from_secs(3)) {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -545,6 +636,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             all_ids.push(id.clone());
         }
     }
+    let undone_named = output_line(&fleet, UNDONE);
     let restarts = restarts.into_inner().unwrap();
     if let Some(last) = restarts.last() {
         println!(
@@ -663,5 +755,8 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         sqs_errors: marks.sqs_errors,
         exits,
         late_rows,
+        relays_run: all_ids.len(),
+        startup_exits: restarts,
+        undone_named,
     }))
 }
