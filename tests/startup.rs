@@ -162,13 +162,24 @@ async fn an_unreachable_database_is_waited_for_by_run_and_fails_a_one_shot_comma
 /// delivers: no exit, so no restart loop whose back-off outlasts the database's return.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_before_its_database_delivers_once_it_is_up() {
+    started_before_its_database(&[]).await;
+}
+
+/// The same for a relay serving several tables, whose first look (discovery) is its first
+/// connection: before this, it exited at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_for_several_tables_started_before_its_database_delivers_once_it_is_up() {
+    started_before_its_database(&["--tables", "public.outbox"]).await;
+}
+
+async fn started_before_its_database(extra: &[&str]) {
     let private = crate::support::pg::PrivatePg::start().await;
     let db = private.create_db().await;
     crate::scenario::migrate(&db, "outbox").await;
     private.stop_fast().await;
     let queue = crate::support::create_queue("before-db", &[]).await;
     let relay = crate::support::RelayProcess::spawn(
-        &crate::scenario::run_args(&db, &queue, sqs().endpoint(), &[]),
+        &crate::scenario::run_args(&db, &queue, sqs().endpoint(), extra),
         &[],
     );
     relay

@@ -75,6 +75,25 @@ pub(crate) fn rotation(mut waiting: Vec<(TableName, Option<Instant>)>) -> Vec<Ta
     waiting.into_iter().map(|(t, _)| t).collect()
 }
 
+/// The selection with each unqualified --table resolved once on the role's search_path, as for
+/// one table, so that every connection (a pooler's included) uses the same table; and the
+/// tables it selects now.
+async fn first_look(
+    config: &RunConfig,
+    root: &Outbox,
+    purpose: &Purpose,
+) -> Result<(crate::outbox::Selection, Vec<TableName>), OutboxError> {
+    let mut selection = config.database.selection.clone();
+    for named in selection.named.iter_mut().filter(|t| t.schema.is_none()) {
+        let one = Outbox::from_config(&config.database.for_table(named), purpose.clone())?;
+        if let Some(resolved) = one.resolve_table().await? {
+            *named = resolved.table;
+        }
+    }
+    let first = root.select(&selection).await?;
+    Ok((selection, first))
+}
+
 /// Relays for every table of the selection until `shutdown`, then drains every turn.
 pub async fn run(
     config: RunConfig,
@@ -84,16 +103,34 @@ pub async fn run(
 ) -> Result<(), OutboxError> {
     let purpose = Purpose::Relay(config.relay_settings());
     let root = Arc::new(Outbox::from_config(&config.database, purpose.clone())?);
-    let mut selection = config.database.selection.clone();
-    // An unqualified --table is resolved once on the role's search_path, as for one table, so
-    // that every connection (a pooler's included) uses the same table.
-    for named in selection.named.iter_mut().filter(|t| t.schema.is_none()) {
-        let one = Outbox::from_config(&config.database.for_table(named), purpose.clone())?;
-        if let Some(resolved) = one.resolve_table().await? {
-            *named = resolved.table;
+    // Started with its database, or before it: the first look is tried again while the
+    // database is not there yet, as one table's first connection is (`connect_when_ready` in
+    // main.rs); what no retry fixes ends the relay at once.
+    let mut failures = 0u32;
+    health.set_not_claiming(Some("starting: connecting to the database".to_string()));
+    let (selection, first) = loop {
+        match first_look(&config, &root, &purpose).await {
+            Ok(found) => break found,
+            Err(e) if e.is_transient() && !shutdown.is_cancelled() => {
+                failures += 1;
+                let delay = crate::outbox::reconnect_delay(
+                    failures,
+                    false,
+                    config.retry.retry_base,
+                    config.retry.db_retry_max,
+                    fastrand::f64(),
+                );
+                tracing::warn!(retry_in = ?delay, "waiting for the database: {e}");
+                health.set_not_claiming(Some(format!("waiting for the database: {e}")));
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = shutdown.cancelled() => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
         }
-    }
-    let first = root.select(&selection).await?;
+    };
+    health.set_not_claiming(None);
     if first.is_empty() {
         tracing::warn!(
             "no table matches the selection yet; looking again every {}",

@@ -221,6 +221,13 @@ async fn run_seed(seed: u64, cluster: &PrivatePg) -> SeedResult {
                         "  {late} late rows committed, {below} of them below an id already sent at their commit"
                     );
                 }
+                if let Some(line) = &evidence.undone_named {
+                    let at = line.find("settlements on").unwrap_or(0);
+                    println!(
+                        "  named: {}",
+                        line[at..].chars().take(200).collect::<String>()
+                    );
+                }
                 return SeedResult {
                     cell: plan.cell(),
                     faults: evidence.injected.clone(),
