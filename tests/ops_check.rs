@@ -521,6 +521,22 @@ async fn row_level_security_that_hides_rows_is_refused_and_roles_sql_gives_the_r
     let (status, output) = run_to_end(&run, &[], Duration::from_secs(30)).await;
     assert_eq!(status.code(), Some(1), "{output}");
     crate::startup::assert_one_clear_line(&output, "CREATE POLICY outbox_relay");
+    // `status` as the relay's role sees none of the 5 rows, and says that its numbers leave
+    // rows out rather than reading as an empty backlog.
+    let hidden = |output: &str| -> serde_json::Value {
+        let json = output.lines().find(|l| l.starts_with('{')).unwrap_or("");
+        serde_json::from_str::<serde_json::Value>(json)
+            .unwrap_or_else(|e| panic!("status --json is not JSON ({e}): {output}"))["hidden"]
+            .clone()
+    };
+    let status_as_relay = ["status", "--json", "--database-url", &relay_url];
+    let output = crate::scenario::relay_command(&status_as_relay).await;
+    let said = hidden(&output);
+    assert!(
+        said.as_str()
+            .is_some_and(|h| h.contains("row-level security") && h.contains("tenant_isolation")),
+        "{output}"
+    );
 
     // sql/roles.sql again: the relay's policy, and nothing else changes.
     let out = apply_roles(&db, &vars, &[]);
@@ -531,6 +547,8 @@ async fn row_level_security_that_hides_rows_is_refused_and_roles_sql_gives_the_r
     );
     let (code, output) = check(&relay_url, &queue, &["--max-request-bytes", SIZE]).await;
     assert_eq!(code, Some(0), "{output}");
+    let output = crate::scenario::relay_command(&status_as_relay).await;
+    assert!(hidden(&output).is_null(), "{output}");
     let relay = RelayProcess::spawn(&run, &[]);
     let received = receive_all(&queue, 5, Duration::from_secs(30)).await;
     assert_eq!(received.len(), 5, "{}", relay.output());

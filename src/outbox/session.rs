@@ -177,15 +177,9 @@ impl Outbox {
             )
             .await
             .map_err(query_err("reading the table's row-level security"))?;
-        match row {
-            Some(row) if row.get::<_, bool>(0) && !row.get::<_, bool>(1) => {
-                Err(OutboxError::RowSecurity {
-                    table: table.quoted(),
-                    policies: row.get(2),
-                    role: row.get(3),
-                })
-            }
-            _ => Ok(()),
+        match row.and_then(|row| hidden_by_row_security(&row, table.quoted())) {
+            Some(refused) => Err(refused),
+            None => Ok(()),
         }
     }
 
@@ -979,4 +973,17 @@ mod tests {
             .sent_only
             .contains("DELETE FROM \"outbox\""));
     }
+}
+
+/// What a row of sql/row_security.sql says of `table`: the refusal when row-level security
+/// applies to the role and no policy lets it see and settle every row.
+pub(super) fn hidden_by_row_security(
+    row: &tokio_postgres::Row,
+    table: String,
+) -> Option<OutboxError> {
+    (row.get::<_, bool>(0) && !row.get::<_, bool>(1)).then(|| OutboxError::RowSecurity {
+        table,
+        policies: row.get(2),
+        role: row.get(3),
+    })
 }

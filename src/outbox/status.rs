@@ -48,6 +48,10 @@ pub struct TableStatus {
     /// can make the relay's settlements change nothing, and a relay that met it stopped
     /// claiming (its `claiming` is false, its metric `outbox_table_blocked` 1).
     pub triggers: Vec<super::inspect::TriggerFacts>,
+    /// Row-level security hides rows from the role `status` ran as (the relay's, when run with
+    /// its URL): the counts and ages above leave those rows out. Absent when it sees them all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<String>,
 }
 
 /// One table of a `status` over several: its snapshot, or why it could not be read, so a
@@ -122,6 +126,13 @@ impl Outbox {
         let held_back = self.held_back(&client).await?;
         let (relays, unregistered) = self.fleet_on(&client).await?;
         let triggers = self.triggers_on(&client).await?;
+        let base = self.base.as_ref().unwrap_or(&self.table).quoted();
+        let hidden = client
+            .query_opt(include_str!("../../sql/row_security.sql"), &[&base])
+            .await
+            .map_err(query_err("reading the table's row-level security"))?
+            .and_then(|row| super::session::hidden_by_row_security(&row, base))
+            .map(|refused| refused.to_string());
         let by_reason: serde_json::Value = row.get(4);
         let quarantined_by_reason: BTreeMap<String, i64> = by_reason
             .as_object()
@@ -143,6 +154,7 @@ impl Outbox {
             relays,
             unregistered,
             triggers,
+            hidden,
         })
     }
 
@@ -252,6 +264,13 @@ impl fmt::Display for TableStatus {
             };
             writeln!(f, "  {}: {}{mark}", t.what, t.effect)?;
         }
+        if let Some(hidden) = &self.hidden {
+            writeln!(
+                f,
+                "row-level security       hides rows from this role: the numbers above leave them out"
+            )?;
+            writeln!(f, "  {hidden}")?;
+        }
         Ok(())
     }
 }
@@ -275,6 +294,7 @@ mod tests {
             relays: vec![],
             unregistered: vec![],
             triggers: vec![],
+            hidden: None,
         })
     }
 
@@ -359,6 +379,7 @@ mod tests {
                 effect: "can skip or change each row the relay settles".into(),
                 undoes: true,
             }],
+            hidden: Some("row-level security on \"outbox\" applies to ...".into()),
         };
         let text = status.to_string();
         let lines: Vec<&str> = text.lines().collect();
@@ -384,6 +405,14 @@ mod tests {
             lines[15],
             "  trigger keep_rows (BEFORE DELETE FOR EACH ROW, function keep_rows): can skip or change each row the relay settles  (can undo settlements)"
         );
+        assert_eq!(
+            lines[16],
+            "row-level security       hides rows from this role: the numbers above leave them out"
+        );
+        assert_eq!(
+            lines[17],
+            "  row-level security on \"outbox\" applies to ..."
+        );
         let json = serde_json::to_value(&status).unwrap();
         for field in [
             "table",
@@ -398,6 +427,7 @@ mod tests {
             "relays",
             "unregistered",
             "triggers",
+            "hidden",
         ] {
             assert!(json.get(field).is_some(), "{field}");
         }

@@ -274,12 +274,7 @@ impl Upkeep {
             .await?;
         Ok(rows
             .first()
-            .filter(|row| row.get::<_, bool>(0) && !row.get::<_, bool>(1))
-            .map(|row| OutboxError::RowSecurity {
-                table,
-                policies: row.get(2),
-                role: row.get(3),
-            }))
+            .and_then(|row| super::session::hidden_by_row_security(row, table)))
     }
 
     /// The floors' safety net (sql/sweep.sql): lowers the rows' floor to an unsent row below
