@@ -875,6 +875,19 @@ impl SharedSession {
     }
 }
 
+/// What a row of sql/row_security.sql says of `table`: the refusal when row-level security
+/// applies to the role and no policy lets it see and settle every row.
+pub(super) fn hidden_by_row_security(
+    row: &tokio_postgres::Row,
+    table: String,
+) -> Option<OutboxError> {
+    (row.get::<_, bool>(0) && !row.get::<_, bool>(1)).then(|| OutboxError::RowSecurity {
+        table,
+        policies: row.get(2),
+        role: row.get(3),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -973,17 +986,4 @@ mod tests {
             .sent_only
             .contains("DELETE FROM \"outbox\""));
     }
-}
-
-/// What a row of sql/row_security.sql says of `table`: the refusal when row-level security
-/// applies to the role and no policy lets it see and settle every row.
-pub(super) fn hidden_by_row_security(
-    row: &tokio_postgres::Row,
-    table: String,
-) -> Option<OutboxError> {
-    (row.get::<_, bool>(0) && !row.get::<_, bool>(1)).then(|| OutboxError::RowSecurity {
-        table,
-        policies: row.get(2),
-        role: row.get(3),
-    })
 }
