@@ -546,13 +546,13 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
             );
         }
     }
-    if matches!(plan.hazard, Some(crate::plan::Hazard::EarlyStart { .. })) {
-        for exit in &ev.startup_exits {
-            report.add(
-                "a relay started before its database waits for it",
-                exit.clone(),
-            );
-        }
+    // Started before its database, or again after a kill while the database or the pooler
+    // refused logins: a relay waits, it does not exit (issue 37).
+    for exit in &ev.startup_exits {
+        report.add(
+            "a relay waits for its database at start-up, never exits",
+            exit.clone(),
+        );
     }
     if let Some(q) = &ev.quiet {
         // The gauges refresh every 500 ms; status reads the table when asked.

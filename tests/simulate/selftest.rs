@@ -4,7 +4,7 @@
 
 use crate::check::check;
 use crate::history::Change;
-use crate::plan::{Dest, Plan, Poison, RowSpec, Txn};
+use crate::plan::{Dest, Hazard, Plan, Poison, RowSpec, Txn};
 use crate::world::{Evidence, Quiet, Received};
 
 const QUEUE: &str = "q.fifo";
@@ -213,7 +213,49 @@ const CASES: &[Case] = &[
         |_, ev| ev.pool_leaks.push("synchronous_commit=off".into()),
         "an application session through the pool reads the server's defaults",
     ),
+    (
+        "a relay that exited at start-up",
+        |_, ev| {
+            ev.startup_exits
+                .push("r0.1 exited at start-up: cannot connect".into())
+        },
+        "a relay waits for its database at start-up, never exits",
+    ),
+    (
+        "an event sent three times by the one relay whose settlements were undone",
+        |plan, ev| {
+            plan.hazard = Some(Hazard::KeepRows {
+                at_ms: 0,
+                rule: false,
+            });
+            ev.relays_run = 1;
+            ev.undone_named = Some(format!("{UNDONE} (trigger sim_keep_rows ...)"));
+            ev.received.push(message(1));
+            ev.received.push(message(1));
+        },
+        "settlements that change nothing cost at most one copy per relay",
+    ),
+    (
+        "undone settlements said without their cause",
+        |plan, ev| {
+            plan.hazard = Some(Hazard::KeepRows {
+                at_ms: 0,
+                rule: false,
+            });
+            ev.relays_run = 1;
+            ev.undone_named = Some(UNDONE.into());
+        },
+        "a relay whose settlements change nothing names the cause",
+    ),
+    (
+        "settlements said undone where nothing undoes them",
+        |_, ev| ev.undone_named = Some(UNDONE.into()),
+        "settlements are undone only where something undoes them",
+    ),
 ];
+
+/// A relay's line about settlements that change nothing, without its cause.
+const UNDONE: &str = "settlements on \"outbox\" change nothing: 1 row(s) ...";
 
 /// What the checker got wrong, if anything.
 pub fn run() -> Vec<String> {

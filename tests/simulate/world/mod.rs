@@ -242,10 +242,12 @@ fn all_started(fleet: &Mutex<Fleet>) -> bool {
     })
 }
 
-/// What an orchestrator does for a container that exits: the relay ends with exit 1 when its
-/// first connection fails (a database restarting, PgBouncer's `server_login_retry`), by design,
-/// and is started again after a pause. A relay that exits after it started relaying is not
-/// restarted: that is the checker's "a relay runs until it is stopped". Runs until `done`.
+/// What an orchestrator does for a container that exits at start-up: started again after a
+/// pause. A relay waits for its database at start (a database restarting, PgBouncer's
+/// `server_login_retry`) instead of exiting, so every such exit is a violation the checker
+/// reports; the restart only lets the run finish. A relay that exits after it started relaying
+/// is not restarted: that is the checker's "a relay runs until it is stopped". Runs until
+/// `done`.
 async fn supervise(
     fleet: &Mutex<Fleet>,
     done: &std::sync::atomic::AtomicBool,
