@@ -153,8 +153,13 @@ impl OutboxError {
     /// `DO INSTEAD` rule that lacks a RETURNING clause (SQLSTATE 0A000). A rule created while
     /// the relay runs does this to every settlement; no retry changes it.
     pub fn rewritten_by_rule(&self) -> bool {
-        matches!(self, OutboxError::Query { source, .. }
-            if source.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED))
+        match self {
+            OutboxError::SettlementRewritten { .. } => true,
+            OutboxError::Query { source, .. } => {
+                source.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED)
+            }
+            _ => false,
+        }
     }
 
     pub fn is_transient(&self) -> bool {

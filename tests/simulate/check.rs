@@ -506,7 +506,9 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
         // Attempts are spent only by a row's own outcomes.
         if c.new_attempts.unwrap_or(0) > c.old_attempts.unwrap_or(0) {
             for k in taken {
-                if !ev.faulted_hard.contains(&k.owner) {
+                // A relay the server refused to settle for stopped with its claim unsettled,
+                // as a killed one does.
+                if !ev.faulted_hard.contains(&k.owner) && !ev.undone_by.contains(&k.owner) {
                     report.add(
                         "attempts are spent only by a row's own outcomes",
                         format!(

@@ -107,6 +107,9 @@ pub struct Evidence {
     pub startup_exits: Vec<String>,
     /// Some relay said that its settlements change nothing (issue 37), and named this.
     pub undone_named: Option<String>,
+    /// The relays that said so: each stopped claiming, leaving a claim the server refused to
+    /// settle to be taken over when its lease ends, as a stopped relay's is.
+    pub undone_by: HashSet<String>,
 }
 
 pub enum Run {
@@ -639,6 +642,15 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         }
     }
     let undone_named = output_line(&fleet, UNDONE);
+    let undone_by: HashSet<String> = fleet
+        .lock()
+        .unwrap()
+        .slots
+        .iter()
+        .flatten()
+        .filter(|p| p.output().contains(UNDONE))
+        .map(|p| p.name().to_string())
+        .collect();
     let restarts = restarts.into_inner().unwrap();
     if let Some(last) = restarts.last() {
         println!(
@@ -760,5 +772,6 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         relays_run: all_ids.len(),
         startup_exits: restarts,
         undone_named,
+        undone_by,
     }))
 }
