@@ -178,8 +178,15 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
     let any_fault = !ev.faulted_hard.is_empty() || !ev.faulted_soft.is_empty() || ev.sqs_errors;
     // Settlements that change nothing (issue 37): rows the relays stopped at stay unsent in the
     // table once a relay named the cause, and each relay may have sent them once more.
-    let kept_named = plan.keeps_rows() && ev.undone_named.is_some();
-    let undone_copies = if plan.keeps_rows() { ev.relays_run } else { 0 };
+    // Row-level security hiding the rows from the relays' role: the same, once a relay said
+    // that it cannot see them.
+    let kept_named = (plan.keeps_rows() && ev.undone_named.is_some())
+        || (plan.hides_rows() && (ev.hidden_named.is_some() || ev.undone_named.is_some()));
+    let undone_copies = if plan.keeps_rows() || plan.hides_rows() {
+        ev.relays_run
+    } else {
+        0
+    };
     for w in &written {
         let got = receipts.get(w.event_id.as_str()).copied().unwrap_or(0);
         let poison = ev.poison.get(&w.event_id);
@@ -227,7 +234,7 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
         }
         let replayed = replays.get(w.event_id.as_str()).copied().unwrap_or(0);
         let allowed = 1 + replayed + undone_copies;
-        if plan.keeps_rows() && got > allowed {
+        if (plan.keeps_rows() || plan.hides_rows()) && got > allowed {
             report.add(
                 "settlements that change nothing cost at most one copy per relay",
                 format!(
@@ -536,17 +543,35 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
         );
     }
     if let Some(line) = &ev.undone_named {
-        if !plan.keeps_rows() {
-            report.add(
+        let cause = match (plan.keeps_rows(), plan.hides_rows()) {
+            (true, _) => Some("sim_keep_rows"),
+            (_, true) => Some("sim_tenant"),
+            _ => None,
+        };
+        match cause {
+            None => report.add(
                 "settlements are undone only where something undoes them",
                 line.clone(),
-            );
-        } else if !line.contains("sim_keep_rows") {
-            report.add(
+            ),
+            Some(cause) if !line.contains(cause) => report.add(
                 "a relay whose settlements change nothing names the cause",
                 line.clone(),
-            );
+            ),
+            Some(_) => {}
         }
+    }
+    if plan.hides_rows() && !ev.settled && !kept_named {
+        report.add(
+            "a backlog the relay cannot see is reported",
+            "rows unsent at the end, and no relay said that row-level security hides them"
+                .to_string(),
+        );
+    }
+    if let (Some(line), false) = (&ev.hidden_named, plan.hides_rows()) {
+        report.add(
+            "row-level security is reported only where it hides rows",
+            line.clone(),
+        );
     }
     // Started before its database, or again after a kill while the database or the pooler
     // refused logins: a relay waits, it does not exit (issue 37).

@@ -39,7 +39,7 @@ CREATE TABLE sim.log (
     ids bigint[]
 );
 CREATE FUNCTION sim.outbox_changed() RETURNS trigger LANGUAGE plpgsql
-SET search_path = pg_catalog AS $$
+SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO sim.log (tbl, op, id, event_id, group_key)
@@ -68,7 +68,7 @@ END $$;
 CREATE TABLE sim.control (claim_sleep_ms int NOT NULL);
 INSERT INTO sim.control VALUES (0);
 CREATE FUNCTION sim.claims_changed() RETURNS trigger LANGUAGE plpgsql
-SET search_path = pg_catalog AS $$
+SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         PERFORM pg_sleep(c.claim_sleep_ms / 1000.0) FROM sim.control AS c WHERE c.claim_sleep_ms > 0;

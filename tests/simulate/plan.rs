@@ -426,6 +426,11 @@ pub enum Hazard {
     /// The database is down when the relays start and comes up `down_ms` later: they wait
     /// for it, none exits.
     EarlyStart { down_ms: u64 },
+    /// The relays run as a role of their own (sql/roles.sql); at `at_ms` the owner turns on
+    /// row-level security with a tenant policy that hides every row from that role, and
+    /// (`relay_policy`) the relay's own `FOR ALL ... USING (true)` policy beside it. Without
+    /// it the relays must say that they cannot see the backlog and stop; with it, deliver.
+    RowSecurity { at_ms: u64, relay_policy: bool },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,9 +569,9 @@ impl Plan {
         let horizon = draw_horizon(&mut rng, workload.write_ms);
         workload.late = draw_late(&mut rng, workload.write_ms);
         fleet.sweep_ms = rng.pick(&[1000, 2000, 3000, DEFAULT_SWEEP_MS]);
-        // Issue 37, drawn after everything else for the same reason. A rule is seen at start,
-        // so a relay started again after it (a kill -9's restart) refuses: rules only where
-        // no relay is restarted.
+        // Issue 37, drawn after everything else for the same reason. A rule (and row-level
+        // security that hides the rows) is seen at start, so a relay started again after it (a
+        // kill -9's restart) refuses: those only where no relay is restarted.
         let restarts = faults.iter().any(|f| matches!(f.what, Fault::Kill { .. }));
         let hazard = match rng.range(0, 9) {
             0 | 1 => Some(Hazard::KeepRows {
@@ -576,6 +581,21 @@ impl Plan {
             2 => Some(Hazard::EarlyStart {
                 down_ms: rng.range(500, 3000),
             }),
+            // A role of the relays' own: not behind PgBouncer (whose users file knows the
+            // superuser only), and only beside settings that reach that role as they would the
+            // superuser (on the database) and that a plain role may have.
+            3 if pool.is_none()
+                && (setting == Setting::Defaults
+                    || (scope == Scope::Database
+                        && matches!(setting, Setting::Isolation(_) | Setting::Timeout(..)))) =>
+            {
+                // Hiding the rows is, like a rule, refused at start: only where no relay is
+                // started again.
+                Some(Hazard::RowSecurity {
+                    at_ms: rng.range(0, workload.write_ms),
+                    relay_policy: restarts || rng.chance(50),
+                })
+            }
             _ => None,
         };
         Plan {
@@ -596,6 +616,17 @@ impl Plan {
     /// The seed makes the relays' settlements change nothing at some point.
     pub fn keeps_rows(&self) -> bool {
         matches!(self.hazard, Some(Hazard::KeepRows { .. }))
+    }
+
+    /// The seed hides the rows from the relays' role at some point.
+    pub fn hides_rows(&self) -> bool {
+        matches!(
+            self.hazard,
+            Some(Hazard::RowSecurity {
+                relay_policy: false,
+                ..
+            })
+        )
     }
 
     /// The settings cell of this plan in a `--minutes` summary.
@@ -911,6 +942,17 @@ impl fmt::Display for Plan {
                 Some(Hazard::EarlyStart { down_ms }) => {
                     format!("relays start {down_ms}ms before the database")
                 }
+                Some(Hazard::RowSecurity {
+                    at_ms,
+                    relay_policy,
+                }) => format!(
+                    "row-level security{}@{at_ms}ms",
+                    if relay_policy {
+                        " with the relay's policy"
+                    } else {
+                        " hiding the rows"
+                    }
+                ),
             },
         )
     }

@@ -12,6 +12,7 @@
 //! - [`pgbouncer`]: [`PgBouncer`], Debian's pgbouncer in front of the cluster, per test.
 //! - [`prometheus`]: [`Prometheus`], a real Prometheus scraping a test's relays, with its API.
 //! - [`relay`]: [`RelayProcess`], the real `outbox-relay` binary as a child process.
+//! - [`roles`]: sql/roles.sql applied with psql, as an operator runs it.
 //! - [`otlp`]: [`OtlpReceiver`], an OTLP/HTTP trace receiver that decodes the spans it gets.
 //!
 //! Servers start lazily and once, so tests run in parallel threads, isolated by database and
@@ -28,6 +29,7 @@ pub mod pgbouncer;
 pub mod prometheus;
 pub mod proxy;
 pub mod relay;
+pub mod roles;
 pub mod sns;
 pub mod sqs;
 pub mod tcp_proxy;

@@ -35,6 +35,8 @@ use crate::support::{
 const START_WINDOW: Duration = Duration::from_secs(3);
 /// What a relay says when its settlements change nothing (src/relay/deliver.rs).
 const UNDONE: &str = "change nothing";
+/// What a relay says when row-level security hides rows from its role (src/outbox/error.rs).
+const HIDDEN: &str = "no policy lets it see and settle every row";
 /// How long the fleet gets, after the writers and faults are done, to leave no row unsent.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(40);
 
@@ -107,6 +109,8 @@ pub struct Evidence {
     pub startup_exits: Vec<String>,
     /// Some relay said that its settlements change nothing (issue 37), and named this.
     pub undone_named: Option<String>,
+    /// Some relay said that row-level security hides rows from its role, and this.
+    pub hidden_named: Option<String>,
     /// The relays that said so: each stopped claiming, leaving a claim the server refused to
     /// settle to be taken over when its lease ends, as a stopped relay's is.
     pub undone_by: HashSet<String>,
@@ -212,28 +216,65 @@ fn keep_rows_sql(plan: &Plan, rule: bool) -> String {
         "UPDATE"
     };
     if rule {
-        format!("CREATE RULE sim_keep_rows AS ON {event} TO public.outbox DO INSTEAD NOTHING")
+        format!(
+            "CREATE OR REPLACE RULE sim_keep_rows AS ON {event} TO public.outbox DO INSTEAD NOTHING"
+        )
     } else {
         format!(
-            "CREATE FUNCTION public.sim_keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
-             CREATE TRIGGER sim_keep_rows BEFORE {event} ON public.outbox FOR EACH ROW EXECUTE FUNCTION public.sim_keep_rows()"
+            "CREATE OR REPLACE FUNCTION public.sim_keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+             CREATE OR REPLACE TRIGGER sim_keep_rows BEFORE {event} ON public.outbox FOR EACH ROW EXECUTE FUNCTION public.sim_keep_rows()"
         )
     }
 }
 
-async fn keep_rows(plan: &Plan, start: Instant, db_url: &str) {
-    let Some(Hazard::KeepRows { at_ms, rule }) = plan.hazard else {
-        return;
+/// The relays' own role in a [`Hazard::RowSecurity`] seed (and the application's, which
+/// sql/roles.sql makes beside it): roles are the cluster's, so named after the seed's database.
+fn hazard_roles(db: &str) -> (String, String) {
+    (format!("{db}_relay"), format!("{db}_app"))
+}
+
+/// What the owner does to the table at the hazard's time: keep the rows the relay settles, or
+/// turn on row-level security.
+async fn hazard(plan: &Plan, start: Instant, db: &crate::support::TestDb) {
+    let (at_ms, sql) = match plan.hazard {
+        Some(Hazard::KeepRows { at_ms, rule }) => (at_ms, keep_rows_sql(plan, rule)),
+        Some(Hazard::RowSecurity {
+            at_ms,
+            relay_policy,
+        }) => {
+            let (relay_role, _) = hazard_roles(&db.name);
+            let mut sql = "ALTER TABLE public.outbox ENABLE ROW LEVEL SECURITY; \
+                 DROP POLICY IF EXISTS sim_tenant ON public.outbox; \
+                 CREATE POLICY sim_tenant ON public.outbox USING (aggregate_type = 'nobody')"
+                .to_string();
+            if relay_policy {
+                sql.push_str(&format!(
+                    "; DROP POLICY IF EXISTS sim_relay ON public.outbox; \
+                     CREATE POLICY sim_relay ON public.outbox FOR ALL TO {relay_role} \
+                     USING (true) WITH CHECK (true)"
+                ));
+            }
+            (at_ms, sql)
+        }
+        _ => return,
     };
     tokio::time::sleep_until((start + Duration::from_millis(at_ms)).into()).await;
-    let session = own_session_retrying(db_url, Instant::now() + Duration::from_secs(60))
-        .await
-        .expect("connect to keep the rows");
-    let sql = keep_rows_sql(plan, rule);
-    session
-        .batch_execute(&sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    // A database restart may be under way: tried again on a new session (the statements are
+    // idempotent, in case one took effect unanswered).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let session = own_session_retrying(&db.url, deadline)
+            .await
+            .expect("connect for the hazard");
+        match session.batch_execute(&sql).await {
+            Ok(()) => return,
+            Err(e) if Instant::now() < deadline => {
+                println!("  the hazard's statements failed, tried again: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{sql}: {e}"),
+        }
+    }
 }
 
 /// Every relay of the fleet got past its start-up (it may have exited since: that is the
@@ -327,6 +368,12 @@ pub async fn run(plan: &Plan, cluster: &PrivatePg) -> Run {
         let _ = admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", db.name))
             .await;
+        if matches!(plan.hazard, Some(Hazard::RowSecurity { .. })) {
+            let (relay_role, app_role) = hazard_roles(&db.name);
+            let _ = admin
+                .batch_execute(&format!("DROP ROLE IF EXISTS {relay_role}, {app_role}"))
+                .await;
+        }
     }
     result
 }
@@ -439,6 +486,32 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         None => (db.url.clone(), cluster.port()),
     };
     let admin_url = with_app(&url, "sim-admin");
+    // The relays' own role, where row-level security is to apply to them (a superuser passes).
+    let relay_url = match plan.hazard {
+        Some(Hazard::RowSecurity { .. }) => {
+            let (relay_role, app_role) = hazard_roles(&db.name);
+            let password = crate::support::random_hex(12);
+            let out = crate::support::roles::apply_roles(
+                db,
+                &[("relay_role", &relay_role), ("app_role", &app_role)],
+                &[
+                    ("OUTBOX_RELAY_PASSWORD", &password),
+                    ("OUTBOX_APP_PASSWORD", &crate::support::random_hex(12)),
+                ],
+            );
+            assert!(
+                out.status.success(),
+                "sql/roles.sql: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            format!(
+                "postgres://{relay_role}:{password}@127.0.0.1:{}/{}",
+                cluster.port(),
+                db.name
+            )
+        }
+        _ => url.clone(),
+    };
     let mut flags = args(&[
         "--queue-url",
         &default_dest,
@@ -472,7 +545,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         .await;
     }
     let fleet = Mutex::new(Fleet {
-        url: url.clone(),
+        url: relay_url,
         flags: flags_of,
         proxies: (0..n).map(|_| TcpProxy::start(target_port)).collect(),
         slots: (0..n).map(|_| None).collect(),
@@ -592,7 +665,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
                 horizon::write_late(w.clone(), start, &db.url, gid, session)
             },
         ));
-    let kept = keep_rows(plan, start, &db.url);
+    let kept = hazard(plan, start, db);
     let checker_url = db.url.clone();
     let supervising = std::sync::atomic::AtomicBool::new(false);
     let restarts = Mutex::new(Vec::new());
@@ -618,6 +691,9 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
                 if plan.keeps_rows() && named_at.is_none() {
                     named_at = output_line(&fleet, UNDONE).map(|_| Instant::now());
                 }
+                if plan.hides_rows() && named_at.is_none() {
+                    named_at = output_line(&fleet, HIDDEN).map(|_| Instant::now());
+                }
                 if named_at.is_some_and(|at| at.elapsed() > Duration::from_secs(3)) {
                     break;
                 }
@@ -642,6 +718,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         }
     }
     let undone_named = output_line(&fleet, UNDONE);
+    let hidden_named = output_line(&fleet, HIDDEN);
     let undone_by: HashSet<String> = fleet
         .lock()
         .unwrap()
@@ -772,6 +849,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         relays_run: all_ids.len(),
         startup_exits: restarts,
         undone_named,
+        hidden_named,
         undone_by,
     }))
 }
