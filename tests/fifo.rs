@@ -67,7 +67,9 @@ async fn fifo_order_per_group_holds_across_three_replicas_kill_9_and_lost_acknow
         .collect();
     let mut kills = 0;
     let started = Instant::now();
-    while count(&client, "sent_at IS NOT NULL").await < total as i64 {
+    // Until every row is sent and both early kills happened: on a fast machine the rows can
+    // all be sent before the second kill's turn (many.rs's three replicas once drained so).
+    while count(&client, "sent_at IS NOT NULL").await < total as i64 || kills < 2 {
         assert!(
             started.elapsed() < Duration::from_secs(240),
             "not drained in time"

@@ -150,14 +150,17 @@ impl OutboxError {
 
     /// Whether the server refused the statement because a rule rewrites it: PostgreSQL cannot
     /// run the relay's `UPDATE ... RETURNING` or `DELETE ... RETURNING` on a table with a
-    /// `DO INSTEAD` rule that lacks a RETURNING clause (SQLSTATE 0A000). A rule created while
-    /// the relay runs does this to every settlement; no retry changes it.
+    /// `DO INSTEAD` rule that lacks a RETURNING clause, nor a data-modifying `WITH` whose table
+    /// has a `DO INSTEAD NOTHING`, conditional or `DO ALSO` rule. A rule created while the relay
+    /// runs does this to every settlement; no retry changes it. Told by the message, since the
+    /// SQLSTATE (0A000, feature not supported) is also a standby's refusal of a read-write
+    /// transaction, which a failover ends.
     pub fn rewritten_by_rule(&self) -> bool {
         match self {
             OutboxError::SettlementRewritten { .. } => true,
-            OutboxError::Query { source, .. } => {
-                source.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED)
-            }
+            OutboxError::Query { source, .. } => source.as_db_error().is_some_and(|e| {
+                *e.code() == SqlState::FEATURE_NOT_SUPPORTED && is_rule_refusal(e.message())
+            }),
             _ => false,
         }
     }
@@ -178,6 +181,17 @@ impl OutboxError {
             _ => false,
         }
     }
+}
+
+/// PostgreSQL's messages (src/backend/rewrite/rewriteHandler.c) for a statement a rule keeps
+/// from running: `cannot perform UPDATE RETURNING on relation "outbox"`, `DO INSTEAD NOTHING
+/// rules are not supported for data-modifying statements in WITH`, and the conditional, `DO
+/// ALSO` and multi-statement variants of the latter. A server whose `lc_messages` translates
+/// them is not told: its settlements are retried and warned about as before, until a new
+/// connection of the relay meets the rule in the catalog (`SettlementRewritten`).
+fn is_rule_refusal(message: &str) -> bool {
+    (message.starts_with("cannot perform ") && message.contains(" RETURNING on relation "))
+        || message.contains("rules are not supported for data-modifying statements in WITH")
 }
 
 /// Whether a failed connection attempt was the server refusing the relay's configuration
@@ -247,6 +261,26 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rules_refusal_is_told_from_a_standbys_by_its_message() {
+        for rule in [
+            "cannot perform UPDATE RETURNING on relation \"outbox\"",
+            "cannot perform DELETE RETURNING on relation \"outbox\"",
+            "DO INSTEAD NOTHING rules are not supported for data-modifying statements in WITH",
+            "conditional DO INSTEAD rules are not supported for data-modifying statements in WITH",
+            "DO ALSO rules are not supported for data-modifying statements in WITH",
+        ] {
+            assert!(is_rule_refusal(rule), "{rule}");
+        }
+        // The same SQLSTATE from a standby, or a read-only transaction: not a rule.
+        for other in [
+            "cannot set transaction read-write mode during recovery",
+            "cannot execute UPDATE in a read-only transaction",
+        ] {
+            assert!(!is_rule_refusal(other), "{other}");
+        }
+    }
 
     #[test]
     fn sqlstates_are_classified_transient_or_not() {
