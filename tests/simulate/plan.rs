@@ -421,7 +421,7 @@ pub enum Hazard {
     /// At `at_ms`, the owner makes the relay's settlements change nothing: a `BEFORE` row
     /// trigger returning NULL, or (`rule`) a `DO INSTEAD NOTHING` rule, on the statement that
     /// settles (DELETE under delete-on-ack, UPDATE under retention). The relays must name it,
-    /// stop claiming, and send each event at most once more per relay.
+    /// stop claiming, and send each event at most twice more per relay (once as a rule).
     KeepRows { at_ms: u64, rule: bool },
     /// The database is down when the relays start and comes up `down_ms` later: they wait
     /// for it, none exits.
