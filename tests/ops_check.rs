@@ -413,20 +413,7 @@ async fn rls_roles(db: &TestDb, prefix: &str) -> (String, String, String) {
     let n = unique();
     let relay_role = format!("{prefix}_relay_{n}_{}", std::process::id());
     let app_role = format!("{prefix}_app_{n}_{}", std::process::id());
-    let relay_pw = crate::support::random_hex(12);
-    let out = apply_roles(
-        db,
-        &[("relay_role", &relay_role), ("app_role", &app_role)],
-        &[
-            ("OUTBOX_RELAY_PASSWORD", &relay_pw),
-            ("OUTBOX_APP_PASSWORD", &crate::support::random_hex(12)),
-        ],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let relay_pw = crate::support::roles::make_roles(db, &relay_role, &app_role);
     (relay_role, app_role, relay_pw)
 }
 

@@ -51,3 +51,22 @@ pub fn apply_roles(
         .output()
         .expect("run psql (the PostgreSQL client)")
 }
+
+/// sql/roles.sql for `relay_role` and `app_role`, each with a random password: the relay's.
+pub fn make_roles(db: &TestDb, relay_role: &str, app_role: &str) -> String {
+    let relay_pw = super::random_hex(12);
+    let out = apply_roles(
+        db,
+        &[("relay_role", relay_role), ("app_role", app_role)],
+        &[
+            ("OUTBOX_RELAY_PASSWORD", &relay_pw),
+            ("OUTBOX_APP_PASSWORD", &super::random_hex(12)),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "sql/roles.sql: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    relay_pw
+}

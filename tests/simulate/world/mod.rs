@@ -490,20 +490,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     let relay_url = match plan.hazard {
         Some(Hazard::RowSecurity { .. }) => {
             let (relay_role, app_role) = hazard_roles(&db.name);
-            let password = crate::support::random_hex(12);
-            let out = crate::support::roles::apply_roles(
-                db,
-                &[("relay_role", &relay_role), ("app_role", &app_role)],
-                &[
-                    ("OUTBOX_RELAY_PASSWORD", &password),
-                    ("OUTBOX_APP_PASSWORD", &crate::support::random_hex(12)),
-                ],
-            );
-            assert!(
-                out.status.success(),
-                "sql/roles.sql: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+            let password = crate::support::roles::make_roles(db, &relay_role, &app_role);
             format!(
                 "postgres://{relay_role}:{password}@127.0.0.1:{}/{}",
                 cluster.port(),
