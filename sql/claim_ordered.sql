@@ -89,21 +89,26 @@ keys(k, n) AS (
 -- The key's first pending row is a head unless an earlier row of its group (its own
 -- destination's) is not done: quarantined rows are not in the pending index, so the group's
 -- order index answers that, one step back.
+-- The rows found are then looked up by primary key from an array, as everywhere a statement
+-- reaches rows it found elsewhere: joined instead, a table the planner sees as empty made
+-- starting from the outbox (its whole primary key) look as cheap (see sql/settle.sql).
 others AS (
     SELECT c.id
-    FROM keys
-    CROSS JOIN LATERAL (
+    FROM {table} AS c
+    WHERE c.id = ANY (ARRAY(
         SELECT f.id
-        FROM {table} AS f
-        WHERE {key_f} >= keys.k AND {key_f} <= keys.k
-          AND f.id >= $5::bigint
-          AND f.sent_at IS NULL
-          AND f.quarantined_at IS NULL
-        ORDER BY {key_f}, {order_f}
-        LIMIT 1
-    ) AS f
-    JOIN {table} AS c ON c.id = f.id
-    WHERE keys.k IS NOT NULL
+        FROM keys
+        CROSS JOIN LATERAL (
+            SELECT f.id
+            FROM {table} AS f
+            WHERE {key_f} >= keys.k AND {key_f} <= keys.k
+              AND f.id >= $5::bigint
+              AND f.sent_at IS NULL
+              AND f.quarantined_at IS NULL
+            ORDER BY {key_f}, {order_f}
+            LIMIT 1
+        ) AS f
+        WHERE keys.k IS NOT NULL))
       AND c.available_at <= now()
       AND c.id NOT IN (SELECT id FROM leased)
       AND {head_c}
@@ -123,12 +128,11 @@ heads AS (
 ),
 runs AS (
     SELECT h.id AS head, h.id, 0::bigint AS pos, {fair_h} AS fair
-    FROM heads
-    JOIN {table} AS h ON h.id = heads.id
+    FROM {table} AS h
+    WHERE h.id = ANY (ARRAY(SELECT id FROM heads))
     UNION ALL
     SELECT h.id, r.id, r.pos, {fair_h}
-    FROM heads
-    JOIN {table} AS h ON h.id = heads.id
+    FROM {table} AS h
     CROSS JOIN LATERAL (
         SELECT s.id, s.pos
         FROM (SELECT g.id,
@@ -155,6 +159,7 @@ runs AS (
                     LIMIT greatest(9, least(29, $1 / greatest((SELECT count(*) FROM heads), 1) - 1))) AS g) AS s
         WHERE s.open
     ) AS r
+    WHERE h.id = ANY (ARRAY(SELECT id FROM heads))
 ),
 picked AS (
     SELECT t.head, t.id, t.pos,

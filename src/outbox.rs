@@ -771,14 +771,23 @@ mod tests {
         assert!(
             migration.contains("CREATE INDEX CONCURRENTLY IF NOT EXISTS \"out\"\"box_unsent_idx\"")
         );
-        // The fair key index replaces version 1's: built first, then the old one dropped.
-        let built = migration
-            .find("IF NOT EXISTS \"out\"\"box_pending_aggregate_id_idx\"")
-            .expect("the pending-key index");
-        let dropped = migration
-            .find("DROP INDEX CONCURRENTLY IF EXISTS \"app\".\"out\"\"box_key_aggregate_id_idx\";")
-            .expect("the replaced index dropped");
-        assert!(built < dropped, "{migration}");
+        // The key indexes replace those of earlier versions: built first, then the old ones
+        // dropped.
+        for (index, replaced) in [
+            ("unsent_aggregate_id", "key_aggregate_id"),
+            ("unsent_aggregate_id", "pending_aggregate_id"),
+            ("ordered_aggregate_id", "order_aggregate_id"),
+        ] {
+            let built = migration
+                .find(&format!("IF NOT EXISTS \"out\"\"box_{index}_idx\""))
+                .expect(index);
+            let dropped = migration
+                .find(&format!(
+                    "DROP INDEX CONCURRENTLY IF EXISTS \"app\".\"out\"\"box_{replaced}_idx\";"
+                ))
+                .expect(replaced);
+            assert!(built < dropped, "{migration}");
+        }
     }
 
     #[test]

@@ -373,7 +373,7 @@ async fn a_header_key_over_adopted_text_headers_keeps_working_when_a_value_is_no
         .map(|r| r.get::<_, String>(0))
         .collect::<Vec<_>>()
         .join("\n");
-    assert!(plan.contains("pending_h_tenant_idx"), "{plan}");
+    assert!(plan.contains("unsent_h_tenant_idx"), "{plan}");
 }
 
 /// A tombstone (NULL payload) mid-group on a FIFO queue holds the rows behind it like any

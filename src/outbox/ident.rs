@@ -200,8 +200,9 @@ pub(crate) fn key_sql(key: &KeyColumn, alias: Option<&str>) -> String {
 /// The two (key, id) indexes a claim mode may need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyIndex {
-    /// Ordered delivery: over every row, so that "the row just before this one in its group"
-    /// is one step in the index, however many of the group's rows were sent before.
+    /// Ordered delivery: over every row whose key is not null, so that "the row just before
+    /// this one in its group" is one step in the index, however many of the group's rows were
+    /// sent before.
     Order,
     /// Over pending rows (neither sent nor quarantined), so that walking the distinct keys
     /// never visits keys whose rows are all sent or quarantined (a tenant's million quarantined
@@ -226,18 +227,32 @@ impl KeyIndex {
 
     pub(crate) fn prefix(self) -> &'static str {
         match self {
-            KeyIndex::Order => "order",
-            KeyIndex::Fair => "pending",
-            KeyIndex::TransactionOrder => "xact_order",
-            KeyIndex::TransactionPending => "xact_pending",
+            KeyIndex::Order => "ordered",
+            KeyIndex::Fair => "unsent",
+            KeyIndex::TransactionOrder => "xact_ordered",
+            KeyIndex::TransactionPending => "xact_unsent",
         }
     }
 
-    pub(crate) fn predicate(self) -> &'static str {
+    /// The index's `WHERE`, `key` the key's expression as the index is built on it.
+    ///
+    /// No (key, id) index may serve a statement that does not compare the key. The relay looks
+    /// its rows up by `id = ANY (...)`, joins on `id` and reads unsent rows from `id >= floor`;
+    /// an index with `id` as a later column can do each of these by reading itself whole, and
+    /// where the planner sees the table as empty (analyzed while empty: the usual state of an
+    /// outbox whose relay keeps up) every index looks one page long, so that read costs no more
+    /// than the primary key's lookup or the unsent index's range, and the planner took the
+    /// (key, id) index (tests/plans.rs): every settlement and every claim's rows then read all
+    /// its entries, the deleted rows' included, which a held vacuum horizon keeps by the
+    /// hundred thousand. `key IS NOT NULL` leaves the index out of every statement that does
+    /// not compare the key (a comparison implies it), and holds every row the claims look for
+    /// in it: a null key is in no group and has no fair share (`key = $1` and `key > $1` never
+    /// match it).
+    pub(crate) fn predicate(self, key: &str) -> String {
         match self {
-            KeyIndex::Order | KeyIndex::TransactionOrder => "",
+            KeyIndex::Order | KeyIndex::TransactionOrder => format!(" WHERE {key} IS NOT NULL"),
             KeyIndex::Fair | KeyIndex::TransactionPending => {
-                " WHERE sent_at IS NULL AND quarantined_at IS NULL"
+                format!(" WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key} IS NOT NULL")
             }
         }
     }
@@ -250,12 +265,17 @@ impl KeyIndex {
         }
     }
 
-    /// The prefix of the index this one replaced: `migrate` drops it once this one is built
-    /// (the fair index of schema version 1 also held quarantined rows, as `key_<KEY>_idx`).
-    pub(crate) fn replaces(self) -> Option<&'static str> {
+    /// The prefixes of the indexes this one replaced: `migrate` drops them once this one is
+    /// built. The fair index of schema version 1 also held quarantined rows, as
+    /// `key_<KEY>_idx`; the indexes of 0.2.0 let the planner walk them for statements that do
+    /// not compare the key, as `order_`, `pending_`, `xact_order_` and `xact_pending_<KEY>_idx`
+    /// (see [`KeyIndex::predicate`]).
+    pub(crate) fn replaces(self) -> &'static [&'static str] {
         match self {
-            KeyIndex::Fair => Some("key"),
-            _ => None,
+            KeyIndex::Order => &["order"],
+            KeyIndex::Fair => &["key", "pending"],
+            KeyIndex::TransactionOrder => &["xact_order"],
+            KeyIndex::TransactionPending => &["xact_pending"],
         }
     }
 }
@@ -265,18 +285,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_fair_key_index_holds_pending_rows_only_under_a_name_of_its_own() {
+    fn every_key_index_leaves_out_rows_of_no_key_under_a_name_of_its_own() {
         assert_eq!(
-            KeyIndex::Fair.predicate(),
-            " WHERE sent_at IS NULL AND quarantined_at IS NULL"
+            KeyIndex::Fair.predicate("k"),
+            " WHERE sent_at IS NULL AND quarantined_at IS NULL AND k IS NOT NULL"
         );
-        let replaced = KeyIndex::Fair.replaces().unwrap();
-        assert_ne!(
-            replaced,
-            KeyIndex::Fair.prefix(),
-            "built beside the old one"
-        );
-        assert_eq!(KeyIndex::Order.replaces(), None);
+        assert_eq!(KeyIndex::Order.predicate("k"), " WHERE k IS NOT NULL");
+        for kind in [
+            KeyIndex::Order,
+            KeyIndex::Fair,
+            KeyIndex::TransactionOrder,
+            KeyIndex::TransactionPending,
+        ] {
+            assert!(kind.predicate("k").ends_with("k IS NOT NULL"), "{kind:?}");
+            assert!(!kind.replaces().is_empty(), "{kind:?}");
+            assert!(
+                !kind.replaces().contains(&kind.prefix()),
+                "{kind:?}: built beside the old one"
+            );
+        }
     }
 
     #[test]

@@ -238,7 +238,7 @@ impl Outbox {
             // The column's own name, as every query of the relay writes it.
             let id = Value::Sql("id");
             steps.push(self.key_index_step(&self.table, name, &key, id, kind)?);
-            steps.extend(self.replaced_index_step(&self.table, &key_column, kind)?);
+            steps.extend(self.replaced_index_steps(&self.table, &key_column, kind)?);
         }
         steps.push(self.claims_step()?);
         steps.push(self.column_step(
@@ -307,26 +307,28 @@ impl Outbox {
         })
     }
 
-    /// Drops the index `kind` replaced, once the new one is built: concurrently, so the
-    /// application's writes go on; `IF EXISTS`, so a rerun or a fresh install skips it.
-    fn replaced_index_step(
+    /// Drops the indexes `kind` replaced, once the new one is built: concurrently, so the
+    /// application's writes go on; `IF EXISTS`, so a rerun or a fresh install skips them.
+    fn replaced_index_steps(
         &self,
         table: &TableName,
         key: &KeyColumn,
         kind: KeyIndex,
-    ) -> Result<Option<Step>, OutboxError> {
-        let Some(replaces) = kind.replaces() else {
-            return Ok(None);
-        };
-        let old = in_schema(
-            table,
-            self.table
-                .derived(&format!("{replaces}_{}_idx", key.slug())),
-        );
-        Ok(Some(Step::Unbounded {
-            what: format!("dropping index {}, replaced", quote_ident(&old.name)),
-            sql: fill_in(super::apply::DROP_INDEX, &[("index", Value::Table(&old))])?,
-        }))
+    ) -> Result<Vec<Step>, OutboxError> {
+        kind.replaces()
+            .iter()
+            .map(|replaces| {
+                let old = in_schema(
+                    table,
+                    self.table
+                        .derived(&format!("{replaces}_{}_idx", key.slug())),
+                );
+                Ok(Step::Unbounded {
+                    what: format!("dropping index {}, replaced", quote_ident(&old.name)),
+                    sql: fill_in(super::apply::DROP_INDEX, &[("index", Value::Table(&old))])?,
+                })
+            })
+            .collect()
     }
 
     /// A (key, id) index on `table`; `key` is an expression the relay built from quoted parts.
@@ -346,7 +348,7 @@ impl Outbox {
                 ("key", Value::Sql(key)),
                 ("id", id),
                 ("order_columns", Value::Sql(kind.order_by().index_columns())),
-                ("predicate", Value::Sql(kind.predicate())),
+                ("predicate", Value::Sql(&kind.predicate(key))),
             ],
         )?;
         Ok(Step::Index {
@@ -486,7 +488,7 @@ impl Outbox {
                         }
                     };
                     let name = self.key_index_name(&key, kind);
-                    let replaced = self.replaced_index_step(base, &key, kind)?;
+                    let replaced = self.replaced_index_steps(base, &key, kind)?;
                     let key = format!("({expression})");
                     let id = Value::Ident(&map.id);
                     steps.push(self.key_index_step(base, name, &key, id, kind)?);
@@ -775,10 +777,11 @@ mod tests {
         assert_eq!(
             kinds,
             [
-                // The last "validate": dropping the fair index schema version 1 named `key_`;
-                // then the view, the lease table, the relay registry and the version.
+                // Each key index, then dropping what it replaced: 0.2.0's `order_` index, and
+                // schema version 1's `key_` and 0.2.0's `pending_` fair indexes; then the view,
+                // the lease table, the relay registry and the version.
                 "tx", "tx", "backfill", "tx", "validate", "tx", "index", "index", "index", "index",
-                "index", "index", "validate", "tx", "tx", "tx", "tx"
+                "index", "validate", "index", "validate", "validate", "tx", "tx", "tx", "tx"
             ]
         );
     }
