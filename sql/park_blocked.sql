@@ -11,23 +11,42 @@
 -- snapshot that reads the claims: the statement runs after the claim lock
 -- (sql/claim_lock.sql) in a READ COMMITTED transaction (upkeep.rs), so its snapshot, taken
 -- after the lock, holds every committed lease, and no claim runs until it commits.
-WITH {in_flight}
-UPDATE {table} AS o
-SET quarantined_at = now(),
-    quarantine_reason = 'blocked',
-    last_error = 'waiting behind quarantined event ' || head.event_id || ' (id ' || head.id || ') of its group'
-FROM (
+--
+-- Each head's rows are found by the group's key (one probe of the key's index per head), in a
+-- LATERAL so that the probe is the plan; then updated by primary key from an array. Written as
+-- one join, the plan started from the outbox instead (a hash join over a whole key index: on a
+-- table the planner sees as empty every index looks one page long), and read every entry a held
+-- vacuum horizon keeps, 11,000 buffers a pass after two minutes at 1,000 events/s.
+WITH {in_flight},
+head AS MATERIALIZED (
     SELECT DISTINCT ON ({key_q}, {dest_q}) {key_q} AS k, {dest_q} AS d, q.id{carried_q}, q.event_id
     FROM {table} AS q
     WHERE q.quarantined_at IS NOT NULL
       AND q.quarantine_reason IS DISTINCT FROM 'blocked'
     ORDER BY {key_q}, {dest_q}, {order_q}
-) AS head
-WHERE {key_o} = head.k
-  AND {dest_o} = head.d
-  AND {position_o} > {position_head}
+),
+behind AS MATERIALIZED (
+    SELECT o.id, head.event_id AS head_event_id, head.id AS head_id
+    FROM head
+    CROSS JOIN LATERAL (
+        SELECT o.id
+        FROM {table} AS o
+        WHERE {key_o} = head.k
+          AND {dest_o} = head.d
+          AND {position_o} > {position_head}
+          AND o.sent_at IS NULL
+          AND o.quarantined_at IS NULL
+          AND {nothing_in_flight_o}
+          AND {ordered_o}
+    ) AS o
+)
+UPDATE {table} AS o
+SET quarantined_at = now(),
+    quarantine_reason = 'blocked',
+    last_error = 'waiting behind quarantined event ' || b.head_event_id || ' (id ' || b.head_id || ') of its group'
+FROM behind AS b
+WHERE o.id = b.id
+  AND o.id = ANY (ARRAY(SELECT id FROM behind))
   AND o.sent_at IS NULL
   AND o.quarantined_at IS NULL
-  AND {nothing_in_flight_o}
-  AND {ordered_o}
 RETURNING o.id
