@@ -69,7 +69,7 @@ pub use conn::Conn;
 pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use fleet::{LiveRelay, Registration, Renewed};
-pub use floors::Floors;
+pub use floors::{Floors, FULL_RETENTION_PASS};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use liveness::{reconnect_delay, replacement, Replace};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use outbox_relay::outbox::{ClaimRequest, Outbox, PLANS};
+use outbox_relay::outbox::{ClaimRequest, Outbox, Upkeep, PLANS};
 
 use crate::scenario::{count, events, insert, migrated_db, run_args, set_arg, wait_count};
 use crate::support::pg::PrivatePg;
@@ -72,6 +72,104 @@ async fn claims_looks_and_statistics_seek_past_what_a_held_horizon_keeps() {
     .await
     .unwrap();
     assert_claims_and_looks_seek(&db, 5_000, 500).await;
+    dump.batch_execute("COMMIT").await.unwrap();
+}
+
+/// Retention (`--retention`) under a held horizon: each pass starts a margin below the newest
+/// `sent_at` it deleted (src/outbox/floors.rs), so the entries of the 5,000 rows it deleted
+/// before are not read again (measured in buffers beside the same statement from the first
+/// sent row); a row whose `sent_at` is older than where a pass starts (its settlement
+/// committed late) is deleted by the pass that starts from the first row, one in ten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_seeks_past_the_rows_it_deleted_and_a_pass_from_the_first_row_takes_what_is_below(
+) {
+    use outbox_relay::outbox::FULL_RETENTION_PASS;
+    let db = migrated_db().await;
+    let app = db.client().await;
+    let dump = db.client().await;
+    dump.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
+        .await
+        .unwrap();
+    // `rows` events named `name`, sent at `sent_at` plus `step` per id.
+    let sent = |name: &'static str, rows: i64, sent_at: &'static str, step: &'static str| {
+        let app = &app;
+        async move {
+            insert(app, &events(name, rows as usize, 10), Duration::ZERO).await;
+            app.execute(
+                &format!(
+                    "UPDATE outbox SET sent_at = {sent_at} + id * interval '{step}'
+                     WHERE event_id LIKE $1 || '%'"
+                ),
+                &[&name],
+            )
+            .await
+            .unwrap();
+        }
+    };
+    // Sent over 14 hours, far more than the margin the next pass starts below the newest.
+    sent("old", 5_000, "now() - interval '20 hours'", "10 seconds").await;
+    let outbox = std::sync::Arc::new(
+        Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap(),
+    );
+    let upkeep = Upkeep::new(outbox.clone(), Duration::from_secs(30));
+    let retention = Duration::from_secs(3600);
+    // One pass as the relay runs it (src/relay/maintain.rs): batches, each from where the one
+    // before got to.
+    let pass = || async {
+        let mut from = outbox.floors().retention_start();
+        let mut deleted = 0;
+        loop {
+            let (n, newest) = upkeep.delete_expired(retention, 1_000, from).await.unwrap();
+            deleted += n;
+            from = newest.or(from);
+            if n < 1_000 {
+                return deleted;
+            }
+        }
+    };
+    assert_eq!(pass().await, 5_000);
+
+    sent("new", 10, "now() - interval '2 hours'", "1 ms").await;
+    // Sent long ago by a settlement that committed only now.
+    sent("late", 1, "now() - interval '21 hours'", "1 ms").await;
+    let sql = include_str!("../sql/delete_expired.sql").replace("{table}", "\"outbox\"");
+    let measure = db.client().await;
+    let start = outbox.floors().retention_start();
+    let start_sql = |t: Option<std::time::SystemTime>| match t {
+        Some(t) => format!(
+            "to_timestamp({})",
+            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+        ),
+        None => "NULL".to_string(),
+    };
+    let params = |t| vec!["3600".to_string(), "1000".to_string(), start_sql(t)];
+    let (from_floor, from_first) = (
+        buffers(&measure, &sql, &params(start)).await,
+        buffers(&measure, &sql, &params(None)).await,
+    );
+    println!("retention: {from_floor} buffers from its floor, {from_first} from the first row");
+    assert!(start.is_some(), "the second pass starts at a floor");
+    assert!(
+        // From its floor: the index pages, the new rows' and the last margin's deleted rows'.
+        from_first >= 300 && from_floor * 5 < from_first,
+        "from its floor the pass read {from_floor} buffers, from the first row {from_first}"
+    );
+    // The pass from that floor: the new rows go, the late one stays.
+    let mut from = start;
+    let (n, newest) = upkeep.delete_expired(retention, 1_000, from).await.unwrap();
+    from = newest.or(from);
+    assert_eq!(n, 10);
+    assert_eq!(count(&app, "event_id LIKE 'late%'").await, 1);
+    assert_eq!(
+        upkeep.delete_expired(retention, 1_000, from).await.unwrap().0,
+        0
+    );
+    // Up to the pass from the first row, which takes it.
+    for _ in 2..FULL_RETENTION_PASS {
+        assert_eq!(pass().await, 0);
+    }
+    assert_eq!(pass().await, 1, "the pass from the first row");
+    assert_eq!(count(&app, "true").await, 0);
     dump.batch_execute("COMMIT").await.unwrap();
 }
 

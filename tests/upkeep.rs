@@ -94,7 +94,7 @@ async fn a_statement_past_the_maintenance_timeout_is_cancelled_and_the_next_pass
     let err = upkeep.stats().await.unwrap_err();
     assert!(err.timed_out(), "{err}");
     let err = upkeep
-        .delete_expired(Duration::from_secs(1), 100)
+        .delete_expired(Duration::from_secs(1), 100, None)
         .await
         .unwrap_err();
     assert!(err.timed_out(), "{err}");

@@ -20,10 +20,27 @@
 //!   live token it saw (its own included), and the next claim reads the lease table from
 //!   there. Nothing needs a sweep: a claim with a smaller token cannot appear later.
 //!
-//! Both are lower bounds: a stale one costs a longer scan, never a missed row. Each relay keeps
+//! - **sent rows** (`--retention`): the retention pass deletes sent rows oldest `sent_at`
+//!   first; the next pass starts a margin ([`SENT_MARGIN`]) below the newest `sent_at` it
+//!   deleted, and one pass in [`FULL_RETENTION_PASS`] starts from the first sent row. A row
+//!   whose `sent_at` is older than where a pass starts (its settlement committed more than the
+//!   margin after its transaction began, or another statement held it locked) is deleted by
+//!   that full pass: later than its retention, never lost.
+//!
+//! All are lower bounds: a stale one costs a longer scan, never a missed row. Each relay keeps
 //! its own; replicas need not agree.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+/// How far below the newest `sent_at` it deleted the next retention pass starts: a
+/// settlement's `sent_at` is its transaction's start, and the relay's settlements end within
+/// `--db-timeout` (a statement and its transaction are bounded by it), far less than this.
+pub const SENT_MARGIN: Duration = Duration::from_secs(600);
+
+/// One retention pass in this many starts from the first sent row.
+pub const FULL_RETENTION_PASS: u64 = 10;
 
 /// One table's floors, shared by a relay's connections to it.
 #[derive(Debug, Default)]
@@ -35,6 +52,10 @@ pub struct Floors {
     /// The highest id this relay has claimed: a statistics pass that finds no unsent row at or
     /// above the floor raises it past this (every row up to it was seen settled).
     claimed: AtomicI64,
+    /// The newest `sent_at` a retention pass deleted.
+    sent: Mutex<Option<SystemTime>>,
+    /// Retention passes started.
+    retention_passes: AtomicU64,
 }
 
 /// What a claim or a statistics pass read before its statement ran; the floor moves only from
@@ -96,6 +117,29 @@ impl Floors {
     }
 }
 
+impl Floors {
+    /// Where a retention pass starts in the sent rows (`None`: from the first), and counts it.
+    pub fn retention_start(&self) -> Option<SystemTime> {
+        let pass = self.retention_passes.fetch_add(1, Ordering::Relaxed);
+        let sent = *self.sent.lock().expect("sent floor");
+        retention_start(pass, sent)
+    }
+
+    /// A retention batch deleted rows sent up to `newest`.
+    pub fn retention_deleted(&self, newest: Option<SystemTime>) {
+        let mut sent = self.sent.lock().expect("sent floor");
+        *sent = (*sent).max(newest);
+    }
+}
+
+/// Where retention pass number `pass` starts, given the newest `sent_at` deleted so far.
+pub fn retention_start(pass: u64, sent: Option<SystemTime>) -> Option<SystemTime> {
+    if pass % FULL_RETENTION_PASS == 0 {
+        return None;
+    }
+    sent.and_then(|t| t.checked_sub(SENT_MARGIN))
+}
+
 /// The rows' floor after a statistics pass from `read` that found `lowest`: that row, or with
 /// no unsent row at or above the floor, past every row this relay had claimed before the pass
 /// (each was seen settled by it). Never lower than it was.
@@ -143,6 +187,22 @@ mod tests {
         assert_eq!(f.rows(), 7);
         f.lower(None);
         assert_eq!(f.rows(), 7);
+    }
+
+    #[test]
+    fn retention_starts_a_margin_below_what_it_deleted_and_from_the_first_row_every_tenth_pass() {
+        let f = Floors::default();
+        assert_eq!(f.retention_start(), None, "the first pass: from the first row");
+        assert_eq!(f.retention_start(), None, "nothing deleted yet");
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(100_000);
+        f.retention_deleted(Some(t));
+        f.retention_deleted(Some(t - Duration::from_secs(5)));
+        f.retention_deleted(None);
+        for _ in 2..FULL_RETENTION_PASS {
+            assert_eq!(f.retention_start(), Some(t - SENT_MARGIN));
+        }
+        assert_eq!(f.retention_start(), None, "every tenth pass");
+        assert_eq!(f.retention_start(), Some(t - SENT_MARGIN));
     }
 
     #[test]

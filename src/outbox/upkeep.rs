@@ -9,7 +9,7 @@
 //! dropped and the next pass opens another.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::Mutex;
 use tokio_postgres::types::{ToSql, Type};
@@ -298,23 +298,28 @@ impl Upkeep {
         Ok(found)
     }
 
-    /// Deletes up to `limit` sent rows older than `retention`; returns how many went.
+    /// Deletes up to `limit` sent rows older than `retention`, from `sent_at` `from` on
+    /// (`None`: from the first); returns how many went and the newest `sent_at` among them.
     pub async fn delete_expired(
         &self,
         retention: Duration,
         limit: i64,
-    ) -> Result<u64, OutboxError> {
+        from: Option<SystemTime>,
+    ) -> Result<(u64, Option<SystemTime>), OutboxError> {
         let rows = self
             .run(
                 &self.outbox.sql.delete_expired,
                 &[
                     (&retention.as_secs_f64(), Type::FLOAT8),
                     (&limit, Type::INT8),
+                    (&from, Type::TIMESTAMPTZ),
                 ],
                 "deleting sent rows past retention",
             )
             .await?;
-        Ok(rows.len() as u64)
+        let newest = rows.iter().map(|r| r.get::<_, SystemTime>(1)).max();
+        self.outbox.floors().retention_deleted(newest);
+        Ok((rows.len() as u64, newest))
     }
 
     /// Makes rows parked for their destination unsent again once their time has come, in

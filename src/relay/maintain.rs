@@ -346,10 +346,13 @@ impl Relay {
         };
         *self.last_retention.lock().expect("retention lock") = Some(Instant::now());
         let mut deleted = 0u64;
+        // Each batch starts where the one before got to (src/outbox/floors.rs).
+        let mut from = self.outbox.floors().retention_start();
         loop {
-            match self.upkeep.delete_expired(retention, RETENTION_BATCH).await {
-                Ok(n) => {
+            match self.upkeep.delete_expired(retention, RETENTION_BATCH, from).await {
+                Ok((n, newest)) => {
                     deleted += n;
+                    from = newest.or(from);
                     if n < RETENTION_BATCH as u64 || stop.is_cancelled() {
                         break;
                     }
