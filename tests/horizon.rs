@@ -138,7 +138,9 @@ async fn retention_seeks_past_the_rows_it_deleted_and_a_pass_from_the_first_row_
     let start_sql = |t: Option<std::time::SystemTime>| match t {
         Some(t) => format!(
             "to_timestamp({})",
-            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+            t.duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
         ),
         None => "NULL".to_string(),
     };
@@ -161,7 +163,11 @@ async fn retention_seeks_past_the_rows_it_deleted_and_a_pass_from_the_first_row_
     assert_eq!(n, 10);
     assert_eq!(count(&app, "event_id LIKE 'late%'").await, 1);
     assert_eq!(
-        upkeep.delete_expired(retention, 1_000, from).await.unwrap().0,
+        upkeep
+            .delete_expired(retention, 1_000, from)
+            .await
+            .unwrap()
+            .0,
         0
     );
     // Up to the pass from the first row, which takes it.

@@ -379,11 +379,11 @@ impl ClaimStrategy {
         } else {
             String::new()
         };
-        // `IS NOT NULL`: the key index's predicate (KeyIndex::predicate), which the `OR` does
-        // not imply.
+        // `>= ''` implies the key index's predicate, `key IS NOT NULL` (KeyIndex::predicate),
+        // which the `OR` does not (see sql/fair_values.sql).
         let keys_anchor = render(
             "SELECT (SELECT {key_bare} FROM {table} \
-             WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key_bare} IS NOT NULL \
+             WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key_bare} >= '' \
              AND ($7::text IS NULL OR {key_bare} > $7::text) ORDER BY 1 LIMIT 1), 1::bigint \
              WHERE (SELECT count(*) FROM oldest) < $1",
             &[("table", t), ("key_bare", Value::Sql(&key_sql(key, None)))],

@@ -192,7 +192,11 @@ mod tests {
     #[test]
     fn retention_starts_a_margin_below_what_it_deleted_and_from_the_first_row_every_tenth_pass() {
         let f = Floors::default();
-        assert_eq!(f.retention_start(), None, "the first pass: from the first row");
+        assert_eq!(
+            f.retention_start(),
+            None,
+            "the first pass: from the first row"
+        );
         assert_eq!(f.retention_start(), None, "nothing deleted yet");
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(100_000);
         f.retention_deleted(Some(t));

@@ -349,7 +349,11 @@ impl Relay {
         // Each batch starts where the one before got to (src/outbox/floors.rs).
         let mut from = self.outbox.floors().retention_start();
         loop {
-            match self.upkeep.delete_expired(retention, RETENTION_BATCH, from).await {
+            match self
+                .upkeep
+                .delete_expired(retention, RETENTION_BATCH, from)
+                .await
+            {
                 Ok((n, newest)) => {
                     deleted += n;
                     from = newest.or(from);
