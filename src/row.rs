@@ -194,9 +194,12 @@ pub struct Settled {
     /// The reasons of the rows actually quarantined (for the per-reason counter).
     pub quarantined_reasons: Vec<QuarantineReason>,
     pub lost: u64,
-    /// Acknowledged rows the settlement left unsent although its claim's fence held: something
-    /// on the table undid it (a trigger, a rule, row-level security).
-    pub unchanged: u64,
+    /// Acknowledged rows of claims the fence found, when the statement changed fewer rows than
+    /// that: something on the table may have undone the settlement (a trigger, a rule,
+    /// row-level security), or another statement removed some of them. The caller stops
+    /// sending before it looks ([`crate::outbox::Session::unsettled`]), so that no claim of
+    /// its own sends them again in between.
+    pub suspect: Vec<i64>,
 }
 
 /// A per-row key: the FIFO message group, the routing key, the fairness key.

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use tokio_postgres::SimpleQueryMessage;
 
+use crate::support::pg::PrivatePg;
+
 use crate::scenario::{args, count, events, insert, run_args, wait_count};
 use crate::support::{
     create_queue, fresh_db, pg, receive_all, run_to_end, sqs, PgBouncer, PoolMode, Pooling,
@@ -491,4 +493,79 @@ async fn repeatable_read_by_default_through_a_transaction_pool_each_row_once() {
     insert(&direct, &written, Duration::ZERO).await;
     crate::settings::impose(&db, "default_transaction_isolation = 'repeatable read'").await;
     crate::settings::delivered_once(&pooled, &queue, &direct, &written, 3).await;
+}
+
+/// Every transaction a relay opens through a transaction pool is bounded by the server from
+/// its first message: the BEGIN and its `idle_in_transaction_session_timeout` leave together.
+/// The maintenance connection used to send a BEGIN of its own and its settings after it; a
+/// link gone dark between the two left the pool's server connection idle in a transaction
+/// that no timeout ended (for as long as TCP takes to tell), and a pool of one was held from
+/// both relays and the application (simulation seed 12172163297347410868: 59 rows never
+/// left the table).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_transaction_through_a_pool_starts_with_its_idle_timeout_in_the_same_message() {
+    let cluster = PrivatePg::start_with(&["log_statement=all", "log_line_prefix=%a|"]).await;
+    let db = cluster.create_db().await;
+    let bouncer = PgBouncer::start(
+        cluster.port(),
+        cluster.password(),
+        Pooling {
+            mode: PoolMode::Transaction,
+            size: 1,
+            reset: false,
+        },
+    )
+    .await;
+    let pooled = through(&bouncer, &db);
+    migrate_through(&pooled, &[]).await;
+    let queue = create_queue("pool-begin", &[]).await;
+    let direct = db.client().await;
+    insert(&direct, &events("pool-begin", 50, 5), Duration::ZERO).await;
+    const APP: &str = "relay-begins";
+    let relayed = TestDb {
+        name: db.name.clone(),
+        url: format!("{}?application_name={APP}", pooled.url),
+    };
+    let relay = RelayProcess::spawn(
+        &run_args(
+            &relayed,
+            &queue,
+            sqs().endpoint(),
+            &["--maintenance-timeout", "7s"],
+        ),
+        &[],
+    );
+    wait_count(&direct, "sent_at IS NOT NULL", 50, Duration::from_secs(60)).await;
+    // The maintenance connection's statements (statistics every 200 ms) carry its own timeout.
+    let maintenance = "idle_in_transaction_session_timeout = 7000";
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cluster.log().contains(maintenance) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    relay.sigterm();
+    assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    let log = cluster.log();
+    let begins: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix(&format!("{APP}|")))
+        .filter_map(|l| l.split_once("statement: ").map(|(_, s)| s))
+        .filter(|s| {
+            let s = s.to_ascii_uppercase();
+            s.starts_with("BEGIN") || s.starts_with("START TRANSACTION")
+        })
+        .collect();
+    let unbounded: Vec<&&str> = begins
+        .iter()
+        .filter(|b| !b.contains("idle_in_transaction_session_timeout"))
+        .collect();
+    assert!(
+        unbounded.is_empty(),
+        "{} of {} transactions began without their idle timeout: {unbounded:#?}",
+        unbounded.len(),
+        begins.len()
+    );
+    assert!(
+        begins.iter().any(|b| b.contains(maintenance)),
+        "no maintenance transaction seen: {begins:#?}"
+    );
 }

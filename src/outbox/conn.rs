@@ -397,6 +397,20 @@ impl Conn {
         request.take_output().expect("done")
     }
 
+    /// `sql` with its parameters' types, in a transaction of its own that starts with `begin`
+    /// (simple-protocol statements, e.g. a BEGIN and its settings), pipelined: one round trip,
+    /// nothing named left on the connection.
+    pub(super) async fn query_typed_in_transaction(
+        &self,
+        begin: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, Error> {
+        let (values, types): (Vec<&(dyn ToSql + Sync)>, Vec<Type>) =
+            params.iter().map(|(v, t)| (*v, t.clone())).unzip();
+        Ok(self.unnamed(sql, &types, Some(begin), &values).await?.0)
+    }
+
     /// Runs `sql` in a transaction of its own that starts with `settings` (`SET LOCAL ...`),
     /// pipelined: through a pooler, what a session setting does on a direct connection.
     pub(super) async fn execute_in_transaction(

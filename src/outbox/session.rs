@@ -494,17 +494,18 @@ impl Session {
             .map(|r| r.reason)
             .collect();
         // Acknowledged rows of claims the fence found: each must have been settled. Fewer
-        // changed means something on the table undid the settlement (a trigger, a rule, a
-        // row-level security policy); those rows would be claimed and sent again and again.
+        // changed means something on the table may have undone the settlement (a trigger, a
+        // rule, a row-level security policy), and those rows would be claimed and sent again
+        // and again. The look that confirms it is the caller's, after it stopped sending.
         let acknowledged: Vec<i64> = s
             .sent
             .iter()
             .filter(|r| fenced.contains(&r.lease_token))
             .map(|r| r.id)
             .collect();
-        let unchanged = match (sent as usize) < acknowledged.len() {
-            true => self.unsettled(&acknowledged).await?,
-            false => 0,
+        let suspect = match (sent as usize) < acknowledged.len() {
+            true => acknowledged,
+            false => Vec::new(),
         };
         let unfenced = s.without_claims(&fenced);
         let lost = match (unfenced.is_empty(), retry) {
@@ -519,12 +520,12 @@ impl Session {
             rescheduled: rescheduled.len() as u64,
             quarantined_reasons,
             lost,
-            unchanged,
+            suspect,
         })
     }
 
     /// Of the acknowledged `ids`, how many are still unsent.
-    async fn unsettled(&self, ids: &[i64]) -> Result<u64, OutboxError> {
+    pub async fn unsettled(&self, ids: &[i64]) -> Result<u64, OutboxError> {
         let row = self
             .client
             .query_one(&self.unsettled, &[&ids])

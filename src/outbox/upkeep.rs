@@ -15,7 +15,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::conn::Conn;
+use super::conn::{timeouts, Access, Conn};
 
 use super::claim::OrderScope;
 use super::{query_err, Outbox, OutboxError, Stats};
@@ -30,6 +30,14 @@ pub const UNPARK_BATCH: i64 = 1_000;
 /// How long past the server's `statement_timeout` the client waits before it gives the
 /// connection up: the server's own cancellation normally answers first.
 const CLIENT_GRACE: Duration = Duration::from_secs(2);
+
+/// The maintenance transaction's settings besides its timeouts (`--maintenance-timeout`, for
+/// statements, lock waits and an idle transaction: the parking pass holds the claims' lock),
+/// for that transaction only, so that nothing stays on a server connection a pooler hands to
+/// the application next. The relay's own writes here (retention deletes, unparking) need not
+/// wait for their WAL flush: a lost one is done again next pass. Nor are they worth JIT
+/// compiling (see session.rs).
+const UPKEEP_SETTINGS: &str = "SET LOCAL synchronous_commit = off; SET LOCAL jit = off";
 
 /// A count read from the lowest `bound` entries of an index over ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,31 +165,32 @@ impl Upkeep {
             if slot.as_ref().is_none_or(Conn::is_closed) {
                 *slot = Some(self.outbox.raw_connect().await?);
             }
-            let client = slot.as_mut().expect("connected above");
+            let client = slot.as_ref().expect("connected above");
             // Claims write no outbox row a statement here could conflict with: it sees their
             // leases only through its snapshot, which must be taken after the claims' lock
             // below. The transaction states READ COMMITTED (each statement its own snapshot);
             // the REPEATABLE READ or SERIALIZABLE a database or role may default to would take
             // it at the first statement, before the lock, and miss a lease committed while it
             // waited.
-            let tx = client.transaction().await.map_err(query_err(context))?;
-            let timeout_ms = self.timeout.as_millis().to_string();
-            tx.query_typed(
-                include_str!("../../sql/upkeep_settings.sql"),
-                &[(&timeout_ms, Type::TEXT)],
-            )
-            .await
-            .map_err(query_err("setting the maintenance statement timeout"))?;
+            //
+            // Its start, settings and lock leave in one message, with the statement and the
+            // COMMIT behind it: a link that goes dark after a BEGIN of its own would leave the
+            // server connection idle in a transaction that no timeout ends, for as long as TCP
+            // takes to tell (hours); behind PgBouncer in transaction pooling that connection
+            // is the pool's, and a pool of one was held from every relay and the application
+            // (simulation seed 12172163297347410868).
+            let mut begin = format!(
+                "{}; {UPKEEP_SETTINGS}; {}",
+                Access::Write.begin(),
+                timeouts("SET LOCAL", Some(self.timeout))
+            );
             if after_claims {
-                tx.batch_execute(&self.outbox.sql.claim_lock)
-                    .await
-                    .map_err(query_err(context))?;
+                begin = format!("{begin}; {}", self.outbox.sql.claim_lock);
             }
-            let rows = tx
-                .query_typed(sql, params)
+            let rows = client
+                .query_typed_in_transaction(&begin, sql, params)
                 .await
                 .map_err(query_err(context))?;
-            tx.commit().await.map_err(query_err(context))?;
             Ok::<_, OutboxError>(rows)
         };
         match tokio::time::timeout(self.timeout + CLIENT_GRACE, work).await {

@@ -6,6 +6,7 @@
 //! migration that waited for it to drop off the registry could change the schema under a
 //! relay that still claims. [`gate`] is the rule, pure; the loop applies it before each claim.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -60,7 +61,19 @@ pub(super) struct Admission {
     /// Why claims stopped until it passes: row-level security hides rows from the relay's
     /// role or keeps it from settling them, seen by a statistics pass ([`Gate::Blocked`]).
     hidden: Mutex<Option<String>>,
+    /// Settlements that changed fewer rows than they meant to, whose effect is being looked
+    /// at: no request is sent meanwhile ([`Admission::sends_stopped`]).
+    confirming: AtomicUsize,
     pub(super) changed: Notify,
+}
+
+/// Sends stay stopped while this lives ([`Admission::confirming`]).
+pub(super) struct Confirming<'a>(&'a Admission);
+
+impl Drop for Confirming<'_> {
+    fn drop(&mut self) {
+        self.0.confirming.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Admission {
@@ -112,6 +125,23 @@ impl Admission {
     /// Whether claims stopped for good (settlements undone), which no later pass clears.
     pub(super) fn blocked_for_good(&self) -> bool {
         self.blocked.lock().expect("admission lock").is_some()
+    }
+
+    /// A settlement changed fewer rows than it meant to: until the look at those rows ends
+    /// (the guard is dropped, after [`Admission::block`] if they are still unsent), no request
+    /// is sent. A claim of this relay may already have taken the rows the settlement freed;
+    /// sent during that look, they would be one copy more than the bound of
+    /// docs/operations.md ("Triggers and rules"). Claims go on: a false alarm (another
+    /// statement deleted some of the rows) costs a round trip's worth of rows given back.
+    pub(super) fn confirming(&self) -> Confirming<'_> {
+        self.confirming.fetch_add(1, Ordering::AcqRel);
+        Confirming(self)
+    }
+
+    /// Whether a request about to be sent must be given back instead: settlements on the
+    /// table change nothing, or may, and that is being looked at.
+    pub(super) fn sends_stopped(&self) -> bool {
+        self.confirming.load(Ordering::Acquire) > 0 || self.blocked_for_good()
     }
 }
 
@@ -168,6 +198,24 @@ mod tests {
             ),
             Gate::Blocked("trigger keep".into())
         );
+    }
+
+    #[test]
+    fn sends_stop_while_a_settlement_is_looked_at_and_for_good_once_it_was_undone() {
+        let admission = Admission::default();
+        assert!(!admission.sends_stopped());
+        let first = admission.confirming();
+        let second = admission.confirming();
+        assert!(admission.sends_stopped());
+        drop(first);
+        assert!(admission.sends_stopped(), "one look still runs");
+        drop(second);
+        assert!(!admission.sends_stopped(), "a false alarm lifts the stop");
+        let look = admission.confirming();
+        admission.block("trigger keep".into());
+        drop(look);
+        assert!(admission.sends_stopped());
+        assert!(admission.blocked_for_good());
     }
 
     #[test]

@@ -261,6 +261,40 @@ impl Relay {
         self.admission.explain(why);
     }
 
+    /// A settlement changed fewer of its acknowledged rows (`ids`) than it meant to: looks
+    /// whether they are still unsent, with sends stopped meanwhile, and stops claims for good
+    /// if they are. Tried until the lease ends, like the settlement; after that a claim may
+    /// take them and send them once more, and its own settlement looks again.
+    async fn confirm_settled(&self, ids: &[i64], lease_deadline: Instant) {
+        let _confirming = self.admission.confirming();
+        let mut attempt = 0u32;
+        loop {
+            let result = self
+                .settlements
+                .run(
+                    "looking for acknowledged rows the settlement left unsent",
+                    |s| async move { s.unsettled(ids).await },
+                )
+                .await;
+            match result {
+                Ok(0) => return,
+                Ok(unchanged) => {
+                    return self.settlements_undone(Undone::Unchanged(unchanged)).await
+                }
+                Err(e) => {
+                    attempt += 1;
+                    let delay = self.db_backoff(attempt, crate::outbox::replacement(&e).is_some());
+                    if Instant::now() + delay >= lease_deadline {
+                        tracing::warn!(target: LOG_TARGET, error = %e, rows = ids.len(),
+                            "could not look whether a settlement that changed fewer rows than it meant to took effect; sending again");
+                        return;
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
     /// Writes a claim's outcomes, retrying while the lease still protects the rows. If the
     /// database stays away past the lease, the rows are simply claimed and sent again later,
     /// with the same event_id.
@@ -286,9 +320,8 @@ impl Relay {
                         metrics::counter!(names::EVENTS_QUARANTINED, "reason" => reason.as_str())
                             .increment(1);
                     }
-                    if settled.unchanged > 0 {
-                        self.settlements_undone(Undone::Unchanged(settled.unchanged))
-                            .await;
+                    if !settled.suspect.is_empty() {
+                        self.confirm_settled(&settled.suspect, lease_deadline).await;
                     }
                     if settled.lost > 0 {
                         metrics::counter!(names::LEASE_LOST).increment(settled.lost);

@@ -114,10 +114,11 @@ impl Relay {
         if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
             return (request, Err(Unsent::Parked(park)));
         }
-        // Another delivery found that settlements on this table change nothing, after this
-        // request's claim took rows its settlement had just freed: sent now, they would be a
-        // copy that no settlement can stop. Given back, they wait unsent like the others.
-        if self.admission.blocked_for_good() {
+        // Another delivery found that settlements on this table change nothing (or is looking
+        // whether they do), after this request's claim took rows its settlement had just
+        // freed: sent now, they would be a copy that no settlement can stop. Given back, they
+        // wait unsent like the others.
+        if self.admission.sends_stopped() {
             return (request, Err(Unsent::NotSent(SETTLEMENTS_UNDONE)));
         }
         // Sending now could outlive the lease: another replica might take the rows over while
@@ -278,7 +279,7 @@ impl Relay {
 /// stopped claiming because the schema no longer admits it; its rows are given back either way.
 const STOPPING: &str = "sending stopped (shutdown, or the schema no longer admits this relay)";
 /// Why a request is not sent once settlements on its table were found to change nothing.
-const SETTLEMENTS_UNDONE: &str = "settlements on the table change nothing";
+const SETTLEMENTS_UNDONE: &str = "settlements on the table change nothing, or may";
 
 pub(super) enum Unsent {
     /// SQS (or the path to it) failed the whole request.

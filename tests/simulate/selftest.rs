@@ -222,7 +222,7 @@ const CASES: &[Case] = &[
         "a relay waits for its database at start-up, never exits",
     ),
     (
-        "an event sent four times by the one relay whose settlements were undone",
+        "an event sent three times by the one relay whose settlements were undone",
         |plan, ev| {
             plan.hazard = Some(Hazard::KeepRows {
                 at_ms: 0,
@@ -230,11 +230,11 @@ const CASES: &[Case] = &[
             });
             ev.relays_run = 1;
             ev.undone_named = Some(format!("{UNDONE} (trigger sim_keep_rows ...)"));
-            for _ in 0..3 {
+            for _ in 0..2 {
                 ev.received.push(message(1));
             }
         },
-        "settlements that change nothing cost at most two copies per relay",
+        "settlements that change nothing cost at most one copy per relay",
     ),
     (
         "undone settlements said without their cause",
