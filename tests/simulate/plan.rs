@@ -379,6 +379,14 @@ pub enum Fault {
         delay_ms: u64,
         ms: u64,
     },
+    /// Every answer of the database to relay `relay` arrives `delay_ms` late, for `ms`: its
+    /// statements run and commit at once, the relay learns it past the margin it keeps before
+    /// a claim's deadline (issue 37: a claim the relay gave up on that committed).
+    SlowAnswers {
+        relay: usize,
+        delay_ms: u64,
+        ms: u64,
+    },
     /// Every claim takes `sleep_ms` longer in the server (below `--db-timeout`, so one claim
     /// alone keeps its deadline; one that waited for another's lock does not), for `ms`.
     SlowClaims { sleep_ms: u64, ms: u64 },
@@ -394,6 +402,7 @@ impl Fault {
             Fault::PgRestart { .. } => "pg-restart",
             Fault::Dark { .. } => "dark-db",
             Fault::SlowDb { .. } => "slow-db",
+            Fault::SlowAnswers { .. } => "slow-answers",
             Fault::SlowClaims { .. } => "slow-claims",
             Fault::Sqs {
                 fault: SqsFault::Error500,
@@ -598,6 +607,21 @@ impl Plan {
             }
             _ => None,
         };
+        // Issue 37's slow answers, drawn after everything else for the same reason: answers
+        // late by a quarter to nine tenths of `--db-timeout`, so that some claims commit and
+        // the relay has given up on them (the margin is a quarter).
+        if rng.chance(20) {
+            let relay = rng.range(0, fleet.relays as u64 - 1) as usize;
+            faults.push(Timed {
+                at_ms: rng.range(200, workload.write_ms + 1000),
+                what: Fault::SlowAnswers {
+                    relay,
+                    delay_ms: fleet.db_timeout_ms() * rng.range(25, 90) / 100,
+                    ms: rng.range(1000, 3000),
+                },
+            });
+            faults.sort_by_key(|f| f.at_ms);
+        }
         Plan {
             seed,
             redraw,

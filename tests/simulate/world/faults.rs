@@ -113,6 +113,20 @@ pub(super) async fn inject(
             f.proxies[relay].set_delay(Duration::ZERO);
             marks.lock().unwrap().hard.insert(f.ids[relay].clone());
         }
+        Fault::SlowAnswers {
+            relay,
+            delay_ms,
+            ms,
+        } => {
+            // The relay gives up on round trips the server completed, as on a slow link.
+            let id = current(relay);
+            marks.lock().unwrap().hard.insert(id);
+            fleet.lock().unwrap().proxies[relay].set_answer_delay(Duration::from_millis(delay_ms));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            let f = fleet.lock().unwrap();
+            f.proxies[relay].set_answer_delay(Duration::ZERO);
+            marks.lock().unwrap().hard.insert(f.ids[relay].clone());
+        }
         Fault::Sqs { fault, ms } => {
             let mode = match fault {
                 SqsFault::Error500 => {
