@@ -80,6 +80,7 @@ keys(k, n) AS (
     SELECT (SELECT {key_bare}
             FROM {table}
             WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key_bare} > keys.k
+              AND id >= $5::bigint
             ORDER BY 1
             LIMIT 1),
            keys.n + 1

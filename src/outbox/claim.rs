@@ -380,11 +380,13 @@ impl ClaimStrategy {
             String::new()
         };
         // `>= ''` implies the key index's predicate, `key IS NOT NULL` (KeyIndex::predicate),
-        // which the `OR` does not (see sql/fair_values.sql).
+        // which the `OR` does not; the floor turns away settled rows' entries in the index
+        // (see sql/fair_values.sql).
         let keys_anchor = render(
             "SELECT (SELECT {key_bare} FROM {table} \
              WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key_bare} >= '' \
-             AND ($7::text IS NULL OR {key_bare} > $7::text) ORDER BY 1 LIMIT 1), 1::bigint \
+             AND ($7::text IS NULL OR {key_bare} > $7::text) AND id >= $5::bigint \
+             ORDER BY 1 LIMIT 1), 1::bigint \
              WHERE (SELECT count(*) FROM oldest) < $1",
             &[("table", t), ("key_bare", Value::Sql(&key_sql(key, None)))],
         )?;
