@@ -226,23 +226,61 @@ impl Conn {
             .collect())
     }
 
-    /// The parameter types of `sqls`, from statements prepared and closed again inside one
-    /// transaction, so that the server connection keeps none of them.
+    /// The parameter types of `sqls`, from statements prepared and deallocated again inside
+    /// one transaction sent as one simple-protocol message ([`learning_script`]), so that the
+    /// server connection keeps none of them.
+    ///
+    /// One message, because a message reaches the server whole or not at all: prepared with
+    /// the extended protocol (a Parse, its answer, then a Close), a caller that gave up
+    /// between the Parse and the Close (its deadline, on a slow link) left the statement on
+    /// the server connection, the next transaction on the connection committed around it, and
+    /// through a transaction pooler the server connection went back to the pool with it for
+    /// an application's session to find (simulation seed 4885364916658979242).
     async fn learn(&self, sqls: &[&str]) -> Result<Vec<Vec<Type>>, Error> {
+        let script = learning_script(&self.begin(Access::Read, ""), sqls);
         let _order = self.order.lock().await;
+        let answer = self.client.simple_query(&script).await;
+        let messages = match answer {
+            Ok(messages) => messages,
+            Err(e) => {
+                // The statements after the failed one were skipped, COMMIT with them.
+                let _ = self.client.batch_execute("ROLLBACK").await;
+                return Err(e);
+            }
+        };
+        let oids: Vec<String> = messages
+            .into_iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_string),
+                _ => None,
+            })
+            .collect();
+        let mut learned = Vec::with_capacity(sqls.len());
+        for (i, sql) in sqls.iter().enumerate() {
+            let types: Option<Vec<Type>> = oids.get(i).and_then(|oids| {
+                oids.split(',')
+                    .filter(|o| !o.is_empty())
+                    .map(|o| o.parse().ok().and_then(Type::from_oid))
+                    .collect()
+            });
+            match types {
+                Some(types) => learned.push(types),
+                // A type tokio-postgres does not know by its number (one of the table's own,
+                // a domain): only the driver's own prepare resolves it.
+                None => learned.push(self.learn_by_prepare(sql).await?),
+            }
+        }
+        Ok(learned)
+    }
+
+    /// [`Conn::learn`] for one statement whose parameter types only the driver resolves: its
+    /// prepare and Close in a transaction of their own. Called with `order` held.
+    async fn learn_by_prepare(&self, sql: &str) -> Result<Vec<Type>, Error> {
         self.client
             .batch_execute(&self.begin(Access::Read, ""))
             .await?;
-        let prepared =
-            futures_util::future::try_join_all(sqls.iter().map(|sql| self.client.prepare(sql)))
-                .await;
-        let types = prepared.map(|statements| {
-            // Dropping a statement sends its Close now, ahead of the COMMIT below.
-            statements
-                .into_iter()
-                .map(|s| s.params().to_vec())
-                .collect::<Vec<_>>()
-        });
+        // Dropping the statement sends its Close now, ahead of the COMMIT below.
+        let types = self.client.prepare(sql).await.map(|s| s.params().to_vec());
         let end = self
             .client
             .batch_execute(if types.is_ok() { "COMMIT" } else { "ROLLBACK" })
@@ -503,9 +541,44 @@ impl Conn {
     }
 }
 
+/// One simple-protocol script that starts with `begin` and, for each of `sqls`, prepares it
+/// under a name of the relay's own, answers one row with its parameter types' numbers (comma
+/// separated), and deallocates it; then commits. Each statement text ends on a line of its own,
+/// so that a comment on its last line ends before the `;`.
+fn learning_script(begin: &str, sqls: &[&str]) -> String {
+    let mut script = begin.to_string();
+    for (i, sql) in sqls.iter().enumerate() {
+        let name = format!("outbox_relay_learn_{i}");
+        script.push_str(&format!(
+            ";\nPREPARE {name} AS {sql}\n;\n\
+             SELECT array_to_string(ARRAY(SELECT t::oid FROM unnest(parameter_types) AS t), ',') \
+             FROM pg_prepared_statements WHERE name = '{name}';\n\
+             DEALLOCATE {name}"
+        ));
+    }
+    script.push_str(";\nCOMMIT");
+    script
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn types_are_learned_in_one_message_that_deallocates_every_statement_it_prepares() {
+        let script = learning_script("BEGIN", &["SELECT $1::int -- trailing", "SELECT $1"]);
+        assert!(script.starts_with("BEGIN;"));
+        assert!(script.ends_with(";\nCOMMIT"));
+        for i in 0..2 {
+            let name = format!("outbox_relay_learn_{i}");
+            let prepared = script.find(&format!("PREPARE {name} AS")).unwrap();
+            let read = script.find(&format!("WHERE name = '{name}'")).unwrap();
+            let deallocated = script.find(&format!("DEALLOCATE {name}")).unwrap();
+            assert!(prepared < read && read < deallocated, "{script}");
+        }
+        // A comment on a statement's last line ends before the statement's `;`.
+        assert!(script.contains("-- trailing\n;"), "{script}");
+    }
 
     #[test]
     fn every_transaction_states_its_isolation_and_writes_state_read_write() {

@@ -26,7 +26,9 @@ pub(super) async fn sample_pool(
             match c
                 .simple_query(
                     "SHOW synchronous_commit; SHOW plan_cache_mode; \
-                     SELECT count(*) FROM pg_prepared_statements",
+                     SELECT count(*) FROM pg_prepared_statements; \
+                     SELECT coalesce(string_agg(name || ': ' || left(statement, 120), ' | '), '') \
+                     FROM pg_prepared_statements",
                 )
                 .await
             {
@@ -38,12 +40,14 @@ pub(super) async fn sample_pool(
                             _ => None,
                         })
                         .collect();
-                    if seen != ["on", "auto", "0"] {
+                    if seen.get(..3) != Some(&["on", "auto", "0"].map(String::from)[..]) {
+                        // The statements left behind, by name and text: which client made them.
                         let leak = format!(
-                            "synchronous_commit={}, plan_cache_mode={}, prepared statements={}",
+                            "synchronous_commit={}, plan_cache_mode={}, prepared statements={} ({})",
                             seen.first().map_or("?", |s| s),
                             seen.get(1).map_or("?", |s| s),
-                            seen.get(2).map_or("?", |s| s)
+                            seen.get(2).map_or("?", |s| s),
+                            seen.get(3).map_or("?", |s| s)
                         );
                         if !leaks.contains(&leak) && leaks.len() < 5 {
                             leaks.push(leak);
