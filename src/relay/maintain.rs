@@ -244,6 +244,14 @@ impl Relay {
                 (shown, Ok(()))
             }
             Err(e) => {
+                if e.rewritten_by_rule() {
+                    // A rule made while the relay's connection was being replaced (a lock
+                    // queue behind the CREATE RULE timed its statements out): the new
+                    // connection cannot prepare the settlements, and claims wait for a renewal
+                    // that never comes, so no settlement would ever meet the rule and name it.
+                    self.settlements_undone(super::deliver::Undone::Refused(e.to_string()))
+                        .await;
+                }
                 self.admission.changed.notify_waiters();
                 (shown, Err(e))
             }

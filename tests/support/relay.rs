@@ -72,7 +72,11 @@ impl RelayProcess {
             // Keep a developer's ~/.aws out of the credential and region chain.
             .env("AWS_CONFIG_FILE", "/dev/null")
             .env("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
-            .env("RUST_LOG", "info")
+            // `OUTBOX_TEST_RELAY_LOG=debug` (or any filter) while looking into a failure.
+            .env(
+                "RUST_LOG",
+                std::env::var("OUTBOX_TEST_RELAY_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .envs(envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
