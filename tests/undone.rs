@@ -106,6 +106,21 @@ async fn a_before_update_trigger_that_keeps_the_rows_stops_claims_under_retentio
     .await;
 }
 
+/// The relay logged its one line about undone settlements, naming `cause`, is not ready, and
+/// the alert's gauge is up.
+async fn stopped_naming(relay: &RelayProcess, cause: &str) {
+    let line = relay
+        .wait_for_line("claims stopped so that", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|| panic!("no line naming {cause}:\n{}", relay.output()));
+    assert!(line.contains(cause), "{line}");
+    assert_eq!(relay.http_status("/readyz").await, 503);
+    assert_eq!(
+        relay.metric("outbox_table_blocked{table=\"outbox\"}").await,
+        Some(1.0)
+    );
+}
+
 /// A `DO INSTEAD NOTHING` rule created while the relay runs: PostgreSQL then refuses the
 /// relay's own `UPDATE ... RETURNING` (SQLSTATE 0A000) on every settlement. The relay stopped
 /// for nothing before this was caught: it retried each settlement until its lease ended and
@@ -124,19 +139,7 @@ async fn a_rule_created_while_the_relay_runs_stops_claims_with_one_line_naming_i
         .await
         .unwrap();
     insert(&app, &events("after", 20, 2), Duration::ZERO).await;
-    let line = relay
-        .wait_for_line("claims stopped so that", Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("no line about the rule:\n{}", relay.output()));
-    assert!(
-        line.contains("rule keep_rows (ON UPDATE DO INSTEAD)"),
-        "{line}"
-    );
-    assert_eq!(relay.http_status("/readyz").await, 503);
-    assert_eq!(
-        relay.metric("outbox_table_blocked{table=\"outbox\"}").await,
-        Some(1.0)
-    );
+    stopped_naming(&relay, "rule keep_rows (ON UPDATE DO INSTEAD)").await;
     // Claims stay stopped: a second later nothing more was said or sent.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let output = relay.output();
@@ -206,16 +209,7 @@ async fn a_rule_created_while_the_relay_reconnects_is_named_by_its_next_renewal(
         .await
         .unwrap();
     insert(&app, &events("after", 20, 2), Duration::ZERO).await;
-    let line = relay
-        .wait_for_line("claims stopped so that", Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|| panic!("no line about the rule:\n{}", relay.output()));
-    assert!(line.contains("rule keep_rows"), "{line}");
-    assert_eq!(relay.http_status("/readyz").await, 503);
-    assert_eq!(
-        relay.metric("outbox_table_blocked{table=\"outbox\"}").await,
-        Some(1.0)
-    );
+    stopped_naming(&relay, "rule keep_rows").await;
     assert_eq!(count(&app, "sent_at IS NULL").await, 20);
 }
 

@@ -101,31 +101,20 @@ pub(super) async fn inject(
             relay,
             delay_ms,
             ms,
-        } => {
-            // A link this slow makes the relay give up on round trips the server completed:
-            // the relay is cut off as much as by a dark link.
-            let id = current(relay);
-            marks.lock().unwrap().hard.insert(id);
-            fleet.lock().unwrap().proxies[relay].set_delay(Duration::from_millis(delay_ms));
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            // Relays restarted meanwhile went through the slow link too.
-            let f = fleet.lock().unwrap();
-            f.proxies[relay].set_delay(Duration::ZERO);
-            marks.lock().unwrap().hard.insert(f.ids[relay].clone());
-        }
+        } => slow_link(fleet, marks, relay, (delay_ms, ms), TcpProxy::set_delay).await,
         Fault::SlowAnswers {
             relay,
             delay_ms,
             ms,
         } => {
-            // The relay gives up on round trips the server completed, as on a slow link.
-            let id = current(relay);
-            marks.lock().unwrap().hard.insert(id);
-            fleet.lock().unwrap().proxies[relay].set_answer_delay(Duration::from_millis(delay_ms));
-            tokio::time::sleep(Duration::from_millis(ms)).await;
-            let f = fleet.lock().unwrap();
-            f.proxies[relay].set_answer_delay(Duration::ZERO);
-            marks.lock().unwrap().hard.insert(f.ids[relay].clone());
+            slow_link(
+                fleet,
+                marks,
+                relay,
+                (delay_ms, ms),
+                TcpProxy::set_answer_delay,
+            )
+            .await
         }
         Fault::Sqs { fault, ms } => {
             let mode = match fault {
@@ -162,4 +151,26 @@ pub(super) async fn inject(
             }
         }
     }
+}
+
+/// Relay `relay`'s link to the database slowed by `set` (`delay_ms` more, for `ms`): the relay
+/// gives up on round trips the server completed, so it counts as cut off, as by a dark link,
+/// and so does a relay restarted meanwhile, which went through the slow link too.
+async fn slow_link(
+    fleet: &Mutex<Fleet>,
+    marks: &Mutex<Marks>,
+    relay: usize,
+    (delay_ms, ms): (u64, u64),
+    set: fn(&TcpProxy, Duration),
+) {
+    let id = fleet.lock().unwrap().ids[relay].clone();
+    marks.lock().unwrap().hard.insert(id);
+    set(
+        &fleet.lock().unwrap().proxies[relay],
+        Duration::from_millis(delay_ms),
+    );
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    let f = fleet.lock().unwrap();
+    set(&f.proxies[relay], Duration::ZERO);
+    marks.lock().unwrap().hard.insert(f.ids[relay].clone());
 }
