@@ -67,6 +67,16 @@ async fn analyzed(
     plan[0]["Plan"].clone()
 }
 
+/// What pg_dump does: a session holding one read-only snapshot open, no transaction id. It
+/// holds the vacuum horizon until the caller commits on it.
+async fn hold_snapshot(db: &TestDb) -> tokio_postgres::Client {
+    let dump = db.client().await;
+    dump.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
+        .await
+        .unwrap();
+    dump
+}
+
 /// The relay's statement named `name`, as its session prepares it.
 fn statement(outbox: &Outbox, name: &str) -> String {
     outbox
@@ -82,11 +92,7 @@ fn statement(outbox: &Outbox, name: &str) -> String {
 async fn claims_looks_and_statistics_seek_past_what_a_held_horizon_keeps() {
     let db = migrated_db().await;
     let app = db.client().await;
-    // What pg_dump does: one read-only snapshot, no transaction id, held open.
-    let dump = db.client().await;
-    dump.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
-        .await
-        .unwrap();
+    let dump = hold_snapshot(&db).await;
     // 5,000 rows sent and settled (deleted) while the snapshot is held, and 500 claims
     // made and settled: their entries stay.
     insert(&app, &events("settled", 5_000, 50), Duration::ZERO).await;
@@ -115,10 +121,7 @@ async fn key_walks_turn_away_the_settled_rows_entries_from_the_floor() {
     let db = migrated_db().await;
     migrate_with(&db, &["--fair-by", "event_type"]).await;
     let app = db.client().await;
-    let dump = db.client().await;
-    dump.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
-        .await
-        .unwrap();
+    let dump = hold_snapshot(&db).await;
     // 5,000 rows of 50 groups and two event types, settled while the snapshot is held; then
     // three waiting rows, in three of those groups.
     insert(&app, &events("settled", 5_000, 50), Duration::ZERO).await;
@@ -205,10 +208,7 @@ async fn retention_seeks_past_the_rows_it_deleted_and_a_pass_from_the_first_row_
     use outbox_relay::outbox::FULL_RETENTION_PASS;
     let db = migrated_db().await;
     let app = db.client().await;
-    let dump = db.client().await;
-    dump.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
-        .await
-        .unwrap();
+    let dump = hold_snapshot(&db).await;
     // `rows` events named `name`, sent at `sent_at` plus `step` per id.
     let sent = |name: &'static str, rows: i64, sent_at: &'static str, step: &'static str| {
         let app = &app;

@@ -172,6 +172,7 @@ async fn a_rule_created_while_the_relay_reconnects_is_named_by_its_next_renewal(
         &queue,
         sqs().endpoint(),
         &[
+            "--delete-on-ack",
             "--lease",
             "2s",
             "--send-timeout",
@@ -180,8 +181,6 @@ async fn a_rule_created_while_the_relay_reconnects_is_named_by_its_next_renewal(
             "500ms",
         ],
     );
-    let at = args.iter().position(|a| a == "--retention").unwrap();
-    args.drain(at..at + 2);
     // The relay reaches the database through a proxy that can reset its connections.
     let proxy = TcpProxy::start(pg().port());
     let at = args.iter().position(|a| a == "--database-url").unwrap();
