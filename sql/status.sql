@@ -1,17 +1,20 @@
--- `outbox-relay status`. Each part walks one of the partial indexes the migration creates
+-- `outbox-relay status`. Each part reads one of the partial indexes the migration creates
 -- (unsent, quarantined, sent), never the whole table, so it answers quickly on millions of
--- rows. Leased rows are the unsent ones a claim that has not ended lists (sql/claims.sql).
+-- rows; the unsent index from $1 and the lease table from $2 on, the floors the live relays
+-- published (sql/status_floors.sql), not what a held vacuum horizon keeps below them. Leased
+-- rows are the unsent ones a claim that has not ended lists (sql/claims.sql).
 -- Rows parked in quarantine (`blocked`, `destination`) are waiting, not refused: they count
 -- as unsent (as in sql/stats.sql, the gauges) and under their reason in quarantine.
 WITH unsent AS (
     SELECT
         (SELECT count(*) FROM {table}
-         WHERE sent_at IS NULL AND quarantined_at IS NULL) AS n,
+         WHERE sent_at IS NULL AND quarantined_at IS NULL AND id >= $1::bigint) AS n,
         (SELECT count(*) FROM {table}
-         WHERE sent_at IS NULL AND quarantined_at IS NULL
-           AND id IN (SELECT unnest(l.ids) FROM {claims} AS l WHERE l.until > now())) AS leased,
+         WHERE sent_at IS NULL AND quarantined_at IS NULL AND id >= $1::bigint
+           AND id IN (SELECT unnest(l.ids) FROM {claims} AS l
+                      WHERE l.token >= $2::bigint AND l.until > now())) AS leased,
         (SELECT created_at FROM {table}
-         WHERE sent_at IS NULL AND quarantined_at IS NULL
+         WHERE sent_at IS NULL AND quarantined_at IS NULL AND id >= $1::bigint
          ORDER BY id
          LIMIT 1) AS oldest
 ), quarantined AS (

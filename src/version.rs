@@ -19,11 +19,12 @@ use std::time::Duration;
 use semver::{Version, VersionReq};
 
 /// The schema version this build's `migrate` creates, and the least it claims on.
-pub const NEEDS_SCHEMA: i32 = 4;
+pub const NEEDS_SCHEMA: i32 = 5;
 
 /// What `migrate` records for a schema it leaves at [`NEEDS_SCHEMA`]: relays of 0.1.0 (every
 /// build before versions were numbered, schema 3 onwards) keep working on it, since schema 4
-/// only adds the registry table beside the lease table.
+/// only adds the registry table beside the lease table, and schema 5 two nullable columns to
+/// the registry (the floors each relay publishes; older relays leave them empty).
 pub const EXPANDED: &str = ">=0.1.0";
 
 /// What `migrate --contract` records before it drops the lease columns schema 1 wrote: the
@@ -251,40 +252,53 @@ mod tests {
     #[test]
     fn a_relay_claims_where_the_schema_is_new_enough_and_admits_its_version() {
         assert_eq!(
-            judge(&v("0.2.0"), &contract(4, Some(">=0.1.0"))),
+            judge(&v("0.2.0"), &contract(NEEDS_SCHEMA, Some(">=0.1.0"))),
             Verdict::Claim
         );
         // A later schema that only added: older relays keep claiming.
         assert_eq!(
-            judge(&v("0.2.0"), &contract(5, Some(">=0.2.0"))),
+            judge(&v("0.2.0"), &contract(NEEDS_SCHEMA + 1, Some(">=0.2.0"))),
             Verdict::Claim
         );
-        assert_eq!(judge(&v("0.2.0"), &contract(4, None)), Verdict::Claim);
+        assert_eq!(
+            judge(&v("0.2.0"), &contract(NEEDS_SCHEMA, None)),
+            Verdict::Claim
+        );
     }
 
     #[test]
     fn an_older_schema_asks_for_migrate_and_a_newer_requirement_refuses() {
         assert_eq!(
-            judge(&v("0.2.0"), &contract(3, None)),
-            Verdict::Migrate { found: 3 }
+            judge(&v("0.2.0"), &contract(NEEDS_SCHEMA - 1, None)),
+            Verdict::Migrate {
+                found: NEEDS_SCHEMA - 1
+            }
         );
         assert_eq!(
             judge(&v("0.2.0"), &contract(0, None)),
             Verdict::Migrate { found: 0 }
         );
-        let refused = judge(&v("0.2.0"), &contract(5, Some(">=0.3.0")));
+        let refused = judge(&v("0.2.0"), &contract(NEEDS_SCHEMA + 1, Some(">=0.3.0")));
         assert_eq!(
             refused,
             Verdict::Refused {
-                schema: 5,
+                schema: NEEDS_SCHEMA + 1,
                 requirement: ">=0.3.0".into()
             }
         );
-        assert!(judge(&v("0.3.0"), &contract(5, Some(">=0.3.0"))).claims());
+        assert!(judge(&v("0.3.0"), &contract(NEEDS_SCHEMA + 1, Some(">=0.3.0"))).claims());
         // A requirement with an upper bound excludes newer relays too.
-        assert!(!judge(&v("1.0.0"), &contract(4, Some(">=0.1.0, <1.0.0"))).claims());
+        assert!(!judge(
+            &v("1.0.0"),
+            &contract(NEEDS_SCHEMA, Some(">=0.1.0, <1.0.0"))
+        )
+        .claims());
         // A release candidate is judged as its release.
-        assert!(judge(&v("0.3.0-rc.1"), &contract(5, Some(">=0.3.0"))).claims());
+        assert!(judge(
+            &v("0.3.0-rc.1"),
+            &contract(NEEDS_SCHEMA + 1, Some(">=0.3.0"))
+        )
+        .claims());
     }
 
     #[test]
@@ -292,17 +306,19 @@ mod tests {
         let line = Refusal {
             relay: v("0.2.0"),
             table: "\"public\".\"outbox\"".into(),
-            verdict: judge(&v("0.2.0"), &contract(5, Some(">=0.3.0"))),
+            verdict: judge(&v("0.2.0"), &contract(NEEDS_SCHEMA + 1, Some(">=0.3.0"))),
         }
         .to_string();
         assert_eq!(
             line,
-            "outbox-relay 0.2.0 may not claim on \"public\".\"outbox\": its schema (version 5) admits relays >=0.3.0; claiming stopped: deploy a relay that matches >=0.3.0"
+            "outbox-relay 0.2.0 may not claim on \"public\".\"outbox\": its schema (version 6) admits relays >=0.3.0; claiming stopped: deploy a relay that matches >=0.3.0"
         );
         let migrate = Refusal {
             relay: v("0.2.0"),
             table: "\"outbox\"".into(),
-            verdict: Verdict::Migrate { found: 3 },
+            verdict: Verdict::Migrate {
+                found: NEEDS_SCHEMA - 1,
+            },
         }
         .to_string();
         assert!(migrate.contains("run outbox-relay migrate"), "{migrate}");

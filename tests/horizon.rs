@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use outbox_relay::outbox::{ClaimRequest, Outbox, Upkeep, PLANS};
+use outbox_relay::outbox::{ClaimRequest, Outbox, Registration, Upkeep, PLANS};
 
 use crate::scenario::{
     count, events, insert, migrate_with, migrated_db, run_args, set_arg, wait_count,
@@ -105,6 +105,96 @@ async fn claims_looks_and_statistics_seek_past_what_a_held_horizon_keeps() {
     .await
     .unwrap();
     assert_claims_and_looks_seek(&db, 5_000, 500).await;
+    dump.batch_execute("COMMIT").await.unwrap();
+}
+
+/// `status` reads from the floors the live relays published at their last renewal (the
+/// registry's `unsent_floor` and `claims_floor`): the same numbers as from the start, a few
+/// buffers where the start reads what 5,000 settled rows and 500 claims left. A live relay
+/// that published none (older than schema version 5) sends it back to the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_from_the_floors_the_live_relays_published() {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    let dump = hold_snapshot(&db).await;
+    insert(&app, &events("settled", 5_000, 50), Duration::ZERO).await;
+    app.batch_execute("DELETE FROM outbox").await.unwrap();
+    app.batch_execute(
+        "INSERT INTO outbox_claims (owner, until, ids) \
+         SELECT 'gone', now() + interval '1 hour', ARRAY[g::bigint] FROM generate_series(1, 500) AS g; \
+         DELETE FROM outbox_claims",
+    )
+    .await
+    .unwrap();
+    insert(&app, &events("waiting", 3, 3), Duration::ZERO).await;
+
+    // A relay's statistics and a claim of one row raise its floors; its renewal publishes them.
+    let relay = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let session = relay.connect().await.unwrap();
+    session.stats().await.unwrap();
+    let claimed = session
+        .claim(&ClaimRequest {
+            limit: 1,
+            owner: "horizon".into(),
+            lease: Duration::from_secs(60),
+            budget_bytes: i64::MAX,
+            cursor: None,
+            catching_up: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.rows.len(), 1);
+    let (floor, claims_floor) = (relay.floors().rows(), relay.floors().claims());
+    assert!(
+        floor > 5_000 && claims_floor > 500,
+        "{floor} {claims_floor}"
+    );
+    relay
+        .renew(
+            &session,
+            &Registration::starting("horizon", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+
+    let admin = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let status = admin.status().await.unwrap();
+    assert_eq!(
+        (status.unsent, status.leased, status.unsent_counted_from_id),
+        (3, 1, floor),
+        "status counts the waiting rows from the published floor"
+    );
+    assert!(status.oldest_unsent_age_seconds > 0.0);
+
+    let measure = db.client().await;
+    let sql = admin.status_sql().unwrap();
+    let from_floors = buffers(
+        &measure,
+        &sql,
+        &[floor.to_string(), claims_floor.to_string()],
+    )
+    .await;
+    let from_start = buffers(&measure, &sql, &["0".into(), "0".into()]).await;
+    println!(
+        "status: {from_floors} buffers from the published floors, {from_start} from the start"
+    );
+    assert!(
+        from_start >= 60 && from_floors * 5 < from_start,
+        "status: from the floors it read {from_floors} buffers, from the start {from_start}"
+    );
+
+    // A live relay that publishes no floor: status reads from the start, and counts the same.
+    app.batch_execute(
+        "INSERT INTO outbox_relays (relay_id, version, host, started_at, claiming, seen_until) \
+         VALUES ('older', '0.2.0', 'h', now(), true, now() + interval '1 minute')",
+    )
+    .await
+    .unwrap();
+    let status = admin.status().await.unwrap();
+    assert_eq!(
+        (status.unsent, status.leased, status.unsent_counted_from_id),
+        (3, 1, 0)
+    );
     dump.batch_execute("COMMIT").await.unwrap();
 }
 

@@ -1,6 +1,7 @@
 //! `migrate` and `migrate --adopt` online: interrupted runs are completed by the next one, a
 //! step waiting for a lock lets the application's inserts through, and runs are idempotent.
 
+use outbox_relay::version::NEEDS_SCHEMA;
 use std::time::Duration;
 
 use crate::scenario::{args, migrated_db};
@@ -550,8 +551,9 @@ async fn a_version_1_install_is_refused_by_run_until_migrate_adds_the_lease_tabl
     let errors: Vec<&str> = output.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(errors.len(), 1, "one line:\n{output}");
     assert!(
-        errors[0].contains("needs schema version 4 of \"outbox\", which is at version 1")
-            && errors[0].contains("outbox-relay migrate"),
+        errors[0].contains(&format!(
+            "needs schema version {NEEDS_SCHEMA} of \"outbox\", which is at version 1"
+        )) && errors[0].contains("outbox-relay migrate"),
         "{}",
         errors[0]
     );
@@ -585,7 +587,9 @@ async fn a_version_1_install_is_refused_by_run_until_migrate_adds_the_lease_tabl
     .await;
     assert!(status.success(), "{output}");
     assert!(
-        output.contains("migrated \"outbox\" from schema version 1 to 4"),
+        output.contains(&format!(
+            "migrated \"outbox\" from schema version 1 to {NEEDS_SCHEMA}"
+        )),
         "{output}"
     );
     assert!(
@@ -612,8 +616,10 @@ async fn a_version_1_install_is_refused_by_run_until_migrate_adds_the_lease_tabl
     assert!(
         scalar_bool(
             &client,
-            "SELECT to_regclass('outbox_claims') IS NOT NULL
-                AND (SELECT version FROM outbox_relay_schema) = 4"
+            &format!(
+                "SELECT to_regclass('outbox_claims') IS NOT NULL
+                    AND (SELECT version FROM outbox_relay_schema) = {NEEDS_SCHEMA}"
+            )
         )
         .await
     );

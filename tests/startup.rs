@@ -275,9 +275,10 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
     let db = crate::support::fresh_db().await;
     // A schema with a quote in its name and a table with a dot in its name.
     let table = "\"we\"\"ird\".\"my.outbox\"";
+    let current = outbox_relay::version::NEEDS_SCHEMA;
     for expected in [
-        "from schema version 0 to 4",
-        "is up to date (schema version 4)",
+        format!("from schema version 0 to {current}"),
+        format!("is up to date (schema version {current})"),
     ] {
         let (status, output) = run_to_end(
             &args(&["migrate", "--database-url", &db.url, "--table", table]),
@@ -286,7 +287,7 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
         )
         .await;
         assert!(status.success(), "{output}");
-        assert!(output.contains(expected), "{output}");
+        assert!(output.contains(&expected), "{output}");
     }
     let client = db.client().await;
     let row = client
@@ -310,7 +311,7 @@ async fn migrate_is_idempotent_and_quotes_odd_table_names() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(version, 4);
+    assert_eq!(version, current);
     // The lease table beside it, under its exact name too.
     let leases: i64 = client
         .query_one(

@@ -254,6 +254,7 @@ impl Outbox {
         let sql = self.fleet_sql(include_str!("../../sql/renew.sql"))?;
         let version = version::this_relay().to_string();
         let lease = me.lease.as_secs_f64();
+        let (unsent_floor, claims_floor) = (self.floors.rows(), self.floors.claims());
         // A write, as the connection allows it (through a pooler: in a transaction that states
         // READ WRITE, whatever the role's default); every few seconds, so made afresh each time
         // rather than kept among the claim path's prepared statements.
@@ -276,6 +277,8 @@ impl Outbox {
                     &me.claiming,
                     &lease,
                     &self.table.name,
+                    &unsent_floor,
+                    &claims_floor,
                 ],
             )
             .await

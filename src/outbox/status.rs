@@ -34,6 +34,10 @@ pub struct TableStatus {
     pub oldest_quarantined_age_seconds: f64,
     /// Rows marked sent within the last minute: is anything moving?
     pub sent_last_minute: i64,
+    /// Where the unsent rows were read from: the lowest floor the live relays published
+    /// (sql/status_floors.sql), past what settled rows left in the index; 0, from the start.
+    /// A row that committed below it since the relays' last sweep is not counted yet.
+    pub unsent_counted_from_id: i64,
     /// A table migrated for `--order-by transaction`: unsent rows held back because a
     /// transaction older than theirs still runs (the claims' watermark), and now − created_at
     /// of the oldest of them (`outbox_order_watermark_age_seconds`). Absent otherwise.
@@ -111,19 +115,12 @@ impl Outbox {
     pub async fn status(&self) -> Result<TableStatus, OutboxError> {
         let client = self.raw_connect().await?;
         self.resolve_channel(&client).await?;
-        let sql = render(
-            include_str!("../../sql/status.sql"),
-            &[
-                ("table", Value::Table(&self.table)),
-                ("claims", Value::Table(&self.table.claims())),
-            ],
-        )
-        .map_err(OutboxError::Template)?;
+        let (unsent_floor, claims_floor) = self.published_floors(&client).await?;
         let row = client
-            .query_one(&sql, &[])
+            .query_one(&self.status_sql()?, &[&unsent_floor, &claims_floor])
             .await
             .map_err(query_err("reading the outbox status"))?;
-        let held_back = self.held_back(&client).await?;
+        let held_back = self.held_back(&client, unsent_floor).await?;
         let (relays, unregistered) = self.fleet_on(&client).await?;
         let triggers = self.triggers_on(&client).await?;
         let base = self.base.as_ref().unwrap_or(&self.table).quoted();
@@ -150,6 +147,7 @@ impl Outbox {
             oldest_unsent_age_seconds: row.get(2),
             oldest_quarantined_age_seconds: row.get(6),
             sent_last_minute: row.get(3),
+            unsent_counted_from_id: unsent_floor,
             held_back,
             relays,
             unregistered,
@@ -158,8 +156,52 @@ impl Outbox {
         })
     }
 
+    /// The statement of `status`'s numbers (sql/status.sql); its parameters are the unsent
+    /// rows' floor and the claims' ([`Outbox::published_floors`]).
+    pub fn status_sql(&self) -> Result<String, OutboxError> {
+        render(
+            include_str!("../../sql/status.sql"),
+            &[
+                ("table", Value::Table(&self.table)),
+                ("claims", Value::Table(&self.table.claims())),
+            ],
+        )
+        .map_err(OutboxError::Template)
+    }
+
+    /// Where `status` reads the unsent index and the lease table from (sql/status_floors.sql):
+    /// (0, 0) where the registry does not publish floors (schema version 4 and before).
+    async fn published_floors(&self, client: &super::Conn) -> Result<(i64, i64), OutboxError> {
+        let published: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_attribute \
+                 WHERE attrelid = to_regclass($1) AND attname = 'unsent_floor' AND NOT attisdropped)",
+                &[&self.table.relays().quoted()],
+            )
+            .await
+            .map_err(query_err("looking up the relays' published floors"))?
+            .get(0);
+        if !published {
+            return Ok((0, 0));
+        }
+        let sql = render(
+            include_str!("../../sql/status_floors.sql"),
+            &[("relays", Value::Table(&self.table.relays()))],
+        )
+        .map_err(OutboxError::Template)?;
+        let row = client
+            .query_one(&sql, &[])
+            .await
+            .map_err(query_err("reading the relays' published floors"))?;
+        Ok((row.get(0), row.get(1)))
+    }
+
     /// The watermark's hold-back, on a table that has the `xact_id` column.
-    async fn held_back(&self, client: &super::Conn) -> Result<Option<HeldBack>, OutboxError> {
+    async fn held_back(
+        &self,
+        client: &super::Conn,
+        unsent_floor: i64,
+    ) -> Result<Option<HeldBack>, OutboxError> {
         if !self.has_column(client, XACT_COLUMN).await? {
             return Ok(None);
         }
@@ -172,7 +214,7 @@ impl Outbox {
         )
         .map_err(OutboxError::Template)?;
         let row = client
-            .query_one(&sql, &[])
+            .query_one(&sql, &[&unsent_floor])
             .await
             .map_err(query_err("reading the rows held back"))?;
         Ok(Some(HeldBack {
@@ -194,12 +236,20 @@ impl fmt::Display for TableStatus {
                 "oldest unsent age".into(),
                 format!("{:.1}s", self.oldest_unsent_age_seconds),
             ),
+        ];
+        if self.unsent_counted_from_id > 0 {
+            lines.push((
+                "  counted from id".into(),
+                self.unsent_counted_from_id.to_string(),
+            ));
+        }
+        lines.extend([
             (
                 "sent in the last minute".into(),
                 self.sent_last_minute.to_string(),
             ),
             ("quarantined".into(), self.quarantined.to_string()),
-        ];
+        ]);
         for (reason, n) in &self.quarantined_by_reason {
             lines.push((format!("  {reason}"), n.to_string()));
         }
@@ -290,6 +340,7 @@ mod tests {
             oldest_unsent_age_seconds: age,
             oldest_quarantined_age_seconds: 0.0,
             sent_last_minute: 0,
+            unsent_counted_from_id: 0,
             held_back: None,
             relays: vec![],
             unregistered: vec![],
@@ -363,6 +414,7 @@ mod tests {
             oldest_unsent_age_seconds: 12.34,
             oldest_quarantined_age_seconds: 3600.0,
             sent_last_minute: 56,
+            unsent_counted_from_id: 4711,
             held_back: None,
             relays: vec![super::super::LiveRelay {
                 relay_id: "relay-a".into(),
@@ -388,29 +440,30 @@ mod tests {
         assert_eq!(lines[2], "  leased                      10");
         assert_eq!(lines[3], "  parked in quarantine         2");
         assert_eq!(lines[4], "oldest unsent age          12.3s");
-        assert_eq!(lines[7], "  blocked                      2");
-        assert_eq!(lines[9], "  max_attempts                 2");
-        assert_eq!(lines[10], "oldest quarantined age   3600.0s");
-        assert_eq!(lines[11], "relays                   1");
+        assert_eq!(lines[5], "  counted from id           4711");
+        assert_eq!(lines[8], "  blocked                      2");
+        assert_eq!(lines[10], "  max_attempts                 2");
+        assert_eq!(lines[11], "oldest quarantined age   3600.0s");
+        assert_eq!(lines[12], "relays                   1");
         assert_eq!(
-            lines[12],
+            lines[13],
             "  relay-a  0.2.0  claiming  h1  up 61s  last claim 0.2s ago"
         );
         assert_eq!(
-            lines[13],
+            lines[14],
             "  unregistered (a relay before 0.2.0?): lease owner 'old-1'"
         );
-        assert_eq!(lines[14], "triggers and rules       1");
+        assert_eq!(lines[15], "triggers and rules       1");
         assert_eq!(
-            lines[15],
+            lines[16],
             "  trigger keep_rows (BEFORE DELETE FOR EACH ROW, function keep_rows): can skip or change each row the relay settles  (can undo settlements)"
         );
         assert_eq!(
-            lines[16],
+            lines[17],
             "row-level security       hides rows from this role: the numbers above leave them out"
         );
         assert_eq!(
-            lines[17],
+            lines[18],
             "  row-level security on \"outbox\" applies to ..."
         );
         let json = serde_json::to_value(&status).unwrap();
@@ -422,6 +475,7 @@ mod tests {
             "quarantined",
             "quarantined_by_reason",
             "oldest_unsent_age_seconds",
+            "unsent_counted_from_id",
             "oldest_quarantined_age_seconds",
             "sent_last_minute",
             "relays",

@@ -216,6 +216,16 @@ impl Relay {
     /// be claimed and sent again, and so would every row after them, for ever. Claims stop for
     /// good, with one line naming what on the table can do that; the rows stay unsent, each sent
     /// once more than it should have been at most by each relay.
+    /// The server refused one of the relay's statements on the table because a rule rewrites
+    /// it ([`OutboxError::rewritten_by_rule`]): a settlement, a claim that quarantines, the
+    /// parking, a renewal. No retry changes that, and each of them stops claims the same way,
+    /// as settlements that change nothing.
+    pub(super) async fn refused_by_rule(&self, e: &crate::outbox::OutboxError) {
+        debug_assert!(e.rewritten_by_rule());
+        self.settlements_undone(Undone::Refused(e.to_string()))
+            .await
+    }
+
     pub(super) async fn settlements_undone(&self, undone: Undone) {
         // Said once: the first statement that found it names it, later ones add nothing.
         if self.admission.blocked_for_good() {
@@ -335,8 +345,7 @@ impl Relay {
                 Err(e) if e.rewritten_by_rule() => {
                     // The rows stay unsent and their claim ends with its lease: each is sent
                     // once more at most, by the relay that claims it next, which stops too.
-                    self.settlements_undone(Undone::Refused(e.to_string()))
-                        .await;
+                    self.refused_by_rule(&e).await;
                     return;
                 }
                 Err(e) => {

@@ -249,8 +249,7 @@ impl Relay {
                     // queue behind the CREATE RULE timed its statements out): the new
                     // connection cannot prepare the settlements, and claims wait for a renewal
                     // that never comes, so no settlement would ever meet the rule and name it.
-                    self.settlements_undone(super::deliver::Undone::Refused(e.to_string()))
-                        .await;
+                    self.refused_by_rule(&e).await;
                 }
                 self.admission.changed.notify_waiters();
                 (shown, Err(e))
@@ -391,10 +390,7 @@ impl Relay {
                 tracing::info!(target: LOG_TARGET, rows, "rows parked for their queue are tried again");
                 self.wake.notify_one();
             }
-            Err(e) if e.rewritten_by_rule() => {
-                self.settlements_undone(super::deliver::Undone::Refused(e.to_string()))
-                    .await
-            }
+            Err(e) if e.rewritten_by_rule() => self.refused_by_rule(&e).await,
             Err(e) => {
                 tracing::warn!(target: LOG_TARGET, error = %e, "could not unpark rows parked for their queue")
             }
@@ -422,10 +418,7 @@ impl Relay {
                     );
                 }
             }
-            Err(e) if e.rewritten_by_rule() => {
-                self.settlements_undone(super::deliver::Undone::Refused(e.to_string()))
-                    .await
-            }
+            Err(e) if e.rewritten_by_rule() => self.refused_by_rule(&e).await,
             Err(e) => {
                 tracing::warn!(target: LOG_TARGET, error = %e, "could not maintain blocked groups")
             }

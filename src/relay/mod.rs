@@ -601,8 +601,7 @@ impl Relay {
                 Err(e) if e.rewritten_by_rule() => {
                     // A claim that quarantines rows updates them: a rule made while the relay
                     // runs refuses that as it refuses settlements. Claims stop at the gate.
-                    self.settlements_undone(deliver::Undone::Refused(e.to_string()))
-                        .await;
+                    self.refused_by_rule(&e).await;
                 }
                 Err(e) if turn.is_some() => {
                     if e.outcome_unknown() {
