@@ -11,7 +11,7 @@ use tokio_postgres::SimpleQueryMessage;
 
 use crate::support::pg::PrivatePg;
 
-use crate::scenario::{args, count, events, insert, run_args, wait_count};
+use crate::scenario::{args, count, events, insert, relay_command, run_args, wait_count};
 use crate::support::{
     create_queue, fresh_db, pg, receive_all, run_to_end, sqs, PgBouncer, PoolMode, Pooling,
     RelayProcess, TestDb,
@@ -501,7 +501,9 @@ async fn repeatable_read_by_default_through_a_transaction_pool_each_row_once() {
 /// link gone dark between the two left the pool's server connection idle in a transaction
 /// that no timeout ended (for as long as TCP takes to tell), and a pool of one was held from
 /// both relays and the application (simulation seed 12172163297347410868: 59 rows never
-/// left the table).
+/// left the table). An operator's `quarantine retry` and `replay` through the pool too: they
+/// began with tokio-postgres's own `START TRANSACTION` ("2 of 59 transactions began without
+/// their idle timeout").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_transaction_through_a_pool_starts_with_its_idle_timeout_in_the_same_message() {
     let cluster = PrivatePg::start_with(&["log_statement=all", "log_line_prefix=%a|"]).await;
@@ -544,6 +546,26 @@ async fn every_transaction_through_a_pool_starts_with_its_idle_timeout_in_the_sa
     }
     relay.sigterm();
     assert!(relay.wait_exit(Duration::from_secs(30)).await.is_some());
+    // An operator's commands through the same pool: a re-drive and a replay, each a write.
+    direct
+        .batch_execute(
+            "UPDATE outbox SET sent_at = NULL, quarantined_at = now(), quarantine_reason = 'invalid' \
+             WHERE id = (SELECT min(id) FROM outbox)",
+        )
+        .await
+        .unwrap();
+    let redriven = relay_command(&[
+        "quarantine",
+        "retry",
+        "--all",
+        "--database-url",
+        &relayed.url,
+    ])
+    .await;
+    assert!(redriven.contains("moved 1 "), "{redriven}");
+    let replayed =
+        relay_command(&["replay", "--since", "1h", "--database-url", &relayed.url]).await;
+    assert!(replayed.contains("replayed 49 sent row(s)"), "{replayed}");
     let log = cluster.log();
     let begins: Vec<&str> = log
         .lines()
@@ -554,9 +576,16 @@ async fn every_transaction_through_a_pool_starts_with_its_idle_timeout_in_the_sa
             s.starts_with("BEGIN") || s.starts_with("START TRANSACTION")
         })
         .collect();
+    // Bounded: an idle timeout set in the BEGIN's own message, and not to 0 (off).
     let unbounded: Vec<&&str> = begins
         .iter()
-        .filter(|b| !b.contains("idle_in_transaction_session_timeout"))
+        .filter(|b| {
+            b.split("idle_in_transaction_session_timeout = ")
+                .nth(1)
+                .and_then(|v| v.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .is_none_or(|ms| ms == 0)
+        })
         .collect();
     assert!(
         unbounded.is_empty(),

@@ -40,38 +40,24 @@ impl Outbox {
     /// Puts quarantined rows back to unsent (attempts reset, same event_id) and wakes the
     /// relays; returns how many rows moved.
     pub async fn quarantine_retry(&self, which: &RetrySelection) -> Result<Redriven, OutboxError> {
-        let mut client = self.raw_connect().await?;
+        let client = self.raw_connect().await?;
         let channel = self.resolve_channel(&client).await?;
         let (id, event_id, all, reason) = match which {
             RetrySelection::Id(id) => (Some(*id), None, false, None),
             RetrySelection::EventId(e) => (None, Some(e.as_str()), false, None),
             RetrySelection::All { reason } => (None, None, true, reason.as_deref()),
         };
-        let tx = client
-            .transaction()
-            .await
-            .map_err(query_err("starting the re-drive"))?;
-        let rows = tx
-            .query(&self.sql.quarantine_retry, &[&id, &event_id, &all, &reason])
+        let rows = client
+            .write_in_transaction(&self.sql.quarantine_retry, &[&id, &event_id, &all, &reason])
             .await
             .map_err(query_err("re-driving quarantined rows"))?;
         let moved = Redriven {
             moved: rows.len() as u64,
             maybe_accepted: rows.iter().filter(|r| r.get::<_, bool>(1)).count() as u64,
         };
-        // A row holds its statement: dropped now, the statement's Close goes out inside the
-        // transaction. After the COMMIT it could go to another server connection of a pool, or
-        // not at all (the command exits), and the name stays for the next client there.
-        drop(rows);
         if moved.moved > 0 {
-            // Delivered at commit, like the insert trigger's.
-            tx.execute("SELECT pg_notify($1, '')", &[&channel])
-                .await
-                .map_err(query_err("waking the relays"))?;
+            wake_relays(&client, &channel).await?;
         }
-        tx.commit()
-            .await
-            .map_err(query_err("committing the re-drive"))?;
         Ok(moved)
     }
 }
@@ -80,19 +66,15 @@ impl Outbox {
     /// `replay`: sent rows kept by `--retention` become unsent again (same event_id) and the
     /// relays are woken; with `dry_run` nothing changes and the answer says what would.
     pub async fn replay(&self, which: &ReplaySelection) -> Result<Replayed, OutboxError> {
-        let mut client = self.raw_connect().await?;
+        let client = self.raw_connect().await?;
         let channel = self.resolve_channel(&client).await?;
         let sql = super::template::render(
             include_str!("../../sql/replay.sql"),
             &[("table", super::template::Value::Table(&self.table))],
         )
         .map_err(OutboxError::Template)?;
-        let tx = client
-            .transaction()
-            .await
-            .map_err(query_err("starting the replay"))?;
-        let row = tx
-            .query_one(
+        let row = client
+            .write_one_in_transaction(
                 &sql,
                 &[
                     &which.event_ids,
@@ -113,18 +95,21 @@ impl Outbox {
             last_id: row.get(3),
             replayed: row.get(4),
         };
-        // Closed inside the transaction, as in `quarantine_retry`.
-        drop(row);
         if replayed.replayed > 0 {
-            tx.execute("SELECT pg_notify($1, '')", &[&channel])
-                .await
-                .map_err(query_err("waking the relays"))?;
+            wake_relays(&client, &channel).await?;
         }
-        tx.commit()
-            .await
-            .map_err(query_err("committing the replay"))?;
         Ok(replayed)
     }
+}
+
+/// Wakes the relays waiting on `channel` (`--wakeup notify`) for rows a command just made
+/// unsent; relays that poll find them by their next look.
+async fn wake_relays(client: &super::Conn, channel: &str) -> Result<(), OutboxError> {
+    client
+        .execute_in_transaction("", "SELECT pg_notify($1, '')", &[&channel])
+        .await
+        .map_err(query_err("waking the relays"))?;
+    Ok(())
 }
 
 /// Which sent rows `replay` sends again; `None` selects any.

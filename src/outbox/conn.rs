@@ -67,14 +67,23 @@ impl Access {
 
 /// The server-side timeouts of the relay's work, `set` being `SET` (a direct connection's
 /// session) or `SET LOCAL` (one transaction): `deadline` (`--db-timeout`) for statements, lock
-/// waits and idle transactions, or off without one. The relay's own, never a role's: a role's
+/// waits and idle transactions. Without one (the one-shot commands: a replay of many rows may
+/// take long), statements and lock waits are not bounded, and an idle transaction is ended
+/// after [`ONE_SHOT_IDLE`]. The relay's own, never a role's: a role's
 /// `statement_timeout = 50ms` would cut claims that are fine.
 pub(super) fn timeouts(set: &str, deadline: Option<Duration>) -> String {
     let ms = deadline.map_or(0, |d| d.as_millis().max(1));
+    let idle = deadline.unwrap_or(ONE_SHOT_IDLE).as_millis().max(1);
     format!(
-        "{set} statement_timeout = {ms}; {set} lock_timeout = {ms}; {set} idle_in_transaction_session_timeout = {ms}"
+        "{set} statement_timeout = {ms}; {set} lock_timeout = {ms}; {set} idle_in_transaction_session_timeout = {idle}"
     )
 }
+
+/// How long a one-shot command's transaction may sit idle on the server. Its statements are
+/// pipelined, so it never waits for the command between them: an idle one is a command that
+/// is gone (killed, or its link dark), and through a pooler it would hold the pool's server
+/// connection, through a direct one the rows it changed, until TCP noticed.
+pub(super) const ONE_SHOT_IDLE: Duration = Duration::from_secs(60);
 
 /// What a direct connection's session relies on, set once when it connects, for the
 /// statements it runs outside a transaction of its own (settlements, statistics, probes): the
@@ -371,18 +380,34 @@ impl Conn {
         }
     }
 
-    /// A transaction (quarantine retry). Its statements by text are prepared by name and
-    /// closed when each `execute` ends, before the COMMIT: it leaves none behind. (A `query`
-    /// would keep its statement open as long as its rows live.)
-    /// It states what it relies on (see [`Access::Write`]): `START TRANSACTION ISOLATION
-    /// LEVEL READ COMMITTED, READ WRITE`.
-    pub(super) async fn transaction(&mut self) -> Result<tokio_postgres::Transaction<'_>, Error> {
-        self.client
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
-            .read_only(false)
-            .start()
-            .await
+    /// `sql`, which writes, in a transaction of its own whose BEGIN states what it relies on
+    /// and its timeouts ([`Access::Write`], [`timeouts`]) in the message that opens it,
+    /// pipelined with its COMMIT: an operator's command (`quarantine retry`, `replay`). The
+    /// transaction is never open on the server without its idle timeout, so a link that goes
+    /// dark in its middle cannot hold a pooled server connection, and nothing named is left on
+    /// the connection.
+    pub(super) async fn write_in_transaction(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        let types = self.learn(&[sql]).await?.remove(0);
+        let begin = self.begin(Access::Write, "");
+        Ok(self.unnamed(sql, &types, Some(&begin), params).await?.0)
+    }
+
+    /// [`Conn::write_in_transaction`] of a statement that returns one row.
+    pub(super) async fn write_one_in_transaction(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, Error> {
+        let mut rows = self.write_in_transaction(sql, params).await?;
+        match rows.len() {
+            1 => Ok(rows.remove(0)),
+            0 => Err(self.row_count_error("SELECT WHERE false").await),
+            _ => Err(self.row_count_error("SELECT 1 UNION ALL SELECT 2").await),
+        }
     }
 
     /// Simple-protocol statements (DDL, LISTEN, a transaction's BEGIN and COMMIT): nothing
@@ -597,7 +622,8 @@ mod tests {
     }
 
     #[test]
-    fn the_relays_own_timeouts_replace_a_roles_and_are_off_without_a_deadline() {
+    fn the_relays_own_timeouts_replace_a_roles_and_only_idle_transactions_are_bounded_without_a_deadline(
+    ) {
         let with = timeouts("SET LOCAL", Some(Duration::from_millis(1500)));
         for name in [
             "statement_timeout",
@@ -607,7 +633,11 @@ mod tests {
             assert!(with.contains(&format!("SET LOCAL {name} = 1500")), "{with}");
         }
         let without = timeouts("SET", None);
-        assert_eq!(without.matches("= 0").count(), 3, "{without}");
+        assert_eq!(without.matches("= 0").count(), 2, "{without}");
+        assert!(
+            without.contains("SET idle_in_transaction_session_timeout = 60000"),
+            "{without}"
+        );
         assert!(!without.contains("LOCAL"));
     }
 }
