@@ -111,7 +111,8 @@ async fn claims_looks_and_statistics_seek_past_what_a_held_horizon_keeps() {
 /// `status` reads from the floors the live relays published at their last renewal (the
 /// registry's `unsent_floor` and `claims_floor`): the same numbers as from the start, a few
 /// buffers where the start reads what 5,000 settled rows and 500 claims left. A live relay
-/// that published none (older than schema version 5) sends it back to the start.
+/// that published none (older than schema version 5), or one that does not claim, sends it
+/// back to the start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_reads_from_the_floors_the_live_relays_published() {
     let db = migrated_db().await;
@@ -183,18 +184,26 @@ async fn status_reads_from_the_floors_the_live_relays_published() {
         "status: from the floors it read {from_floors} buffers, from the start {from_start}"
     );
 
-    // A live relay that publishes no floor: status reads from the start, and counts the same.
-    app.batch_execute(
-        "INSERT INTO outbox_relays (relay_id, version, host, started_at, claiming, seen_until) \
-         VALUES ('older', '0.2.0', 'h', now(), true, now() + interval '1 minute')",
-    )
-    .await
-    .unwrap();
-    let status = admin.status().await.unwrap();
-    assert_eq!(
-        (status.unsent, status.leased, status.unsent_counted_from_id),
-        (3, 1, 0)
-    );
+    // A live relay that publishes no floor, or one that does not claim (row-level security
+    // may hide rows below its floor from it): status reads from the start, and counts the same.
+    for (publishes, claiming) in [(false, true), (true, false)] {
+        app.batch_execute(&format!(
+            "DELETE FROM outbox_relays WHERE relay_id = 'other'; \
+             INSERT INTO outbox_relays (relay_id, version, host, started_at, claiming, seen_until, \
+                                        unsent_floor, claims_floor) \
+             VALUES ('other', '0.2.0', 'h', now(), {claiming}, now() + interval '1 minute', \
+                     {floor}, {floor})",
+            floor = if publishes { "100000" } else { "NULL" },
+        ))
+        .await
+        .unwrap();
+        let status = admin.status().await.unwrap();
+        assert_eq!(
+            (status.unsent, status.leased, status.unsent_counted_from_id),
+            (3, 1, 0),
+            "another live relay publishing a floor: {publishes}, claiming: {claiming}"
+        );
+    }
     dump.batch_execute("COMMIT").await.unwrap();
 }
 
