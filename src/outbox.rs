@@ -81,7 +81,7 @@ pub use session::{RelayStatement, Session, SharedSession, Stats, PLANS};
 pub use settings::{DatabaseConfig, Secret};
 pub use shared::SharedConn;
 pub use status::{worst_first, TableReport, TableStatus};
-pub use upkeep::{extrapolate, Count, Upkeep, STATS_EXACT_UP_TO};
+pub use upkeep::{extrapolate, Count, Swept, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
 pub use watch::{Answer, Look, Watch};
 

@@ -13,13 +13,13 @@
 
 use std::time::Duration;
 
-use outbox_relay::outbox::{ClaimRequest, Outbox, Registration, Upkeep, PLANS};
+use outbox_relay::outbox::{ClaimRequest, Outbox, Registration, Session, Upkeep, PLANS};
 
 use crate::scenario::{
     count, events, insert, migrate_with, migrated_db, run_args, set_arg, wait_count,
 };
 use crate::support::pg::PrivatePg;
-use crate::support::{create_queue, sqs, RelayProcess, TestDb};
+use crate::support::{create_queue, pg, sqs, RelayProcess, TcpProxy, TestDb};
 
 /// Buffers (shared, hit or read) the statement `sql` touched, run with `params` (SQL
 /// literals) under the relay's planner settings, inside a transaction that is rolled back.
@@ -77,6 +77,54 @@ async fn hold_snapshot(db: &TestDb) -> tokio_postgres::Client {
     dump
 }
 
+/// 5,000 rows sent and settled (deleted) and 500 claims made and settled while a read-only
+/// snapshot is held: their entries stay. Returns the session holding it (commit to release).
+async fn settle_under_a_held_snapshot(db: &TestDb) -> tokio_postgres::Client {
+    let app = db.client().await;
+    let dump = hold_snapshot(db).await;
+    insert(&app, &events("settled", 5_000, 50), Duration::ZERO).await;
+    app.batch_execute("DELETE FROM outbox").await.unwrap();
+    app.batch_execute(
+        "INSERT INTO outbox_claims (owner, until, ids) \
+         SELECT 'gone', now() + interval '1 hour', ARRAY[g::bigint] FROM generate_series(1, 500) AS g; \
+         DELETE FROM outbox_claims",
+    )
+    .await
+    .unwrap();
+    dump
+}
+
+/// Three rows wait past `settled_rows` settled rows and `settled_claims` settled claims: the
+/// statistics raise `outbox`'s rows' floor to the first of them, and a claim of one row its
+/// claims' floor to its own claim. Returns the session (its claim still live).
+async fn raise_floors(outbox: &Outbox, settled_rows: i64, settled_claims: i64) -> Session {
+    let session = outbox.connect().await.unwrap();
+    let stats = session.stats().await.unwrap();
+    assert_eq!(stats.unsent, 3);
+    let claimed = session
+        .claim(&ClaimRequest {
+            limit: 1,
+            owner: "horizon".into(),
+            lease: Duration::from_secs(60),
+            budget_bytes: i64::MAX,
+            cursor: None,
+            catching_up: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.rows.len(), 1);
+    let (floor, claims_floor) = (outbox.floors().rows(), outbox.floors().claims());
+    assert!(
+        floor > settled_rows,
+        "the rows' floor is past the settled rows: {floor}"
+    );
+    assert!(
+        claims_floor > settled_claims,
+        "the claims' floor is past the settled claims: {claims_floor}"
+    );
+    session
+}
+
 /// The relay's statement named `name`, as its session prepares it.
 fn statement(outbox: &Outbox, name: &str) -> String {
     outbox
@@ -91,19 +139,7 @@ fn statement(outbox: &Outbox, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_looks_and_statistics_seek_past_what_a_held_horizon_keeps() {
     let db = migrated_db().await;
-    let app = db.client().await;
-    let dump = hold_snapshot(&db).await;
-    // 5,000 rows sent and settled (deleted) while the snapshot is held, and 500 claims
-    // made and settled: their entries stay.
-    insert(&app, &events("settled", 5_000, 50), Duration::ZERO).await;
-    app.batch_execute("DELETE FROM outbox").await.unwrap();
-    app.batch_execute(
-        "INSERT INTO outbox_claims (owner, until, ids) \
-         SELECT 'gone', now() + interval '1 hour', ARRAY[g::bigint] FROM generate_series(1, 500) AS g; \
-         DELETE FROM outbox_claims",
-    )
-    .await
-    .unwrap();
+    let dump = settle_under_a_held_snapshot(&db).await;
     assert_claims_and_looks_seek(&db, 5_000, 500).await;
     dump.batch_execute("COMMIT").await.unwrap();
 }
@@ -117,39 +153,13 @@ async fn claims_looks_and_statistics_seek_past_what_a_held_horizon_keeps() {
 async fn status_reads_from_the_floors_the_live_relays_published() {
     let db = migrated_db().await;
     let app = db.client().await;
-    let dump = hold_snapshot(&db).await;
-    insert(&app, &events("settled", 5_000, 50), Duration::ZERO).await;
-    app.batch_execute("DELETE FROM outbox").await.unwrap();
-    app.batch_execute(
-        "INSERT INTO outbox_claims (owner, until, ids) \
-         SELECT 'gone', now() + interval '1 hour', ARRAY[g::bigint] FROM generate_series(1, 500) AS g; \
-         DELETE FROM outbox_claims",
-    )
-    .await
-    .unwrap();
+    let dump = settle_under_a_held_snapshot(&db).await;
     insert(&app, &events("waiting", 3, 3), Duration::ZERO).await;
 
-    // A relay's statistics and a claim of one row raise its floors; its renewal publishes them.
+    // A relay's statistics and a claim raise its floors; its renewal publishes them.
     let relay = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
-    let session = relay.connect().await.unwrap();
-    session.stats().await.unwrap();
-    let claimed = session
-        .claim(&ClaimRequest {
-            limit: 1,
-            owner: "horizon".into(),
-            lease: Duration::from_secs(60),
-            budget_bytes: i64::MAX,
-            cursor: None,
-            catching_up: false,
-        })
-        .await
-        .unwrap();
-    assert_eq!(claimed.rows.len(), 1);
+    let session = raise_floors(&relay, 5_000, 500).await;
     let (floor, claims_floor) = (relay.floors().rows(), relay.floors().claims());
-    assert!(
-        floor > 5_000 && claims_floor > 500,
-        "{floor} {claims_floor}"
-    );
     relay
         .renew(
             &session,
@@ -481,32 +491,8 @@ async fn assert_claims_and_looks_seek(db: &TestDb, settled_rows: i64, settled_cl
     let app = db.client().await;
     insert(&app, &events("waiting", 3, 3), Duration::ZERO).await;
     let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
-    let session = outbox.connect().await.unwrap();
-    // The statistics raise the rows' floor to the first waiting row; a claim of one row
-    // raises the claims' floor to its own claim, past the settled ones.
-    let stats = session.stats().await.unwrap();
-    assert_eq!(stats.unsent, 3);
-    let claimed = session
-        .claim(&ClaimRequest {
-            limit: 1,
-            owner: "horizon".into(),
-            lease: Duration::from_secs(60),
-            budget_bytes: i64::MAX,
-            cursor: None,
-            catching_up: false,
-        })
-        .await
-        .unwrap();
-    assert_eq!(claimed.rows.len(), 1);
+    let _session = raise_floors(&outbox, settled_rows, settled_claims).await;
     let (floor, claims_floor) = (outbox.floors().rows(), outbox.floors().claims());
-    assert!(
-        floor > settled_rows,
-        "the rows' floor is past the settled rows: {floor}"
-    );
-    assert!(
-        claims_floor > settled_claims,
-        "the claims' floor is past the settled claims: {claims_floor}"
-    );
 
     let measure = db.client().await;
     let probe = statement(&outbox, "probe");
@@ -629,6 +615,12 @@ async fn commit_late(late: &tokio_postgres::Client, kind: Late) {
 /// A relay sends 60 rows written after the late row began; once its floor has passed the late
 /// row's id, the late row commits, and must be sent.
 async fn a_late_row_is_delivered(kind: Late) {
+    a_late_row_is_delivered_over(kind, None).await;
+}
+
+/// [`a_late_row_is_delivered`], the relay's database answering `answer_delay` late (our TCP
+/// proxy) when given.
+async fn a_late_row_is_delivered_over(kind: Late, answer_delay: Option<Duration>) {
     let db: TestDb = migrated_db().await;
     let app = db.client().await;
     if let Late::CachedSequence = kind {
@@ -637,8 +629,26 @@ async fn a_late_row_is_delivered(kind: Late) {
             .unwrap();
     }
     let queue = create_queue("late", &[]).await;
-    let mut args = run_args(&db, &queue, sqs().endpoint(), &[]);
+    let proxy = answer_delay.map(|delay| {
+        let proxy = TcpProxy::start(pg().port());
+        proxy.set_answer_delay(delay);
+        proxy
+    });
+    let relayed = match &proxy {
+        Some(proxy) => TestDb {
+            name: db.name.clone(),
+            url: proxy.url_through(&db.url),
+        },
+        None => TestDb {
+            name: db.name.clone(),
+            url: db.url.clone(),
+        },
+    };
+    let mut args = run_args(&relayed, &queue, sqs().endpoint(), &[]);
     set_arg(&mut args, "--sweep-interval", "1s");
+    if proxy.is_some() {
+        set_arg(&mut args, "--db-timeout", "5s");
+    }
     let relay = RelayProcess::spawn(&args, &[]);
     relay.metrics_addr(Duration::from_secs(30)).await;
     let late = db.client().await;
@@ -710,6 +720,15 @@ async fn a_row_of_a_prepared_transaction_is_sent_once_committed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_id_a_session_cached_from_the_sequence_below_rows_already_sent_is_sent() {
     a_late_row_is_delivered(Late::CachedSequence).await;
+}
+
+/// The sweep is spaced by the time the database spends on it (at most 1 % of a backend), not
+/// by its round trip: over a link whose answers arrive 400 ms late, a hundred round trips
+/// were 40 s and more, and a late row waited that long (simulation seed 3831506209721748964:
+/// ten rows of two groups still unsent when the run ended, 48 s after the last claim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_row_over_a_slow_link_waits_for_the_sweep_interval_not_a_hundred_round_trips() {
+    a_late_row_is_delivered_over(Late::OpenTransaction, Some(Duration::from_millis(400))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -111,6 +111,15 @@ impl OutboxError {
     }
 }
 
+/// What a sweep below the rows' floor found (sql/sweep.sql).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Swept {
+    /// The lowest unsent row below the floor, which the floor was lowered to.
+    pub found: Option<i64>,
+    /// The time the server spent on the sweep, the round trip aside: what spaces the next one.
+    pub took: Duration,
+}
+
 /// The statistics and maintenance connection, opened on first use and again after a failure.
 #[derive(Debug)]
 pub struct Upkeep {
@@ -287,13 +296,14 @@ impl Upkeep {
     }
 
     /// The floors' safety net (sql/sweep.sql): lowers the rows' floor to an unsent row below
-    /// it, one that committed after the floor passed it. Returns that row's id.
-    pub async fn sweep(&self) -> Result<Option<i64>, OutboxError> {
+    /// it, one that committed after the floor passed it. Returns that row's id, and the time
+    /// the server spent looking.
+    pub async fn sweep(&self) -> Result<Swept, OutboxError> {
         let floors = self.outbox.floors();
         let floor = floors.rows();
         // Ids start at 1: below a floor of 1 there is nothing to find.
         if floor <= 1 {
-            return Ok(None);
+            return Ok(Swept::default());
         }
         let rows = self
             .run(
@@ -303,8 +313,12 @@ impl Upkeep {
             )
             .await?;
         let found: Option<i64> = rows.first().and_then(|r| r.get(0));
+        let took: f64 = rows.first().map_or(0.0, |r| r.get(1));
         floors.lower(found);
-        Ok(found)
+        Ok(Swept {
+            found,
+            took: Duration::try_from_secs_f64(took).unwrap_or_default(),
+        })
     }
 
     /// Deletes up to `limit` sent rows older than `retention`, from `sent_at` `from` on

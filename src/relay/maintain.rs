@@ -163,11 +163,13 @@ impl Relay {
         }
         let started = Instant::now();
         match self.upkeep.sweep().await {
-            Ok(found) => {
-                if let Some(id) = found {
+            Ok(swept) => {
+                if let Some(id) = swept.found {
                     tracing::debug!(target: LOG_TARGET, table = %self.outbox.table(), id, "a row committed below the claims' floor; claims start from it again");
                 }
-                let gap = sweep_gap(self.config.maintenance.sweep_interval, started.elapsed());
+                // The server's time, not the round trip's: on a slow link the round trip is
+                // the network's, and a hundred of it would hold late rows back for minutes.
+                let gap = sweep_gap(self.config.maintenance.sweep_interval, swept.took);
                 *self.next_sweep.lock().expect("sweep lock") = Some(started + gap);
             }
             Err(e) => {
@@ -523,7 +525,7 @@ pub(super) fn show_fleet(
 }
 
 /// The time from one sweep's start to the next: `every`, or a hundred times what the last one
-/// took when that is longer.
+/// cost the server when that is longer.
 pub(super) fn sweep_gap(every: Duration, took: Duration) -> Duration {
     every.max(took * 100)
 }

@@ -754,6 +754,9 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             ));
         }
     }
+    if std::env::var_os("OUTBOX_SIM_ECHO").is_some_and(|v| v == "1") {
+        echo_what_holds_unsent_rows(&checker).await;
+    }
     for p in &procs {
         p.sigterm();
     }
@@ -839,4 +842,41 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         hidden_named,
         undone_by,
     }))
+}
+
+/// With OUTBOX_SIM_ECHO=1, at the end of a run with the relays still up: the rows still unsent,
+/// the relays' published floors, their live claims and the sessions in a transaction, for
+/// reading why a row waited.
+async fn echo_what_holds_unsent_rows(client: &Client) {
+    let queries = [
+        "SELECT id, event_id, aggregate_id, attempts, available_at, created_at, quarantine_reason, \
+         to_jsonb(o) ->> 'xact_id' AS xact_id FROM public.outbox o \
+         WHERE sent_at IS NULL ORDER BY id",
+        "SELECT relay_id, claiming, unsent_floor, claims_floor, seen_until > now() AS live \
+         FROM public.outbox_relays",
+        "SELECT token, owner, until > now() AS live, ids FROM public.outbox_claims ORDER BY token",
+        "SELECT pid, application_name, state, backend_xid, backend_xmin, xact_start, left(query, 80) \
+         FROM pg_stat_activity WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()",
+        "SELECT gid, transaction, prepared FROM pg_prepared_xacts",
+        "SELECT pg_snapshot_xmin(pg_current_snapshot())",
+    ];
+    for sql in queries {
+        match client.simple_query(sql).await {
+            Ok(messages) => {
+                println!(
+                    "  -- {}",
+                    sql.split_whitespace().take(6).collect::<Vec<_>>().join(" ")
+                );
+                for m in messages {
+                    if let tokio_postgres::SimpleQueryMessage::Row(row) = m {
+                        let cells: Vec<&str> = (0..row.len())
+                            .map(|i| row.get(i).unwrap_or("NULL"))
+                            .collect();
+                        println!("     {}", cells.join(" | "));
+                    }
+                }
+            }
+            Err(e) => println!("  -- {sql}: {e}"),
+        }
+    }
 }
