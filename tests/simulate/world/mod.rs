@@ -576,9 +576,13 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
                 let status = futures_util::FutureExt::now_or_never(p.wait_exit(Duration::ZERO))??;
                 (!status.success()).then(|| {
                     let output = p.output();
+                    // Error lines: the refusal (`error: ...`) and any logged at ERROR. The
+                    // word alone is not one: a relay started before its database logs
+                    // `WARN waiting for the database: ... error communicating with the
+                    // server`, as it should, until the database is up.
                     let errors = output
                         .lines()
-                        .filter(|l| l.to_ascii_lowercase().contains("error"))
+                        .filter(|l| l.starts_with("error") || l.contains(" ERROR "))
                         .count();
                     (last_line(&output), errors)
                 })
