@@ -604,10 +604,7 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 ),
             );
         }
-        if q.gauge_unsent != Some(q.gauge_table_unsent as f64)
-            || q.gauge_age
-                .is_none_or(|a| (a - q.gauge_table_age).abs() > slack + 0.5)
-        {
+        if !q.gauges_agree() {
             report.add(
                 "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
                 format!(

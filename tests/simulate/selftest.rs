@@ -204,6 +204,11 @@ const CASES: &[Case] = &[
         "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
     ),
     (
+        "an age gauge left at its value from before an outage",
+        |_, ev| ev.quiet.as_mut().unwrap().gauge_age = Some(30.0),
+        "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
+    ),
+    (
         "status that disagrees with the table",
         |_, ev| ev.quiet.as_mut().unwrap().status_age = Some(30.0),
         "`status --json` agrees with the table",

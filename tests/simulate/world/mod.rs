@@ -70,6 +70,19 @@ pub struct Quiet {
     pub gauge_age: Option<f64>,
 }
 
+impl Quiet {
+    /// How far the age gauge may be from the table's: the gauges refresh every 500 ms.
+    pub const GAUGE_AGE_SLACK: f64 = 2.0;
+
+    /// The last sample of the gauges agrees with the table read right after it.
+    pub fn gauges_agree(&self) -> bool {
+        self.gauge_unsent == Some(self.gauge_table_unsent as f64)
+            && self
+                .gauge_age
+                .is_some_and(|a| (a - self.gauge_table_age).abs() <= Self::GAUGE_AGE_SLACK)
+    }
+}
+
 /// Everything the checker reads.
 #[derive(Default)]
 pub struct Evidence {

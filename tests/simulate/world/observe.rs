@@ -157,7 +157,9 @@ pub(super) async fn quiet_point(
             quiet.gauge_age =
                 crate::support::metric_value(&body, "outbox_oldest_unsent_age_seconds");
             (quiet.gauge_table_unsent, quiet.gauge_table_age) = table_now().await;
-            if quiet.gauge_unsent == Some(quiet.gauge_table_unsent as f64) {
+            // Both: after an outage the count may agree already (nothing moved) while the
+            // age is still the one read before it, until the first statistics pass.
+            if quiet.gauges_agree() {
                 break;
             }
         }
