@@ -691,11 +691,21 @@ impl Outbox {
         client: &Conn,
         column: &str,
     ) -> Result<bool, OutboxError> {
+        self.has_column_in(client, &self.table, column).await
+    }
+
+    /// Whether `table` (one of the relay's, beside the outbox) exists and has `column`.
+    pub(crate) async fn has_column_in(
+        &self,
+        client: &Conn,
+        table: &TableName,
+        column: &str,
+    ) -> Result<bool, OutboxError> {
         Ok(client
             .query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_attribute \
                  WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
-                &[&self.table.quoted(), &column],
+                &[&table.quoted(), &column],
             )
             .await
             .map_err(query_err("looking up a column of the table"))?

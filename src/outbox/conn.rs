@@ -391,9 +391,7 @@ impl Conn {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        let types = self.learn(&[sql]).await?.remove(0);
-        let begin = self.begin(Access::Write, "");
-        Ok(self.unnamed(sql, &types, Some(&begin), params).await?.0)
+        Ok(self.written_in_transaction("", sql, params).await?.0)
     }
 
     /// [`Conn::write_in_transaction`] of a statement that returns one row.
@@ -482,16 +480,20 @@ impl Conn {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, Error> {
+        Ok(self.written_in_transaction(settings, sql, params).await?.1)
+    }
+
+    /// `sql` by text, its parameter types learned first, in a write transaction of its own
+    /// that starts with `settings`: its rows and how many it changed.
+    async fn written_in_transaction(
+        &self,
+        settings: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Vec<Row>, u64), Error> {
         let types = self.learn(&[sql]).await?.remove(0);
-        Ok(self
-            .unnamed(
-                sql,
-                &types,
-                Some(&self.begin(Access::Write, settings)),
-                params,
-            )
-            .await?
-            .1)
+        let begin = self.begin(Access::Write, settings);
+        self.unnamed(sql, &types, Some(&begin), params).await
     }
 
     /// tokio-postgres's own error for a query that returned a count of rows other than the one

@@ -172,21 +172,13 @@ impl Outbox {
     /// Where `status` reads the unsent index and the lease table from (sql/status_floors.sql):
     /// (0, 0) where the registry does not publish floors (schema version 4 and before).
     async fn published_floors(&self, client: &super::Conn) -> Result<(i64, i64), OutboxError> {
-        let published: bool = client
-            .query_one(
-                "SELECT EXISTS (SELECT FROM pg_attribute \
-                 WHERE attrelid = to_regclass($1) AND attname = 'unsent_floor' AND NOT attisdropped)",
-                &[&self.table.relays().quoted()],
-            )
-            .await
-            .map_err(query_err("looking up the relays' published floors"))?
-            .get(0);
-        if !published {
+        let relays = self.table.relays();
+        if !self.has_column_in(client, &relays, "unsent_floor").await? {
             return Ok((0, 0));
         }
         let sql = render(
             include_str!("../../sql/status_floors.sql"),
-            &[("relays", Value::Table(&self.table.relays()))],
+            &[("relays", Value::Table(&relays))],
         )
         .map_err(OutboxError::Template)?;
         let row = client
