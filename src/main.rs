@@ -388,6 +388,12 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(served) => served,
         Err(code) => return code,
     };
+    // The table's reads are shown from the start: down until the first one.
+    let reads = Arc::new(relay::reads::Reads::new(config.maintenance.stats_interval));
+    {
+        let reads = Arc::clone(&reads);
+        health.add_section(metrics::Section(Arc::new(move || reads.render())));
+    }
     let connected = match connect_when_ready(&config, &health, &shutdown).await {
         Ok(c) => c,
         Err(code) => {
@@ -398,7 +404,7 @@ async fn run(args: RunArgs) -> ExitCode {
     if traces.is_some() {
         tracing::info!("exporting a span per event over OTLP/HTTP");
     }
-    relay::run(connected, health, traces.clone(), shutdown).await;
+    relay::run(connected, health, reads, traces.clone(), shutdown).await;
     // The drain is over; the spans of its last sends go out now, within a bound.
     if let Some(traces) = traces {
         traces.shutdown(otel::FLUSH_BOUND).await;

@@ -15,6 +15,15 @@ pub const UNSENT_ROWS: &str = "outbox_unsent_rows";
 pub const QUARANTINED_ROWS: &str = "outbox_quarantined_rows";
 pub const OLDEST_QUARANTINED_AGE: &str = "outbox_oldest_quarantined_age_seconds";
 pub const BLOCKED_ROWS: &str = "outbox_blocked_rows";
+/// The times behind the ages (src/relay/reads.rs, rendered at each scrape): the oldest unsent
+/// row's `created_at` as of the last read, when that read began, and whether the relay can
+/// read the table now. Rules compute `time() - x`, which keeps growing while reads stop.
+pub const OLDEST_UNSENT_TIMESTAMP: &str = "outbox_oldest_unsent_timestamp_seconds";
+pub const TABLE_LAST_READ: &str = "outbox_table_last_read_timestamp_seconds";
+pub const TABLE_UP: &str = "outbox_table_up";
+/// When this relay process started, as client libraries' process collectors name it: its
+/// changes count restarts, which a crash loop makes faster than `up` can show.
+pub const PROCESS_START_TIME: &str = "process_start_time_seconds";
 /// `--order-by transaction`: how long the oldest committed event has been held back behind
 /// an older transaction that still runs (the claims' watermark), and how many are.
 pub const WATERMARK_AGE: &str = "outbox_order_watermark_age_seconds";
@@ -72,7 +81,7 @@ fn describe() {
     describe_gauge!(
         OLDEST_UNSENT_AGE,
         Unit::Seconds,
-        "now - created_at of the oldest unsent row (rows parked in quarantine included); 0 when none"
+        "now - created_at of the oldest unsent row (rows parked in quarantine included) as of the relay's last read of the table (every --stats-interval); 0 when none. Frozen while the relay cannot read: alert on time() - outbox_oldest_unsent_timestamp_seconds"
     );
     describe_gauge!(
         UNSENT_ROWS,
@@ -162,6 +171,16 @@ fn describe() {
     ] {
         metrics::counter!(EVENTS_QUARANTINED, "reason" => reason).absolute(0);
     }
+    describe_gauge!(
+        PROCESS_START_TIME,
+        Unit::Seconds,
+        "when this relay process started, in seconds since the epoch"
+    );
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    metrics::gauge!(PROCESS_START_TIME).set(started);
     metrics::counter!(EVENTS_SENT).absolute(0);
     metrics::counter!(OFFLOADED).absolute(0);
     metrics::counter!(LEASE_LOST).absolute(0);

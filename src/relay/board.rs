@@ -8,6 +8,9 @@ use std::collections::HashMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
+use std::time::{Duration, SystemTime};
+
+use super::reads::{self, Read, Seen};
 use crate::metrics as names;
 use crate::outbox::{Look, Stats};
 
@@ -24,11 +27,14 @@ pub struct Gauges {
     pub oldest_quarantined_age_seconds: f64,
     pub held_back: f64,
     pub oldest_held_back_age_seconds: f64,
+    /// The reads behind the ages, exported as times.
+    pub seen: Seen,
 }
 
 impl Gauges {
-    fn from_stats(s: &Stats) -> Gauges {
+    fn from_stats(s: &Stats, seen: Seen) -> Gauges {
         Gauges {
+            seen,
             oldest_unsent_age_seconds: s.oldest_unsent_age_seconds,
             unsent: s.unsent as f64,
             quarantined: s.quarantined as f64,
@@ -55,6 +61,7 @@ impl Gauges {
             oldest_held_back_age_seconds: self
                 .oldest_held_back_age_seconds
                 .max(o.oldest_held_back_age_seconds),
+            seen: self.seen.merge(o.seen),
         }
     }
 
@@ -105,30 +112,51 @@ pub struct Board {
     /// Tables skipped now (dropped, locked, unreadable, refused), each with `outbox_table_skipped`.
     skipped: Mutex<std::collections::BTreeSet<String>>,
     limit: usize,
+    /// When a table's next read is overdue (`reads::overdue_after`).
+    overdue: Duration,
 }
 
 impl Board {
-    pub fn new(limit: usize) -> Board {
+    pub fn new(limit: usize, stats_interval: Duration) -> Board {
         Board {
             tables: Mutex::new(HashMap::new()),
             skipped: Mutex::new(std::collections::BTreeSet::new()),
             limit,
+            overdue: reads::overdue_after(stats_interval),
         }
     }
 
-    /// A turn read the table's statistics.
+    /// A turn read the table's statistics (its read itself is recorded by [`Board::read`]).
     pub fn stats(&self, table: &str, stats: &Stats) {
-        self.tables
-            .lock()
-            .expect("board lock")
-            .insert(table.to_string(), Gauges::from_stats(stats));
-    }
-
-    /// The look saw the table: its oldest unsent row's age is current; with none unsent, no
-    /// row is (quarantined rows keep their last counts: only a turn reads those).
-    pub fn look(&self, table: &str, look: &Look) {
         let mut tables = self.tables.lock().expect("board lock");
         let g = tables.entry(table.to_string()).or_default();
+        *g = Gauges::from_stats(stats, g.seen);
+    }
+
+    /// A read of the table's oldest unsent row that began at its time, or (`None`) failed.
+    pub fn read(&self, table: &str, read: Option<Read>) {
+        let mut tables = self.tables.lock().expect("board lock");
+        let seen = &mut tables.entry(table.to_string()).or_default().seen;
+        match read {
+            Some(read) => seen.read(read),
+            None => seen.failed(),
+        }
+    }
+
+    /// The look at every table failed as a whole (the database, the connection).
+    pub fn failed_all(&self) {
+        for g in self.tables.lock().expect("board lock").values_mut() {
+            g.seen.failed();
+        }
+    }
+
+    /// The look, begun at `began`, saw the table: its oldest unsent row's age is current; with
+    /// none unsent, no row is (quarantined rows keep their last counts: only a turn reads those).
+    pub fn look(&self, table: &str, look: &Look, began: SystemTime) {
+        let mut tables = self.tables.lock().expect("board lock");
+        let g = tables.entry(table.to_string()).or_default();
+        g.seen
+            .read(Read::new(began, look.oldest_unsent_age_seconds));
         g.oldest_unsent_age_seconds = look.oldest_unsent_age_seconds;
         if look.oldest_unsent_age_seconds == 0.0 {
             g.unsent = 0.0;
@@ -144,8 +172,12 @@ impl Board {
         self.skipped.lock().expect("board lock").remove(table);
     }
 
-    /// The table is skipped (`true`) or served again.
+    /// The table is skipped (`true`) or served again. A skipped table is not read: it is down
+    /// until a look reads it again.
     pub fn skipped(&self, table: &str, skipped: bool) {
+        if skipped {
+            self.read(table, None);
+        }
         let mut set = self.skipped.lock().expect("board lock");
         match skipped {
             true => set.insert(table.to_string()),
@@ -185,6 +217,16 @@ impl Board {
                 let _ = writeln!(out, "{name}{{table=\"{}\"}} {}", escape(table), value(g));
             }
         }
+        let labelled: Vec<(String, Seen)> = rows
+            .iter()
+            .map(|(table, g)| (format!("{{table=\"{}\"}}", escape(table)), g.seen))
+            .collect();
+        reads::render(
+            &mut out,
+            &labelled,
+            reads::unix(SystemTime::now()),
+            self.overdue,
+        );
         let skipped = self.skipped.lock().expect("board lock").clone();
         let _ = writeln!(
             out,
@@ -256,7 +298,21 @@ mod tests {
         let shown = show(tables.clone(), 2);
         let names: Vec<&str> = shown.tables.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(names, ["b", "d"]);
-        assert_eq!(shown.others, Some((2, g(1.0, 10.0))));
+        // Neither was read: together they are down, as each alone.
+        let never_read = Seen {
+            last: None,
+            failing: true,
+        };
+        assert_eq!(
+            shown.others,
+            Some((
+                2,
+                Gauges {
+                    seen: never_read,
+                    ..g(1.0, 10.0)
+                }
+            ))
+        );
         let all = show(tables, 10);
         assert_eq!(all.tables.len(), 4);
         assert_eq!(all.others, None);
@@ -264,7 +320,7 @@ mod tests {
 
     #[test]
     fn the_rendered_series_are_the_shown_tables_and_the_others() {
-        let board = Board::new(1);
+        let board = Board::new(1, Duration::from_secs(5));
         let stats = |age: f64, unsent: i64| Stats {
             oldest_unsent_age_seconds: age,
             unsent,
@@ -315,7 +371,7 @@ mod tests {
 
     #[test]
     fn a_look_that_finds_nothing_unsent_clears_the_age_and_count() {
-        let board = Board::new(5);
+        let board = Board::new(5, Duration::from_secs(5));
         board.look(
             "t",
             &Look {
@@ -325,6 +381,7 @@ mod tests {
                 parked_due: false,
                 expired: false,
             },
+            SystemTime::now(),
         );
         board.tables.lock().unwrap().get_mut("t").unwrap().unsent = 4.0;
         board.look(
@@ -336,6 +393,7 @@ mod tests {
                 parked_due: false,
                 expired: false,
             },
+            SystemTime::now(),
         );
         let shown = board.tables.lock().unwrap()["t"];
         assert_eq!((shown.oldest_unsent_age_seconds, shown.unsent), (0.0, 0.0));

@@ -264,7 +264,7 @@ impl Relay {
         );
         // Not ready from the line on, not from the claim loop's next turn; a relay serving
         // several tables skips this one and stays ready for the others.
-        if self.gauges.is_none() {
+        if matches!(self.gauges, super::Gauges::Own(_)) {
             self.health.set_not_claiming(Some(why.clone()));
         }
         tracing::error!(target: LOG_TARGET, "{why}");

@@ -1,7 +1,7 @@
 //! Background work beside the claim loop: wake-ups, gauges and statistics, retention, unparking.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
@@ -13,7 +13,8 @@ use crate::outbox::Wakeup;
 use crate::version;
 
 use super::admission::Gate;
-use super::{Relay, Woken, LOG_TARGET};
+use super::reads::Read;
+use super::{Gauges, Relay, Woken, LOG_TARGET};
 
 impl Relay {
     /// With `--wakeup notify` keeps a LISTEN connection open, with `logical` the doorbell's
@@ -85,6 +86,7 @@ impl Relay {
         match self.upkeep.row_security().await {
             Ok(Some(refusal)) => {
                 self.rows_hidden(Some(refusal.to_string()));
+                self.read(None);
                 return;
             }
             Ok(None) => self.rows_hidden(None),
@@ -95,12 +97,20 @@ impl Relay {
         self.unpark_destinations().await;
         self.maintain_blocked_groups().await;
         self.sweep_if_due().await;
-        match self.upkeep.stats().await {
+        let began = SystemTime::now();
+        let stats = self.upkeep.stats().await;
+        self.read(
+            stats
+                .as_ref()
+                .ok()
+                .map(|s| Read::new(began, s.oldest_unsent_age_seconds)),
+        );
+        match stats {
             Ok(s) => {
                 self.health.set_database_ok(true);
                 match &self.gauges {
-                    Some(board) => board.stats(&self.outbox.table().label(), &s),
-                    None => {
+                    Gauges::Board(board) => board.stats(&self.outbox.table().label(), &s),
+                    Gauges::Own(_) => {
                         metrics::gauge!(names::OLDEST_UNSENT_AGE).set(s.oldest_unsent_age_seconds);
                         metrics::gauge!(names::UNSENT_ROWS).set(s.unsent as f64);
                         metrics::gauge!(names::QUARANTINED_ROWS).set(s.quarantined as f64);
@@ -125,6 +135,16 @@ impl Relay {
         }
     }
 
+    /// A read of the table's oldest unsent row (`None`: it failed, or row-level security hid
+    /// rows from it), for the times behind the gauges ([`reads`](super::reads)).
+    pub(super) fn read(&self, read: Option<Read>) {
+        match (&self.gauges, read) {
+            (Gauges::Own(reads), Some(read)) => reads.read(read),
+            (Gauges::Own(reads), None) => reads.failed(),
+            (Gauges::Board(board), read) => board.read(&self.outbox.table().label(), read),
+        }
+    }
+
     /// Row-level security hides rows from the relay's role (`Some(why)`), or no longer does:
     /// claims stop and resume with it, the table's `outbox_table_blocked` says so, and the
     /// change is logged once.
@@ -139,7 +159,7 @@ impl Relay {
                 let why = format!("{why}; claims on it stopped, and its gauges keep their last values, until the role can see and settle every row");
                 // Not ready from the line on, not from the claim loop's next turn; a relay
                 // serving several tables skips this one and stays ready for the others.
-                if self.gauges.is_none() {
+                if matches!(self.gauges, Gauges::Own(_)) {
                     self.health.set_not_claiming(Some(why.clone()));
                 }
                 tracing::error!(target: LOG_TARGET, "{why}");
@@ -240,8 +260,8 @@ impl Relay {
             Ok(renewed) => {
                 self.admission.renewed(began);
                 let shown = match self.gauges {
-                    None => show_fleet(&renewed, &me, shown),
-                    Some(_) => shown,
+                    Gauges::Own(_) => show_fleet(&renewed, &me, shown),
+                    Gauges::Board(_) => shown,
                 };
                 (shown, Ok(()))
             }

@@ -139,7 +139,10 @@ pub async fn run(
     }
     health.set_database_ok(true);
     let shared = Shared::new(&config, Arc::clone(&health), tracing).await;
-    let board = Arc::new(Board::new(config.many.table_series));
+    let board = Arc::new(Board::new(
+        config.many.table_series,
+        config.maintenance.stats_interval,
+    ));
     {
         let board = Arc::clone(&board);
         health.add_section(Section(Arc::new(move || board.render())));
@@ -281,7 +284,8 @@ impl Many {
             sessions,
             &self.shared,
             registration,
-            Some((Arc::clone(&self.board), &self.upkeep)),
+            super::Gauges::Board(Arc::clone(&self.board)),
+            Some(&self.upkeep),
         )))
     }
 
@@ -327,6 +331,7 @@ impl Many {
             }
             if now >= look_at {
                 let full = now >= full_at;
+                let began = std::time::SystemTime::now();
                 let look = within(
                     c.retry.db_timeout,
                     "looking at the tables",
@@ -342,7 +347,7 @@ impl Many {
                         }
                         look_failures = 0;
                         self.health.set_database_ok(true);
-                        self.seen(answers);
+                        self.seen(answers, began);
                         look_at = Instant::now() + c.claim.poll_interval;
                     }
                     Err(e) => {
@@ -351,6 +356,7 @@ impl Many {
                         }
                         look_failures += 1;
                         self.health.set_database_ok(false);
+                        self.board.failed_all();
                         let delay = crate::outbox::reconnect_delay(
                             look_failures,
                             false,
@@ -402,7 +408,7 @@ impl Many {
 
     /// What the look saw: the gauges, and which tables need a turn; a table whose part of
     /// the look failed is in trouble.
-    fn seen(&mut self, answers: Vec<crate::outbox::Answer>) {
+    fn seen(&mut self, answers: Vec<crate::outbox::Answer>, began: std::time::SystemTime) {
         let order = self.order.clone();
         let mut troubled = false;
         for (name, answer) in order.iter().zip(answers) {
@@ -412,7 +418,7 @@ impl Many {
             match answer {
                 Ok(look) => {
                     if look.full {
-                        self.board.look(&name.label(), &look);
+                        self.board.look(&name.label(), &look, began);
                     }
                     table.look = Some(look);
                 }

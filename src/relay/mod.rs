@@ -9,6 +9,7 @@
 //!   settlement and the effects to apply (`effect`); `pressure` and `sequels` are the pure
 //!   state they feed (the relay-wide pause, which request waits for which).
 //! - `maintain`: wake-ups, gauges and statistics, retention, unparking.
+//! - `reads`: what the relay last read of a table, exported as times (`time() - x` in rules).
 //!
 //! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
@@ -52,6 +53,7 @@ mod given_up;
 mod maintain;
 pub mod many;
 mod pressure;
+pub mod reads;
 mod send;
 mod sequels;
 
@@ -133,7 +135,16 @@ struct Relay {
     given_up: Arc<given_up::GivenUp>,
     /// Where this table's gauges go: straight to the series without a `table` label (one
     /// table), or to the board that publishes the worst tables' (several).
-    gauges: Option<Arc<board::Board>>,
+    gauges: Gauges,
+}
+
+/// Where a table's gauges and reads go.
+pub(crate) enum Gauges {
+    /// The one table of a single-table relay: the recorder's series without a `table` label,
+    /// and its reads rendered beside them.
+    Own(Arc<reads::Reads>),
+    /// A table of several: the board, which shows the worst tables' with a `table` label.
+    Board(Arc<board::Board>),
 }
 
 /// What every table of a relay shares: the destinations' clients and back-offs, the request,
@@ -302,6 +313,7 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
 pub async fn run(
     connected: Connected,
     health: Arc<Health>,
+    reads: Arc<reads::Reads>,
     tracing: Option<Arc<Tracing>>,
     shutdown: CancellationToken,
 ) {
@@ -324,6 +336,7 @@ pub async fn run(
         },
         &shared,
         registration,
+        Gauges::Own(reads),
         None,
     ));
     let mut fleet = maintain::Shown::default();
@@ -374,14 +387,12 @@ impl Relay {
         sessions: Sessions,
         shared: &Shared,
         registration: Registration,
-        gauges: Option<(Arc<board::Board>, &Upkeep)>,
+        gauges: Gauges,
+        shared_upkeep: Option<&Upkeep>,
     ) -> Relay {
-        let (gauges, upkeep) = match gauges {
-            Some((board, upkeep)) => (Some(board), upkeep.for_table(Arc::clone(&outbox))),
-            None => (
-                None,
-                Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
-            ),
+        let upkeep = match shared_upkeep {
+            Some(upkeep) => upkeep.for_table(Arc::clone(&outbox)),
+            None => Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
         };
         Relay {
             destinations: Arc::clone(&shared.destinations),

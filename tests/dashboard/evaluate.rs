@@ -367,7 +367,7 @@ pub fn declared_metrics(source: &Path) -> BTreeSet<String> {
     let text = std::fs::read_to_string(source).expect("read src/metrics.rs");
     let names: BTreeSet<String> = text
         .lines()
-        .filter(|l| l.starts_with("pub const ") && l.contains(": &str = \"outbox_"))
+        .filter(|l| l.starts_with("pub const ") && l.contains(": &str = \""))
         .filter_map(|l| l.split('"').nth(1))
         .map(str::to_string)
         .collect();
