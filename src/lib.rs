@@ -63,3 +63,78 @@ pub mod sns;
 pub mod sqs;
 pub mod tls;
 pub mod version;
+
+/// The module maps (each file's `//!` list of its rooms) stay true: a map that falls behind
+/// its `mod` lines sends a newcomer to the wrong place.
+#[cfg(test)]
+mod maps {
+    use std::path::Path;
+
+    /// The modules `text` declares with `mod x;` (test modules aside).
+    fn declared(text: &str) -> Vec<String> {
+        text.lines()
+            .map(str::trim_start)
+            .filter_map(|line| {
+                let rest = line
+                    .strip_prefix("pub(crate) ")
+                    .or_else(|| line.strip_prefix("pub "))
+                    .unwrap_or(line);
+                rest.strip_prefix("mod ")?
+                    .strip_suffix(';')
+                    .map(str::to_string)
+            })
+            .filter(|name| name != "tests")
+            .collect()
+    }
+
+    /// The file's map: its leading `//!` lines.
+    fn map(text: &str) -> String {
+        text.lines()
+            .take_while(|line| line.starts_with("//!") || line.trim().is_empty())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read src/") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn every_declared_module_is_in_its_files_map() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut missing = Vec::new();
+        let mut checked = 0;
+        for path in files {
+            let text = std::fs::read_to_string(&path).expect("read a source file");
+            let map = map(&text);
+            for name in declared(&text) {
+                checked += 1;
+                if !map.contains(&format!("`{name}`")) {
+                    missing.push(format!("{}: `{name}`", path.display()));
+                }
+            }
+        }
+        assert!(checked > 50, "only {checked} modules found under src/");
+        assert!(
+            missing.is_empty(),
+            "declared with `mod` but missing from the file's `//!` map:\n{}",
+            missing.join("\n")
+        );
+    }
+
+    #[test]
+    fn a_module_left_out_of_the_map_is_found() {
+        let text = "//! - `a`: one room.\n\nmod a;\npub(crate) mod b;\n#[cfg(test)]\nmod tests;\n";
+        assert_eq!(declared(text), ["a", "b"]);
+        assert!(!map(text).contains("`b`"));
+    }
+}

@@ -24,6 +24,12 @@
 //! - `wakeup`: the `--wakeup` modes and what each installs (trigger, publication).
 //! - `doorbell`: the `logical` mode's replication-protocol client.
 //! - [`inspect`], `status`: the catalog facts `check` judges, and `status`.
+//! - `fleet`: the relay registry `<table>_relays` and the schema's contract (who may claim).
+//! - `floors`: where a relay's scans of a table start, so they seek past settled rows.
+//! - `order_by`: `--order-by`, what "earlier" means within a group, as SQL fragments.
+//! - `selection`: which tables a command serves (`--table`, `--tables` patterns, discovery).
+//! - `shared`: one connection the sessions of several tables share.
+//! - `watch`: the look a relay serving several tables takes at all of them at once.
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -10,6 +10,11 @@
 //!   state they feed (the relay-wide pause, which request waits for which).
 //! - `maintain`: wake-ups, gauges and statistics, retention, unparking.
 //! - `reads`: what the relay last read of a table, exported as times (`time() - x` in rules).
+//! - `admission`: whether the relay may claim now (the schema's verdict, a recent renewal).
+//! - `claim_size`, `gather`: pure: how many rows the next claim asks for, and when it runs.
+//! - `given_up`: claims whose answer did not come back in time, released once they committed.
+//! - `many`: one relay serving several tables (the look, turns, tables in trouble); `board`:
+//!   its table gauges, the worst tables' as series of their own.
 //!
 //! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each

@@ -5,6 +5,8 @@
 //! part of the settlement, and the [`Effect`]s the loop applies in one place (`Relay::apply`).
 //! The feedback into the send gate (pause the relay, park a destination, a destination
 //! reached) is among those effects, so nothing here touches shared state, a clock or a network.
+//!
+//! - `upload`: what becomes of a request whose large bodies could not all be stored in S3.
 
 use std::time::{Duration, Instant};
 
