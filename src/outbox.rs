@@ -30,6 +30,7 @@
 //! - `selection`: which tables a command serves (`--table`, `--tables` patterns, discovery).
 //! - `shared`: one connection the sessions of several tables share.
 //! - `watch`: the look a relay serving several tables takes at all of them at once.
+//! - `rendered` (tests only): every statement as rendered, kept whole in `sql/rendered/`.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -53,6 +54,8 @@ mod listen;
 pub(crate) mod liveness;
 mod order_by;
 mod pooler;
+#[cfg(test)]
+mod rendered;
 pub mod schema;
 mod search_path;
 mod selection;

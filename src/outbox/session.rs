@@ -277,7 +277,7 @@ impl Outbox {
     }
 
     /// The same, `custom`: planned with the claim's parameters ([`CUSTOM_PLANS`]).
-    fn claim_start_for(&self, custom: bool) -> Result<String, OutboxError> {
+    pub(super) fn claim_start_for(&self, custom: bool) -> Result<String, OutboxError> {
         let claim_lock = match custom {
             true => format!("{CUSTOM_PLANS}; {}", self.sql.claim_lock),
             false => self.sql.claim_lock.clone(),
