@@ -7,6 +7,7 @@ mod harness_smoke;
 mod scenario;
 
 mod adopt;
+mod alerts;
 mod chaos;
 mod claim_races;
 mod crash;

@@ -79,10 +79,14 @@ impl Seen {
     }
 }
 
-/// Reads are due every `--stats-interval`; the next one is overdue when a whole interval more
-/// has passed without it.
+/// The least time a read may take before it counts as overdue: a loaded database or a slow
+/// link make a read late by seconds without anything being wrong.
+const READ_ALLOWANCE: Duration = Duration::from_secs(5);
+
+/// Reads are due every `--stats-interval`; the next one is overdue when a whole interval more,
+/// and at least [`READ_ALLOWANCE`], has passed without it (10 s with the default 5 s).
 pub fn overdue_after(stats_interval: Duration) -> Duration {
-    stats_interval * 2
+    stats_interval + stats_interval.max(READ_ALLOWANCE)
 }
 
 /// The three series for each of `rows` (its label set, `""` or `{table="…"}`, and its reads),
@@ -102,7 +106,7 @@ pub fn render(out: &mut String, rows: &[(String, Seen)], now: f64, overdue: Dura
         ),
         (
             names::TABLE_UP,
-            "1 while the relay can read the table: its latest read succeeded and the next is not overdue (2 x --stats-interval); 0 otherwise",
+            "1 while the relay can read the table: its latest read succeeded and the next is not overdue (--stats-interval, and at least 5 s, late); 0 otherwise",
             |s, now, overdue| Some(if s.up(now, overdue) { 1.0 } else { 0.0 }),
         ),
     ];

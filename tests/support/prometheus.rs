@@ -24,13 +24,17 @@ pub const TARGET_NAMESPACE: &str = "outbox-relay-test";
 /// How often targets are scraped and rules evaluated.
 pub const SCRAPE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// A scraped relay: its `host:port` and its target labels of its own.
+type Target = (String, Vec<(String, String)>);
+
 pub struct Prometheus {
     /// `127.0.0.1:PORT` of its HTTP API.
     addr: String,
     /// Config, targets file, TSDB and log.
     dir: PathBuf,
-    /// The `host:port` of every relay scraped, in the order added.
-    targets: Mutex<Vec<String>>,
+    /// The `host:port` of every relay scraped, in the order added, with the labels of its own
+    /// besides the job's and the namespace's.
+    targets: Mutex<Vec<Target>>,
     child: Mutex<Child>,
 }
 
@@ -93,22 +97,55 @@ impl Prometheus {
         }
     }
 
-    /// Adds a relay's metrics address (`127.0.0.1:PORT`) to the scraped targets. The file is
-    /// replaced by a rename, so Prometheus never reads half of it.
+    /// Adds a relay's metrics address (`127.0.0.1:PORT`) to the scraped targets.
     pub fn add_target(&self, addr: &str) {
+        self.add_target_labelled(addr, &[]);
+    }
+
+    /// Adds a relay with target labels of its own, as service discovery gives each deployment
+    /// its own (`namespace`, `service`): the alerts aggregate `without (instance, pod)`, so
+    /// relays of different tables must differ in some other label.
+    pub fn add_target_labelled(&self, addr: &str, labels: &[(&str, &str)]) {
         let mut targets = self.targets.lock().unwrap();
-        targets.push(addr.to_string());
-        let groups = serde_json::json!([{
-            "targets": *targets,
-            "labels": { "namespace": TARGET_NAMESPACE },
-        }]);
+        let labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        targets.push((addr.to_string(), labels));
+        self.write_targets(&targets);
+    }
+
+    /// No longer scrapes `addr`, as Kubernetes drops a pod that is terminating from its
+    /// endpoints.
+    pub fn remove_target(&self, addr: &str) {
+        let mut targets = self.targets.lock().unwrap();
+        targets.retain(|(a, _)| a != addr);
+        self.write_targets(&targets);
+    }
+
+    /// One target group per target, each with its labels. The file is replaced by a rename, so
+    /// Prometheus never reads half of it.
+    fn write_targets(&self, targets: &[Target]) {
+        let groups: Vec<serde_json::Value> = targets
+            .iter()
+            .map(|(addr, labels)| {
+                let mut all = serde_json::Map::new();
+                all.insert("namespace".into(), TARGET_NAMESPACE.into());
+                for (k, v) in labels {
+                    all.insert(k.clone(), v.clone().into());
+                }
+                serde_json::json!({ "targets": [addr], "labels": all })
+            })
+            .collect();
         let tmp = self.dir.join("targets.json.tmp");
-        std::fs::write(&tmp, groups.to_string()).expect("write targets file");
+        std::fs::write(&tmp, serde_json::Value::Array(groups).to_string())
+            .expect("write targets file");
         std::fs::rename(&tmp, self.dir.join("targets.json")).expect("replace targets file");
     }
 
     pub fn targets(&self) -> Vec<String> {
-        self.targets.lock().unwrap().clone()
+        let targets = self.targets.lock().unwrap();
+        targets.iter().map(|(addr, _)| addr.clone()).collect()
     }
 
     /// Everything the server has logged so far.

@@ -105,6 +105,11 @@ impl TcpProxy {
         self.shared.control.send_modify(|c| c.dark_below = n);
     }
 
+    /// Every connection, open now or made later, forwards nothing: the whole link is dark.
+    pub fn blackhole_all(&self) {
+        self.shared.control.send_modify(|c| c.dark_below = u64::MAX);
+    }
+
     /// Every connection open now is closed with a RST, both ways.
     pub fn reset_existing(&self) {
         let n = self.accepted();
