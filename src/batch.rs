@@ -233,20 +233,23 @@ pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
 /// [`plan`], with the message size limits learnt from the queues themselves (queue -> bytes):
 /// a queue whose `MaximumMessageSize` is below `--max-request-bytes` would refuse a larger
 /// entry of a FIFO batch after accepting the group's entries before it, and the group's order
-/// would be lost. Validated here, the entry is quarantined and the rest of its group held.
+/// would be lost. Validated here, the entry is quarantined and the rest of its group held. And
+/// from topics: a topic's `MaximumMessageSize` (up to 1 MiB) lifts SNS's former 256 KiB, so
+/// that a message that fits is published rather than offloaded to S3.
 pub fn plan_within(
     rows: &[ClaimedRow],
     config: &PlanConfig,
     queue_limits: &HashMap<Destination, usize>,
 ) -> Plan {
+    // A limit read from the destination itself replaces the service's default: below it for a
+    // queue whose MaximumMessageSize is smaller, above it for a topic that takes up to 1 MiB.
+    // Never above --max-request-bytes.
     let limit_of = |queue: &Destination| {
         let limits = queue.limits(config.max_request_bytes);
         Limits {
             bytes: queue_limits
                 .get(queue)
-                .copied()
-                .unwrap_or(limits.bytes)
-                .min(limits.bytes),
+                .map_or(limits.bytes, |&read| read.min(config.max_request_bytes)),
             ..limits
         }
     };
@@ -639,6 +642,30 @@ mod tests {
             assert!(r.size() <= SNS_MAX_REQUEST_BYTES, "{} bytes", r.size());
         }
         assert_eq!(topic.requests[0].entries.len(), 6);
+    }
+
+    #[test]
+    fn a_topics_own_maximum_message_size_lifts_the_256_kib_and_never_passes_the_request_limit() {
+        let huge = format!("\"{}\"", "h".repeat(300 * 1024));
+        let rows = vec![row(1, &huge), row(2, "{}")];
+        let mut cfg = config();
+        cfg.default_queue_url = to(TOPIC);
+        let read = |bytes: usize| HashMap::from([(to(TOPIC), bytes)]);
+        // A topic of 1 MiB (since September 2026) takes the 300 KiB row as it is.
+        let big = plan_within(&rows, &cfg, &read(1_048_576));
+        assert!(big.rejected.is_empty(), "{:?}", big.rejected);
+        assert_eq!(big.requests.iter().map(|r| r.entries.len()).sum::<usize>(), 2);
+        // One that reports 256 KiB, or nothing (no read: SNS's former limit), does not.
+        for limits in [read(SNS_MAX_REQUEST_BYTES), HashMap::new()] {
+            let small = plan_within(&rows, &cfg, &limits);
+            assert_eq!(small.rejected.len(), 1);
+            assert!(small.rejected[0].error.contains("limit is 262144"));
+        }
+        // The topic's limit never lifts --max-request-bytes.
+        cfg.max_request_bytes = 200 * 1024;
+        let capped = plan_within(&rows, &cfg, &read(1_048_576));
+        assert_eq!(capped.rejected.len(), 1);
+        assert!(capped.rejected[0].error.contains("limit is 204800"), "{}", capped.rejected[0].error);
     }
 
     #[test]

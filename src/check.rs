@@ -634,14 +634,22 @@ pub fn explain_queue_failure(failure: &RequestFailure, flag: &str) -> String {
 /// What `check` says of a reachable topic. SNS itself requires a FIFO topic's name to end in
 /// `.fifo`, so the ARN cannot disagree with the topic as a queue URL can.
 pub fn describe_topic(info: &TopicInfo) -> String {
-    if info.fifo {
+    let kind = if info.fifo {
         format!(
             "FIFO topic; content-based deduplication {}: the relay sends event_id as the deduplication ID either way",
             if info.content_based_deduplication { "on" } else { "off" }
         )
     } else {
         "standard topic".to_string()
-    }
+    };
+    let size = match info.maximum_message_size {
+        Some(bytes) => format!("MaximumMessageSize {bytes} bytes"),
+        None => format!(
+            "no MaximumMessageSize reported: messages up to {} bytes, SNS's limit before September 2026",
+            crate::destination::SNS_MAX_REQUEST_BYTES
+        ),
+    };
+    format!("{kind}; {size}")
 }
 
 /// How to fix a failed GetTopicAttributes, by what SNS said.
@@ -1101,8 +1109,20 @@ mod tests {
         let fifo = TopicInfo {
             fifo: true,
             content_based_deduplication: false,
+            maximum_message_size: Some(1_048_576),
         };
         assert!(describe_topic(&fifo).starts_with("FIFO topic"));
+        assert!(describe_topic(&fifo).ends_with("; MaximumMessageSize 1048576 bytes"));
+        let older = TopicInfo {
+            maximum_message_size: None,
+            ..fifo
+        };
+        assert!(
+            describe_topic(&older)
+                .ends_with("messages up to 262144 bytes, SNS's limit before September 2026"),
+            "{}",
+            describe_topic(&older)
+        );
     }
 
     #[test]

@@ -100,6 +100,7 @@ impl Sns {
         Ok(TopicInfo {
             fifo: attribute("FifoTopic") == Some("true"),
             content_based_deduplication: attribute("ContentBasedDeduplication") == Some("true"),
+            maximum_message_size: attribute("MaximumMessageSize").and_then(|v| v.parse().ok()),
         })
     }
 }
@@ -109,4 +110,7 @@ impl Sns {
 pub struct TopicInfo {
     pub fifo: bool,
     pub content_based_deduplication: bool,
+    /// The most a message may carry (up to 1 MiB since September 2026). Topics made before
+    /// then, and servers that do not report it, leave it out: SNS's former 256 KiB applies.
+    pub maximum_message_size: Option<usize>,
 }

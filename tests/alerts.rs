@@ -199,7 +199,8 @@ fn unix_seconds(t: &str) -> Option<f64> {
     Some(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
 }
 
-/// A relay of `scenario`, scraped with its label.
+/// A relay of `scenario`, scraped with its label; returns once Prometheus has seen it read
+/// its table, so a failure injected next meets a relay that runs, not one starting.
 async fn relay(
     prometheus: &Prometheus,
     scenario: &'static str,
@@ -209,6 +210,20 @@ async fn relay(
     let relay = RelayProcess::spawn_named(&name, &args, &[]);
     let addr = relay.metrics_addr(WAIT).await;
     prometheus.add_target_labelled(&addr, &[("scenario", scenario)]);
+    let reading = format!("outbox_table_up{{job=\"{JOB}\", instance=\"{addr}\"}} == 1");
+    let deadline = std::time::Instant::now() + WAIT;
+    while prometheus
+        .query(&reading, now())
+        .await
+        .map_or(true, |s| s.is_empty())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} never read its table:\n{}",
+            relay.output()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     (relay, addr)
 }
 

@@ -303,5 +303,16 @@ async fn a_claim_the_relay_gave_up_on_holds_no_lease_and_spends_no_attempt() {
         "a row spent an attempt it did not make"
     );
     assert_eq!(count_claims(&client, "true").await, 0, "a lease was left");
+    // The path this test is about was taken: the claim was given up on (ended at its budget),
+    // not merely slow and answered in time.
+    let output = relay.output();
+    let gave_up = output
+        .lines()
+        .find(|l| l.contains("claim failed"))
+        .unwrap_or_else(|| panic!("no claim was given up on:\n{output}"));
+    assert!(
+        gave_up.contains("timeout") || gave_up.contains("cancel"),
+        "the claim failed for another reason than its budget: {gave_up}"
+    );
     drop(relay);
 }

@@ -672,8 +672,23 @@ async fn a_late_row_is_delivered_over(kind: Late, answer_delay: Option<Duration>
         Duration::from_secs(if slow { 120 } else { 30 }),
     )
     .await;
-    // Statistics every 200 ms: several passes, so the floor is past every row sent.
-    tokio::time::sleep(Duration::from_millis(if slow { 5_000 } else { 1_500 })).await;
+    // The relay's floor is past every row sent, so the late row commits below it: the floor
+    // the relay publishes in its registry at each renewal, read rather than waited for.
+    crate::support::wait_until(
+        "the relay's published floor is past the rows sent",
+        Duration::from_secs(if slow { 120 } else { 60 }),
+        || async {
+            app.query_one(
+                "SELECT coalesce(max(unsent_floor), 0) > (SELECT max(id) FROM outbox \
+                 WHERE event_id LIKE 'on-time-%') FROM outbox_relays",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+        },
+    )
+    .await;
     commit_late(&late, kind).await;
     let late_id: i64 = app
         .query_one("SELECT id FROM outbox WHERE event_id = 'late-0'", &[])

@@ -726,9 +726,20 @@ async fn every_combination_delivers_through_a_kill_9_a_lost_acknowledgement_and_
     let started = Instant::now();
     // `OUTBOX_TEST_MATRIX=fifo/fair` runs only the cells whose name contains it, to reproduce one.
     let only = std::env::var("OUTBOX_TEST_MATRIX").unwrap_or_default();
-    let chosen = cells()
+    let chosen: Vec<Cell> = cells()
         .into_iter()
-        .filter(|c| c.to_string().contains(&only));
+        .filter(|c| c.to_string().contains(&only))
+        .collect();
+    // A filter that matches no cell would run nothing and pass.
+    assert!(
+        !chosen.is_empty(),
+        "OUTBOX_TEST_MATRIX={only:?} matches no cell; the cells are: {}",
+        cells()
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let outcomes: Vec<(Cell, Duration, Result<String, String>)> =
         futures_util::stream::iter(chosen)
             .map(|cell| async move {

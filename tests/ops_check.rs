@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use crate::scenario::{args, count, events, insert, migrated_db, run_args};
+use crate::scenario::{args, count, events, insert, migrated_db, run_args, wait_count};
 use crate::support::{
     create_queue, pg, receive_all, run_to_end, sqs, unique, RelayProcess, TestDb,
     TEST_SECRET_ACCESS_KEY,
@@ -518,6 +518,10 @@ async fn row_level_security_turned_on_while_running_stops_claims_until_the_relay
         receive_all(&queue, 5, Duration::from_secs(30)).await.len(),
         5
     );
+    // Received is not settled: a settlement that ran after the policy appeared would change
+    // nothing, and the five would be sent again once the policy is back (correct at least
+    // once, not what this test counts). The policy comes once they are marked sent.
+    wait_count(&admin, "sent_at IS NOT NULL", 5, Duration::from_secs(30)).await;
 
     admin
         .batch_execute(

@@ -187,12 +187,12 @@ async fn delivers_through(fault: Fault) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dark_connection_is_replaced_and_every_row_delivered_once() {
+async fn a_dark_connection_is_replaced_and_every_row_arrives_and_is_settled_once() {
     delivers_through(Fault::Dark).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_connection_is_replaced_and_every_row_delivered_once() {
+async fn a_reset_connection_is_replaced_and_every_row_arrives_and_is_settled_once() {
     delivers_through(Fault::Reset).await;
 }
 

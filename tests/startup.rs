@@ -25,7 +25,13 @@ pub async fn waits_for_its_database(command: &[String], env: &[(String, String)]
         relay.output()
     );
     relay.sigterm();
-    relay.wait_exit(Duration::from_secs(20)).await;
+    let status = relay
+        .wait_exit(Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|| panic!("{command:?}: no exit on SIGTERM:\n{}", relay.output()));
+    // Stopped before it ever had its database: exit 1, with the reason as its one error line.
+    assert_eq!(status.code(), Some(1), "{command:?}: {}", relay.output());
+    assert_one_clear_line(&relay.output(), "cannot connect to PostgreSQL");
 }
 
 pub fn assert_one_clear_line(output: &str, needle: &str) {

@@ -805,8 +805,9 @@ mod tests {
         }
     }
 
+    /// The SQL's text only: the two parked reasons are named in the skip-poison claim's filter.
     #[test]
-    fn skipping_poison_never_skips_rows_the_relay_parked() {
+    fn the_skip_poison_claim_exempts_the_parked_reasons_by_name() {
         let sql = ClaimStrategy::Ordered(Ordered {
             key: KeyColumn::AggregateId,
             routing: Routing::default(),

@@ -20,20 +20,27 @@ use super::Relay;
 pub(super) const MAX_KNOWN_QUEUES: usize = 1024;
 
 impl Relay {
-    /// The message size limit of each ordered queue the rows go to, read from its
-    /// `MaximumMessageSize` and read again every `--stats-interval` (an operator may raise it,
-    /// then re-drive what it refused). A queue that cannot be read now is tried again with the
-    /// next claim; meanwhile `--max-request-bytes` applies. Only ordered queues need it: there a
-    /// refused entry after accepted entries of its group would break the group's order, while
-    /// elsewhere SQS's own per-entry refusal quarantines the row just as well.
+    /// The message size limit of each ordered queue and each topic the rows go to, read from
+    /// its `MaximumMessageSize` and read again every `--stats-interval` (an operator may raise
+    /// it, then re-drive what it refused). A destination that cannot be read now is tried again
+    /// with the next claim; meanwhile its service's default applies (`--max-request-bytes` for
+    /// a queue, 256 KiB for a topic). Of queues only ordered ones need it: there a refused entry
+    /// after accepted entries of its group would break the group's order, while elsewhere SQS's
+    /// own per-entry refusal quarantines the row just as well. Every topic does: SNS's limit was
+    /// 256 KiB until September 2026 and is now the topic's own, up to 1 MiB, and a message the
+    /// relay takes for too large goes through S3 (or is quarantined) although it would fit.
     pub(super) async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<Destination, usize> {
         let mut unknown: Vec<Destination> = Vec::new();
         {
             let known = self.queue_limits.lock().expect("queue limits lock");
             for row in rows {
                 let queue = self.plan_config.queue_for(row);
-                // A topic has no MaximumMessageSize to read: SNS's fixed limit applies.
-                if !self.keeps_order(queue) || queue.client() != Client::Sqs {
+                let wanted = match queue.client() {
+                    Client::Sqs => self.keeps_order(queue),
+                    Client::Sns => true,
+                    Client::S3 => false,
+                };
+                if !wanted {
                     continue;
                 }
                 let fresh = known.get(queue).is_some_and(|(_, read)| {
@@ -45,15 +52,28 @@ impl Relay {
             }
         }
         for queue in unknown {
-            let read = tokio::time::timeout(
-                self.config.send.send_timeout,
-                self.sqs.queue_attributes(&queue),
-            )
-            .await;
-            if let Ok(Ok(info)) = read {
-                let limit = info
-                    .maximum_message_size
-                    .unwrap_or(self.config.send.max_request_bytes);
+            let bound = self.config.send.send_timeout;
+            let read = match queue.client() {
+                // A topic read or not: SNS's former limit until the next read is due. A role
+                // allowed sns:Publish only (GetTopicAttributes denied) would otherwise be asked
+                // again before every claim.
+                Client::Sns => Some(
+                    tokio::time::timeout(bound, self.sns.topic_attributes(queue.address()))
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .and_then(|info| info.maximum_message_size),
+                ),
+                _ => tokio::time::timeout(bound, self.sqs.queue_attributes(&queue))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .map(|info| info.maximum_message_size),
+            };
+            if let Some(size) = read {
+                // Not reported: the service's default (`Destination::limits`).
+                let limit =
+                    size.unwrap_or_else(|| queue.limits(self.config.send.max_request_bytes).bytes);
                 let mut known = self.queue_limits.lock().expect("queue limits lock");
                 // Rows may name any number of queues of their own; keep the memory bounded.
                 if known.len() >= MAX_KNOWN_QUEUES {
