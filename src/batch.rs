@@ -654,7 +654,10 @@ mod tests {
         // A topic of 1 MiB (since September 2026) takes the 300 KiB row as it is.
         let big = plan_within(&rows, &cfg, &read(1_048_576));
         assert!(big.rejected.is_empty(), "{:?}", big.rejected);
-        assert_eq!(big.requests.iter().map(|r| r.entries.len()).sum::<usize>(), 2);
+        assert_eq!(
+            big.requests.iter().map(|r| r.entries.len()).sum::<usize>(),
+            2
+        );
         // One that reports 256 KiB, or nothing (no read: SNS's former limit), does not.
         for limits in [read(SNS_MAX_REQUEST_BYTES), HashMap::new()] {
             let small = plan_within(&rows, &cfg, &limits);
@@ -665,7 +668,11 @@ mod tests {
         cfg.max_request_bytes = 200 * 1024;
         let capped = plan_within(&rows, &cfg, &read(1_048_576));
         assert_eq!(capped.rejected.len(), 1);
-        assert!(capped.rejected[0].error.contains("limit is 204800"), "{}", capped.rejected[0].error);
+        assert!(
+            capped.rejected[0].error.contains("limit is 204800"),
+            "{}",
+            capped.rejected[0].error
+        );
     }
 
     #[test]

@@ -663,7 +663,7 @@ pub fn explain_topic_failure(failure: &RequestFailure, flag: &str) -> String {
             format!("the topic does not exist: create it, or fix {flag} (its region and account are in the ARN)")
         }
         (_, "AuthorizationError" | "AuthorizationErrorException" | "KMSAccessDenied") => {
-            "access denied: allow sns:GetTopicAttributes (for check) and sns:Publish on this topic for the relay's credentials".to_string()
+            "access denied: allow sns:GetTopicAttributes (for check and the topic's size) and sns:Publish on this topic for the relay's credentials".to_string()
         }
         // SNS says only "Invalid parameter: TopicArn" of a topic in another region.
         _ if crate::retry::is_wrong_region(failure) => {
