@@ -133,8 +133,8 @@ struct Fired {
     active_at: f64,
 }
 
-/// Waits until `expect`'s alert fires; panics naming it after [`FIRE_WAIT`].
-async fn fires(prometheus: &Prometheus, expect: Expect) -> Fired {
+/// Waits until `expect`'s alert fires; after [`FIRE_WAIT`], says what did instead.
+async fn fires(prometheus: &Prometheus, expect: Expect) -> Result<Fired, String> {
     let selector = format!(
         "alertname=\"{}\", scenario=\"{}\"{}",
         expect.alert, expect.scenario, expect.labels
@@ -146,24 +146,34 @@ async fn fires(prometheus: &Prometheus, expect: Expect) -> Fired {
             if !series.is_empty() {
                 let at = now();
                 let active_at = active_at(prometheus, &expect).await.unwrap_or(at);
-                return Fired {
+                return Ok(Fired {
                     expect,
                     at,
                     active_at,
-                };
+                });
             }
         }
         if std::time::Instant::now() >= deadline {
-            let all = prometheus
+            let all: Vec<String> = prometheus
                 .query(
                     &format!("ALERTS{{scenario=\"{}\"}}", expect.scenario),
                     now(),
                 )
-                .await;
-            panic!(
-                "{} did not fire in {FIRE_WAIT:?} for scenario {} ({firing}); its alerts now: {all:?}",
-                expect.alert, expect.scenario
-            );
+                .await
+                .unwrap_or_default()
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} {}",
+                        a["metric"]["alertname"].as_str().unwrap_or("?"),
+                        a["metric"]["alertstate"].as_str().unwrap_or("?")
+                    )
+                })
+                .collect();
+            return Err(format!(
+                "{}: {} did not fire in {FIRE_WAIT:?} ({firing}); its alerts then: {all:?}",
+                expect.scenario, expect.alert
+            ));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
@@ -278,7 +288,7 @@ async fn rows_read(prometheus: &Prometheus, scenario: &str, labels: &str, create
 
 /// PostgreSQL stopped for 75 s with rows waiting (SQS failing, so none is sent before): what a
 /// scraper derives from `/metrics` is checked against the truth at every scrape.
-async fn postgres_stopped(prometheus: &Prometheus) -> (Vec<Fired>, String) {
+async fn postgres_stopped(prometheus: &Prometheus) -> (Vec<Result<Fired, String>>, String) {
     const S: &str = "postgres_stopped";
     let cluster = PrivatePg::start().await;
     let db = cluster.create_db().await;
@@ -384,7 +394,7 @@ async fn postgres_stopped(prometheus: &Prometheus) -> (Vec<Fired>, String) {
 
 /// PgBouncer stops letting the relay in: every client connection of the database killed, new
 /// ones refused (`DISABLE`, `KILL`).
-async fn pooler_refuses_logins(prometheus: &Prometheus) -> Vec<Fired> {
+async fn pooler_refuses_logins(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "pooler_refuses_logins";
     let db = migrated_db().await;
     let bouncer = PgBouncer::start(
@@ -438,7 +448,7 @@ async fn pooler_refuses_logins(prometheus: &Prometheus) -> Vec<Fired> {
 
 /// Every connection of the relay to its database goes dark, and so does every new one: no
 /// answer, no reset.
-async fn connections_dark(prometheus: &Prometheus) -> Vec<Fired> {
+async fn connections_dark(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "connections_dark";
     let db = migrated_db().await;
     let link = TcpProxy::start(pg().port());
@@ -475,7 +485,11 @@ async fn connections_dark(prometheus: &Prometheus) -> Vec<Fired> {
 
 /// SQS answers nothing the relay can use: `mode` from the first request on (connections
 /// reset, or throttling).
-async fn sqs_fails(prometheus: &Prometheus, scenario: &'static str, mode: Mode) -> Vec<Fired> {
+async fn sqs_fails(
+    prometheus: &Prometheus,
+    scenario: &'static str,
+    mode: Mode,
+) -> Vec<Result<Fired, String>> {
     let db = migrated_db().await;
     let queue = create_queue("alerts-sqs", &[]).await;
     let proxy = FaultProxy::start(sqs().endpoint());
@@ -499,7 +513,7 @@ async fn sqs_fails(prometheus: &Prometheus, scenario: &'static str, mode: Mode) 
 }
 
 /// Both replicas of a table killed (kill -9), not restarted.
-async fn every_relay_killed(prometheus: &Prometheus) -> Vec<Fired> {
+async fn every_relay_killed(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "every_relay_killed";
     let db = migrated_db().await;
     let queue = create_queue("alerts-killed", &[]).await;
@@ -539,7 +553,7 @@ async fn every_relay_killed(prometheus: &Prometheus) -> Vec<Fired> {
 
 /// A relay killed (kill -9) as soon as Prometheus has scraped it, and started again on the
 /// same address, as a container restarts in its pod: four times.
-async fn crash_looping(prometheus: &Prometheus) -> Vec<Fired> {
+async fn crash_looping(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "crash_looping";
     let db = migrated_db().await;
     let queue = create_queue("alerts-crash", &[]).await;
@@ -590,7 +604,7 @@ async fn crash_looping(prometheus: &Prometheus) -> Vec<Fired> {
 
 /// Row-level security turned on while the relay runs as sql/roles.sql's role: rows hidden from
 /// it, claims stopped.
-async fn row_level_security(prometheus: &Prometheus) -> Vec<Fired> {
+async fn row_level_security(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "row_level_security";
     let db = migrated_db().await;
     let n = unique();
@@ -638,7 +652,7 @@ async fn row_level_security(prometheus: &Prometheus) -> Vec<Fired> {
 
 /// A rule that turns the relay's settlements into nothing: the relay sends the rows once and
 /// stops claiming; they stay unsent.
-async fn a_rule_undoes_settlements(prometheus: &Prometheus) -> Vec<Fired> {
+async fn a_rule_undoes_settlements(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "rule";
     let db = migrated_db().await;
     let queue = create_queue("alerts-rule", &[]).await;
@@ -666,7 +680,7 @@ async fn a_rule_undoes_settlements(prometheus: &Prometheus) -> Vec<Fired> {
 
 /// A `migrate` of a later version no longer admits the running relay: it stays up, claims
 /// nothing.
-async fn refused_by_the_schema(prometheus: &Prometheus) -> Vec<Fired> {
+async fn refused_by_the_schema(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "refused_schema";
     let db = migrated_db().await;
     let queue = create_queue("alerts-refused", &[]).await;
@@ -720,7 +734,7 @@ async fn refused_by_the_schema(prometheus: &Prometheus) -> Vec<Fired> {
 
 /// A relay serving two tables; the one with rows waiting is refused by its schema and skipped,
 /// while the other flows.
-async fn one_table_of_two_skipped(prometheus: &Prometheus) -> Vec<Fired> {
+async fn one_table_of_two_skipped(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "table_skipped";
     let db = crate::support::fresh_db().await;
     let client = db.client().await;
@@ -785,7 +799,7 @@ async fn one_table_of_two_skipped(prometheus: &Prometheus) -> Vec<Fired> {
 }
 
 /// Rows for a queue that does not exist: parked (reason `destination`), waiting.
-async fn a_destination_parked(prometheus: &Prometheus) -> Vec<Fired> {
+async fn a_destination_parked(prometheus: &Prometheus) -> Vec<Result<Fired, String>> {
     const S: &str = "destination_parked";
     let db = migrated_db().await;
     let queue = create_queue("alerts-parked", &[]).await;
@@ -800,18 +814,17 @@ async fn a_destination_parked(prometheus: &Prometheus) -> Vec<Fired> {
     let client = db.client().await;
     let began = now();
     let created = backdated_rows_to(&client, "outbox", "parked", 5, Some(&missing)).await;
-    let (growing, not_empty, age) = tokio::join!(
+    // Not OutboxQuarantineNotEmpty: rows parked for their queue are made unsent again at each
+    // end of its back-off and parked anew while it still refuses, so the quarantine's gauge is
+    // not above 0 at every evaluation; the age and the quarantine's growth say it.
+    let (growing, age) = tokio::join!(
         fires(prometheus, Expect::new(S, "OutboxQuarantineGrowing", began)),
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxQuarantineNotEmpty", began)
-        ),
         fires(
             prometheus,
             Expect::new(S, "OutboxOldestUnsentAgeHigh", began).aged_from(created)
         ),
     );
-    vec![growing, not_empty, age]
+    vec![growing, age]
 }
 
 /// A relay under a steady load until `done`: a few events every half second.
@@ -939,7 +952,7 @@ async fn every_way_events_stop_fires_the_alert_its_runbook_names_and_a_healthy_r
         );
         let _ = finished.send(true);
         let (pg, report) = pg;
-        let fired: Vec<Fired> = [
+        let results: Vec<Result<Fired, String>> = [
             pg,
             pooler,
             dark,
@@ -956,9 +969,9 @@ async fn every_way_events_stop_fires_the_alert_its_runbook_names_and_a_healthy_r
         .into_iter()
         .flatten()
         .collect();
-        (fired, report)
+        (results, report)
     };
-    let ((fired, report), steady, rolling, idle) = tokio::join!(
+    let ((results, report), steady, rolling, idle) = tokio::join!(
         failures,
         steady_load(&prometheus, done.clone()),
         rolling_restart(&prometheus, done.clone()),
@@ -970,7 +983,14 @@ async fn every_way_events_stop_fires_the_alert_its_runbook_names_and_a_healthy_r
     for line in [steady, rolling, idle] {
         println!("{line}");
     }
-    let mut early = Vec::new();
+    let mut problems = Vec::new();
+    let mut fired = Vec::new();
+    for result in results {
+        match result {
+            Ok(f) => fired.push(f),
+            Err(missing) => problems.push(missing),
+        }
+    }
     for f in &fired {
         let (shipped, test) = fors.get(f.expect.alert).copied().unwrap_or_default();
         let after = f.at - f.expect.began;
@@ -980,7 +1000,7 @@ async fn every_way_events_stop_fires_the_alert_its_runbook_names_and_a_healthy_r
                 // Pending no earlier than the truth crossed the threshold (a few hundred ms for
                 // the clocks and the read's own time).
                 if f.active_at < crossed - 0.5 {
-                    early.push(format!(
+                    problems.push(format!(
                         "{} {}: pending at {:.1}, the true age crossed {AGE_HIGH}s at {:.1}",
                         f.expect.scenario, f.expect.alert, f.active_at, crossed
                     ));
@@ -1003,11 +1023,6 @@ async fn every_way_events_stop_fires_the_alert_its_runbook_names_and_a_healthy_r
             shipped.as_secs(),
         );
     }
-    assert!(
-        early.is_empty(),
-        "alerts pending before the truth:\n{}",
-        early.join("\n")
-    );
 
     // The healthy relays were scraped and read their tables to the end, and fired nothing.
     for scenario in HEALTHY {
@@ -1029,8 +1044,8 @@ async fn every_way_events_stop_fires_the_alert_its_runbook_names_and_a_healthy_r
         )
         .await
         .expect("query the healthy scenarios' alerts");
-    assert!(
-        fired_healthy.is_empty(),
-        "healthy relays fired alerts: {fired_healthy:?}"
-    );
+    if !fired_healthy.is_empty() {
+        problems.push(format!("healthy relays fired alerts: {fired_healthy:?}"));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

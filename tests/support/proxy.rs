@@ -268,12 +268,16 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
             Ok(None) | Err(_) => return,
         };
         // The relay reads a FIFO queue's attributes (its size limit) before sending to it; the
-        // faults are meant for its sends, so these reads pass untouched and use up no fault.
+        // faults are meant for its sends, so these reads pass untouched and use up no fault. A
+        // topic's attributes (its size limit too) meet the mode in force, as `check`'s reads
+        // do, but use up no one-shot fault: those are for the publish a test aims at.
         let control = if request.action.ends_with(".GetQueueAttributes") {
             Control {
                 mode: Mode::Pass,
                 ..*shared.control.borrow()
             }
+        } else if request.action.ends_with(".GetTopicAttributes") {
+            *shared.control.borrow()
         } else {
             arrive(&shared)
         };
