@@ -189,3 +189,94 @@ pub(super) async fn http_get_metrics(addr: &str) -> Option<String> {
     text.split_once("\r\n\r\n")
         .map(|(_, body)| body.to_string())
 }
+
+/// What a scraper derives from the relays' `/metrics` against the table, twice a second until
+/// `done`: every live relay scraped first, then the unsent rows read on a connection of the
+/// checker's own, straight to the cluster (no pool, no proxy). A sample whose table read fails
+/// (the database restarting) is left out: nothing commits meanwhile.
+pub(super) async fn sample_signals(
+    url: &str,
+    fleet: &Mutex<Fleet>,
+    done: &std::sync::atomic::AtomicBool,
+) -> Vec<SignalSample> {
+    let mut samples = Vec::new();
+    let mut client: Option<Client> = None;
+    while !done.load(std::sync::atomic::Ordering::Relaxed) {
+        let addrs: Vec<String> = {
+            let f = fleet.lock().unwrap();
+            f.slots
+                .iter()
+                .flatten()
+                .filter_map(|p| {
+                    p.output()
+                        .lines()
+                        .find(|l| l.contains("metrics_addr"))
+                        .and_then(crate::support::parse_metrics_addr)
+                })
+                .collect()
+        };
+        let at = unix_now();
+        let scraped = futures_util::future::join_all(addrs.iter().map(|a| async move {
+            tokio::time::timeout(Duration::from_secs(1), http_get_metrics(a))
+                .await
+                .ok()
+                .flatten()
+        }))
+        .await;
+        let relays: Vec<RelaySignal> = scraped
+            .iter()
+            .flatten()
+            .filter_map(|text| {
+                let value = |name: &str| crate::support::metric_value(text, name);
+                Some(RelaySignal {
+                    oldest_unsent_at: value("outbox_oldest_unsent_timestamp_seconds")?,
+                    last_read: value("outbox_table_last_read_timestamp_seconds")?,
+                    up: value("outbox_table_up") == Some(1.0),
+                })
+            })
+            .collect();
+        if client.is_none() {
+            if let Ok(Ok((c, connection))) = tokio::time::timeout(
+                Duration::from_secs(2),
+                tokio_postgres::connect(url, NoTls),
+            )
+            .await
+            {
+                tokio::spawn(async move {
+                    let _ = connection.await;
+                });
+                client = Some(c);
+            }
+        }
+        if let Some(c) = &client {
+            let read = tokio::time::timeout(
+                Duration::from_secs(2),
+                c.query(
+                    "SELECT id, extract(epoch FROM created_at)::float8 FROM public.outbox \
+                     WHERE sent_at IS NULL \
+                     AND (quarantined_at IS NULL OR quarantine_reason IN ('blocked', 'destination'))",
+                    &[],
+                ),
+            )
+            .await;
+            match read {
+                Ok(Ok(rows)) => samples.push(SignalSample {
+                    at,
+                    unsent: rows.iter().map(|r| (r.get(0), r.get(1))).collect(),
+                    relays,
+                }),
+                _ => client = None,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    samples
+}
+
+/// Seconds since the epoch, as the relays' times count them.
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
