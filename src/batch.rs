@@ -230,28 +230,19 @@ pub fn plan(rows: &[ClaimedRow], config: &PlanConfig) -> Plan {
     plan_within(rows, config, &HashMap::new())
 }
 
-/// [`plan`], with the message size limits learnt from the queues themselves (queue -> bytes):
-/// a queue whose `MaximumMessageSize` is below `--max-request-bytes` would refuse a larger
-/// entry of a FIFO batch after accepting the group's entries before it, and the group's order
-/// would be lost. Validated here, the entry is quarantined and the rest of its group held. And
-/// from topics: a topic's `MaximumMessageSize` (up to 1 MiB) lifts SNS's former 256 KiB, so
-/// that a message that fits is published rather than offloaded to S3.
+/// [`plan`], with the `MaximumMessageSize` each destination reported (destination -> bytes;
+/// the rule that turns it into a limit is [`Destination::limits`]). A topic's decides which of
+/// its events go through S3 and which are too large. A queue's matters where order is kept: a
+/// queue whose limit is below `--max-request-bytes` would refuse a larger entry of a FIFO batch
+/// after accepting the group's entries before it, and the group's order would be lost.
+/// Validated here, the entry is quarantined and the rest of its group held.
 pub fn plan_within(
     rows: &[ClaimedRow],
     config: &PlanConfig,
-    queue_limits: &HashMap<Destination, usize>,
+    reported: &HashMap<Destination, usize>,
 ) -> Plan {
-    // A limit read from the destination itself replaces the service's default: below it for a
-    // queue whose MaximumMessageSize is smaller, above it for a topic that takes up to 1 MiB.
-    // Never above --max-request-bytes.
-    let limit_of = |queue: &Destination| {
-        let limits = queue.limits(config.max_request_bytes);
-        Limits {
-            bytes: queue_limits
-                .get(queue)
-                .map_or(limits.bytes, |&read| read.min(config.max_request_bytes)),
-            ..limits
-        }
+    let limit_of = |destination: &Destination| {
+        destination.limits(config.max_request_bytes, reported.get(destination).copied())
     };
     let mut plan = Plan::default();
     // First the units that must travel together, in claim order: an ordered group's entries
@@ -576,7 +567,7 @@ fn sqs_allows(c: char) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::destination::SNS_MAX_REQUEST_BYTES;
+    use crate::destination::SNS_UNREPORTED_MAX_BYTES;
     use serde_json::json;
 
     /// A destination as a row or a flag names it.
@@ -621,9 +612,10 @@ mod tests {
     const FIFO_TOPIC: &str = "arn:aws:sns:eu-west-1:123456789012:orders.fifo";
 
     #[test]
-    fn a_topic_takes_at_most_sns_limits_per_message_and_per_request() {
-        // 30 rows of ~40 KiB: a queue takes them in requests of 10 (under 1 MiB), a topic in
-        // requests of 6 (under 256 KiB); a 300 KiB row is too large only for the topic.
+    fn a_topic_that_reports_no_size_takes_at_most_256_kib_per_message_and_per_request() {
+        // 30 rows of ~40 KiB: a queue takes them in requests of 10 (under 1 MiB), a topic that
+        // reports no MaximumMessageSize in requests of 6 (under 256 KiB); a 300 KiB row is too
+        // large only for the topic.
         let body = format!("\"{}\"", "z".repeat(40 * 1024));
         let huge = format!("\"{}\"", "h".repeat(300 * 1024));
         let mut rows: Vec<_> = (1..=30).map(|i| row(i, &body)).collect();
@@ -639,39 +631,51 @@ mod tests {
         assert!(topic.rejected[0].error.contains("limit is 262144"));
         for r in &topic.requests {
             assert_eq!(r.queue_url, to(TOPIC));
-            assert!(r.size() <= SNS_MAX_REQUEST_BYTES, "{} bytes", r.size());
+            assert!(r.size() <= SNS_UNREPORTED_MAX_BYTES, "{} bytes", r.size());
         }
         assert_eq!(topic.requests[0].entries.len(), 6);
     }
 
     #[test]
-    fn a_topics_own_maximum_message_size_lifts_the_256_kib_and_never_passes_the_request_limit() {
+    fn a_topic_that_reports_1_mib_takes_a_300_kib_event_whole_and_batches_up_to_it() {
+        // The same rows as above, to a topic that reports MaximumMessageSize 1 MiB: the 300 KiB
+        // row fits, and requests close at 1 MiB (10 entries of ~40 KiB) instead of 256 KiB.
+        let body = format!("\"{}\"", "z".repeat(40 * 1024));
         let huge = format!("\"{}\"", "h".repeat(300 * 1024));
-        let rows = vec![row(1, &huge), row(2, "{}")];
+        let mut rows: Vec<_> = (1..=30).map(|i| row(i, &body)).collect();
+        rows.push(row(31, &huge));
         let mut cfg = config();
         cfg.default_queue_url = to(TOPIC);
-        let read = |bytes: usize| HashMap::from([(to(TOPIC), bytes)]);
-        // A topic of 1 MiB (since September 2026) takes the 300 KiB row as it is.
-        let big = plan_within(&rows, &cfg, &read(1_048_576));
-        assert!(big.rejected.is_empty(), "{:?}", big.rejected);
-        assert_eq!(
-            big.requests.iter().map(|r| r.entries.len()).sum::<usize>(),
-            2
+        let reported = HashMap::from([(to(TOPIC), 1024 * 1024)]);
+        let topic = plan_within(&rows, &cfg, &reported);
+        assert!(topic.rejected.is_empty(), "{:?}", topic.rejected);
+        assert_eq!(topic.requests[0].entries.len(), 10);
+        assert!(topic.requests.iter().all(|r| r.size() <= 1024 * 1024));
+        // With a bucket, the 300 KiB row still goes whole; to a topic that reports nothing it
+        // goes through S3.
+        let mut to_topic = row(1, &huge);
+        to_topic.queue_url = Some(to(TOPIC));
+        let whole = plan_within(
+            std::slice::from_ref(&to_topic),
+            &offloading(None),
+            &reported,
         );
-        // One that reports 256 KiB, or nothing (no read: SNS's former limit), does not.
-        for limits in [read(SNS_MAX_REQUEST_BYTES), HashMap::new()] {
-            let small = plan_within(&rows, &cfg, &limits);
-            assert_eq!(small.rejected.len(), 1);
-            assert!(small.rejected[0].error.contains("limit is 262144"));
-        }
-        // The topic's limit never lifts --max-request-bytes.
-        cfg.max_request_bytes = 200 * 1024;
-        let capped = plan_within(&rows, &cfg, &read(1_048_576));
-        assert_eq!(capped.rejected.len(), 1);
+        assert_eq!(whole.requests[0].entries[0].offload, None);
+        let offloaded = plan(std::slice::from_ref(&to_topic), &offloading(None));
+        assert!(offloaded.requests[0].entries[0].offload.is_some());
+        // A topic that reports less than 256 KiB is held to it.
+        let small = HashMap::from([(to(TOPIC), 64 * 1024)]);
+        let held = plan_within(&rows[..1], &cfg, &small);
+        assert!(held.rejected.is_empty());
+        let held = plan_within(
+            &[row(1, &format!("\"{}\"", "s".repeat(100 * 1024)))],
+            &cfg,
+            &small,
+        );
         assert!(
-            capped.rejected[0].error.contains("limit is 204800"),
-            "{}",
-            capped.rejected[0].error
+            held.rejected[0].error.contains("limit is 65536"),
+            "{:?}",
+            held.rejected
         );
     }
 
@@ -1311,9 +1315,9 @@ mod tests {
     }
 
     #[test]
-    fn for_a_topic_the_threshold_is_held_to_snss_limit() {
-        // 300 KiB: inline to a queue even under a 512 KiB threshold, through S3 to a topic,
-        // where SNS's 256 KiB is the most a message may carry.
+    fn for_a_topic_the_threshold_is_held_to_the_topics_limit() {
+        // 300 KiB: inline to a queue even under a 512 KiB threshold, through S3 to a topic
+        // that reports no MaximumMessageSize, where 256 KiB is the most a message may carry.
         let body = format!("\"{}\"", "m".repeat(300 * 1024));
         let mut to_topic = row(1, &body);
         to_topic.queue_url = Some(to(TOPIC));
@@ -1332,7 +1336,7 @@ mod tests {
                     .unwrap()
             };
             assert!(entry(TOPIC).offload.is_some(), "{threshold:?}");
-            assert!(entry(TOPIC).size <= SNS_MAX_REQUEST_BYTES);
+            assert!(entry(TOPIC).size <= SNS_UNREPORTED_MAX_BYTES);
             assert!(
                 entry("http://q/standard").offload.is_none(),
                 "{threshold:?}"

@@ -487,11 +487,29 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
     .await;
     for (url, flag) in queues {
         if url.client() == Client::Sns {
-            let verdict = match sns.topic_attributes(url.address()).await {
-                Ok(info) => Ok(Some(describe_topic(&info))),
-                Err(failure) => Err(explain_topic_failure(&failure, &flag)),
-            };
-            report.add(format!("topic {url} reachable"), verdict);
+            match sns.topic_attributes(url.address()).await {
+                Ok(info) => {
+                    report.add(
+                        format!("topic {url} reachable"),
+                        Ok(Some(describe_topic(&info))),
+                    );
+                    report.add(
+                        format!("topic {url} message size"),
+                        Ok(Some(describe_topic_size(
+                            url,
+                            &info,
+                            config.send.max_request_bytes,
+                            config.offload.plan.is_some(),
+                        ))),
+                    );
+                }
+                Err(failure) => {
+                    report.add(
+                        format!("topic {url} reachable"),
+                        Err(explain_topic_failure(&failure, &flag)),
+                    );
+                }
+            }
             continue;
         }
         let info = match sqs.queue_attributes(url).await {
@@ -634,22 +652,44 @@ pub fn explain_queue_failure(failure: &RequestFailure, flag: &str) -> String {
 /// What `check` says of a reachable topic. SNS itself requires a FIFO topic's name to end in
 /// `.fifo`, so the ARN cannot disagree with the topic as a queue URL can.
 pub fn describe_topic(info: &TopicInfo) -> String {
-    let kind = if info.fifo {
+    if info.fifo {
         format!(
             "FIFO topic; content-based deduplication {}: the relay sends event_id as the deduplication ID either way",
             if info.content_based_deduplication { "on" } else { "off" }
         )
     } else {
         "standard topic".to_string()
-    };
-    let size = match info.maximum_message_size {
-        Some(bytes) => format!("MaximumMessageSize {bytes} bytes"),
+    }
+}
+
+/// What `check` says of a reachable topic's size limit: what it reported and what the relay
+/// makes of it (the rule: [`Destination::limits`]). Never a failure: the relay sends a topic
+/// only what it takes, and a larger event goes through S3 or into quarantine before sending.
+pub fn describe_topic_size(
+    topic: &Destination,
+    info: &TopicInfo,
+    max_request_bytes: usize,
+    offload: bool,
+) -> String {
+    let limit = topic
+        .limits(max_request_bytes, info.maximum_message_size)
+        .bytes;
+    let found = match info.maximum_message_size {
+        Some(reported) if reported > max_request_bytes => format!(
+            "MaximumMessageSize {reported}, held to --max-request-bytes {max_request_bytes}"
+        ),
+        Some(reported) => format!("MaximumMessageSize {reported}"),
         None => format!(
-            "no MaximumMessageSize reported: messages up to {} bytes, SNS's limit before September 2026",
-            crate::destination::SNS_MAX_REQUEST_BYTES
+            "the topic does not report MaximumMessageSize (created before SNS took 1 MiB, or an emulator): {} assumed",
+            crate::destination::SNS_UNREPORTED_MAX_BYTES
         ),
     };
-    format!("{kind}; {size}")
+    let larger = if offload {
+        "through S3 (--offload-bucket)"
+    } else {
+        "are quarantined as too_large (--offload-bucket would send them through S3)"
+    };
+    format!("{found}: the relay sends it messages of up to {limit} bytes, larger ones {larger}")
 }
 
 /// How to fix a failed GetTopicAttributes, by what SNS said.
@@ -663,7 +703,7 @@ pub fn explain_topic_failure(failure: &RequestFailure, flag: &str) -> String {
             format!("the topic does not exist: create it, or fix {flag} (its region and account are in the ARN)")
         }
         (_, "AuthorizationError" | "AuthorizationErrorException" | "KMSAccessDenied") => {
-            "access denied: allow sns:GetTopicAttributes (for check and the topic's size) and sns:Publish on this topic for the relay's credentials".to_string()
+            "access denied: allow sns:Publish and sns:GetTopicAttributes (the relay reads the topic's MaximumMessageSize) on this topic for the relay's credentials".to_string()
         }
         // SNS says only "Invalid parameter: TopicArn" of a topic in another region.
         _ if crate::retry::is_wrong_region(failure) => {
@@ -1107,21 +1147,35 @@ mod tests {
                 .starts_with("SNS refused GetTopicAttributes [Odd]")
         );
         let fifo = TopicInfo {
+            maximum_message_size: None,
             fifo: true,
             content_based_deduplication: false,
-            maximum_message_size: Some(1_048_576),
         };
         assert!(describe_topic(&fifo).starts_with("FIFO topic"));
-        assert!(describe_topic(&fifo).ends_with("; MaximumMessageSize 1048576 bytes"));
-        let older = TopicInfo {
-            maximum_message_size: None,
-            ..fifo
+    }
+
+    #[test]
+    fn a_topics_size_line_names_what_it_reported_and_what_the_relay_sends_it() {
+        let topic = Destination::parse("arn:aws:sns:eu-west-1:1:t").expect("a topic ARN");
+        let info = |size| TopicInfo {
+            maximum_message_size: size,
+            fifo: false,
+            content_based_deduplication: false,
         };
+        assert_eq!(
+            describe_topic_size(&topic, &info(Some(1_048_576)), 1_048_576, true),
+            "MaximumMessageSize 1048576: the relay sends it messages of up to 1048576 bytes, larger ones through S3 (--offload-bucket)"
+        );
+        assert_eq!(
+            describe_topic_size(&topic, &info(Some(1_048_576)), 524_288, false),
+            "MaximumMessageSize 1048576, held to --max-request-bytes 524288: the relay sends it messages of up to 524288 bytes, larger ones are quarantined as too_large (--offload-bucket would send them through S3)"
+        );
+        let unreported = describe_topic_size(&topic, &info(None), 1_048_576, true);
         assert!(
-            describe_topic(&older)
-                .ends_with("messages up to 262144 bytes, SNS's limit before September 2026"),
-            "{}",
-            describe_topic(&older)
+            unreported.starts_with("the topic does not report MaximumMessageSize")
+                && unreported.contains("262144 assumed")
+                && unreported.contains("messages of up to 262144 bytes"),
+            "{unreported}"
         );
     }
 

@@ -81,8 +81,8 @@ impl Sns {
         Ok(outcomes(request, accepted.chain(failed), "PublishBatch"))
     }
 
-    /// Reads the topic's attributes; fails like a publish would when the topic is missing or
-    /// the credentials may not use it.
+    /// Reads the topic's attributes (`check`, and the relay for the topic's size limit); fails
+    /// like a publish would when the topic is missing or the credentials may not use it.
     pub async fn topic_attributes(&self, topic_arn: &str) -> Result<TopicInfo, RequestFailure> {
         let output = self
             .client
@@ -98,9 +98,9 @@ impl Sns {
                 .map(String::as_str)
         };
         Ok(TopicInfo {
+            maximum_message_size: attribute("MaximumMessageSize").and_then(|v| v.parse().ok()),
             fifo: attribute("FifoTopic") == Some("true"),
             content_based_deduplication: attribute("ContentBasedDeduplication") == Some("true"),
-            maximum_message_size: attribute("MaximumMessageSize").and_then(|v| v.parse().ok()),
         })
     }
 }
@@ -108,9 +108,9 @@ impl Sns {
 /// The attributes of a topic that must agree with the relay's configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicInfo {
+    /// The largest message the topic accepts, in bytes (SNS reports it since topics took up to
+    /// 1 MiB, September 2026); `None` if the server did not say: an older topic, an emulator.
+    pub maximum_message_size: Option<usize>,
     pub fifo: bool,
     pub content_based_deduplication: bool,
-    /// The most a message may carry (up to 1 MiB since September 2026). Topics made before
-    /// then, and servers that do not report it, leave it out: SNS's former 256 KiB applies.
-    pub maximum_message_size: Option<usize>,
 }

@@ -26,7 +26,7 @@ fn s3_client() -> aws_sdk_s3::Client {
     aws_sdk_s3::Client::from_conf(config)
 }
 
-async fn create_bucket(prefix: &str) -> String {
+pub(crate) async fn create_bucket(prefix: &str) -> String {
     let name = bucket_name(prefix);
     create_named_bucket(&name).await;
     name
@@ -47,7 +47,7 @@ async fn create_named_bucket(name: &str) {
 }
 
 /// A payload of about `bytes` bytes.
-fn large_event(id: &str, bytes: usize) -> Event {
+pub(crate) fn large_event(id: &str, bytes: usize) -> Event {
     let mut e = events(id, 1, 1).remove(0);
     e.event_id = id.to_string();
     // Not one repeated character: a body cut or shifted anywhere would not compare equal.
@@ -96,7 +96,7 @@ async fn object(bucket: &str, key: &str) -> Vec<u8> {
     out.body.collect().await.expect("object body").to_vec()
 }
 
-async fn keys(bucket: &str) -> Vec<String> {
+pub(crate) async fn keys(bucket: &str) -> Vec<String> {
     let out = s3_client()
         .list_objects_v2()
         .bucket(bucket)
@@ -695,124 +695,4 @@ async fn check_verifies_the_bucket_and_a_routed_topic_each_on_its_own_line() {
         output.contains(&format!("ok   topic {topic} reachable")),
         "{output}"
     );
-}
-
-/// A topic's own `MaximumMessageSize` (up to 1 MiB since September 2026) decides what goes
-/// through S3, and `check` says what it found. A 300 KiB event to a topic that reports 1 MiB is
-/// published as it is; the same event to a topic that reports nothing goes through S3 (SNS's
-/// former 256 KiB). Neither local server publishes more than 256 KiB: fauxqs keeps the
-/// attribute given at CreateTopic and reports it, then refuses the publish itself ("Message too
-/// long", the sender's fault), so there the event is quarantined rather than offloaded, which is
-/// what shows the relay went by the topic's size; moto reports no such attribute, and there
-/// both events go through S3.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_topics_maximum_message_size_decides_what_goes_through_s3_and_check_names_it() {
-    let db = migrated_db().await;
-    let client = db.client().await;
-    let sns = crate::support::sns_client();
-    let big_name = crate::support::topic_name("xl-1mib");
-    let big = match sns
-        .create_topic()
-        .name(&big_name)
-        .attributes("MaximumMessageSize", "1048576")
-        .send()
-        .await
-    {
-        Ok(out) => out.topic_arn.expect("TopicArn"),
-        // A server that refuses the attribute: the topic as older topics are.
-        Err(_) => crate::support::create_topic_named(&big_name).await,
-    };
-    let old = create_topic("xl-256k").await;
-    let reported = sns
-        .get_topic_attributes()
-        .topic_arn(&big)
-        .send()
-        .await
-        .expect("GetTopicAttributes")
-        .attributes
-        .and_then(|a| a.get("MaximumMessageSize").cloned());
-    let bucket = create_bucket("xl-size").await;
-
-    let mut flags = vec![
-        "--route".to_string(),
-        format!("big={big}"),
-        "--sns-endpoint-url".to_string(),
-        sqs().endpoint().to_string(),
-    ];
-    flags.extend(offload_args(&bucket));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let mut check = vec![
-        "check".to_string(),
-        "--database-url".to_string(),
-        db.url.clone(),
-        "--queue-url".to_string(),
-        old.clone(),
-        "--sqs-endpoint-url".to_string(),
-        sqs().endpoint().to_string(),
-    ];
-    check.extend(flags.iter().map(|s| s.to_string()));
-    let (status, output) = run_to_end(&check, &[], Duration::from_secs(60)).await;
-    assert_eq!(status.code(), Some(0), "{output}");
-    let line = |topic: &str| {
-        output
-            .lines()
-            .find(|l| l.starts_with(&format!("ok   topic {topic} reachable")))
-            .unwrap_or_else(|| panic!("no line for {topic}:\n{output}"))
-            .to_string()
-    };
-    let expected = match &reported {
-        Some(size) => format!("MaximumMessageSize {size} bytes"),
-        None => "no MaximumMessageSize reported: messages up to 262144 bytes".to_string(),
-    };
-    assert!(line(&big).contains(&expected), "{}", line(&big));
-    assert!(
-        line(&old).contains("no MaximumMessageSize reported"),
-        "{}",
-        line(&old)
-    );
-
-    let mut to_big = large_event("xls-big", 300 * 1024);
-    to_big.aggregate_type = "big".into();
-    let rows = vec![to_big, large_event("xls-old", 300 * 1024)];
-    insert(&client, &rows, Duration::ZERO).await;
-    let relay = RelayProcess::spawn(&run_args(&db, &old, sqs().endpoint(), &flags), &[]);
-    wait_count(
-        &client,
-        "sent_at IS NOT NULL OR quarantined_at IS NOT NULL",
-        2,
-        Duration::from_secs(60),
-    )
-    .await;
-    drop(relay);
-    let stored = keys(&bucket).await;
-    let offloaded = |id: &str| stored.contains(&outbox_relay::batch::offload_key("events/", id));
-    assert!(offloaded("xls-old"), "{stored:?}");
-    assert_eq!(
-        count(&client, "event_id = 'xls-old' AND sent_at IS NOT NULL").await,
-        1
-    );
-    let big_fate: (Option<String>, Option<String>) = {
-        let row = client
-            .query_one(
-                "SELECT quarantine_reason, last_error FROM outbox WHERE event_id = 'xls-big'",
-                &[],
-            )
-            .await
-            .unwrap();
-        (row.get(0), row.get(1))
-    };
-    println!("topic reporting {reported:?}: the 300 KiB event to it ended {big_fate:?}");
-    match reported {
-        // Published as it is: not through S3.
-        Some(size) if size.parse::<usize>().is_ok_and(|s| s >= 300 * 1024) => {
-            assert!(!offloaded("xls-big"), "{stored:?}");
-        }
-        _ => {
-            assert!(offloaded("xls-big"), "{stored:?}");
-            assert_eq!(
-                count(&client, "event_id = 'xls-big' AND sent_at IS NOT NULL").await,
-                1
-            );
-        }
-    }
 }

@@ -105,8 +105,9 @@ pub struct OffloadArgs {
     pub offload_prefix: Option<String>,
 
     /// Messages larger than this (body and attributes) go through S3; default: those that do
-    /// not fit their destination (for an SNS topic its MaximumMessageSize, or 256 KiB where it
-    /// reports none, which also caps a larger value). Bytes, or with a KiB/MiB suffix.
+    /// not fit their destination (an SNS topic's MaximumMessageSize, 256 KiB where it reports
+    /// none, which also caps a larger value).
+    /// Bytes, or with a KiB/MiB suffix.
     #[arg(long, env = "OUTBOX_OFFLOAD_THRESHOLD", value_parser = parse_bytes)]
     pub offload_threshold: Option<usize>,
 

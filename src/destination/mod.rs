@@ -20,8 +20,11 @@ pub use parked::{Destinations, Park};
 /// The most entries one request takes, whatever its destination: SendMessageBatch and
 /// PublishBatch both take ten. The relay sizes its row budget with it.
 pub const MAX_ENTRIES: usize = 10;
-/// SNS takes at most this many bytes in one message, and in one PublishBatch call altogether.
-pub const SNS_MAX_REQUEST_BYTES: usize = 256 * 1024;
+/// What a topic takes, in one message and in one PublishBatch call altogether, when it does
+/// not report its `MaximumMessageSize`: SNS's fixed limit before topics took up to 1 MiB
+/// (September 2026), and what topics that report none (older ones, the local emulators) are
+/// assumed to keep.
+pub const SNS_UNREPORTED_MAX_BYTES: usize = 256 * 1024;
 
 /// Where rows go, or where their large bodies go first. Cheap to clone (the text is shared),
 /// and the destination itself is the key its park, its request slots and its learnt size limit
@@ -178,17 +181,26 @@ impl Destination {
         }
     }
 
-    /// What one request may carry under `--max-request-bytes`: SNS's own byte limit is lower
-    /// than SQS's. A bucket takes one body at a time, of any size the byte budget allows.
-    pub fn limits(&self, max_request_bytes: usize) -> Limits {
+    /// What one request may carry under `--max-request-bytes`, given the `MaximumMessageSize`
+    /// the destination reported (`None`: not read, or it reports none). A queue takes what it
+    /// reported, else `--max-request-bytes`. A topic takes what it reported (up to 1 MiB since
+    /// September 2026), else 256 KiB: an older topic or an emulator takes no more, and a
+    /// guess above its limit would get a large event refused by SNS and quarantined where it
+    /// should have gone through S3. The one-message limit also closes a request: a batch must
+    /// be allowed at least one message of the largest size. Never more than
+    /// `--max-request-bytes`. A bucket takes one body at a time, of any size the byte budget
+    /// allows.
+    pub fn limits(&self, max_request_bytes: usize, reported: Option<usize>) -> Limits {
         match self {
             Destination::Queue { .. } => Limits {
                 entries: MAX_ENTRIES,
-                bytes: max_request_bytes,
+                bytes: reported.unwrap_or(max_request_bytes).min(max_request_bytes),
             },
             Destination::Topic { .. } => Limits {
                 entries: MAX_ENTRIES,
-                bytes: max_request_bytes.min(SNS_MAX_REQUEST_BYTES),
+                bytes: reported
+                    .unwrap_or(SNS_UNREPORTED_MAX_BYTES)
+                    .min(max_request_bytes),
             },
             Destination::Bucket { .. } => Limits {
                 entries: 1,
@@ -392,25 +404,48 @@ mod tests {
     fn limits_follow_the_service() {
         let max = 1024 * 1024;
         assert_eq!(
-            parsed(QUEUE).limits(max),
+            parsed(QUEUE).limits(max, None),
             Limits {
                 entries: 10,
                 bytes: max
             }
         );
         assert_eq!(
-            parsed(TOPIC).limits(max),
+            parsed(TOPIC).limits(max, None),
             Limits {
                 entries: 10,
-                bytes: SNS_MAX_REQUEST_BYTES
-            }
+                bytes: SNS_UNREPORTED_MAX_BYTES
+            },
+            "a topic that reports no MaximumMessageSize takes 256 KiB"
         );
         assert_eq!(
-            parsed(TOPIC).limits(4096).bytes,
+            parsed(TOPIC).limits(4096, None).bytes,
             4096,
             "a lower setting holds for topics too"
         );
-        assert_eq!(Destination::bucket("b").unwrap().limits(max).entries, 1);
+        assert_eq!(
+            Destination::bucket("b").unwrap().limits(max, None).entries,
+            1
+        );
+    }
+
+    #[test]
+    fn a_reported_maximum_message_size_holds_within_max_request_bytes() {
+        let max = 1024 * 1024;
+        for d in [parsed(QUEUE), parsed(TOPIC)] {
+            assert_eq!(d.limits(max, Some(max)).bytes, max, "{d}: 1 MiB reported");
+            assert_eq!(d.limits(max, Some(2048)).bytes, 2048, "{d}: a smaller one");
+            assert_eq!(
+                d.limits(512 * 1024, Some(max)).bytes,
+                512 * 1024,
+                "{d}: --max-request-bytes holds above what it reported"
+            );
+        }
+        assert_eq!(
+            parsed(TOPIC).limits(max, Some(300 * 1024)).bytes,
+            300 * 1024,
+            "above 256 KiB for a topic that says so"
+        );
     }
 
     #[test]

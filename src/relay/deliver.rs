@@ -37,30 +37,25 @@ impl Relay {
         let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
             self.plan_config.queue_for(row).clone()
         });
-        let mut limits = self.queue_limits(&rows).await;
+        let mut limits = self.size_limits(&rows).await;
         let mut plan = batch::plan_within(&rows, &self.plan_config, &limits);
-        // A row refused for a queue's own limit is checked against that queue once more before
-        // it is quarantined: an operator who raised the limit and re-drove it must not meet the
-        // limit remembered from before.
+        // A row refused for a destination's own limit is checked against that destination
+        // once more before it is quarantined: an operator who raised the limit (a queue's or a
+        // topic's MaximumMessageSize) and re-drove it must not meet the limit remembered from
+        // before.
+        let max_request_bytes = self.config.send.max_request_bytes;
         let stale: Vec<Destination> = plan
             .rejected
             .iter()
             .filter(|r| r.reason == QuarantineReason::TooLarge)
             .map(|r| self.plan_config.queue_for(&rows[r.row]).clone())
-            .filter(|q| {
-                limits
-                    .get(q)
-                    .is_some_and(|&l| l < self.config.send.max_request_bytes)
+            .filter(|d| {
+                d.limits(max_request_bytes, limits.get(d).copied()).bytes < max_request_bytes
             })
             .collect();
         if !stale.is_empty() {
-            {
-                let mut known = self.queue_limits.lock().expect("queue limits lock");
-                for queue in &stale {
-                    known.remove(queue);
-                }
-            }
-            limits = self.queue_limits(&rows).await;
+            self.ask_again(&stale);
+            limits = self.size_limits(&rows).await;
             plan = batch::plan_within(&rows, &self.plan_config, &limits);
         }
         let mut settlement = Settlement::default();

@@ -63,6 +63,7 @@ mod send;
 mod sequels;
 
 use pressure::Pressure;
+use send::SizeLimit;
 
 /// Why the relay could not start; after start-up every failure is retried instead.
 #[derive(Debug, thiserror::Error)]
@@ -115,8 +116,8 @@ struct Relay {
     request_permits: Arc<Semaphore>,
     /// Each destination's share of those, adapted to how it answers (taken before a permit).
     concurrency: Arc<Limiter>,
-    /// Each destination queue's `MaximumMessageSize`, learnt on first use.
-    queue_limits: Arc<Mutex<HashMap<Destination, (usize, Instant)>>>,
+    /// Each topic's and ordered queue's `MaximumMessageSize`, learnt on first use.
+    size_limits: Arc<Mutex<HashMap<Destination, SizeLimit>>>,
     /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
     tracing: Option<Arc<Tracing>>,
     /// Whether the schema lets this relay claim, and when its registration was last renewed.
@@ -165,7 +166,7 @@ pub(crate) struct Shared {
     destinations: Arc<Destinations>,
     request_permits: Arc<Semaphore>,
     concurrency: Arc<Limiter>,
-    queue_limits: Arc<Mutex<HashMap<Destination, (usize, Instant)>>>,
+    size_limits: Arc<Mutex<HashMap<Destination, SizeLimit>>>,
     row_permits: Arc<Semaphore>,
     byte_permits: Arc<Semaphore>,
 }
@@ -239,7 +240,7 @@ impl Shared {
             pressure: Arc::new(Pressure::default()),
             request_permits: Arc::new(Semaphore::new(config.claim.max_in_flight)),
             concurrency: Arc::new(concurrency),
-            queue_limits: Arc::new(Mutex::new(HashMap::new())),
+            size_limits: Arc::new(Mutex::new(HashMap::new())),
             row_permits: Arc::new(Semaphore::new(rows_in_delivery)),
             byte_permits: Arc::new(Semaphore::new(byte_budget)),
         }
@@ -415,7 +416,7 @@ impl Relay {
             pressure: Arc::clone(&shared.pressure),
             request_permits: Arc::clone(&shared.request_permits),
             concurrency: Arc::clone(&shared.concurrency),
-            queue_limits: Arc::clone(&shared.queue_limits),
+            size_limits: Arc::clone(&shared.size_limits),
             tracing: shared.tracing.clone(),
             admission: admission::Admission::default(),
             registration: Mutex::new(registration),

@@ -1,5 +1,5 @@
 //! The send gate (destination parks, relay-wide pause, lease deadline), S3 uploads and the
-//! queue-limit cache.
+//! cache of each queue's and topic's `MaximumMessageSize`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -14,79 +14,137 @@ use crate::retry::{self, RequestFailure, Transport};
 use crate::row::ClaimedRow;
 use crate::sqs::EntryOutcome;
 
-use super::Relay;
+use super::{Relay, LOG_TARGET};
 
-/// Queues whose size limit is remembered at most (rows may carry their own queue URLs).
-pub(super) const MAX_KNOWN_QUEUES: usize = 1024;
+/// Destinations whose size limit is remembered at most (rows may carry their own).
+pub(super) const MAX_KNOWN_DESTINATIONS: usize = 1024;
+
+/// A destination's `MaximumMessageSize` as the relay last learnt it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SizeLimit {
+    /// What it reported; `None`: it reports none (an older topic, an emulator), or a topic
+    /// that could not be read yet.
+    reported: Option<usize>,
+    /// When it was last asked: it is asked again a `--stats-interval` later. `None`: at the
+    /// next claim (a row was refused for it, and the operator may have raised it since).
+    asked: Option<Instant>,
+    /// The last ask failed: said once when it starts, not at every ask.
+    failing: bool,
+}
 
 impl Relay {
-    /// The message size limit of each ordered queue and each topic the rows go to, read from
-    /// its `MaximumMessageSize` and read again every `--stats-interval` (an operator may raise
-    /// it, then re-drive what it refused). A destination that cannot be read now is tried again
-    /// with the next claim; meanwhile its service's default applies (`--max-request-bytes` for
-    /// a queue, 256 KiB for a topic). Of queues only ordered ones need it: there a refused entry
-    /// after accepted entries of its group would break the group's order, while elsewhere SQS's
-    /// own per-entry refusal quarantines the row just as well. Every topic does: SNS's limit was
-    /// 256 KiB until September 2026 and is now the topic's own, up to 1 MiB, and a message the
-    /// relay takes for too large goes through S3 (or is quarantined) although it would fit.
-    pub(super) async fn queue_limits(&self, rows: &[ClaimedRow]) -> HashMap<Destination, usize> {
+    /// The `MaximumMessageSize` of each destination the rows go to that needs one, read on
+    /// first use and again every `--stats-interval` (an operator may raise it, then re-drive
+    /// what it refused); [`crate::destination::Destination::limits`] makes it a limit.
+    ///
+    /// Every topic is read: its size decides which events go whole and which through S3 or
+    /// into quarantine, and a topic that reports nothing keeps SNS's former 256 KiB. A topic
+    /// that cannot be read keeps what it reported last (256 KiB if nothing) and is not asked
+    /// again before the next `--stats-interval`, with one warning: its rows come at every
+    /// claim, and a relay whose credentials lack `sns:GetTopicAttributes` would otherwise
+    /// make a refused call per claim.
+    ///
+    /// Of queues only ordered ones are read: there a refused entry after accepted entries of
+    /// its group would break the group's order, while elsewhere SQS's own per-entry refusal
+    /// quarantines the row just as well. A queue that cannot be read now is tried again with
+    /// the next claim; meanwhile what it reported last, or `--max-request-bytes`, applies.
+    pub(super) async fn size_limits(&self, rows: &[ClaimedRow]) -> HashMap<Destination, usize> {
         let mut unknown: Vec<Destination> = Vec::new();
         {
-            let known = self.queue_limits.lock().expect("queue limits lock");
+            let known = self.size_limits.lock().expect("size limits lock");
             for row in rows {
-                let queue = self.plan_config.queue_for(row);
-                let wanted = match queue.client() {
-                    Client::Sqs => self.keeps_order(queue),
+                let destination = self.plan_config.queue_for(row);
+                let needed = match destination.client() {
                     Client::Sns => true,
+                    Client::Sqs => self.keeps_order(destination),
                     Client::S3 => false,
                 };
-                if !wanted {
+                if !needed {
                     continue;
                 }
-                let fresh = known.get(queue).is_some_and(|(_, read)| {
-                    read.elapsed() < self.config.maintenance.stats_interval
-                });
-                if !fresh && !unknown.contains(queue) {
-                    unknown.push(queue.clone());
+                let fresh = known
+                    .get(destination)
+                    .and_then(|limit| limit.asked)
+                    .is_some_and(|asked| asked.elapsed() < self.config.maintenance.stats_interval);
+                if !fresh && !unknown.contains(destination) {
+                    unknown.push(destination.clone());
                 }
             }
         }
-        for queue in unknown {
-            let bound = self.config.send.send_timeout;
-            let read = match queue.client() {
-                // A topic read or not: SNS's former limit until the next read is due. A role
-                // allowed sns:Publish only (GetTopicAttributes denied) would otherwise be asked
-                // again before every claim.
-                Client::Sns => Some(
-                    tokio::time::timeout(bound, self.sns.topic_attributes(queue.address()))
+        for destination in unknown {
+            let timeout = self.config.send.send_timeout;
+            let read = match destination.client() {
+                Client::Sns => {
+                    tokio::time::timeout(timeout, self.sns.topic_attributes(destination.address()))
                         .await
-                        .ok()
-                        .and_then(Result::ok)
-                        .and_then(|info| info.maximum_message_size),
-                ),
-                _ => tokio::time::timeout(bound, self.sqs.queue_attributes(&queue))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .map(|info| info.maximum_message_size),
-            };
-            if let Some(size) = read {
-                // Not reported: the service's default (`Destination::limits`).
-                let limit =
-                    size.unwrap_or_else(|| queue.limits(self.config.send.max_request_bytes).bytes);
-                let mut known = self.queue_limits.lock().expect("queue limits lock");
-                // Rows may name any number of queues of their own; keep the memory bounded.
-                if known.len() >= MAX_KNOWN_QUEUES {
-                    known.clear();
+                        .map(|read| read.map(|info| info.maximum_message_size))
                 }
-                known.insert(queue, (limit, Instant::now()));
+                Client::Sqs | Client::S3 => {
+                    tokio::time::timeout(timeout, self.sqs.queue_attributes(&destination))
+                        .await
+                        .map(|read| read.map(|info| info.maximum_message_size))
+                }
+            };
+            let failure = match read {
+                Ok(Ok(reported)) => {
+                    self.learnt(destination, reported, false);
+                    continue;
+                }
+                Ok(Err(failure)) => retry::describe(&failure),
+                Err(_) => format!("no answer within {}", humantime::format_duration(timeout)),
+            };
+            if destination.client() != Client::Sns {
+                continue;
             }
+            let (last, already_failing) = {
+                let known = self.size_limits.lock().expect("size limits lock");
+                known
+                    .get(&destination)
+                    .map_or((None, false), |limit| (limit.reported, limit.failing))
+            };
+            if !already_failing {
+                let limit = destination
+                    .limits(self.config.send.max_request_bytes, last)
+                    .bytes;
+                tracing::warn!(target: LOG_TARGET, topic = %destination, error = %failure, limit,
+                    "cannot read the topic's MaximumMessageSize: it is sent messages of up to `limit` bytes until it can be read (where access is denied, allow sns:GetTopicAttributes on it)");
+            }
+            self.learnt(destination, last, true);
         }
-        let known = self.queue_limits.lock().expect("queue limits lock");
+        let known = self.size_limits.lock().expect("size limits lock");
         known
             .iter()
-            .map(|(queue, (limit, _))| (queue.clone(), *limit))
+            .filter_map(|(destination, limit)| Some((destination.clone(), limit.reported?)))
             .collect()
+    }
+
+    /// Makes each of `destinations` asked again at the next claim, keeping what it reported
+    /// until then.
+    pub(super) fn ask_again(&self, destinations: &[Destination]) {
+        let mut known = self.size_limits.lock().expect("size limits lock");
+        for destination in destinations {
+            if let Some(limit) = known.get_mut(destination) {
+                limit.asked = None;
+            }
+        }
+    }
+
+    /// Remembers what a destination reported (or kept, after a failed ask) until the next
+    /// `--stats-interval`.
+    fn learnt(&self, destination: Destination, reported: Option<usize>, failing: bool) {
+        let mut known = self.size_limits.lock().expect("size limits lock");
+        // Rows may name any number of destinations of their own; keep the memory bounded.
+        if known.len() >= MAX_KNOWN_DESTINATIONS && !known.contains_key(&destination) {
+            known.clear();
+        }
+        known.insert(
+            destination,
+            SizeLimit {
+                reported,
+                asked: Some(Instant::now()),
+                failing,
+            },
+        );
     }
 
     /// One SendMessageBatch call, once a request slot is free and the relay is not backing off.

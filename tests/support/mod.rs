@@ -41,7 +41,9 @@ pub use pgbouncer::{PgBouncer, PoolMode, Pooling};
 pub use prometheus::Prometheus;
 pub use proxy::{FaultProxy, Mode};
 pub use relay::{metric_value, parse_metrics_addr, run_to_end, RelayProcess};
-pub use sns::{create_topic, create_topic_named, sns_client, subscribe_queue, topic_name};
+pub use sns::{
+    create_topic, create_topic_named, create_topic_with, sns_client, subscribe_queue, topic_name,
+};
 pub use sqs::{
     create_queue, receive_all, set_max_message_size, sqs, sqs_client, sqs_client_at,
     test_sdk_config, SqsKind, SqsServer, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY,

@@ -56,6 +56,9 @@ pub enum Mode {
     /// batch failure whose failed entry was in fact enqueued, so its retry is a copy. Other
     /// requests pass.
     FailLastEntry,
+    /// Answer SNS `GetTopicAttributes` with 403 `AuthorizationError` without forwarding, as
+    /// for credentials allowed `sns:Publish` only; forward everything else.
+    DenyTopicAttributes,
 }
 
 /// The wire protocol of a request, which its injected error must speak.
@@ -267,20 +270,28 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
             Ok(Some(request)) => request,
             Ok(None) | Err(_) => return,
         };
-        // The relay reads a FIFO queue's attributes (its size limit) before sending to it; the
-        // faults are meant for its sends, so these reads pass untouched and use up no fault. A
-        // topic's attributes (its size limit too) meet the mode in force, as `check`'s reads
-        // do, but use up no one-shot fault: those are for the publish a test aims at.
-        let control = if request.action.ends_with(".GetQueueAttributes") {
+        // The relay reads an ordered queue's or a topic's attributes (its size limit) before
+        // sending to it; the faults are meant for its sends, so these reads pass untouched and
+        // use up no fault. Except where the fault is the refused read itself, or a region
+        // mismatch, which refuses every call (and `check`'s read is how it is told).
+        let reads_attributes = request.action.ends_with(".GetQueueAttributes")
+            || request.action.ends_with(".GetTopicAttributes");
+        let persistent = shared.control.borrow().mode;
+        let denied_read =
+            request.action == "SNS.GetTopicAttributes" && persistent == Mode::DenyTopicAttributes;
+        let faulted_read =
+            denied_read || matches!(persistent, Mode::WrongRegion | Mode::WrongSigningRegion);
+        let mut control = if reads_attributes && !faulted_read {
             Control {
                 mode: Mode::Pass,
                 ..*shared.control.borrow()
             }
-        } else if request.action.ends_with(".GetTopicAttributes") {
-            *shared.control.borrow()
         } else {
             arrive(&shared)
         };
+        if control.mode == Mode::DenyTopicAttributes && !denied_read {
+            control.mode = Mode::Pass;
+        }
         shared.requests.fetch_add(1, Ordering::SeqCst);
         if control.mode != Mode::Pass {
             shared.faulted.fetch_add(1, Ordering::SeqCst);
@@ -365,6 +376,9 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
                 } else {
                     (bytes, keep_alive)
                 }
+            }
+            Mode::DenyTopicAttributes => {
+                query_error("403 Forbidden", "Sender", "AuthorizationError")
             }
             Mode::Hold => {
                 let response = forward(&shared, &request).await;

@@ -20,7 +20,17 @@ pub fn topic_name(prefix: &str) -> String {
 
 /// Creates the topic `name` (FIFO when it ends in `.fifo`) and returns its ARN.
 pub async fn create_topic_named(name: &str) -> String {
+    create_topic_with(name, &[]).await
+}
+
+/// Creates the topic `name` with CreateTopic's `attributes` (FIFO when it ends in `.fifo`) and
+/// returns its ARN. fauxqs keeps any attribute given here and reports it (SetTopicAttributes
+/// refuses `MaximumMessageSize`); moto accepts it but does not report it.
+pub async fn create_topic_with(name: &str, attributes: &[(&str, &str)]) -> String {
     let mut request = sns_client().create_topic().name(name);
+    for (attribute, value) in attributes {
+        request = request.attributes(*attribute, *value);
+    }
     if name.ends_with(".fifo") {
         request = request.attributes("FifoTopic", "true");
     }
