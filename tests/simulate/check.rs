@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::history::Change;
 use crate::plan::{Dest, Op, Plan};
-use crate::world::{Evidence, RelaySignal, SignalSample};
+use crate::world::Evidence;
 
 #[derive(Debug, Clone)]
 pub struct Violation {
@@ -614,7 +614,6 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
             );
         }
     }
-    signals_never_hide_a_row(plan, ev, &mut report);
     for exit in &ev.exits {
         report.add("a relay runs until it is stopped", exit.clone());
     }
@@ -636,67 +635,4 @@ fn describe(c: &Change) -> String {
             c.new_attempts.unwrap_or(0)
         ),
     }
-}
-
-/// How far below the truth a derived age may be for clocks and a read's own latency (the relay
-/// takes its read's time before the statement goes out).
-const SIGNAL_SLACK: f64 = 1.0;
-
-/// The invariant the age alerts rest on, through outages included: at every sample, the age a
-/// scraper derives from the relays' `/metrics` (as deploy/prometheus/alerts.yml does) is at
-/// least the true age of the oldest unsent row the relays have had time to read, less
-/// [`SIGNAL_SLACK`]. A row counts once the checker has seen it unsent since a time at least two
-/// `--sweep-interval`s and 2 s before the last read of the relay whose reading is taken: a row
-/// that committed late below a relay's floor is counted from its next sweep
-/// (docs/guarantees.md, section 12), and sweeps may be spaced wider while they take long. The
-/// age may be larger than the truth (by up to the time since that read, and the time a row sent
-/// since waited): an upper bound is what an alert needs.
-fn signals_never_hide_a_row(plan: &Plan, ev: &Evidence, report: &mut Report) {
-    let grace = 2.0 * plan.fleet.sweep_ms as f64 / 1000.0 + 2.0;
-    let mut first_seen: HashMap<i64, f64> = HashMap::new();
-    for sample in &ev.signals {
-        // A row sent (or parked and sent) in between starts anew if it is made unsent again.
-        let unsent: HashSet<i64> = sample.unsent.iter().map(|(id, _)| *id).collect();
-        first_seen.retain(|id, _| unsent.contains(id));
-        for (id, _) in &sample.unsent {
-            first_seen.entry(*id).or_insert(sample.at);
-        }
-        let Some((derived, by)) = derived_age(sample) else {
-            continue;
-        };
-        let known = sample
-            .unsent
-            .iter()
-            .filter(|(id, _)| first_seen[id] <= by.last_read - grace)
-            .map(|&(id, created)| (created, id))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        let Some((created, id)) = known else {
-            continue;
-        };
-        let truth = sample.at - created;
-        if derived < truth - SIGNAL_SLACK {
-            report.add(
-                "the age a scraper derives from the relays' /metrics never hides a row they have read",
-                format!(
-                    "at {:.1}: derived {derived:.1} s, but row {id}, unsent since at least {:.1}, is {truth:.1} s old; read at {:.1} by the relay whose reading counts; relays {:?}",
-                    sample.at, first_seen[&id], by.last_read, sample.relays
-                ),
-            );
-        }
-    }
-}
-
-/// The oldest unsent row's age as the alert rules derive it from one scrape: `at` minus the
-/// newest `outbox_oldest_unsent_timestamp_seconds` of the relays that can read now, or of all
-/// when none can; with the relay whose reading that is.
-pub fn derived_age(sample: &SignalSample) -> Option<(f64, RelaySignal)> {
-    let up: Vec<&RelaySignal> = sample.relays.iter().filter(|r| r.up).collect();
-    let counted = match up.is_empty() {
-        true => sample.relays.iter().collect(),
-        false => up,
-    };
-    counted
-        .into_iter()
-        .max_by(|a, b| a.oldest_unsent_at.total_cmp(&b.oldest_unsent_at))
-        .map(|r| (sample.at - r.oldest_unsent_at, *r))
 }

@@ -5,7 +5,7 @@
 use crate::check::check;
 use crate::history::Change;
 use crate::plan::{Dest, Hazard, Plan, Poison, RowSpec, Txn};
-use crate::world::{Evidence, Quiet, Received, RelaySignal, SignalSample};
+use crate::world::{Evidence, Quiet, Received};
 
 const QUEUE: &str = "q.fifo";
 
@@ -101,7 +101,6 @@ fn clean() -> Evidence {
             sent(2, "r0", 31, 3.5),
         ],
         received: vec![message(1), message(2)],
-        signals: truthful_signals(),
         default_queue: QUEUE.into(),
         settled: true,
         quiet: Some(Quiet {
@@ -113,32 +112,6 @@ fn clean() -> Evidence {
         }),
         ..Evidence::default()
     }
-}
-
-/// A relay's times, twice a second for 40 s, while row 1 (written at 990) waits: the relay reads
-/// every half second, each read finding the row, so it exports the row's time. From 1,040
-/// `frozen_at` (if earlier) on, it exports what it read at that time instead.
-fn signals_frozen(frozen_at: f64) -> Vec<SignalSample> {
-    (0..80)
-        .map(|i| {
-            let at = 1_000.0 + f64::from(i) * 0.5;
-            let oldest_unsent_at = if at >= frozen_at { frozen_at } else { 990.0 };
-            SignalSample {
-                at,
-                unsent: vec![(1, 990.0)],
-                relays: vec![RelaySignal {
-                    oldest_unsent_at,
-                    last_read: at - 0.2,
-                    up: true,
-                }],
-            }
-        })
-        .collect()
-}
-
-/// Truthful times: the row's, at every read.
-fn truthful_signals() -> Vec<SignalSample> {
-    signals_frozen(f64::INFINITY)
 }
 
 /// Each case: a name, how it breaks the clean history, the invariant that must report it.
@@ -234,14 +207,6 @@ const CASES: &[Case] = &[
         "an age gauge left at its value from before an outage",
         |_, ev| ev.quiet.as_mut().unwrap().gauge_age = Some(30.0),
         "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
-    ),
-    (
-        "an oldest-unsent time that says nothing waits while a row the relay read does",
-        |plan, ev| {
-            plan.fleet.sweep_ms = 1_000;
-            ev.signals = signals_frozen(1_030.0);
-        },
-        "the age a scraper derives from the relays' /metrics never hides a row they have read",
     ),
     (
         "status that disagrees with the table",

@@ -10,7 +10,7 @@ mod observe;
 mod workload;
 
 use faults::{inject, Marks};
-use observe::{quiet_point, sample_pool, sample_signals, settled};
+use observe::{quiet_point, sample_pool, settled};
 use workload::write;
 
 use std::collections::{HashMap, HashSet};
@@ -83,34 +83,9 @@ impl Quiet {
     }
 }
 
-/// What a scraper could derive from the relays' `/metrics` at one moment, beside the table's
-/// unsent rows read right after (`observe::sample_signals`).
-#[derive(Clone, Debug, Default)]
-pub struct SignalSample {
-    /// When the relays were scraped, in seconds since the epoch.
-    pub at: f64,
-    /// The unsent rows (parked ones included) read right after: id and `created_at`.
-    pub unsent: Vec<(i64, f64)>,
-    /// Each relay that answered and had read its table at least once.
-    pub relays: Vec<RelaySignal>,
-}
-
-/// One relay's times (src/relay/reads.rs).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RelaySignal {
-    /// `outbox_oldest_unsent_timestamp_seconds`.
-    pub oldest_unsent_at: f64,
-    /// `outbox_table_last_read_timestamp_seconds`.
-    pub last_read: f64,
-    /// `outbox_table_up`.
-    pub up: bool,
-}
-
 /// Everything the checker reads.
 #[derive(Default)]
 pub struct Evidence {
-    /// The relays' times against the table, sampled through the whole run, outages included.
-    pub signals: Vec<SignalSample>,
     pub changes: Vec<Change>,
     pub rows: Vec<FinalRow>,
     pub received: Vec<Received>,
@@ -698,7 +673,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     let checker_url = db.url.clone();
     let supervising = std::sync::atomic::AtomicBool::new(false);
     let restarts = Mutex::new(Vec::new());
-    let (checker, is_settled, signals) = {
+    let (checker, is_settled) = {
         let work = async {
             tokio::join!(writers, faults, ops, held, late, kept);
             let checker =
@@ -738,12 +713,8 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             supervising.store(true, std::sync::atomic::Ordering::Relaxed);
             (checker, is_settled)
         };
-        let (outcome, (), signals) = tokio::join!(
-            work,
-            supervise(&fleet, &supervising, &restarts),
-            sample_signals(&db.url, &fleet, &supervising)
-        );
-        (outcome.0, outcome.1, signals)
+        let (outcome, ()) = tokio::join!(work, supervise(&fleet, &supervising, &restarts));
+        outcome
     };
     for id in fleet.lock().unwrap().ids.iter() {
         if !all_ids.contains(id) {
@@ -867,7 +838,6 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     }
     let marks = marks.into_inner().unwrap();
     Run::Ran(Box::new(Evidence {
-        signals,
         changes,
         rows,
         received,
