@@ -257,8 +257,13 @@ async fn run_seed(seed: u64, cluster: &PrivatePg) -> SeedResult {
                 let ages = |f: &dyn Fn(&world::Sample) -> Option<f64>| {
                     evidence.signal.iter().filter_map(f).fold(0.0_f64, f64::max)
                 };
+                let unread = evidence
+                    .signal
+                    .iter()
+                    .filter(|s| s.readings.is_empty())
+                    .count();
                 println!(
-                    "  age signal: {} samples, oldest unsent up to {:.1} s (derived up to {:.1} s), up to {:.1} s while a relay was down",
+                    "  age signal: {} samples ({unread} before any relay's first read), oldest unsent up to {:.1} s (derived up to {:.1} s), up to {:.1} s while a relay was down",
                     evidence.signal.len(),
                     ages(&|s| s.truth.map(|c| s.at - c)),
                     ages(&|s| s.picked().map(|r| s.at - r.oldest)),

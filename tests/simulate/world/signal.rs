@@ -189,33 +189,33 @@ pub(super) async fn sample(
             readings,
             ..Sample::default()
         };
-        if let (Some(picked), Some(freshest)) = (sample.picked(), sample.freshest()) {
-            let params = (
-                picked.last_read,
-                freshest.last_read,
-                late_wait.as_secs_f64(),
-            );
-            if client.is_none() {
-                client = own_session(db_url).await;
-            }
-            if let Some(c) = &client {
-                match c
-                    .query_one(TRUTH_SQL, &[&params.0, &params.1, &params.2])
-                    .await
-                {
-                    Ok(row) => {
-                        sample.at = row.get(0);
-                        sample.truth = row.get(1);
-                        sample.unsent = row.get(2);
-                        let known: Option<f64> = row.get(3);
-                        let id: Option<i64> = row.get(4);
-                        sample.known = known.zip(id);
-                        sample.lower = row.get(5);
-                        samples.push(sample);
-                    }
-                    // The database restarting: no truth to compare with until it is back.
-                    Err(_) => client = None,
+        // Without a reading (no relay has read the table yet) the rule has no series and the
+        // check nothing to compare; the table is still read, for the run's summary.
+        let params = (
+            sample.picked().map_or(0.0, |r| r.last_read),
+            sample.freshest().map_or(0.0, |r| r.last_read),
+            late_wait.as_secs_f64(),
+        );
+        if client.is_none() {
+            client = own_session(db_url).await;
+        }
+        if let Some(c) = &client {
+            match c
+                .query_one(TRUTH_SQL, &[&params.0, &params.1, &params.2])
+                .await
+            {
+                Ok(row) => {
+                    sample.at = row.get(0);
+                    sample.truth = row.get(1);
+                    sample.unsent = row.get(2);
+                    let known: Option<f64> = row.get(3);
+                    let id: Option<i64> = row.get(4);
+                    sample.known = known.zip(id);
+                    sample.lower = row.get(5);
+                    samples.push(sample);
                 }
+                // The database restarting: no truth to compare with until it is back.
+                Err(_) => client = None,
             }
         }
         tokio::time::sleep_until(next.into()).await;
