@@ -1,6 +1,7 @@
 //! What the table gauges say while an ordered group is blocked: the rows parked behind a
 //! quarantined head are undelivered, so they stay in the unsent count and the oldest-unsent
 //! age, and the quarantine has an age of its own, until the group is re-driven and delivered.
+//! And whose age the oldest-unsent gauges are when ids are not in `created_at` order.
 
 use std::time::{Duration, Instant};
 
@@ -108,6 +109,45 @@ async fn rows_parked_behind_a_quarantined_head_stay_in_the_unsent_gauges_until_d
             ]
             .iter()
             .all(|name| metric_value(&scrape, name) == Some(0.0))
+        },
+    )
+    .await;
+}
+
+/// A session that cached ids from the sequence inserts below rows older than its own row
+/// (simulation seed 381): the oldest unsent row is the oldest `created_at`, not the lowest id's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_unsent_row_is_the_oldest_created_not_the_lowest_id() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("gauges-order", &[]).await;
+    insert(&client, &events("gauges-order", 3, 3), Duration::ZERO).await;
+    // Not due for an hour, so they stay unsent and the relay only reads them; the lowest id
+    // written now, the two above it an hour ago.
+    client
+        .batch_execute(
+            "UPDATE outbox SET available_at = now() + interval '1 hour', \
+             created_at = CASE WHEN id = (SELECT min(id) FROM outbox) THEN now() \
+                               ELSE now() - interval '1 hour' END",
+        )
+        .await
+        .unwrap();
+    let written = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let relay =
+        crate::support::RelayProcess::spawn(&run_args(&db, &queue, sqs().endpoint(), &[]), &[]);
+    wait_until(
+        "the age and the oldest unsent time are the hour-old rows'",
+        Duration::from_secs(20),
+        || async {
+            let scrape = relay.scrape().await;
+            let v = |name| metric_value(&scrape, name).unwrap_or(-1.0);
+            v("outbox_unsent_rows") == 3.0
+                && v("outbox_oldest_unsent_age_seconds") >= 3600.0
+                && (0.0..=written - 3600.0 + 1.0)
+                    .contains(&v("outbox_oldest_unsent_timestamp_seconds"))
         },
     )
     .await;

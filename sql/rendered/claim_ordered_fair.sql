@@ -496,9 +496,12 @@ SELECT EXISTS (
 -- Gauges for /metrics, in bounded time however large the backlog: each side reads at most $1
 -- entries of its partial index (never the sent rows), lowest ids first, and two index probes
 -- for the highest id. Up to $1 rows the counts are exact; past it the relay extrapolates them
--- from the id span (src/outbox/upkeep.rs, `extrapolate`), and says so in the docs. The oldest
--- unsent row and the claims' floor are the first index entry from the rows' floor $2 on
--- (src/outbox/floors.rs): a row that committed late below it counts from the next sweep.
+-- from the id span (src/outbox/upkeep.rs, `extrapolate`), and says so in the docs. The claims'
+-- floor is the first index entry from the rows' floor $2 on (src/outbox/floors.rs): a row that
+-- committed late below it counts from the next sweep. The oldest unsent row is the oldest
+-- `created_at` of the entries read, not the first entry's: ids are not taken in `created_at`
+-- order (a session that cached ids from the sequence inserts below rows older than its own,
+-- and then hid them all from the age; simulation seed 381), and the entries are read anyway.
 --
 -- Rows the relay parked in quarantine are still unsent: `blocked` (waiting behind a
 -- quarantined row of their group) and `destination` (their queue is missing or refused
@@ -513,7 +516,7 @@ WITH unsent_head AS (
     LIMIT $1
 ), unsent AS (
     SELECT
-        (SELECT created_at FROM unsent_head ORDER BY id LIMIT 1) AS oldest,
+        min(created_at) AS oldest,
         count(*) AS n,
         coalesce(min(id), 0) AS floor,
         coalesce(max(id), 0) AS head_last,

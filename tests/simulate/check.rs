@@ -1,6 +1,7 @@
 //! The checker: reads the whole history of one seed (the trigger log, the table's last state,
 //! every message received, which relays were faulted, what a pooled application session read,
-//! the gauges at a quiet point) and lists every broken invariant.
+//! the gauges at a quiet point, the age signal sampled while the relays ran) and lists every
+//! broken invariant.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -617,7 +618,88 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
     for exit in &ev.exits {
         report.add("a relay runs until it is stopped", exit.clone());
     }
+    signal(plan, ev, &mut report);
     report.into_violations()
+}
+
+/// How far the derived age may fall short of the oldest row the picked reading could know
+/// of: the relay reports the `created_at` of the lowest unsent id, and a transaction that began
+/// earlier may take a higher id a few milliseconds later.
+pub const HIDES_SLACK: f64 = 0.25;
+/// Rounding and the clock's granularity, beyond the bound's own terms.
+pub const OVERSTATES_SLACK: f64 = 0.25;
+
+/// The age a scraper derives from the relays' `/metrics` (the shipped rule: the smallest
+/// `time() - outbox_oldest_unsent_timestamp_seconds`, a relay's last scrape kept 2 minutes),
+/// against the table at the same moment, at every sample of the run, faults included
+/// (docs/guarantees.md section 9, "The age signal"):
+///
+/// - it never hides a waiting row: at least the age of the oldest unsent row that the picked
+///   reading could know of, less [`HIDES_SLACK`];
+/// - it overstates by at most the time since the freshest read began: at most `now -` the
+///   oldest `created_at` of the rows unsent now or settled since that read began, plus the
+///   time since it began (which bounds the read's own duration), plus [`OVERSTATES_SLACK`].
+fn signal(plan: &Plan, ev: &Evidence, report: &mut Report) {
+    for s in &ev.signal {
+        let (Some(picked), Some(freshest)) = (s.picked(), s.freshest()) else {
+            continue;
+        };
+        let derived = s.at - picked.oldest;
+        let shown = || {
+            let readings: Vec<String> = s
+                .readings
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} oldest t{:+.2} read t{:+.2} up {}{}",
+                        r.relay,
+                        r.oldest - s.start,
+                        r.last_read - s.start,
+                        r.up,
+                        if s.at - r.scraped > 1.0 {
+                            format!(" (scraped {:.1} s before)", s.at - r.scraped)
+                        } else {
+                            String::new()
+                        }
+                    )
+                })
+                .collect();
+            format!(
+                "seed {} at t+{:.2} s: derived {derived:.2} s, true {} ({} unsent); relays: {}",
+                plan.seed,
+                s.at - s.start,
+                s.truth
+                    .map_or("none unsent".to_string(), |c| format!("{:.2} s", s.at - c)),
+                s.unsent,
+                readings.join(", ")
+            )
+        };
+        if let Some((created, id)) = s.known {
+            if derived < s.at - created - HIDES_SLACK {
+                report.add(
+                    "the age a scraper derives from /metrics never hides a waiting row",
+                    format!(
+                        "{}; id {id} waits {:.2} s, known to the picked read",
+                        shown(),
+                        s.at - created
+                    ),
+                );
+            }
+        }
+        let lower = match (s.truth, s.lower) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let bound = lower.map_or(0.0, |c| (s.at - c).max(0.0))
+            + (s.at - freshest.last_read)
+            + OVERSTATES_SLACK;
+        if derived > bound {
+            report.add(
+                "the age a scraper derives from /metrics overstates by at most the time since the freshest read",
+                format!("{}; bound {bound:.2} s", shown()),
+            );
+        }
+    }
 }
 
 fn describe(c: &Change) -> String {

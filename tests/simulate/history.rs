@@ -36,29 +36,33 @@ CREATE TABLE sim.log (
     token bigint,
     owner text,
     until double precision,
-    ids bigint[]
+    ids bigint[],
+    -- The outbox row's created_at: the age signal's bounds (world/signal.rs) need it of rows
+    -- deleted on acknowledgement too.
+    created double precision
 );
 CREATE FUNCTION sim.outbox_changed() RETURNS trigger LANGUAGE plpgsql
 SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        INSERT INTO sim.log (tbl, op, id, event_id, group_key)
-        VALUES ('outbox', 'I', NEW.id, NEW.event_id, NEW.aggregate_id);
+        INSERT INTO sim.log (tbl, op, id, event_id, group_key, created)
+        VALUES ('outbox', 'I', NEW.id, NEW.event_id, NEW.aggregate_id,
+                extract(epoch FROM NEW.created_at));
     ELSIF TG_OP = 'DELETE' THEN
-        INSERT INTO sim.log (tbl, op, id, event_id, old_sent, old_reason, old_attempts)
+        INSERT INTO sim.log (tbl, op, id, event_id, old_sent, old_reason, old_attempts, created)
         VALUES ('outbox', 'D', OLD.id, OLD.event_id, OLD.sent_at IS NOT NULL,
                 CASE WHEN OLD.quarantined_at IS NOT NULL THEN coalesce(OLD.quarantine_reason, '?') END,
-                OLD.attempts);
+                OLD.attempts, extract(epoch FROM OLD.created_at));
     ELSIF (OLD.sent_at IS NULL) IS DISTINCT FROM (NEW.sent_at IS NULL)
        OR OLD.quarantined_at IS DISTINCT FROM NEW.quarantined_at
        OR OLD.quarantine_reason IS DISTINCT FROM NEW.quarantine_reason
        OR OLD.attempts IS DISTINCT FROM NEW.attempts THEN
         INSERT INTO sim.log (tbl, op, id, event_id, old_sent, new_sent, old_reason, new_reason,
-                             old_attempts, new_attempts)
+                             old_attempts, new_attempts, created)
         VALUES ('outbox', 'U', NEW.id, NEW.event_id, OLD.sent_at IS NOT NULL, NEW.sent_at IS NOT NULL,
                 CASE WHEN OLD.quarantined_at IS NOT NULL THEN coalesce(OLD.quarantine_reason, '?') END,
                 CASE WHEN NEW.quarantined_at IS NOT NULL THEN coalesce(NEW.quarantine_reason, '?') END,
-                OLD.attempts, NEW.attempts);
+                OLD.attempts, NEW.attempts, extract(epoch FROM NEW.created_at));
     END IF;
     RETURN NULL;
 END $$;

@@ -252,6 +252,29 @@ async fn run_seed(seed: u64, cluster: &PrivatePg) -> SeedResult {
                     evidence.injected,
                     started.elapsed().as_secs_f64()
                 );
+                // What the age signal was checked against: a seed whose rows never waited
+                // while a relay could not read says little about it.
+                let ages = |f: &dyn Fn(&world::Sample) -> Option<f64>| {
+                    evidence.signal.iter().filter_map(f).fold(0.0_f64, f64::max)
+                };
+                let unread = evidence
+                    .signal
+                    .iter()
+                    .filter(|s| s.readings.is_empty())
+                    .count();
+                println!(
+                    "  age signal: {} samples ({unread} before any relay's first read), oldest unsent up to {:.1} s (derived up to {:.1} s), up to {:.1} s while a relay was down",
+                    evidence.signal.len(),
+                    ages(&|s| s.truth.map(|c| s.at - c)),
+                    ages(&|s| s.picked().map(|r| s.at - r.oldest)),
+                    ages(&|s| {
+                        s.readings
+                            .iter()
+                            .any(|r| r.up == 0.0 || s.at - r.scraped > 1.0)
+                            .then_some(s.truth.map(|c| s.at - c))
+                            .flatten()
+                    }),
+                );
                 if let Some((late, below)) = evidence.late_rows {
                     println!(
                         "  {late} late rows committed, {below} of them below an id already sent at their commit"

@@ -5,7 +5,7 @@
 use crate::check::check;
 use crate::history::Change;
 use crate::plan::{Dest, Hazard, Plan, Poison, RowSpec, Txn};
-use crate::world::{Evidence, Quiet, Received};
+use crate::world::{Evidence, Quiet, Reading, Received, Sample};
 
 const QUEUE: &str = "q.fifo";
 
@@ -110,7 +110,31 @@ fn clean() -> Evidence {
             gauge_age: Some(0.0),
             ..Quiet::default()
         }),
+        signal: vec![sample(10.0, 9.0, &[("r0", 9.0, 9.8, 10.0)])],
         ..Evidence::default()
+    }
+}
+
+/// A sample at `at` whose oldest unsent row (id 1), created at `created`, every relay's read
+/// could know of; each reading `(relay, oldest, last_read, scraped)`.
+fn sample(at: f64, created: f64, readings: &[(&str, f64, f64, f64)]) -> Sample {
+    Sample {
+        at,
+        start: 0.0,
+        readings: readings
+            .iter()
+            .map(|&(relay, oldest, last_read, scraped)| Reading {
+                relay: relay.into(),
+                oldest,
+                last_read,
+                up: 1.0,
+                scraped,
+            })
+            .collect(),
+        truth: Some(created),
+        unsent: 1,
+        known: Some((created, 1)),
+        lower: Some(created),
     }
 }
 
@@ -209,6 +233,25 @@ const CASES: &[Case] = &[
         "outbox_oldest_unsent_age_seconds and outbox_unsent_rows agree with the table",
     ),
     (
+        // The age gauge's lie of issue 45 as a time: the relay read the row at t=105, then
+        // could not read, and exported now - the age it read instead of the row's time.
+        "an oldest-unsent time moving on from an age frozen at an old read",
+        |_, ev| {
+            let mut frozen = sample(185.0, 100.0, &[("r0", 175.0, 105.0, 185.0)]);
+            frozen.readings[0].up = 0.0;
+            ev.signal.push(frozen);
+        },
+        "the age a scraper derives from /metrics never hides a waiting row",
+    ),
+    (
+        "an oldest-unsent time older than any row waiting since the freshest read",
+        |_, ev| {
+            ev.signal
+                .push(sample(20.0, 19.0, &[("r0", 5.0, 19.5, 20.0)]))
+        },
+        "the age a scraper derives from /metrics overstates by at most the time since the freshest read",
+    ),
+    (
         "status that disagrees with the table",
         |_, ev| ev.quiet.as_mut().unwrap().status_age = Some(30.0),
         "`status --json` agrees with the table",
@@ -293,6 +336,20 @@ pub fn run() -> Vec<String> {
     if !found.is_empty() {
         failures.push(format!(
             "a takeover of a killed relay's claim was reported: {found:?}"
+        ));
+    }
+    // A relay stopped since its last scrape keeps its old reading (the rules' last_over_time),
+    // beside one that reads: the freshest reading wins, and nothing is reported.
+    let mut ev = clean();
+    ev.signal.push(sample(
+        30.0,
+        19.0,
+        &[("r0", 5.0, 5.0, 10.0), ("r1", 19.0, 29.8, 30.0)],
+    ));
+    let found = check(&plan, &ev);
+    if !found.is_empty() {
+        failures.push(format!(
+            "a stopped relay's kept reading beside a fresh one was reported: {found:?}"
         ));
     }
     failures

@@ -7,10 +7,12 @@
 mod faults;
 mod horizon;
 mod observe;
+mod signal;
 mod workload;
 
 use faults::{inject, Marks};
 use observe::{quiet_point, sample_pool, settled};
+pub use signal::{Reading, Sample};
 use workload::write;
 
 use std::collections::{HashMap, HashSet};
@@ -127,6 +129,8 @@ pub struct Evidence {
     /// The relays that said so: each stopped claiming, leaving a claim the server refused to
     /// settle to be taken over when its lease ends, as a stopped relay's is.
     pub undone_by: HashSet<String>,
+    /// The age signal, sampled while the relays ran (faults included) until the table settled.
+    pub signal: Vec<Sample>,
 }
 
 pub enum Run {
@@ -673,7 +677,11 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     let checker_url = db.url.clone();
     let supervising = std::sync::atomic::AtomicBool::new(false);
     let restarts = Mutex::new(Vec::new());
-    let (checker, is_settled) = {
+    // A row that became unsent below a relay's floor is read from its next sweep: a sweep gap,
+    // then the statistics pass it runs in, whose statements come one after another (seconds
+    // over a slow link).
+    let late_wait = Duration::from_millis(plan.fleet.sweep_ms) + Duration::from_secs(3);
+    let ((checker, is_settled), signal) = {
         let work = async {
             tokio::join!(writers, faults, ops, held, late, kept);
             let checker =
@@ -713,8 +721,12 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             supervising.store(true, std::sync::atomic::Ordering::Relaxed);
             (checker, is_settled)
         };
-        let (outcome, ()) = tokio::join!(work, supervise(&fleet, &supervising, &restarts));
-        outcome
+        let (outcome, (), signal) = tokio::join!(
+            work,
+            supervise(&fleet, &supervising, &restarts),
+            signal::sample(&fleet, &db.url, late_wait, &supervising)
+        );
+        (outcome, signal)
     };
     for id in fleet.lock().unwrap().ids.iter() {
         if !all_ids.contains(id) {
@@ -858,6 +870,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         undone_named,
         hidden_named,
         undone_by,
+        signal,
     }))
 }
 
