@@ -4,8 +4,10 @@
 //! truth at (nearly) one moment. It judges nothing itself (check.rs does).
 //!
 //! The scraper is the shipped rule's: `min (time() - last_over_time(
-//! outbox_oldest_unsent_timestamp_seconds[2m]))` over the relays, so a relay that cannot be
-//! scraped now (killed, stopped) keeps its last scraped reading, as in Prometheus. The table's
+//! outbox_oldest_unsent_timestamp_seconds[2m]))` over the relays that can read the table now
+//! (`outbox_table_up` 1 in this scrape), over all of them when none can, so a relay that cannot
+//! be scraped now (killed, stopped) keeps its last scraped reading, as in Prometheus, but
+//! counts only while no relay reads. The table's
 //! side is computed in one statement given the two reads the bounds depend on (the reading the
 //! rule picks, and the freshest), from the table and the trigger log with its commit times
 //! (`track_commit_timestamp`).
@@ -16,6 +18,9 @@ use super::*;
 const EVERY: Duration = Duration::from_millis(250);
 /// A scrape that takes longer failed (a stopped relay accepts the connection and never answers).
 const SCRAPE_TIMEOUT: Duration = Duration::from_millis(300);
+/// A reading scraped less than this before the table's read is of this sample (a sample
+/// scrapes every relay first, each within [`SCRAPE_TIMEOUT`]).
+const SCRAPED_NOW: f64 = 1.0;
 /// How long a scraped reading stands for a relay that cannot be scraped (the rules'
 /// `last_over_time(...[2m])`).
 const KEPT: f64 = 120.0;
@@ -62,10 +67,15 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// What the rule derives: the smallest age over the readings (the newest `oldest`).
+    /// What the rule derives: the smallest age (the newest `oldest`) over the readings of the
+    /// relays that can read the table now, scraped in this sample with `outbox_table_up` 1;
+    /// over every reading when there is none.
     pub fn picked(&self) -> Option<&Reading> {
+        let reading_now = |r: &&Reading| r.up == 1.0 && self.at - r.scraped < SCRAPED_NOW;
+        let any_now = self.readings.iter().any(|r| reading_now(&r));
         self.readings
             .iter()
+            .filter(|r| !any_now || reading_now(r))
             .max_by(|a, b| a.oldest.total_cmp(&b.oldest))
     }
 
