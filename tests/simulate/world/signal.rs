@@ -107,7 +107,7 @@ WITH unsent AS (
     FROM log
     WHERE op = 'I'
 ), since AS (
-    SELECT id, max(committed) AS since
+    SELECT id, max(committed) AS since, max(committed) FILTER (WHERE op = 'I') AS ins
     FROM log
     WHERE op = 'I'
        OR (op = 'U' AND NOT new_sent AND new_reason IS NULL
@@ -118,8 +118,12 @@ WITH unsent AS (
     FROM unsent u
     JOIN since s USING (id)
     JOIN inserted i USING (id)
+    -- Inserted above every floor (before any higher id committed), or a sweep's wait ago: a row
+    -- made unsent again by an update (a replay, a re-drive, an unpark) may lie below a floor
+    -- that passed it when it was sent, whatever was inserted since.
     WHERE s.since < $1::float8 - 0.05
-      AND (i.above IS NULL OR s.since <= i.above OR s.since + $3::float8 < $1::float8)
+      AND ((s.since = s.ins AND (i.above IS NULL OR s.since <= i.above))
+           OR s.since + $3::float8 < $1::float8)
 ), gone AS (
     SELECT created
     FROM log
