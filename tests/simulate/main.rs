@@ -263,14 +263,16 @@ async fn run_seed(seed: u64, cluster: &PrivatePg) -> SeedResult {
                     .filter(|s| s.readings.is_empty())
                     .count();
                 println!(
-                    "  age signal: {} samples ({unread} before any relay's first read), oldest unsent up to {:.1} s (derived up to {:.1} s), up to {:.1} s while a relay was down",
+                    "  age signal: {} samples ({unread} before any relay's first read), oldest unsent up to {:.1} s (derived up to {:.1} s), up to {:.1} s while no relay could read",
                     evidence.signal.len(),
                     ages(&|s| s.truth.map(|c| s.at - c)),
                     ages(&|s| s.picked().map(|r| s.at - r.oldest)),
                     ages(&|s| {
+                        // Every relay's table down (a failed or overdue read), or the relay not
+                        // answering the scrape (stopped, killed).
                         s.readings
                             .iter()
-                            .any(|r| r.up == 0.0 || s.at - r.scraped > 1.0)
+                            .all(|r| r.up == 0.0 || s.at - r.scraped > 1.0)
                             .then_some(s.truth.map(|c| s.at - c))
                             .flatten()
                     }),
