@@ -83,6 +83,12 @@ use support::pg::PrivatePg;
 /// | 52 | the same on DELETE at 75 ms, 3 relays, sigstop | with only the fix above: the refusal met on a new connection (`SettlementRewritten`) was still retried every 0.1 s until the lease ended, and the takeovers after it spent attempts |
 /// | 74 | row-level security hiding every row from the relays' role at 1.8 s, FIFO, 2 relays | none (the relays named it): the cell of "a backlog the relay cannot see is reported" |
 ///
+/// Issue 45's age signal (what a scraper derives from `/metrics`, sampled through the run) is
+/// checked in every seed and draws nothing, so no plan changed: 381 caught its defect (the
+/// statistics reported the lowest unsent id's `created_at`; a cached-id row hid older ones),
+/// and 115 (its redraw), 640, 49, 74, 288 and 595 have rows waiting while no relay can read
+/// (docs/guarantees.md, "The age signal").
+///
 /// And two found by `--minutes` runs, which failed replays before their fixes:
 ///
 /// | seed | cell | caught, before the fix |
