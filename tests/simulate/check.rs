@@ -238,7 +238,17 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
         }
         let replayed = replays.get(w.event_id.as_str()).copied().unwrap_or(0);
         let allowed = 1 + replayed + undone_copies;
-        if (plan.keeps_rows() || plan.hides_rows()) && got > allowed {
+        let holders: Vec<&str> = claims_of_row
+            .get(&w.id)
+            .into_iter()
+            .flatten()
+            .map(|t| claims[t].owner.as_str())
+            .collect();
+        // A relay whose acknowledgements were lost (SQS's answers slowed or partly failed) sends
+        // copies whatever undoes its settlements: those are the next branch's to judge (seed
+        // 14172503877484800111: a partial batch failure, then a keep-rows rule, three copies).
+        let held_by_faulted = holders.iter().any(|o| faulted(o));
+        if (plan.keeps_rows() || plan.hides_rows()) && got > allowed && !held_by_faulted {
             report.add(
                 "settlements that change nothing cost at most one copy per relay",
                 format!(
@@ -247,12 +257,6 @@ pub fn check(plan: &Plan, ev: &Evidence) -> Vec<Violation> {
                 ),
             );
         } else if got > allowed {
-            let holders: Vec<&str> = claims_of_row
-                .get(&w.id)
-                .into_iter()
-                .flatten()
-                .map(|t| claims[t].owner.as_str())
-                .collect();
             if plan.faults.is_empty() {
                 report.add(
                     "a seed without faults delivers every row exactly once",
