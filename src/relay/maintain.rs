@@ -76,7 +76,7 @@ impl Relay {
         }
     }
 
-    /// One refresh: unparking first, then the gauges.
+    /// One refresh: the gauges first, then unparking.
     pub(super) async fn stats_pass(&self) {
         *self.last_stats.lock().expect("stats lock") = Some(Instant::now());
         // Row-level security turned on since the relay connected: its counts would leave out
@@ -92,10 +92,6 @@ impl Relay {
             Ok(None) => self.rows_hidden(None),
             Err(_) => {}
         }
-        // First, so that rows parked behind a head that comes back now are released in the
-        // same pass.
-        self.unpark_destinations().await;
-        self.maintain_blocked_groups().await;
         self.sweep_if_due().await;
         let began = SystemTime::now();
         let stats = self.upkeep.stats().await;
@@ -105,6 +101,14 @@ impl Relay {
                 .ok()
                 .map(|s| Read::new(began, s.oldest_unsent_age_seconds)),
         );
+        // After the read: rows parked for a queue that is still missing are unparked here and
+        // parked again by the claim that follows within milliseconds, so a read just after the
+        // unparking is the one moment their quarantine looks empty, and every --retry-max it
+        // reset OutboxQuarantineNotEmpty's `for:` (it never fired for a destination park).
+        // Destinations first, so that rows parked behind a head that comes back now are
+        // released in the same pass.
+        self.unpark_destinations().await;
+        self.maintain_blocked_groups().await;
         match stats {
             Ok(s) => {
                 self.health.set_database_ok(true);

@@ -694,7 +694,7 @@ impl Relay {
             }
         }
         if look.is_some_and(|l| l.parked_due) {
-            // The statistics pass unparks first: run it now.
+            // The statistics pass unparks (after its read): run it now.
             *self.last_stats.lock().expect("stats lock") = None;
         }
         let background = CancellationToken::new();
