@@ -30,7 +30,7 @@ fn request(limit: i64) -> ClaimRequest {
 }
 
 /// Every ordered strategy, with `--on-poison skip` where a quarantined row lets its group on.
-fn ordered_strategies(skip_poison: bool) -> Vec<(&'static str, ClaimStrategy)> {
+pub(crate) fn ordered_strategies(skip_poison: bool) -> Vec<(&'static str, ClaimStrategy)> {
     let ordered = |scope: OrderScope, by: OrderBy| Ordered {
         key: KeyColumn::AggregateId,
         routing: Default::default(),
@@ -72,7 +72,7 @@ fn ordered_strategies(skip_poison: bool) -> Vec<(&'static str, ClaimStrategy)> {
 }
 
 /// A table with what every strategy needs: the fair key's index and the writing transaction.
-async fn table_for_every_strategy() -> TestDb {
+pub(crate) async fn table_for_every_strategy() -> TestDb {
     let db = migrated_db().await;
     migrate_with(
         &db,
