@@ -122,6 +122,10 @@ async fn iam_tokens_are_fresh_for_every_connection_and_the_relay_outlives_their_
         "{}",
         relay.output()
     );
+    // Settled before its connections are cut, so the count below is of the events written after
+    // the cut: a settlement the cut interrupts is retried on the next connection (the one under
+    // test), and its five are sent again should that outlast their lease.
+    wait_count(&client, "sent_at IS NOT NULL", 5, Duration::from_secs(30)).await;
 
     // Tokens from now on last 2 s; every one the relay holds is made stale before its
     // connections are cut, so only a token signed anew gets it back in.
@@ -250,8 +254,9 @@ async fn a_password_file_rotated_in_place_is_read_at_the_next_connection() {
         "{}",
         relay.output()
     );
-    // Settled before its connections are cut: a settlement cut off would send these five again,
-    // and the count below would be of copies, not of the events written after the rotation.
+    // Settled before its connections are cut, so the count below is of the events written after
+    // the rotation: a settlement the cut interrupts is retried on the next connection (the one
+    // under test), and its five are sent again should that outlast their lease.
     wait_count(&admin, "sent_at IS NOT NULL", 5, Duration::from_secs(30)).await;
 
     // Rotation as Kubernetes does it: the new content appears at once, in place (a rename).

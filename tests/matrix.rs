@@ -721,25 +721,28 @@ fn error_lines(relays: &[Arc<RelayProcess>]) -> String {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_combination_delivers_through_a_kill_9_a_lost_acknowledgement_and_poisoned_rows() {
-    let started = Instant::now();
-    // `OUTBOX_TEST_MATRIX=fifo/fair` runs only the cells whose name contains it, to reproduce one.
+/// The cells whose name contains `OUTBOX_TEST_MATRIX` (e.g. `fifo/fair`, to reproduce one),
+/// every cell without it. A filter that matches none fails here, naming the cells there are:
+/// otherwise the test would run nothing and pass.
+pub(crate) fn chosen<C: fmt::Display>(cells: Vec<C>) -> Vec<C> {
     let only = std::env::var("OUTBOX_TEST_MATRIX").unwrap_or_default();
-    let chosen: Vec<Cell> = cells()
+    let names: Vec<String> = cells.iter().map(ToString::to_string).collect();
+    let chosen: Vec<C> = cells
         .into_iter()
         .filter(|c| c.to_string().contains(&only))
         .collect();
-    // A filter that matches no cell would run nothing and pass.
     assert!(
         !chosen.is_empty(),
-        "OUTBOX_TEST_MATRIX={only:?} matches no cell; the cells are: {}",
-        cells()
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+        "OUTBOX_TEST_MATRIX={only:?} matches none of this test's cells: {}",
+        names.join(", ")
     );
+    chosen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_combination_delivers_through_a_kill_9_a_lost_acknowledgement_and_poisoned_rows() {
+    let started = Instant::now();
+    let chosen = chosen(cells());
     let outcomes: Vec<(Cell, Duration, Result<String, String>)> =
         futures_util::stream::iter(chosen)
             .map(|cell| async move {

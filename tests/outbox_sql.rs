@@ -741,3 +741,67 @@ async fn two_heads_of_one_group_are_each_claimed_once() {
     let ids: Vec<&str> = rows.iter().map(|r| r.event_id.as_str()).collect();
     assert_eq!(ids, ["gap-1", "gap-3"], "each head once");
 }
+
+/// Under `--on-poison skip` a quarantined row no longer holds its group, but a row the relay
+/// parked is not poison: one parked `blocked` (behind a quarantined head, by a relay that ran
+/// with `--on-poison block`) or `destination` (its queue refused the relay) still holds the rows
+/// behind it. Every ordered strategy's skip-poison claim, run on a table with three groups whose
+/// heads are parked `blocked`, parked `destination` and quarantined `invalid`: only the
+/// poisoned group's next row is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skipping_poison_never_skips_rows_the_relay_parked() {
+    let mut wrong = Vec::new();
+    for (name, strategy) in crate::claim_races::ordered_strategies(true) {
+        let db = crate::claim_races::table_for_every_strategy().await;
+        let client = db.client().await;
+        let mut rows = Vec::new();
+        for group in ["blocked", "destination", "poison"] {
+            for mut e in events(group, 2, 1) {
+                e.aggregate_id = group.into();
+                // Bound for a FIFO queue, so the strategies that order only such rows order them.
+                e.queue_url = Some("https://sqs.example/000/g.fifo".into());
+                rows.push(e);
+            }
+        }
+        insert(&client, &rows, Duration::ZERO).await;
+        client
+            .batch_execute(
+                "UPDATE outbox SET quarantined_at = now(), quarantine_reason = CASE event_id
+                     WHEN 'blocked-0' THEN 'blocked'
+                     WHEN 'destination-0' THEN 'destination'
+                     ELSE 'invalid' END
+                 WHERE event_id IN ('blocked-0', 'destination-0', 'poison-0')",
+            )
+            .await
+            .unwrap();
+        let s = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+            .unwrap()
+            .claim_strategy(strategy)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        // With --order-by transaction a row is claimable once no older transaction of the
+        // cluster runs (other tests hold some open): claimed again until the claim takes rows.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let claimed = loop {
+            let rows = s
+                .claim(&request("poison", Duration::from_secs(30), 10))
+                .await
+                .unwrap()
+                .rows;
+            if !rows.is_empty() || std::time::Instant::now() >= deadline {
+                break rows;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let ids: Vec<&str> = claimed.iter().map(|r| r.event_id.as_str()).collect();
+        if ids != ["poison-1"] {
+            wrong.push(format!("{name}: {ids:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "claims that did not take exactly the row behind the poison: {wrong:#?}"
+    );
+}

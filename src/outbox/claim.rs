@@ -806,6 +806,8 @@ mod tests {
     }
 
     /// The SQL's text only: the two parked reasons are named in the skip-poison claim's filter.
+    /// That the claim then holds a parked row's group on a table is the integration test
+    /// `outbox_sql::skipping_poison_never_skips_rows_the_relay_parked`.
     #[test]
     fn the_skip_poison_claim_exempts_the_parked_reasons_by_name() {
         let sql = ClaimStrategy::Ordered(Ordered {
