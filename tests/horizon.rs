@@ -542,8 +542,11 @@ async fn assert_claims_and_looks_seek(db: &TestDb, settled_rows: i64, settled_cl
             from_start >= 60,
             "{name}: from the start of the index it should read the settled rows' pages: {from_start} buffers"
         );
+        // The claim read 38 buffers from its floors alone and 42 with the whole suite running
+        // beside it (the lease table's pages vary with the claims made meanwhile): the bound is
+        // a few index pages and the waiting rows', against the hundreds from the start.
         assert!(
-            from_floors * 5 < from_start && from_floors <= 40,
+            from_floors * 5 < from_start && from_floors <= 60,
             "{name}: from the floors it read {from_floors} buffers, from the start {from_start}"
         );
     }
