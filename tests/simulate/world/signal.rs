@@ -57,8 +57,9 @@ pub struct Sample {
     /// Of the unsent rows the rule's pick (the reading with the newest `oldest`) could know
     /// of, the oldest: `(created_at, id)`. A row it could know of became unsent (inserted,
     /// replayed, re-driven, unparked) in a transaction committed before that read began, and,
-    /// where it may have done so below the relay's floor (a row of a higher id committed
-    /// before it: docs/guarantees.md section 12), also a whole sweep gap before.
+    /// where it may have done so below the relay's floor (made unsent again after its insert,
+    /// which a relay may have claimed and passed; or a row of a higher id committed before
+    /// it: docs/guarantees.md section 12), also a whole sweep gap before.
     pub known: Option<(f64, i64)>,
     /// The oldest `created_at` of the rows unsent now or sent, deleted or quarantined for good
     /// in a transaction committed after the freshest read began: no row unsent at that read
@@ -102,12 +103,13 @@ WITH unsent AS (
     FROM sim.log
     WHERE tbl = 'outbox'
 ), inserted AS (
-    SELECT id, min(committed) OVER (ORDER BY id DESC ROWS BETWEEN UNBOUNDED PRECEDING
-                                                         AND 1 PRECEDING) AS above
+    SELECT id, committed AS born,
+           min(committed) OVER (ORDER BY id DESC ROWS BETWEEN UNBOUNDED PRECEDING
+                                                  AND 1 PRECEDING) AS above
     FROM log
     WHERE op = 'I'
 ), since AS (
-    SELECT id, max(committed) AS since, max(committed) FILTER (WHERE op = 'I') AS ins
+    SELECT id, max(committed) AS since
     FROM log
     WHERE op = 'I'
        OR (op = 'U' AND NOT new_sent AND new_reason IS NULL
@@ -122,7 +124,7 @@ WITH unsent AS (
     -- made unsent again by an update (a replay, a re-drive, an unpark) may lie below a floor
     -- that passed it when it was sent, whatever was inserted since.
     WHERE s.since < $1::float8 - 0.05
-      AND ((s.since = s.ins AND (i.above IS NULL OR s.since <= i.above))
+      AND ((s.since <= i.born AND (i.above IS NULL OR s.since <= i.above))
            OR s.since + $3::float8 < $1::float8)
 ), gone AS (
     SELECT created
