@@ -176,14 +176,18 @@ fn describe() {
         Unit::Seconds,
         "when this relay process started, in seconds since the epoch"
     );
-    let started = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
-    metrics::gauge!(PROCESS_START_TIME).set(started);
+    metrics::gauge!(PROCESS_START_TIME).set(unix_seconds(std::time::SystemTime::now()));
     metrics::counter!(EVENTS_SENT).absolute(0);
     metrics::counter!(OFFLOADED).absolute(0);
     metrics::counter!(LEASE_LOST).absolute(0);
+}
+
+/// `t` in seconds since the epoch, as Prometheus's `time()` counts them and the series that
+/// are times carry them.
+pub fn unix_seconds(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
 }
 
 /// What the probes report, updated by the relay loop.

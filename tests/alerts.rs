@@ -381,6 +381,54 @@ async fn rows_read(prometheus: &Prometheus, scenario: &str, labels: &str, create
         .await;
 }
 
+/// What each failure on the database's side begins with: a relay of `scenario` that reaches
+/// its database as `relayed` (through whatever the scenario puts in between), SQS answering
+/// `mode` so that nothing is sent, and rows written on `direct` already [`BACKDATED`] seconds
+/// old, which Prometheus has seen the relay read. Returns the relay and the SQS proxy, to keep
+/// for the scenario's length, and the rows' `created_at`.
+async fn rows_waiting(
+    prometheus: &Prometheus,
+    scenario: &'static str,
+    relayed: &TestDb,
+    direct: &TestDb,
+    mode: Mode,
+) -> (RelayProcess, FaultProxy, f64) {
+    let queue = create_queue(&format!("alerts-{scenario}"), &[]).await;
+    let proxy = FaultProxy::start(sqs().endpoint());
+    proxy.set_mode(mode);
+    let (relay, _) = relay(
+        prometheus,
+        scenario,
+        relay_args(relayed, &queue, proxy.endpoint(), &[]),
+    )
+    .await;
+    let client = direct.client().await;
+    let created = backdated_rows(&client, "outbox", scenario, 5).await;
+    rows_read(prometheus, scenario, "", created).await;
+    (relay, proxy, created)
+}
+
+/// The two alerts a relay that cannot read its table, with rows waiting since `created`, must
+/// fire: it cannot read, and the oldest row's age.
+async fn cannot_read_and_age(
+    prometheus: &Prometheus,
+    scenario: &'static str,
+    began: f64,
+    created: f64,
+) -> Vec<Result<Fired, String>> {
+    let (age, down) = tokio::join!(
+        fires(
+            prometheus,
+            Expect::new(scenario, "OutboxOldestUnsentAgeHigh", began).aged_from(created)
+        ),
+        fires(
+            prometheus,
+            Expect::new(scenario, "OutboxRelayCannotReadTable", began).waiting(created)
+        ),
+    );
+    vec![age, down]
+}
+
 /// PostgreSQL stopped for 75 s with rows waiting (SQS unreachable, so none is sent before), as issue 45 measured it: what a
 /// scraper derives from `/metrics` is checked against the truth at every scrape.
 async fn postgres_stopped(prometheus: &Prometheus) -> (Vec<Result<Fired, String>>, String) {
@@ -388,30 +436,10 @@ async fn postgres_stopped(prometheus: &Prometheus) -> (Vec<Result<Fired, String>
     let cluster = PrivatePg::start().await;
     let db = cluster.create_db().await;
     migrate(&db, "outbox").await;
-    let queue = create_queue("alerts-pg", &[]).await;
-    let proxy = FaultProxy::start(sqs().endpoint());
-    proxy.set_mode(Mode::Reset);
-    let (relay, _addr) = relay(
-        prometheus,
-        S,
-        relay_args(&db, &queue, proxy.endpoint(), &[]),
-    )
-    .await;
-    let client = db.client().await;
-    let created = backdated_rows(&client, "outbox", "pg", 5).await;
-    rows_read(prometheus, S, "", created).await;
+    let (relay, _proxy, created) = rows_waiting(prometheus, S, &db, &db, Mode::Reset).await;
     let began = now();
     cluster.stop_fast().await;
-    let (age, down) = tokio::join!(
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxOldestUnsentAgeHigh", began).aged_from(created)
-        ),
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxRelayCannotReadTable", began).waiting(created)
-        ),
-    );
+    let fired = cannot_read_and_age(prometheus, S, began, created).await;
     let until = began + DATABASE_DOWN.as_secs_f64();
     tokio::time::sleep(Duration::from_secs_f64((until - now()).max(0.0))).await;
     // Every scrape of the outage: the age derived from the timestamp against the truth, and the
@@ -483,7 +511,7 @@ async fn postgres_stopped(prometheus: &Prometheus) -> (Vec<Result<Fired, String>
         worst.1,
         worst.0 - created
     );
-    (vec![age, down], report)
+    (fired, report)
 }
 
 /// PgBouncer stops letting the relay in: every client connection of the database killed, new
@@ -505,18 +533,7 @@ async fn pooler_refuses_logins(prometheus: &Prometheus) -> Vec<Result<Fired, Str
         name: db.name.clone(),
         url: bouncer.url_for(&db.name),
     };
-    let queue = create_queue("alerts-pooler", &[]).await;
-    let proxy = FaultProxy::start(sqs().endpoint());
-    proxy.set_mode(Mode::Error500);
-    let (_relay, _) = relay(
-        prometheus,
-        S,
-        relay_args(&pooled, &queue, proxy.endpoint(), &[]),
-    )
-    .await;
-    let client = db.client().await;
-    let created = backdated_rows(&client, "outbox", "pooler", 5).await;
-    rows_read(prometheus, S, "", created).await;
+    let (_relay, _proxy, created) = rows_waiting(prometheus, S, &pooled, &db, Mode::Error500).await;
     let admin = bouncer.client("pgbouncer").await;
     let began = now();
     admin
@@ -527,17 +544,7 @@ async fn pooler_refuses_logins(prometheus: &Prometheus) -> Vec<Result<Fired, Str
         .simple_query(&format!("KILL {}", db.name))
         .await
         .expect("KILL");
-    let (age, down) = tokio::join!(
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxOldestUnsentAgeHigh", began).aged_from(created)
-        ),
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxRelayCannotReadTable", began).waiting(created)
-        ),
-    );
-    vec![age, down]
+    cannot_read_and_age(prometheus, S, began, created).await
 }
 
 /// Every connection of the relay to its database goes dark, and so does every new one: no
@@ -550,31 +557,11 @@ async fn connections_dark(prometheus: &Prometheus) -> Vec<Result<Fired, String>>
         name: db.name.clone(),
         url: link.url_through(&db.url),
     };
-    let queue = create_queue("alerts-dark", &[]).await;
-    let proxy = FaultProxy::start(sqs().endpoint());
-    proxy.set_mode(Mode::Error500);
-    let (_relay, _) = relay(
-        prometheus,
-        S,
-        relay_args(&through, &queue, proxy.endpoint(), &[]),
-    )
-    .await;
-    let client = db.client().await;
-    let created = backdated_rows(&client, "outbox", "dark", 5).await;
-    rows_read(prometheus, S, "", created).await;
+    let (_relay, _proxy, created) =
+        rows_waiting(prometheus, S, &through, &db, Mode::Error500).await;
     let began = now();
     link.blackhole_all();
-    let (age, down) = tokio::join!(
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxOldestUnsentAgeHigh", began).aged_from(created)
-        ),
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxRelayCannotReadTable", began).waiting(created)
-        ),
-    );
-    vec![age, down]
+    cannot_read_and_age(prometheus, S, began, created).await
 }
 
 /// SQS answers nothing the relay can use: `mode` from the first request on (connections
@@ -709,18 +696,9 @@ async fn row_level_security(prometheus: &Prometheus) -> Vec<Result<Fired, String
         name: db.name.clone(),
         url: crate::ops_check::url_as(&db, &relay_role, &relay_pw),
     };
-    let queue = create_queue("alerts-rls", &[]).await;
-    let proxy = FaultProxy::start(sqs().endpoint());
-    proxy.set_mode(Mode::Error500);
-    let (_relay, _) = relay(
-        prometheus,
-        S,
-        relay_args(&as_relay, &queue, proxy.endpoint(), &[]),
-    )
-    .await;
+    let (_relay, _proxy, created) =
+        rows_waiting(prometheus, S, &as_relay, &db, Mode::Error500).await;
     let admin = db.client().await;
-    let created = backdated_rows(&admin, "outbox", "rls", 5).await;
-    rows_read(prometheus, S, "", created).await;
     let began = now();
     admin
         .batch_execute(
@@ -730,21 +708,15 @@ async fn row_level_security(prometheus: &Prometheus) -> Vec<Result<Fired, String
         )
         .await
         .expect("turn row-level security on");
-    let (undone, down, age) = tokio::join!(
+    let (undone, mut read_and_age) = tokio::join!(
         fires(
             prometheus,
             Expect::new(S, "OutboxSettlementsUndone", began).waiting(created)
         ),
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxRelayCannotReadTable", began).waiting(created)
-        ),
-        fires(
-            prometheus,
-            Expect::new(S, "OutboxOldestUnsentAgeHigh", began).aged_from(created)
-        ),
+        cannot_read_and_age(prometheus, S, began, created),
     );
-    vec![undone, down, age]
+    read_and_age.insert(0, undone);
+    read_and_age
 }
 
 /// A rule that turns the relay's settlements into nothing: the relay sends the rows once and

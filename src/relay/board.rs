@@ -224,7 +224,7 @@ impl Board {
         reads::render(
             &mut out,
             &labelled,
-            reads::unix(SystemTime::now()),
+            names::unix_seconds(SystemTime::now()),
             self.overdue,
         );
         let skipped = self.skipped.lock().expect("board lock").clone();

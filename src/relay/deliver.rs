@@ -1,7 +1,7 @@
 //! Delivering one claim: plan -> send -> decide -> apply -> settle.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
@@ -146,7 +146,7 @@ impl Relay {
         Decide::new(
             policy,
             now,
-            unix_now(),
+            crate::metrics::unix_seconds(SystemTime::now()),
             self.pressure.failures(),
             fastrand::f64,
         )
@@ -367,11 +367,4 @@ pub(super) enum Undone {
     Unchanged(u64),
     /// The server refused the settling statement itself (a rule that rewrites it).
     Refused(String),
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
 }

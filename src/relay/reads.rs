@@ -7,9 +7,9 @@
 
 use std::fmt::Write;
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use crate::metrics as names;
+use crate::metrics::{self as names, unix_seconds};
 
 /// One successful read of a table's oldest unsent row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -25,7 +25,7 @@ pub struct Read {
 impl Read {
     /// A read that began at `began` and found the oldest unsent row that old (0: none).
     pub fn new(began: SystemTime, oldest_unsent_age_seconds: f64) -> Read {
-        let at = unix(began);
+        let at = unix_seconds(began);
         Read {
             at,
             oldest_unsent_at: at - oldest_unsent_age_seconds.max(0.0),
@@ -159,23 +159,17 @@ impl Reads {
         render(
             &mut out,
             &[(String::new(), seen)],
-            unix(SystemTime::now()),
+            unix_seconds(SystemTime::now()),
             self.overdue,
         );
         out
     }
 }
 
-/// Seconds since the epoch, as Prometheus's `time()` counts them.
-pub fn unix(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::UNIX_EPOCH;
 
     const OVERDUE: Duration = Duration::from_secs(10);
 
