@@ -178,7 +178,7 @@ async fn check_database(
         }
         _ => (outbox, table),
     };
-    let reachable = format!("database reachable at {}", outbox.target());
+    let reachable = format!("database reachable at {}", outbox.connector().target());
     let facts = match outbox.inspect().await {
         Err(e @ OutboxError::Connect { .. }) => {
             report.add(reachable, Err(e.to_string()));
@@ -259,6 +259,7 @@ async fn check_session(db: &crate::outbox::DatabaseConfig, outbox: &Outbox, repo
     report.add(
         format!("connections: --pooler {}", db.pooler),
         outbox
+            .connector()
             .pooler_report()
             .await
             .map(Some)
@@ -292,6 +293,7 @@ async fn check_wakeup(config: &RunConfig, outbox: &Outbox, report: &mut Report) 
     };
     let verdict = verdict.and_then(|v| {
         outbox
+            .connector()
             .pooler_allows(config.claim.wakeup)
             .map(|()| v)
             .map_err(|e| e.to_string())

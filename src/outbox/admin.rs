@@ -1,6 +1,7 @@
 //! Operators' commands on quarantined rows: list and re-drive.
 
-use super::{query_err, Outbox, OutboxError};
+use super::error::{query_err, OutboxError};
+use super::store::Outbox;
 
 impl Outbox {
     /// Quarantined rows, oldest first.
@@ -12,7 +13,7 @@ impl Outbox {
         let client = self.raw_connect().await?;
         self.resolve_channel(&client).await?;
         let rows = client
-            .query(&self.sql.quarantine_list, &[&reason, &limit])
+            .query(&self.statements().quarantine_list, &[&reason, &limit])
             .await
             .map_err(query_err("listing quarantined rows"))?;
         // The application's columns are what a quarantined row most often has wrong (NULL,
@@ -48,7 +49,10 @@ impl Outbox {
             RetrySelection::All { reason } => (None, None, true, reason.as_deref()),
         };
         let rows = client
-            .write_in_transaction(&self.sql.quarantine_retry, &[&id, &event_id, &all, &reason])
+            .write_in_transaction(
+                &self.statements().quarantine_retry,
+                &[&id, &event_id, &all, &reason],
+            )
             .await
             .map_err(query_err("re-driving quarantined rows"))?;
         let moved = Redriven {
@@ -70,7 +74,7 @@ impl Outbox {
         let channel = self.resolve_channel(&client).await?;
         let sql = super::template::render(
             include_str!("../../sql/replay.sql"),
-            &[("table", super::template::Value::Table(&self.table))],
+            &[("table", super::template::Value::Table(self.table()))],
         )
         .map_err(OutboxError::Template)?;
         let row = client

@@ -446,6 +446,66 @@ impl ClaimStrategy {
     }
 }
 
+/// A statement that parks (sql/park_blocked.sql) or unparks (sql/unpark_blocked.sql) the rows
+/// behind a blocking order's quarantined heads, with `aliases` the template's two row aliases.
+pub(crate) fn park_sql(
+    table: &TableName,
+    ordered: &Ordered,
+    template: &str,
+    aliases: [&str; 2],
+) -> Result<String, String> {
+    let (a, b) = (aliases[0], aliases[1]);
+    let key = &ordered.key;
+    let claims = table.claims();
+    // Every claim's rows, expired or not: a claim that ended may still be settling.
+    let leased_ids = render(
+        "SELECT unnest(l.ids) FROM {claims} AS l",
+        &[("claims", Value::Table(&claims))],
+    )?;
+    let in_flight = in_flight(table, ordered, &leased_ids)?;
+    let nothing_in_flight = nothing_in_flight(ordered, b)?;
+    render(
+        template,
+        &[
+            ("table", Value::Table(table)),
+            ("claims", Value::Table(&claims)),
+            ("in_flight", Value::Sql(&in_flight)),
+            (
+                &format!("nothing_in_flight_{b}"),
+                Value::Sql(&nothing_in_flight),
+            ),
+            (&format!("key_{a}"), Value::Sql(&key_sql(key, Some(a)))),
+            (&format!("key_{b}"), Value::Sql(&key_sql(key, Some(b)))),
+            (
+                &format!("dest_{a}"),
+                Value::Sql(&destination_sql(ordered, a)?),
+            ),
+            (
+                &format!("dest_{b}"),
+                Value::Sql(&destination_sql(ordered, b)?),
+            ),
+            (
+                "ordered_o",
+                Value::Sql(&fifo_bound(&ordered.scope, "o", "$1")),
+            ),
+            (&format!("carried_{a}"), Value::Sql(&ordered.by.carried(a))),
+            (
+                &format!("order_{a}"),
+                Value::Sql(&ordered.by.columns(Some(a))),
+            ),
+            (
+                &format!("position_{a}"),
+                Value::Sql(&ordered.by.position(a)),
+            ),
+            (
+                &format!("position_{b}"),
+                Value::Sql(&ordered.by.position(b)),
+            ),
+            ("position_head", Value::Sql(&ordered.by.position("head"))),
+        ],
+    )
+}
+
 /// The `in_flight` CTE (sql/in_flight.sql) over the ids `leased_ids` selects: the groups of
 /// the rows claims hold, for [`nothing_in_flight`].
 pub(crate) fn in_flight(

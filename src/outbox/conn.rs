@@ -32,7 +32,7 @@ use tokio::sync::Mutex;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Error, Row, Statement};
 
-use super::Pooler;
+use super::pooler::Pooler;
 
 /// The relay's own commits do not wait for their WAL flush, and its statements are never JIT
 /// compiled (see `session`); per transaction, through a pooler.

@@ -11,7 +11,7 @@
 use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
 
-use super::OutboxError;
+use super::error::OutboxError;
 use crate::destination::Destination;
 use crate::row::{ClaimedRow, QuarantineReason, QuarantinedAtClaim, Unreadable};
 

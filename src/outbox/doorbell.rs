@@ -24,9 +24,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_postgres::error::SqlState;
 
-use super::Conn;
+use super::conn::Conn;
 
-use super::{query_err, quote_ident, Outbox, OutboxError};
+use super::error::{query_err, OutboxError};
+use super::ident::quote_ident;
+use super::store::Outbox;
 use stream::{Decoder, ServerMessage};
 use wire::{Wire, WireError};
 
@@ -157,7 +159,7 @@ impl Outbox {
     /// The publication's name, once it is known to publish the table's inserts.
     async fn ready_publication(&self, client: &Conn) -> Result<String, OutboxError> {
         let name = self.resolve_channel(client).await?;
-        let base = self.base.as_ref().unwrap_or(&self.table);
+        let base = self.base_or_table();
         let found = client
             .query_opt(
                 include_str!("../../sql/publication.sql"),
@@ -185,7 +187,8 @@ impl Outbox {
         publication: Option<&str>,
     ) -> Result<(Wire, String), OutboxError> {
         let limit = self
-            .pg
+            .connector()
+            .config()
             .get_connect_timeout()
             .copied()
             .unwrap_or(Duration::from_secs(10));
@@ -193,14 +196,15 @@ impl Outbox {
         // step that hung.
         let deadline = tokio::time::Instant::now() + limit;
         // This connection's password (a file read now, a token signed now), as for the others.
-        let pg = match tokio::time::timeout_at(deadline, self.connect_settings()).await {
+        let pg = match tokio::time::timeout_at(deadline, self.connector().connect_settings()).await
+        {
             Ok(pg) => pg?,
             Err(_) => {
                 return Err(OutboxError::Connect {
-                    target: self.target(),
+                    target: self.connector().target(),
                     reason: format!(
                         "no password from {} within {} (--connect-timeout)",
-                        self.passwords.source(),
+                        self.connector().passwords().source(),
                         humantime::format_duration(limit)
                     ),
                 })
@@ -211,7 +215,7 @@ impl Outbox {
                 deadline,
                 limit,
                 Step::Connect,
-                Wire::connect(&pg, &self.tls),
+                Wire::connect(&pg, self.connector().tls()),
             )
             .await?;
         // A walsender waiting to create a slot does not notice its client leave: it waits on
@@ -268,7 +272,7 @@ impl Outbox {
             Ok(Ok(done)) => Ok(done),
             Ok(Err(e)) => Err(self.handshake_error(step, e)),
             Err(_) => Err(OutboxError::Connect {
-                target: self.target(),
+                target: self.connector().target(),
                 reason: format!(
                     "{} did not finish within {} (--connect-timeout){}",
                     step.doing(),
@@ -304,7 +308,7 @@ impl Outbox {
             WireError::Server(server) => match logical_prerequisite(&server, &self.user_name()) {
                 Some(line) => OutboxError::Wakeup(line),
                 None if step == Step::Connect => OutboxError::Connect {
-                    target: self.target(),
+                    target: self.connector().target(),
                     reason: server.to_string(),
                 },
                 None => OutboxError::Replication {
@@ -314,7 +318,7 @@ impl Outbox {
                 },
             },
             WireError::Io(reason) => OutboxError::Connect {
-                target: self.target(),
+                target: self.connector().target(),
                 reason: format!("{}: {reason}", step.doing()),
             },
         }
@@ -337,14 +341,14 @@ impl Outbox {
     fn lost(&self, reason: String) -> OutboxError {
         OutboxError::Replication {
             context: "logical-decoding doorbell",
-            detail: format!("{reason} ({})", self.target()),
+            detail: format!("{reason} ({})", self.connector().target()),
             code: None,
         }
     }
 
     /// The role we log in as, for messages (never the password).
     fn user_name(&self) -> String {
-        match self.pg.get_user() {
+        match self.connector().config().get_user() {
             Some(user) => user.to_string(),
             None => whoami::username().unwrap_or_else(|_| "(the OS user)".to_string()),
         }

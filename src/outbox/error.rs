@@ -2,7 +2,7 @@
 
 use tokio_postgres::error::SqlState;
 
-use super::SCHEMA_VERSION;
+use super::schema::SCHEMA_VERSION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
@@ -256,6 +256,19 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// What a row of sql/row_security.sql says of `table`: the refusal when row-level security
+/// applies to the role and no policy lets it see and settle every row.
+pub(super) fn hidden_by_row_security(
+    row: &tokio_postgres::Row,
+    table: String,
+) -> Option<OutboxError> {
+    (row.get::<_, bool>(0) && !row.get::<_, bool>(1)).then(|| OutboxError::RowSecurity {
+        table,
+        policies: row.get(2),
+        role: row.get(3),
+    })
 }
 
 #[cfg(test)]

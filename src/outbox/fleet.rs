@@ -3,12 +3,13 @@
 //! each relay renews every few seconds, the live fleet `status` lists, and what keeps
 //! `migrate --contract` from excluding a relay that is still alive.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::conn::Conn;
+use super::error::{query_err, OutboxError};
 use super::session::Session;
+use super::store::Outbox;
 use super::template::{render, Value};
-use super::{query_err, Conn, Outbox, OutboxError};
 use crate::version::{self, Contract, Refusal, Verdict};
 
 /// One relay's registration, as it renews it.
@@ -63,23 +64,6 @@ pub struct LiveRelay {
     pub claiming: bool,
 }
 
-/// This relay's verdict on the latest contract it read, and when: every new connection and
-/// every renewal reads it, and the latest read is the one that counts. Judged when read, so
-/// the claim loop's look before each claim is a lock and a copy.
-#[derive(Debug, Default)]
-pub(super) struct Observed(Mutex<Option<(Verdict, Instant)>>);
-
-impl Observed {
-    fn record(&self, contract: &Contract) {
-        let verdict = version::judge(version::this_relay(), contract);
-        *self.0.lock().expect("contract lock") = Some((verdict, Instant::now()));
-    }
-
-    fn latest(&self) -> Option<(Verdict, Instant)> {
-        self.0.lock().expect("contract lock").clone()
-    }
-}
-
 /// The contract from the version table's row as JSON (sql/contract.sql); no row: version 0.
 fn contract_of(row: Option<serde_json::Value>) -> Result<Contract, OutboxError> {
     let Some(row) = row else {
@@ -103,9 +87,9 @@ impl Outbox {
         render(
             template,
             &[
-                ("relays", Value::Table(&self.table.relays())),
-                ("claims", Value::Table(&self.table.claims())),
-                ("versions", Value::Table(&self.table.versions())),
+                ("relays", Value::Table(&self.table().relays())),
+                ("claims", Value::Table(&self.table().claims())),
+                ("versions", Value::Table(&self.table().versions())),
             ],
         )
         .map_err(OutboxError::Template)
@@ -113,7 +97,7 @@ impl Outbox {
 
     /// Reads the contract on `client` (a new connection) and keeps it as the latest read.
     pub(super) async fn read_contract(&self, client: &Conn) -> Result<Contract, OutboxError> {
-        let versions = self.table.versions();
+        let versions = self.table().versions();
         let exists: bool = client
             .query_one("SELECT to_regclass($1) IS NOT NULL", &[&versions.quoted()])
             .await
@@ -124,14 +108,14 @@ impl Outbox {
             true => client
                 .query_opt(
                     &self.fleet_sql(include_str!("../../sql/contract.sql"))?,
-                    &[&self.table.name],
+                    &[&self.table().name],
                 )
                 .await
                 .map_err(|e| self.unreadable_contract(e))?
                 .map(|r| r.get(0)),
         };
         let contract = contract_of(row)?;
-        self.observed.record(&contract);
+        self.observed().record(&contract);
         Ok(contract)
     }
 
@@ -152,8 +136,8 @@ impl Outbox {
         if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
             return OutboxError::Contract(format!(
                 "the relay's role may not read {} (the schema version and the relay versions it admits): GRANT SELECT ON {} TO <relay role> (sql/roles.sql; `migrate` grants it to the roles that hold the lease table)",
-                self.table.versions(),
-                self.table.versions()
+                self.table().versions(),
+                self.table().versions()
             ));
         }
         query_err("reading the schema's contract")(e)
@@ -162,14 +146,14 @@ impl Outbox {
     /// This relay's verdict on the latest contract read, and when it was read; `None` before
     /// the first read.
     pub fn verdict(&self) -> Option<(Verdict, Instant)> {
-        self.observed.latest()
+        self.observed().latest()
     }
 
     /// The one line for a verdict on this table.
     pub fn refusal(&self, verdict: Verdict) -> Refusal {
         Refusal {
             relay: version::this_relay().clone(),
-            table: self.table.quoted(),
+            table: self.table().quoted(),
             verdict,
         }
     }
@@ -185,7 +169,7 @@ impl Outbox {
         let registry: bool = client
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL",
-                &[&self.table.relays().quoted()],
+                &[&self.table().relays().quoted()],
             )
             .await
             .map_err(query_err("looking up the relay registry"))?
@@ -254,7 +238,7 @@ impl Outbox {
         let sql = self.fleet_sql(include_str!("../../sql/renew.sql"))?;
         let version = version::this_relay().to_string();
         let lease = me.lease.as_secs_f64();
-        let (unsent_floor, claims_floor) = (self.floors.rows(), self.floors.claims());
+        let (unsent_floor, claims_floor) = (self.floors().rows(), self.floors().claims());
         // A write, as the connection allows it (through a pooler: in a transaction that states
         // READ WRITE, whatever the role's default); every few seconds, so made afresh each time
         // rather than kept among the claim path's prepared statements.
@@ -276,7 +260,7 @@ impl Outbox {
                     &me.last_claim,
                     &me.claiming,
                     &lease,
-                    &self.table.name,
+                    &self.table().name,
                     &unsent_floor,
                     &claims_floor,
                 ],
@@ -284,7 +268,7 @@ impl Outbox {
             .await
             .map_err(|e| self.unwritable_registry(e))?;
         let contract = contract_of(row.get(0))?;
-        self.observed.record(&contract);
+        self.observed().record(&contract);
         let ids: Vec<String> = row.get(1);
         let versions: Vec<String> = row.get(2);
         let claiming: Vec<bool> = row.get(3);
@@ -323,10 +307,10 @@ impl Outbox {
         if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) {
             return OutboxError::Contract(format!(
                 "the relay's role may not register in {} or read {}: GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO <relay role>; GRANT SELECT ON {} TO <relay role> (sql/roles.sql; `migrate` grants both to the roles that hold the lease table)",
-                self.table.relays(),
-                self.table.versions(),
-                self.table.relays(),
-                self.table.versions()
+                self.table().relays(),
+                self.table().versions(),
+                self.table().relays(),
+                self.table().versions()
             ));
         }
         query_err("renewing the relay's registration")(e)

@@ -1,7 +1,8 @@
 //! What `outbox-relay check` reads about the table: its columns and the connected role's
 //! privileges, on it and on its lease table. Judging them is `check`'s; this module only asks the catalog.
 
-use super::{query_err, Outbox, OutboxError};
+use super::error::{query_err, OutboxError};
+use super::store::Outbox;
 
 /// How a column must be typed for the relay's statements to work on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +138,7 @@ impl Outbox {
     /// Connects and reads the table's facts; `Ok(None)` when the table does not exist.
     pub async fn inspect(&self) -> Result<Option<TableFacts>, OutboxError> {
         let client = self.raw_connect().await?;
-        let name = self.table.quoted();
+        let name = self.table().quoted();
         let Some(row) = client
             .query_opt(include_str!("../../sql/inspect_table.sql"), &[&name])
             .await
@@ -162,9 +163,9 @@ impl Outbox {
             .collect();
         let mut beside = Vec::new();
         let names = [
-            self.table.claims(),
-            self.table.relays(),
-            self.table.versions(),
+            self.table().claims(),
+            self.table().relays(),
+            self.table().versions(),
         ];
         for ((what, needs), table) in BESIDE.iter().zip(names) {
             let name = table.quoted();
@@ -255,7 +256,7 @@ impl Outbox {
     /// their own on which nothing was set, read with the simple protocol (no statement stays
     /// behind on a pooled server connection).
     pub async fn imposed_settings(&self) -> Result<Vec<ImposedSetting>, OutboxError> {
-        let (client, connection) = self.open().await?;
+        let (client, connection) = self.connector().open().await?;
         tokio::spawn(async move {
             let _ = connection.await;
         });

@@ -5,8 +5,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio_postgres::AsyncMessage;
 
+use super::error::{query_err, OutboxError};
+use super::store::Outbox;
 use super::template::{render, Value};
-use super::{query_err, Outbox, OutboxError};
 
 impl Outbox {
     /// A connection that LISTENs on the table's channel and calls `wake` on each notification.
@@ -17,7 +18,7 @@ impl Outbox {
         wake: impl Fn(),
         on_listening: impl FnOnce(),
     ) -> Result<(), OutboxError> {
-        let (client, mut connection) = self.open().await?;
+        let (client, mut connection) = self.connector().open().await?;
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let driver = tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -36,7 +37,7 @@ impl Outbox {
                 }
             }
         });
-        let client = super::Conn::new(client, self.pooler_in_use());
+        let client = super::Conn::new(client, self.connector().pooler_in_use());
         // As every direct connection of the relay's (see `conn::session_baseline`).
         if !client.pooled() {
             client
@@ -80,7 +81,7 @@ impl Outbox {
         }
         driver.abort();
         Err(OutboxError::Connect {
-            target: self.target(),
+            target: self.connector().target(),
             reason: "the wake-up connection was closed".to_string(),
         })
     }

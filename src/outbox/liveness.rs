@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use super::{Outbox, OutboxError};
+use super::error::OutboxError;
 
 /// tokio-postgres's (and libpq's) keepalive idle time when the URL sets none: two hours, the
 /// kernel's default, which finds nothing in time.
@@ -97,44 +97,6 @@ pub fn set_socket_keepalives(
     #[cfg(not(target_os = "linux"))]
     let _ = secs;
     Ok(())
-}
-
-impl Outbox {
-    /// `run`'s deadline for one round trip, if it set one.
-    pub(crate) fn round_trip(&self) -> Option<Duration> {
-        self.round_trip
-    }
-
-    /// From now on new connections skip hosts that take no writes.
-    pub(crate) fn skip_read_only_hosts(&self) {
-        self.writable_only
-            .store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// How many hosts the URL names: with one, a standby there has no primary to give way to.
-    pub(crate) fn host_count(&self) -> usize {
-        self.pg.get_hosts().len().max(1)
-    }
-
-    /// Every host and port of the URL, for messages (never the password).
-    pub(crate) fn hosts(&self) -> String {
-        use tokio_postgres::config::Host;
-        let ports = self.pg.get_ports();
-        let hosts: Vec<String> = self
-            .pg
-            .get_hosts()
-            .iter()
-            .enumerate()
-            .map(|(i, host)| {
-                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
-                match host {
-                    Host::Tcp(h) => format!("{h}:{port}"),
-                    Host::Unix(p) => format!("{}:{port}", p.display()),
-                }
-            })
-            .collect();
-        hosts.join(",")
-    }
 }
 
 /// Why a connection is dropped and replaced after one of its round trips.
@@ -230,30 +192,6 @@ mod tests {
         apply_keepalives(&mut pg, Duration::from_millis(300));
         assert_eq!(pg.get_keepalives_idle(), Duration::from_secs(1));
         assert_eq!(pg.get_keepalives_interval(), Some(Duration::from_secs(1)));
-    }
-
-    #[tokio::test]
-    async fn after_a_read_only_server_new_connections_skip_read_only_hosts() {
-        use tokio_postgres::config::TargetSessionAttrs;
-        let outbox = Outbox::new(
-            "postgres://u:pw@10.0.0.1:5432,10.0.0.2:5433/app",
-            "outbox".parse().unwrap(),
-            Duration::from_secs(1),
-        )
-        .unwrap()
-        .round_trip_deadline(Duration::from_secs(4));
-        assert_eq!(outbox.hosts(), "10.0.0.1:5432,10.0.0.2:5433");
-        assert_eq!(outbox.round_trip(), Some(Duration::from_secs(4)));
-        let before = outbox.connect_settings().await.unwrap();
-        assert_eq!(before.get_target_session_attrs(), TargetSessionAttrs::Any);
-        assert_eq!(before.get_keepalives_idle(), Duration::from_secs(4));
-        drop(before);
-        outbox.skip_read_only_hosts();
-        let after = outbox.connect_settings().await.unwrap();
-        assert_eq!(
-            after.get_target_session_attrs(),
-            TargetSessionAttrs::ReadWrite
-        );
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, DuplexStream, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
 
-use super::{query_err, Outbox, OutboxError, Wakeup};
+use super::wakeup::Wakeup;
 
 /// How the relay's connections reach PostgreSQL (`--pooler`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -134,106 +134,11 @@ impl Pooler {
     }
 }
 
-impl Outbox {
-    /// What `check` says about `--pooler` (see [`Pooler::describe`]); asks the server which
-    /// port it listens on.
-    pub async fn pooler_report(&self) -> Result<String, OutboxError> {
-        let client = self.raw_connect().await?;
-        let port: Option<i32> = client
-            .query_one("SELECT inet_server_port()", &[])
-            .await
-            .map_err(query_err("asking the server for its port"))?
-            .get(0);
-        let url_port = self.pg.get_ports().first().copied().unwrap_or(5432);
-        let in_use = self.pooler_in_use();
-        let described = in_use.describe(url_port, port);
-        Ok(match self.pooler {
-            Pooler::Auto if in_use.pooled() => {
-                format!("a connection pooler detected (its cancel key is not the server's process): {described}")
-            }
-            Pooler::Auto => format!("no connection pooler detected: {described}"),
-            _ => described,
-        })
-    }
-
-    /// The mode connections use: the configured one, or what `auto` detected (`Auto` until
-    /// the first connection).
-    pub fn pooler_in_use(&self) -> Pooler {
-        self.pooler_detected.get().copied().unwrap_or(self.pooler)
-    }
-
-    /// The mode `other` (an outbox of the same database) detected, so that it is not detected
-    /// (and logged) twice.
-    pub fn pooler_as(self, other: &Outbox) -> Self {
-        if let Some(mode) = other.pooler_detected.get() {
-            let _ = self.pooler_detected.set(*mode);
-        }
-        self
-    }
-
-    /// Whether `wakeup` works through the pooler `auto` detected (an explicit `--pooler` was
-    /// judged with the configuration).
-    pub fn pooler_allows(&self, wakeup: Wakeup) -> Result<(), OutboxError> {
-        match self.pooler == Pooler::Auto && self.pooler_in_use().pooled() {
-            true => Pooler::detected_allows(wakeup).map_err(OutboxError::Pooler),
-            false => Ok(()),
-        }
-    }
-
-    /// Decides the mode from `client`, the first connection, before anything is set on it
-    /// (see [`Pooler::in_use`]); logs what it found, once.
-    pub(super) async fn detect_pooler(
-        &self,
-        client: &tokio_postgres::Client,
-    ) -> Result<Pooler, OutboxError> {
-        if let Some(mode) = self.pooler_detected.get() {
-            return Ok(*mode);
-        }
-        if matches!(self.pooler, Pooler::Session | Pooler::Transaction) {
-            return Ok(self.pooler);
-        }
-        let key_pid = cancel_key_pid(client).await.map_err(|e| {
-            OutboxError::Pooler(format!("cannot read the connection's cancel key: {e}"))
-        })?;
-        // The simple protocol: a statement prepared by name here would stay on a pooled
-        // server connection (its Close goes out later, maybe to another one).
-        let backend: Option<i32> = client
-            .simple_query("SELECT pg_backend_pid()")
-            .await
-            .map_err(query_err("asking the server for its process id"))?
-            .iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(row) => {
-                    row.get(0).and_then(|pid| pid.parse().ok())
-                }
-                _ => None,
-            });
-        let backend = backend.ok_or_else(|| {
-            OutboxError::Pooler("the server did not say its process id".to_string())
-        })?;
-        let mode = self
-            .pooler
-            .in_use(key_pid != backend)
-            .map_err(OutboxError::Pooler)?;
-        if self.pooler_detected.set(mode).is_ok() && self.pooler == Pooler::Auto {
-            match mode.pooled() {
-                true => tracing::info!(
-                    "a connection pooler answers for PostgreSQL (the cancel key is not the server's process): nothing is left on server connections (per-transaction settings, unnamed statements); --pooler session or transaction says so explicitly"
-                ),
-                false => tracing::info!(
-                    "connected to PostgreSQL directly (no pooler detected): session settings and prepared statements"
-                ),
-            }
-        }
-        Ok(mode)
-    }
-}
-
 /// The process id in `client`'s cancel key (BackendKeyData), which tokio-postgres keeps to
 /// itself: its CancelRequest is written into a stream in memory instead of a socket. An
 /// SSLRequest first (any `sslmode` but `disable`) is answered `S`, and the "TLS" is this same
 /// stream, so every mode gets as far as the request itself.
-async fn cancel_key_pid(client: &tokio_postgres::Client) -> io::Result<i32> {
+pub(super) async fn cancel_key_pid(client: &tokio_postgres::Client) -> io::Result<i32> {
     /// int32 length, int32 code, int32 process id, int32 secret key.
     const CANCEL_REQUEST: i32 = 80_877_102;
     let (near, mut far) = tokio::io::duplex(256);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::claim::{ClaimStrategy, OrderScope, Ordered};
 use super::order_by::OrderBy;
-use super::Outbox;
+use super::store::Outbox;
 use crate::row::KeyColumn;
 
 /// The sample table every statement is rendered for: schema-qualified, as production's often are.
@@ -88,15 +88,15 @@ fn expected() -> Vec<(String, String)> {
     let mut files = Vec::new();
     for (name, strategy) in strategies() {
         let o = outbox().claim_strategy(strategy).expect("strategy renders");
-        let mut statements = vec![("claim", o.sql.claim.as_str())];
-        if let Some(park) = &o.sql.park_blocked {
+        let mut statements = vec![("claim", o.statements().claim.as_str())];
+        if let Some(park) = &o.statements().park_blocked {
             statements.push(("park_blocked", park));
         }
-        if let Some(unpark) = &o.sql.unpark_blocked {
+        if let Some(unpark) = &o.statements().unpark_blocked {
             statements.push(("unpark_blocked", unpark));
         }
-        statements.push(("probe", &o.sql.probe));
-        statements.push(("stats", &o.sql.stats));
+        statements.push(("probe", &o.statements().probe));
+        statements.push(("stats", &o.statements().stats));
         files.push((format!("claim_{name}.sql"), file(&statements)));
     }
     let o = outbox();
@@ -108,17 +108,23 @@ fn expected() -> Vec<(String, String)> {
         ("claim_start", plain_start.as_str()),
         ("claim_start_planned_each_time", &custom_start),
         ("claim_start_with_a_deadline", &timed_start),
-        ("settle_delete", &o.sql.settle_delete.full),
-        ("settle_delete_sent_only", &o.sql.settle_delete.sent_only),
-        ("settle_mark_sent", &o.sql.settle_mark.full),
-        ("settle_mark_sent_sent_only", &o.sql.settle_mark.sent_only),
-        ("lost_leases", &o.sql.lost_leases),
-        ("unpark_destination", &o.sql.unpark_destination),
-        ("sweep", &o.sql.sweep),
-        ("release_orphans", &o.sql.release_orphans),
-        ("delete_expired", &o.sql.delete_expired),
-        ("quarantine_list", &o.sql.quarantine_list),
-        ("quarantine_retry", &o.sql.quarantine_retry),
+        ("settle_delete", &o.statements().settle_delete.full),
+        (
+            "settle_delete_sent_only",
+            &o.statements().settle_delete.sent_only,
+        ),
+        ("settle_mark_sent", &o.statements().settle_mark.full),
+        (
+            "settle_mark_sent_sent_only",
+            &o.statements().settle_mark.sent_only,
+        ),
+        ("lost_leases", &o.statements().lost_leases),
+        ("unpark_destination", &o.statements().unpark_destination),
+        ("sweep", &o.statements().sweep),
+        ("release_orphans", &o.statements().release_orphans),
+        ("delete_expired", &o.statements().delete_expired),
+        ("quarantine_list", &o.statements().quarantine_list),
+        ("quarantine_retry", &o.statements().quarantine_retry),
     ];
     files.push(("common.sql".to_string(), file(&statements)));
     files

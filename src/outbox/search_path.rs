@@ -1,19 +1,23 @@
 //! `--table` and the role's `search_path`: which table an unqualified name reaches, the
 //! others of its name, and why a name that reaches none is not simply "missing".
 
-use super::{query_err, Conn, DatabaseConfig, Outbox, OutboxError, TableName};
+use super::conn::Conn;
+use super::error::{query_err, OutboxError};
+use super::ident::TableName;
+use super::settings::DatabaseConfig;
+use super::store::Outbox;
 
 impl Outbox {
     /// Why the table was not found: hidden by the search_path (a table of its name exists in
     /// a schema the path does not reach), or missing.
     pub(super) async fn missing(&self, client: &Conn) -> OutboxError {
-        let missing = OutboxError::TableMissing(self.table.quoted());
-        if self.table.schema.is_some() {
+        let missing = OutboxError::TableMissing(self.table().quoted());
+        if self.table().schema.is_some() {
             return missing;
         }
         match self.search_path(client).await {
             Ok(found) if !found.others.is_empty() => OutboxError::TableHidden {
-                table: self.table.quoted(),
+                table: self.table().quoted(),
                 search_path: found.search_path,
                 first: found.others[0].clone(),
                 found: found.others.join(", "),
@@ -35,7 +39,7 @@ impl Outbox {
         let row = client
             .query_one(
                 RESOLVE_SEARCH_PATH,
-                &[&self.table.quoted(), &self.table.name],
+                &[&self.table().quoted(), &self.table().name],
             )
             .await
             .map_err(query_err("looking up the table on the search_path"))?;
@@ -53,7 +57,7 @@ impl Outbox {
     /// when the name is already qualified, is the only table of its name (every connection
     /// reaches that one, or fails saying so), or reaches no table (then the commands say so).
     pub async fn resolve_table(&self) -> Result<Option<Resolved>, OutboxError> {
-        if self.table.schema.is_some() {
+        if self.table().schema.is_some() {
             return Ok(None);
         }
         let client = self.raw_connect().await?;
@@ -64,7 +68,7 @@ impl Outbox {
         Ok(found.schema.map(|schema| Resolved {
             table: TableName {
                 schema: Some(schema),
-                name: self.table.name.clone(),
+                name: self.table().name.clone(),
             },
             search_path: found.search_path,
             others: found.others,

@@ -4,7 +4,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::{query_err, Conn, OutboxError, TableName};
+use super::conn::Conn;
+use super::error::{query_err, OutboxError};
+use super::ident::TableName;
 
 /// The tables a command was asked to serve, as configured: named ones, and patterns that
 /// discovery turns into tables (again every `--discover-every` for `run`).

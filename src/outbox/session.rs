@@ -8,39 +8,17 @@ use tokio::sync::Mutex;
 use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy};
 use super::conn::{Conn, Stmt};
 use super::decode::{decode, Decoded, CURSOR, LIVE_FROM, LOWEST_UNSENT, TURN};
+use super::error::hidden_by_row_security;
+use super::error::{query_err, OutboxError};
 use super::floors::Floors;
 use super::liveness::{replacement, Replace};
+use super::statements::Acknowledge;
+use super::store::Outbox;
+use super::upkeep::Stats;
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
-use super::{query_err, Outbox, OutboxError, Sql};
 use tokio_postgres::types::ToSql;
 
 use crate::row::{Claimed, Settled, Settlement};
-
-/// Gauges read from the table.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Stats {
-    /// now − created_at of the oldest undelivered row, rows parked in quarantine included.
-    pub oldest_unsent_age_seconds: f64,
-    /// Undelivered rows: claimable or leased, and those parked in quarantine (`blocked`,
-    /// `destination`), which are waiting rather than refused.
-    pub unsent: i64,
-    pub quarantined: i64,
-    /// Quarantined rows parked behind a quarantined row of their group (ordered delivery).
-    pub blocked: i64,
-    /// The smallest unsent id at or above the rows' floor (0 when none): no claim needs to
-    /// look below it (src/outbox/floors.rs).
-    pub claim_floor: i64,
-    /// Unsent rows counted from the floor on: `claim_floor` is one of them.
-    pub counted_unsent: i64,
-    /// now − quarantined_at of the row longest in quarantine, any reason; 0 when none.
-    pub oldest_quarantined_age_seconds: f64,
-    /// Some count was extrapolated past `upkeep::STATS_EXACT_UP_TO` rows rather than counted.
-    pub estimated: bool,
-    /// `--order-by transaction`: unsent rows (of the first counted) held back because an older
-    /// transaction still runs, and now − created_at of the oldest of them; 0 otherwise.
-    pub held_back: i64,
-    pub oldest_held_back_age_seconds: f64,
-}
 
 impl Outbox {
     /// A working connection with the relay's statements prepared.
@@ -88,7 +66,7 @@ impl Outbox {
             .collect();
         let blockers = self.fill_table(
             include_str!("../../sql/settlement_blockers.sql"),
-            self.base.as_ref().unwrap_or(&self.table),
+            self.base_or_table(),
         )?;
         let mut prepared = match client.statements(&sqls).await {
             Ok(prepared) => prepared.into_iter(),
@@ -108,7 +86,7 @@ impl Outbox {
                     return Err(query_err("preparing the relay's statements")(e));
                 }
                 return Err(OutboxError::SettlementRewritten {
-                    table: self.table.to_string(),
+                    table: self.table().to_string(),
                     causes: format!("{} ({})", rules.join("; "), super::describe(&e)),
                 });
             }
@@ -118,10 +96,10 @@ impl Outbox {
         };
         let mut next = || prepared.next().expect("one statement per text");
         // Fields are evaluated in the order written: the order of `sqls`.
-        let statements = Statements {
+        let statements = Prepared {
             claim: next(),
             settle: Settle {
-                mode: self.acknowledge,
+                mode: self.acknowledge(),
                 full: next(),
                 sent_only: next(),
             },
@@ -133,10 +111,10 @@ impl Outbox {
         // The strategy and its statement are built from one description; this catches the day
         // they drift apart, at start-up (and in `check`) instead of at every claim.
         let claim_params = statements.claim.params().len();
-        if claim_params != self.strategy.param_count() {
+        if claim_params != self.strategy().param_count() {
             return Err(OutboxError::Template(format!(
                 "the claim statement takes {claim_params} parameters, its strategy binds {}",
-                self.strategy.param_count()
+                self.strategy().param_count()
             )));
         }
         for (statement, others) in [
@@ -144,11 +122,11 @@ impl Outbox {
             (&statements.settle.sent_only, false),
         ] {
             let takes = statement.params().len();
-            let binds = self.acknowledge.param_count(others);
+            let binds = self.acknowledge().param_count(others);
             if takes != binds {
                 return Err(OutboxError::Template(format!(
                     "the settlement statement takes {takes} parameters, {:?} binds {binds}",
-                    self.acknowledge
+                    self.acknowledge()
                 )));
             }
         }
@@ -157,10 +135,10 @@ impl Outbox {
             statements,
             claim_start: self.claim_start()?,
             catch_up_start: self.claim_start_for(true)?,
-            strategy: self.strategy.clone(),
-            limits: self.limits,
-            floors: std::sync::Arc::clone(&self.floors),
-            unsettled: self.fill_table(include_str!("../../sql/unsettled.sql"), &self.table)?,
+            strategy: self.strategy().clone(),
+            limits: *self.limits(),
+            floors: std::sync::Arc::clone(self.floors()),
+            unsettled: self.fill_table(include_str!("../../sql/unsettled.sql"), self.table())?,
             blockers,
         })
     }
@@ -169,7 +147,7 @@ impl Outbox {
     /// and settle every row (sql/row_security.sql) refuses the connection: checked at every
     /// new connection, so a table that turns it on is caught at the next.
     async fn check_row_security(&self, client: &Conn) -> Result<(), OutboxError> {
-        let table = self.base.as_ref().unwrap_or(&self.table);
+        let table = self.base_or_table();
         let row = client
             .query_opt(
                 include_str!("../../sql/row_security.sql"),
@@ -253,18 +231,22 @@ pub struct RelayStatement<'a> {
 impl Outbox {
     /// The statements a relay's session prepares, in the order `connect` binds them.
     pub fn relay_statements(&self) -> Vec<RelayStatement<'_>> {
-        let settle = self.acknowledge.sql(&self.sql);
+        let settle = self.acknowledge().sql(self.statements());
         fn s<'a>(name: &'static str, sql: &'a str, writes: bool) -> RelayStatement<'a> {
             RelayStatement { name, sql, writes }
         }
         vec![
-            s("claim", &self.sql.claim, true),
+            s("claim", &self.statements().claim, true),
             s("settle", &settle.full, true),
             s("settle_sent_only", &settle.sent_only, true),
-            s("stats", &self.sql.stats, false),
-            s("probe", &self.sql.probe, false),
-            s("unpark_destination", &self.sql.unpark_destination, true),
-            s("lost_leases", &self.sql.lost_leases, false),
+            s("stats", &self.statements().stats, false),
+            s("probe", &self.statements().probe, false),
+            s(
+                "unpark_destination",
+                &self.statements().unpark_destination,
+                true,
+            ),
+            s("lost_leases", &self.statements().lost_leases, false),
         ]
     }
 }
@@ -273,14 +255,14 @@ impl Outbox {
     /// What a claim's transaction starts with: the claim lock, and with a round-trip deadline
     /// the server's budget for the lock wait and the claim (sql/claim_deadline.sql).
     fn claim_start(&self) -> Result<String, OutboxError> {
-        self.claim_start_for(self.strategy.planned_each_time())
+        self.claim_start_for(self.strategy().planned_each_time())
     }
 
     /// The same, `custom`: planned with the claim's parameters ([`CUSTOM_PLANS`]).
     pub(super) fn claim_start_for(&self, custom: bool) -> Result<String, OutboxError> {
         let claim_lock = match custom {
-            true => format!("{CUSTOM_PLANS}; {}", self.sql.claim_lock),
-            false => self.sql.claim_lock.clone(),
+            true => format!("{CUSTOM_PLANS}; {}", self.statements().claim_lock),
+            false => self.statements().claim_lock.clone(),
         };
         let Some(deadline) = self.round_trip() else {
             return Ok(claim_lock);
@@ -305,8 +287,10 @@ pub(crate) fn claim_budget(deadline: Duration) -> Duration {
     deadline - deadline / 4
 }
 
+/// The table's statements ([`super::statements::Statements`]) prepared on this session's
+/// connection.
 #[derive(Debug)]
-struct Statements {
+struct Prepared {
     claim: Stmt,
     /// A claim's outcomes, in the statement of what acknowledged rows become.
     settle: Settle,
@@ -320,7 +304,7 @@ struct Statements {
 #[derive(Debug)]
 pub struct Session {
     pub(super) client: Arc<Conn>,
-    statements: Statements,
+    statements: Prepared,
     /// Runs before each claim in its transaction: the claim lock (sql/claim_lock.sql), under
     /// the claim's budget when `run` has a deadline (sql/claim_deadline.sql).
     claim_start: String,
@@ -618,45 +602,6 @@ impl Session {
     }
 }
 
-/// What becomes of a row its destination acknowledged. A mode, not a flag: each names its
-/// statement and binds that statement's parameters, so the two cannot be paired wrongly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Acknowledge {
-    /// mark_sent.sql: the row stays, with its message id, until retention deletes it.
-    MarkSent,
-    /// delete_sent.sql (`--delete-on-ack`): no history, but no bloat and the cheapest
-    /// settlement.
-    Delete,
-}
-
-impl Acknowledge {
-    /// This mode's settlement statements among the table's.
-    fn sql(self, sql: &Sql) -> &super::SettleSql {
-        match self {
-            Acknowledge::MarkSent => &sql.settle_mark,
-            Acknowledge::Delete => &sql.settle_delete,
-        }
-    }
-
-    /// How many parameters [`Session::settle`] binds to this mode's statement, with or without
-    /// the given-back and parked rows: the message ids of the rows marked sent come last.
-    fn param_count(self, others: bool) -> usize {
-        let base = if others { 11 } else { 3 };
-        match self {
-            Acknowledge::MarkSent => base + 1,
-            Acknowledge::Delete => base,
-        }
-    }
-
-    /// What a failed settlement was doing, for its error.
-    fn context(self) -> &'static str {
-        match self {
-            Acknowledge::MarkSent => "recording outcomes (marking rows sent)",
-            Acknowledge::Delete => "recording outcomes (deleting acknowledged rows)",
-        }
-    }
-}
-
 /// An acknowledgement mode with its settlement statements, prepared once per session.
 #[derive(Debug)]
 struct Settle {
@@ -728,7 +673,8 @@ impl SharedSession {
         if let Some(host) = self.host() {
             let limit = self.outbox.round_trip().map(|deadline| {
                 self.outbox
-                    .pg
+                    .connector()
+                    .config()
                     .get_connect_timeout()
                     .copied()
                     .unwrap_or_default()
@@ -757,7 +703,8 @@ impl SharedSession {
             Some(deadline) => {
                 let limit = self
                     .outbox
-                    .pg
+                    .connector()
+                    .config()
                     .get_connect_timeout()
                     .copied()
                     .unwrap_or_default()
@@ -777,9 +724,9 @@ impl SharedSession {
             .connected
             .swap(true, std::sync::atomic::Ordering::Relaxed)
         {
-            tracing::info!(target = %self.outbox.target(), "database connection established");
+            tracing::info!(target = %self.outbox.connector().target(), "database connection established");
         } else {
-            tracing::debug!(target = %self.outbox.target(), "database connection established");
+            tracing::debug!(target = %self.outbox.connector().target(), "database connection established");
         }
         Ok(session)
     }
@@ -834,7 +781,7 @@ impl SharedSession {
         }
         match why {
             Replace::Unanswered => tracing::warn!(
-                target = %self.outbox.target(),
+                target = %self.outbox.connector().target(),
                 "database connection dropped: {e}; the next round trip opens a new one"
             ),
             Replace::ReadOnly => {
@@ -853,40 +800,27 @@ impl SharedSession {
                 // would only turn this into "cannot connect: database does not allow writes"
                 // for ever. Say what the host is instead, at every try, until it is promoted
                 // or the URL is fixed.
-                if standby && self.outbox.host_count() == 1 {
+                if standby && self.outbox.connector().host_count() == 1 {
                     tracing::error!(
                         server = %server,
                         "database server {server} is a standby (pg_is_in_recovery() is true) and --database-url names no other host: it takes no writes, so nothing is sent; point --database-url at the primary, or list the primary too (with target_session_attrs=read-write)"
                     );
                     return;
                 }
-                self.outbox.skip_read_only_hosts();
+                self.outbox.connector().skip_read_only_hosts();
                 let kind = match standby {
                     true => "is a standby (pg_is_in_recovery() is true)",
                     false => "takes no writes (a demoted primary)",
                 };
                 tracing::warn!(
                     server = %server,
-                    hosts = %self.outbox.hosts(),
+                    hosts = %self.outbox.connector().hosts(),
                     error = %e,
                     "database server {server} {kind}: it takes no writes, while {what}; dropped the connection, connecting to the next host that does"
                 );
             }
         }
     }
-}
-
-/// What a row of sql/row_security.sql says of `table`: the refusal when row-level security
-/// applies to the role and no policy lets it see and settle every row.
-pub(super) fn hidden_by_row_security(
-    row: &tokio_postgres::Row,
-    table: String,
-) -> Option<OutboxError> {
-    (row.get::<_, bool>(0) && !row.get::<_, bool>(1)).then(|| OutboxError::RowSecurity {
-        table,
-        policies: row.get(2),
-        role: row.get(3),
-    })
 }
 
 #[cfg(test)]
@@ -903,7 +837,10 @@ mod tests {
             Duration::from_secs(1),
         )
         .unwrap();
-        assert_eq!(outbox.claim_start().unwrap(), outbox.sql.claim_lock);
+        assert_eq!(
+            outbox.claim_start().unwrap(),
+            outbox.statements().claim_lock
+        );
         let start = outbox
             .round_trip_deadline(Duration::from_secs(2))
             .claim_start()
@@ -973,17 +910,17 @@ mod tests {
             .delete_on_ack(delete)
         };
         let kept = outbox(false);
-        assert_eq!(kept.acknowledge, Acknowledge::MarkSent);
+        assert_eq!(kept.acknowledge(), Acknowledge::MarkSent);
         assert!(kept
-            .acknowledge
-            .sql(&kept.sql)
+            .acknowledge()
+            .sql(kept.statements())
             .sent_only
             .contains("SET sent_at = now()"));
         let deleted = outbox(true);
-        assert_eq!(deleted.acknowledge, Acknowledge::Delete);
+        assert_eq!(deleted.acknowledge(), Acknowledge::Delete);
         assert!(deleted
-            .acknowledge
-            .sql(&deleted.sql)
+            .acknowledge()
+            .sql(deleted.statements())
             .sent_only
             .contains("DELETE FROM \"outbox\""));
     }

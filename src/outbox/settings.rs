@@ -5,7 +5,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{ColumnMap, Pooler, TableName};
+use super::columns::ColumnMap;
+use super::ident::TableName;
+use super::pooler::Pooler;
 use crate::dbauth::PasswordSource;
 
 /// A value that must never be printed.

@@ -4,7 +4,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{Conn, Outbox, OutboxError, Session, TableName};
+use super::conn::Conn;
+use super::error::OutboxError;
+use super::ident::TableName;
+use super::session::Session;
+use super::store::Outbox;
 
 /// A connection and each table's statements prepared on it.
 #[derive(Debug)]
@@ -54,7 +58,7 @@ impl SharedConn {
             let mut sessions = self.sessions.lock().expect("sessions lock");
             sessions.used += 1;
             let used = sessions.used;
-            if let Some((session, last)) = sessions.by_table.get_mut(&outbox.table) {
+            if let Some((session, last)) = sessions.by_table.get_mut(outbox.table()) {
                 if Arc::ptr_eq(&session.client, &conn) {
                     *last = used;
                     return Ok(Arc::clone(session));
@@ -67,7 +71,7 @@ impl SharedConn {
         let used = sessions.used;
         sessions
             .by_table
-            .insert(outbox.table.clone(), (Arc::clone(&session), used));
+            .insert(outbox.table().clone(), (Arc::clone(&session), used));
         while sessions.by_table.len() > self.capacity {
             let oldest = sessions
                 .by_table

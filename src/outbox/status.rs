@@ -3,8 +3,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use super::error::{query_err, OutboxError};
+use super::order_by::{OrderBy, XACT_COLUMN};
+use super::store::Outbox;
 use super::template::{render, Value};
-use super::{query_err, OrderBy, Outbox, OutboxError, XACT_COLUMN};
 
 /// A snapshot of the outbox table. The JSON field names are part of the interface: scripts
 /// and monitors read them.
@@ -123,12 +125,12 @@ impl Outbox {
         let held_back = self.held_back(&client, unsent_floor).await?;
         let (relays, unregistered) = self.fleet_on(&client).await?;
         let triggers = self.triggers_on(&client).await?;
-        let base = self.base.as_ref().unwrap_or(&self.table).quoted();
+        let base = self.base_or_table().quoted();
         let hidden = client
             .query_opt(include_str!("../../sql/row_security.sql"), &[&base])
             .await
             .map_err(query_err("reading the table's row-level security"))?
-            .and_then(|row| super::session::hidden_by_row_security(&row, base))
+            .and_then(|row| super::error::hidden_by_row_security(&row, base))
             .map(|refused| refused.to_string());
         let by_reason: serde_json::Value = row.get(4);
         let quarantined_by_reason: BTreeMap<String, i64> = by_reason
@@ -138,7 +140,7 @@ impl Outbox {
             .map(|(reason, n)| (reason.clone(), n.as_i64().unwrap_or_default()))
             .collect();
         Ok(TableStatus {
-            table: self.table.quoted(),
+            table: self.table().quoted(),
             unsent: row.get(0),
             leased: row.get(1),
             parked: row.get(5),
@@ -162,8 +164,8 @@ impl Outbox {
         render(
             include_str!("../../sql/status.sql"),
             &[
-                ("table", Value::Table(&self.table)),
-                ("claims", Value::Table(&self.table.claims())),
+                ("table", Value::Table(self.table())),
+                ("claims", Value::Table(&self.table().claims())),
             ],
         )
         .map_err(OutboxError::Template)
@@ -172,7 +174,7 @@ impl Outbox {
     /// Where `status` reads the unsent index and the lease table from (sql/status_floors.sql):
     /// (0, 0) where the registry does not publish floors (schema version 4 and before).
     async fn published_floors(&self, client: &super::Conn) -> Result<(i64, i64), OutboxError> {
-        let relays = self.table.relays();
+        let relays = self.table().relays();
         if !self.has_column_in(client, &relays, "unsent_floor").await? {
             return Ok((0, 0));
         }
@@ -200,7 +202,7 @@ impl Outbox {
         let sql = render(
             include_str!("../../sql/status_held_back.sql"),
             &[
-                ("table", Value::Table(&self.table)),
+                ("table", Value::Table(self.table())),
                 ("released", Value::Sql(&OrderBy::Transaction.released(None))),
             ],
         )

@@ -18,7 +18,35 @@ use tokio_postgres::Row;
 use super::conn::{timeouts, Access, Conn};
 
 use super::claim::OrderScope;
-use super::{query_err, Outbox, OutboxError, Stats};
+use super::error::hidden_by_row_security;
+use super::error::{query_err, OutboxError};
+use super::store::Outbox;
+
+/// Gauges read from the table.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stats {
+    /// now − created_at of the oldest undelivered row, rows parked in quarantine included.
+    pub oldest_unsent_age_seconds: f64,
+    /// Undelivered rows: claimable or leased, and those parked in quarantine (`blocked`,
+    /// `destination`), which are waiting rather than refused.
+    pub unsent: i64,
+    pub quarantined: i64,
+    /// Quarantined rows parked behind a quarantined row of their group (ordered delivery).
+    pub blocked: i64,
+    /// The smallest unsent id at or above the rows' floor (0 when none): no claim needs to
+    /// look below it (src/outbox/floors.rs).
+    pub claim_floor: i64,
+    /// Unsent rows counted from the floor on: `claim_floor` is one of them.
+    pub counted_unsent: i64,
+    /// now − quarantined_at of the row longest in quarantine, any reason; 0 when none.
+    pub oldest_quarantined_age_seconds: f64,
+    /// Some count was extrapolated past `upkeep::STATS_EXACT_UP_TO` rows rather than counted.
+    pub estimated: bool,
+    /// `--order-by transaction`: unsent rows (of the first counted) held back because an older
+    /// transaction still runs, and now − created_at of the oldest of them; 0 otherwise.
+    pub held_back: i64,
+    pub oldest_held_back_age_seconds: f64,
+}
 
 /// Up to this many rows the gauges count exactly; past it they are extrapolated (see
 /// [`extrapolate`]). Counting this many index entries takes a few milliseconds.
@@ -194,7 +222,7 @@ impl Upkeep {
                 timeouts("SET LOCAL", Some(self.timeout))
             );
             if after_claims {
-                begin = format!("{begin}; {}", self.outbox.sql.claim_lock);
+                begin = format!("{begin}; {}", self.outbox.statements().claim_lock);
             }
             let rows = client
                 .query_typed_in_transaction(&begin, sql, params)
@@ -214,7 +242,7 @@ impl Upkeep {
             Err(_) => {
                 *slot = None;
                 Err(OutboxError::Connect {
-                    target: self.outbox.target(),
+                    target: self.outbox.connector().target(),
                     reason: format!(
                         "{context}: no answer within {} (--maintenance-timeout); the connection was dropped",
                         humantime::format_duration(self.timeout + CLIENT_GRACE)
@@ -230,7 +258,7 @@ impl Upkeep {
         let read = floors.reading();
         let rows = self
             .run(
-                &self.outbox.sql.stats,
+                &self.outbox.statements().stats,
                 &[(&STATS_EXACT_UP_TO, Type::INT8), (&read.rows, Type::INT8)],
                 "reading outbox statistics",
             )
@@ -260,7 +288,12 @@ impl Upkeep {
             (&held, Type::INT8_ARRAY),
             (&floor, Type::INT8),
         ];
-        let work = self.run_locked(&self.outbox.sql.release_orphans, &params, WHAT, true);
+        let work = self.run_locked(
+            &self.outbox.statements().release_orphans,
+            &params,
+            WHAT,
+            true,
+        );
         match tokio::time::timeout(within, work).await {
             Ok(rows) => Ok(rows?.len() as u64),
             Err(_) => {
@@ -292,7 +325,7 @@ impl Upkeep {
             .await?;
         Ok(rows
             .first()
-            .and_then(|row| super::session::hidden_by_row_security(row, table)))
+            .and_then(|row| hidden_by_row_security(row, table)))
     }
 
     /// The floors' safety net (sql/sweep.sql): lowers the rows' floor to an unsent row below
@@ -307,7 +340,7 @@ impl Upkeep {
         }
         let rows = self
             .run(
-                &self.outbox.sql.sweep,
+                &self.outbox.statements().sweep,
                 &[(&floor, Type::INT8)],
                 "looking for rows below the claims' floor",
             )
@@ -331,7 +364,7 @@ impl Upkeep {
     ) -> Result<(u64, Option<SystemTime>), OutboxError> {
         let rows = self
             .run(
-                &self.outbox.sql.delete_expired,
+                &self.outbox.statements().delete_expired,
                 &[
                     (&retention.as_secs_f64(), Type::FLOAT8),
                     (&limit, Type::INT8),
@@ -352,7 +385,7 @@ impl Upkeep {
         loop {
             let rows = self
                 .run(
-                    &self.outbox.sql.unpark_destination,
+                    &self.outbox.statements().unpark_destination,
                     &[(&UNPARK_BATCH, Type::INT8)],
                     "unparking rows whose destination is due a retry",
                 )
@@ -377,8 +410,8 @@ impl Upkeep {
     /// those whose head was re-driven. Returns (parked, unparked); (0, 0) in other modes.
     pub async fn maintain_blocked_groups(&self) -> Result<(u64, u64), OutboxError> {
         let (Some(park), Some(unpark)) = (
-            &self.outbox.sql.park_blocked,
-            &self.outbox.sql.unpark_blocked,
+            &self.outbox.statements().park_blocked,
+            &self.outbox.statements().unpark_blocked,
         ) else {
             return Ok((0, 0));
         };
@@ -389,7 +422,7 @@ impl Upkeep {
         let unparked = rows.len() as u64;
         // Parking applies to ordered rows only: with a standard default queue, those bound for a
         // FIFO queue (the FIFO routes' keys are the statement's one parameter).
-        let routes = match self.outbox.strategy.ordered().map(|o| &o.scope) {
+        let routes = match self.outbox.strategy().ordered().map(|o| &o.scope) {
             Some(OrderScope::FifoDestinations { fifo_routes, .. }) => Some(fifo_routes),
             _ => None,
         };

@@ -3,8 +3,10 @@
 
 use std::sync::Arc;
 
+use super::conn::Conn;
+use super::error::{query_err, OutboxError};
+use super::store::Outbox;
 use super::template::{render, Value};
-use super::{query_err, Conn, Outbox, OutboxError};
 use crate::outbox::conn::Stmt;
 
 /// What the look saw of one table.
@@ -42,9 +44,9 @@ impl Outbox {
     fn watch_part(&self, index: usize, full: bool) -> Result<String, OutboxError> {
         let element = |n: usize| format!("(${n}::bigint[])[{}]", index + 1);
         let (floor, claims_floor) = (element(1), element(2));
-        let probe = super::probe_sql_with(
-            &self.table,
-            self.strategy.order_by(),
+        let probe = super::statements::probe_sql_with(
+            self.table(),
+            self.strategy().order_by(),
             (&floor, &claims_floor),
         )?;
         let index = index.to_string();
@@ -55,7 +57,7 @@ impl Outbox {
             },
             &[
                 ("index", Value::Sql(&index)),
-                ("table", Value::Table(&self.table)),
+                ("table", Value::Table(self.table())),
                 ("probe", Value::Sql(&probe)),
                 ("floor", Value::Sql(&floor)),
             ],

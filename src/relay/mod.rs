@@ -274,7 +274,7 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
             what: "setting up the first connection",
             after: limit,
         })??;
-    outbox.pooler_allows(config.claim.wakeup)?;
+    outbox.connector().pooler_allows(config.claim.wakeup)?;
     let installed = outbox.installed_wakeup().await?;
     match (config.claim.wakeup, installed.judge(config.claim.wakeup)) {
         (_, Ok(())) => {}

@@ -6,10 +6,13 @@ use tokio_postgres::error::SqlState;
 
 use super::super::conn::Access;
 use super::super::template::{render, Value};
-use super::super::{query_err, Conn, Outbox, OutboxError, TableName};
 use super::catalog::{index_in_progress, index_validity};
 use super::plan::{SESSION_LOCK, TRANSACTION_LOCK};
 use super::{Step, BACKFILL_PAGES, RETRY_BASE, RETRY_CAP};
+use crate::outbox::conn::Conn;
+use crate::outbox::error::{query_err, OutboxError};
+use crate::outbox::ident::TableName;
+use crate::outbox::store::Outbox;
 
 /// What an interrupted concurrent build left behind goes before the build starts again.
 pub(super) const DROP_INDEX: &str = "DROP INDEX CONCURRENTLY IF EXISTS {index};";
@@ -105,11 +108,11 @@ impl Outbox {
                     source: error,
                 });
             }
-            if attempt >= self.locks.attempts {
+            if attempt >= self.locks().attempts {
                 return Err(OutboxError::MigrationLock {
-                    table: self.table.quoted(),
+                    table: self.table().quoted(),
                     what: what.to_string(),
-                    timeout: humantime::format_duration(self.locks.timeout).to_string(),
+                    timeout: humantime::format_duration(self.locks().timeout).to_string(),
                     attempts: attempt,
                 });
             }

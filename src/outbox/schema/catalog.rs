@@ -1,8 +1,12 @@
 //! What the catalog says is there: the recorded version, an adopted table's columns and progress.
 
 use super::super::template::{render, Value};
-use super::super::{query_err, ColumnMap, Conn, Outbox, OutboxError, TableName};
 use super::AdoptState;
+use crate::outbox::columns::ColumnMap;
+use crate::outbox::conn::Conn;
+use crate::outbox::error::{query_err, OutboxError};
+use crate::outbox::ident::TableName;
+use crate::outbox::store::Outbox;
 
 /// The version `migrate` recorded for a table.
 const READ_VERSION: &str = "SELECT version FROM {versions} WHERE table_name = $1";
@@ -54,7 +58,7 @@ impl Outbox {
         let read = render(READ_VERSION, &[("versions", Value::Table(&versions))])
             .map_err(OutboxError::Template)?;
         Ok(client
-            .query_opt(&read, &[&self.table.name])
+            .query_opt(&read, &[&self.table().name])
             .await
             .map_err(query_err("reading the schema version"))?
             .map(|r| r.get(0))
@@ -110,7 +114,7 @@ impl Outbox {
                 let ours: bool = client
                     .query_one(
                         "SELECT to_regclass($1) IS NOT NULL",
-                        &[&base.qualify(&self.table.derived("backfill_seq"))],
+                        &[&base.qualify(&self.table().derived("backfill_seq"))],
                     )
                     .await
                     .map_err(query_err("looking up the backfill sequence"))?
@@ -126,7 +130,7 @@ impl Outbox {
         let has_check: bool = client
             .query_one(
                 "SELECT EXISTS (SELECT FROM pg_constraint WHERE conrelid = to_regclass($1) AND conname = $2)",
-                &[&base.quoted(), &self.table.derived("seq_not_null")],
+                &[&base.quoted(), &self.table().derived("seq_not_null")],
             )
             .await
             .map_err(query_err("looking up the NOT NULL check"))?

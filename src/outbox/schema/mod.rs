@@ -13,15 +13,33 @@
 //! - `plan`: the steps of `migrate` and `migrate --adopt`, and their text (`--print-sql`).
 //! - `apply`: running the steps: the migration lock, lock retries, concurrent builds, backfill.
 //! - `catalog`: what the catalog says is there: the version, an adopted table's columns.
+//! - `wakeup`: what each `--wakeup` mode installs (the NOTIFY trigger, the publication), and
+//!   what is installed now.
 
 use std::time::Duration;
 
-use super::{ColumnMap, KeyIndex, MigrateReport, Outbox, OutboxError, TableName, SCHEMA_VERSION};
+use super::columns::ColumnMap;
+use super::error::OutboxError;
+use super::ident::{KeyIndex, TableName};
+use super::store::Outbox;
 use crate::batch::KeyColumn;
 
 mod apply;
 mod catalog;
 mod plan;
+mod wakeup;
+
+/// Schema version this build creates and understands, recorded in `outbox_relay_schema` by
+/// `migrate` once every step of it is done (see [`schema`]); what it needs to claim is the
+/// compatibility contract's ([`crate::version`]).
+pub const SCHEMA_VERSION: i32 = crate::version::NEEDS_SCHEMA;
+
+/// Result of `migrate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigrateReport {
+    pub from: i32,
+    pub to: i32,
+}
 
 /// How long a step waits for a lock that blocks writes, and how often it tries.
 ///
@@ -112,7 +130,7 @@ impl Outbox {
         keys: &[(KeyColumn, KeyIndex)],
     ) -> Result<MigrateReport, OutboxError> {
         let client = self.migration_session().await?;
-        let base = self.base.as_ref().unwrap_or(&self.table);
+        let base = self.base_or_table();
         let partitioned: bool = client
             .query_one(
                 include_str!("../../../sql/partitioned.sql"),
@@ -127,7 +145,7 @@ impl Outbox {
         let found = self.read_version(&client).await?;
         if found > SCHEMA_VERSION {
             return Err(OutboxError::TooNew {
-                table: self.table.quoted(),
+                table: self.table().quoted(),
                 found,
             });
         }
@@ -146,8 +164,8 @@ impl Outbox {
     /// meanwhile refuses to claim; the fleet is looked at before and after it. Returns the
     /// requirement now recorded.
     pub async fn contract(&self) -> Result<String, OutboxError> {
-        if self.base.is_some() {
-            return Err(OutboxError::ContractAdopted(self.table.quoted()));
+        if self.base().is_some() {
+            return Err(OutboxError::ContractAdopted(self.table().quoted()));
         }
         let client = self.migration_session().await?;
         let contract = self.read_contract(&client).await?;
@@ -160,7 +178,7 @@ impl Outbox {
         }
         if contract.schema > SCHEMA_VERSION {
             return Err(OutboxError::TooNew {
-                table: self.table.quoted(),
+                table: self.table().quoted(),
                 found: contract.schema,
             });
         }
@@ -176,7 +194,7 @@ impl Outbox {
             OutboxError::Contract(format!("the relay versions {requirement:?}: {e}"))
         })?;
         let blocked = |blockers: Vec<String>| OutboxError::ContractBlocked {
-            table: self.table.quoted(),
+            table: self.table().quoted(),
             requirement: requirement.clone(),
             blockers: blockers.join(", "),
         };

@@ -5,14 +5,17 @@
 
 use std::fmt::Write as _;
 
+use super::super::ident::key_sql;
 use super::super::template::{literal, render, Value};
-use super::super::{
-    ident::key_sql, quote_ident, ColumnMap, KeyIndex, OrderBy, Outbox, OutboxError, TableName,
-    SCHEMA_VERSION,
-};
 use super::catalog::Column;
 use super::{AdoptState, Step, BACKFILL_PAGES, STATEMENT_TIMEOUT};
 use crate::batch::KeyColumn;
+use crate::outbox::columns::ColumnMap;
+use crate::outbox::error::OutboxError;
+use crate::outbox::ident::{quote_ident, KeyIndex, TableName};
+use crate::outbox::order_by::OrderBy;
+use crate::outbox::schema::SCHEMA_VERSION;
+use crate::outbox::store::Outbox;
 
 /// The statements of a migration too small for a file in `sql/` of their own; rendered like
 /// those.
@@ -102,7 +105,7 @@ impl Outbox {
     }
 
     pub(super) fn versions_table(&self) -> TableName {
-        self.table.versions()
+        self.table().versions()
     }
 
     /// The session settings every step starts from.
@@ -120,7 +123,7 @@ impl Outbox {
         format!(
             "{set} lock_timeout = '{}ms';\n{set} statement_timeout = '{STATEMENT_TIMEOUT}';\n\
              {set} idle_in_transaction_session_timeout = '{STATEMENT_TIMEOUT}';\n",
-            self.locks.timeout.as_millis().max(1)
+            self.locks().timeout.as_millis().max(1)
         )
     }
 
@@ -131,7 +134,7 @@ impl Outbox {
             MIGRATION_LOCK,
             &[
                 ("function", Value::Sql(function)),
-                ("table", Value::TableLiteral(&self.table)),
+                ("table", Value::TableLiteral(self.table())),
             ],
         )
     }
@@ -154,7 +157,7 @@ impl Outbox {
             RECORD_VERSION,
             &[
                 ("versions", Value::Table(&self.versions_table())),
-                ("table_name", Value::Literal(&self.table.name)),
+                ("table_name", Value::Literal(&self.table().name)),
                 ("version", Value::Sql(&SCHEMA_VERSION.to_string())),
                 ("relay_versions", Value::Literal(crate::version::EXPANDED)),
             ],
@@ -167,7 +170,7 @@ impl Outbox {
             RECORD_CONTRACT,
             &[
                 ("versions", Value::Table(&self.versions_table())),
-                ("table_name", Value::Literal(&self.table.name)),
+                ("table_name", Value::Literal(&self.table().name)),
                 ("relay_versions", Value::Literal(requirement)),
             ],
         )
@@ -185,7 +188,7 @@ impl Outbox {
     /// statement is idempotent (`IF NOT EXISTS`), and index validity is checked when run.
     pub fn migrate_plan(&self, keys: &[(KeyColumn, KeyIndex)]) -> Result<Vec<Step>, OutboxError> {
         let mut setup = String::new();
-        if let Some(schema) = &self.table.schema {
+        if let Some(schema) = &self.table().schema {
             setup.push_str(&fill_in(
                 CREATE_SCHEMA,
                 &[("schema", Value::Ident(schema))],
@@ -197,11 +200,11 @@ impl Outbox {
             sql: setup,
         }];
         let names = [
-            ("unsent_index", self.table.derived("unsent_idx")),
-            ("quarantined_index", self.table.derived("quarantined_idx")),
-            ("sent_index", self.table.derived("sent_idx")),
+            ("unsent_index", self.table().derived("unsent_idx")),
+            ("quarantined_index", self.table().derived("quarantined_idx")),
+            ("sent_index", self.table().derived("sent_idx")),
         ];
-        let mut values = vec![("table", Value::Table(&self.table))];
+        let mut values = vec![("table", Value::Table(self.table()))];
         values.extend(names.iter().map(|(k, n)| (*k, Value::Ident(n))));
         for statement in paragraphs(include_str!("../../../sql/migrate_v1.sql")) {
             let sql = fill_in(&statement, &values)?;
@@ -213,7 +216,7 @@ impl Outbox {
                     .expect("every index statement names its index");
                 steps.push(Step::Index {
                     what: format!("building index {}", quote_ident(&name)),
-                    index: in_schema(&self.table, name),
+                    index: in_schema(self.table(), name),
                     sql,
                 });
             } else {
@@ -237,8 +240,8 @@ impl Outbox {
             let key = key_sql(&key_column, None);
             // The column's own name, as every query of the relay writes it.
             let id = Value::Sql("id");
-            steps.push(self.key_index_step(&self.table, name, &key, id, kind)?);
-            steps.extend(self.replaced_index_steps(&self.table, &key_column, kind)?);
+            steps.push(self.key_index_step(self.table(), name, &key, id, kind)?);
+            steps.extend(self.replaced_index_steps(self.table(), &key_column, kind)?);
         }
         steps.push(self.claims_step()?);
         steps.push(self.column_step(
@@ -261,8 +264,8 @@ impl Outbox {
             sql: fill_in(
                 sql.trim_end(),
                 &[
-                    ("table", Value::Table(&self.table)),
-                    ("table_literal", Value::TableLiteral(&self.table)),
+                    ("table", Value::Table(self.table())),
+                    ("table_literal", Value::TableLiteral(self.table())),
                 ],
             )?,
         })
@@ -275,7 +278,7 @@ impl Outbox {
             what: "creating the lease table".into(),
             sql: fill_in(
                 include_str!("../../../sql/claims.sql").trim_end(),
-                &[("claims", Value::Table(&self.table.claims()))],
+                &[("claims", Value::Table(&self.table().claims()))],
             )?,
         })
     }
@@ -284,8 +287,8 @@ impl Outbox {
     /// grants to the roles that claim (sql/relays_grants.sql); new tables, so nothing waits.
     fn relays_step(&self) -> Result<Step, OutboxError> {
         let (relays, claims, versions) = (
-            self.table.relays(),
-            self.table.claims(),
+            self.table().relays(),
+            self.table().claims(),
             self.versions_table(),
         );
         let values = [
@@ -320,7 +323,7 @@ impl Outbox {
             .map(|replaces| {
                 let old = in_schema(
                     table,
-                    self.table
+                    self.table()
                         .derived(&format!("{replaces}_{}_idx", key.slug())),
                 );
                 Ok(Step::Unbounded {
@@ -370,17 +373,17 @@ impl Outbox {
         columns: Option<&[Column]>,
         state: &AdoptState,
     ) -> Result<Vec<Step>, OutboxError> {
-        let sequence = in_schema(base, self.table.derived("seq"));
-        let backfill_sequence = in_schema(base, self.table.derived("backfill_seq"));
-        let check = self.table.derived("seq_not_null");
-        let try_jsonb = in_schema(base, self.table.derived("try_jsonb"));
+        let sequence = in_schema(base, self.table().derived("seq"));
+        let backfill_sequence = in_schema(base, self.table().derived("backfill_seq"));
+        let check = self.table().derived("seq_not_null");
+        let try_jsonb = in_schema(base, self.table().derived("try_jsonb"));
         let exprs = view_expressions(base, map, columns, &try_jsonb.quoted())?;
         let blocks = BACKFILL_PAGES.to_string();
         let index_names = [
-            ("seq_index", self.table.derived("seq_idx")),
-            ("unsent_index", self.table.derived("unsent_idx")),
-            ("quarantined_index", self.table.derived("quarantined_idx")),
-            ("sent_index", self.table.derived("sent_idx")),
+            ("seq_index", self.table().derived("seq_idx")),
+            ("unsent_index", self.table().derived("unsent_idx")),
+            ("quarantined_index", self.table().derived("quarantined_idx")),
+            ("sent_index", self.table().derived("sent_idx")),
         ];
         let mut values = vec![
             ("base", Value::Table(base)),
@@ -395,7 +398,7 @@ impl Outbox {
             ),
             ("check", Value::Ident(&check)),
             ("blocks", Value::Sql(&blocks)),
-            ("view", Value::Table(&self.table)),
+            ("view", Value::Table(self.table())),
             ("view_columns", Value::Sql(&exprs.view_columns)),
             ("try_jsonb", Value::Table(&try_jsonb)),
         ];
@@ -522,7 +525,7 @@ impl Outbox {
                         out,
                         "-- {what}: one transaction; a lock not granted within lock_timeout is tried again \
                          (at most {} tries)\n{};\n{sql}\nCOMMIT;",
-                        self.locks.attempts,
+                        self.locks().attempts,
                         crate::outbox::conn::Access::Write.begin()
                     );
                 }
@@ -750,7 +753,7 @@ mod tests {
         // The lease table is new, and its own identity column rewrites nothing.
         let lease_table = fill_in(
             include_str!("../../../sql/claims.sql").trim_end(),
-            &[("claims", Value::Table(&o.table.claims()))],
+            &[("claims", Value::Table(&o.table().claims()))],
         )
         .unwrap();
         assert!(text.contains(&lease_table), "{text}");
