@@ -119,7 +119,7 @@ async fn check_tables(config: &RunConfig, report: &mut Report) {
             return;
         }
     };
-    let tables = match outbox.select(&db.selection).await {
+    let tables = match outbox.connector().select(&db.selection).await {
         Ok(tables) => tables,
         Err(e) => {
             report.add("the tables --tables selects", Err(e.to_string()));

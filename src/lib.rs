@@ -137,4 +137,149 @@ mod maps {
         assert_eq!(declared(text), ["a", "b"]);
         assert!(!map(text).contains("`b`"));
     }
+
+    /// The layers of `src/outbox/`, lowest first (see src/outbox.rs): a room may import from
+    /// its own layer and those below. A folder (`schema/`, `doorbell/`) is one room.
+    const OUTBOX_LAYERS: [&[&str]; 5] = [
+        &[
+            "error",
+            "ident",
+            "template",
+            "order_by",
+            "columns",
+            "floors",
+            "decode",
+            "claim",
+            "wakeup",
+            "pooler",
+            "statements",
+        ],
+        &["conn", "liveness", "connector", "settings", "selection"],
+        &["store"],
+        &[
+            "session", "upkeep", "fleet", "live", "watch", "listen", "doorbell",
+        ],
+        &[
+            "admin",
+            "inspect",
+            "status",
+            "search_path",
+            "schema",
+            "rendered",
+        ],
+    ];
+
+    fn layer(room: &str) -> Option<usize> {
+        OUTBOX_LAYERS.iter().position(|rooms| rooms.contains(&room))
+    }
+
+    /// The room a file of `src/outbox/` is, and the prefixes by which it names other rooms.
+    fn room_of(path: &Path) -> (String, Vec<&'static str>) {
+        let outbox = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/outbox");
+        let inside = path.strip_prefix(&outbox).expect("a file of src/outbox/");
+        let mut parts = inside.iter().map(|p| p.to_string_lossy().to_string());
+        let first = parts.next().expect("a file name");
+        match parts.next() {
+            // A folder's `mod.rs` names its siblings as the file beside it would.
+            Some(file) if file == "mod.rs" => (first, vec!["super::", "crate::outbox::"]),
+            // A folder's other files: `super::` is the folder's own room.
+            Some(_) => (first, vec!["super::super::", "crate::outbox::"]),
+            None => match first.strip_suffix(".rs") {
+                Some(name) => (name.to_string(), vec!["super::", "crate::outbox::"]),
+                None => (first, vec![]),
+            },
+        }
+    }
+
+    /// Every room `text` imports (test modules aside), and whether it names the face
+    /// (`src/outbox.rs`) or the request planner.
+    fn imports(text: &str, prefixes: &[&str]) -> Vec<String> {
+        let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+        let mut found = Vec::new();
+        for line in code.lines().map(str::trim_start) {
+            if line.starts_with("//") {
+                continue;
+            }
+            if line.contains("crate::batch") {
+                found.push("crate::batch".to_string());
+            }
+            for prefix in prefixes {
+                let mut rest = line;
+                while let Some(at) = rest.find(prefix) {
+                    let after = &rest[at + prefix.len()..];
+                    // `super::super::x` is another prefix's import, not this one's.
+                    if after.starts_with("super::") {
+                        rest = after.trim_start_matches("super::");
+                        continue;
+                    }
+                    rest = after;
+                    let name: String = after
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '{')
+                        .collect();
+                    let name = name.trim_end_matches('{');
+                    let is_room =
+                        !name.is_empty() && name.chars().all(|c| c.is_lowercase() || c == '_');
+                    found.push(if is_room && layer(name).is_some() {
+                        name.to_string()
+                    } else {
+                        "the face".to_string()
+                    });
+                }
+            }
+        }
+        found
+    }
+
+    /// Every import in `src/outbox/` that runs up a layer, names the face or the planner.
+    fn arrows_up() -> Vec<String> {
+        let mut files = Vec::new();
+        rust_files(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/outbox"),
+            &mut files,
+        );
+        let mut up = Vec::new();
+        for path in files {
+            let (room, prefixes) = room_of(&path);
+            let text = std::fs::read_to_string(&path).expect("read a source file");
+            let own = layer(&room).unwrap_or_else(|| panic!("{room} is in no layer"));
+            for target in imports(&text, &prefixes) {
+                let wrong = match layer(&target) {
+                    Some(theirs) => theirs > own,
+                    None => true,
+                };
+                if wrong && target != room {
+                    up.push(format!("{} -> {target}", path.display()));
+                }
+            }
+        }
+        up.sort();
+        up.dedup();
+        up
+    }
+
+    #[test]
+    fn outbox_rooms_import_only_downward() {
+        let up = arrows_up();
+        assert!(
+            up.is_empty(),
+            "{} imports in src/outbox/ run up a layer (src/outbox.rs), name the face, or reach the request planner:\n{}",
+            up.len(),
+            up.join("\n")
+        );
+    }
+
+    #[test]
+    fn an_import_from_above_or_from_the_face_is_found() {
+        let text = "use super::store::Outbox;\nuse super::{Outbox, TableName};\nuse crate::batch::fifo_id;\nuse super::super::template::render;\n";
+        assert_eq!(
+            imports(text, &["super::", "crate::outbox::"]),
+            ["store", "the face", "crate::batch"]
+        );
+        assert_eq!(
+            imports(text, &["super::super::", "crate::outbox::"]),
+            ["crate::batch", "template"]
+        );
+        assert!(layer("store") > layer("conn") && layer("schema") > layer("session"));
+    }
 }

@@ -185,6 +185,7 @@ async fn selected_tables(db: &DatabaseConfig, purpose: Purpose) -> Result<Vec<Ta
     db.read_secrets().map_err(Failure::Config)?;
     let outbox = Outbox::from_config(db, purpose).map_err(|e| Failure::Config(e.to_string()))?;
     let tables = outbox
+        .connector()
         .select(&db.selection)
         .await
         .map_err(Failure::runtime)?;

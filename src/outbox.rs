@@ -37,7 +37,8 @@
 //!    - `session`: a connection with the relay's prepared statements; claims and settlements.
 //!    - `upkeep`: statistics and maintenance on a connection of their own, each under a timeout.
 //!    - `fleet`: the relay registry `<table>_relays` and the schema's contract (who may claim).
-//!    - `shared`: one connection the sessions of several tables share.
+//!    - `live`: a session that reconnects on demand, shared by the relay's tasks; one
+//!      connection the sessions of several tables share.
 //!    - `watch`: the look a relay serving several tables takes at all of them at once.
 //! 5. One-shot commands.
 //!    - `admin`: `quarantine list` and `quarantine retry`.
@@ -71,8 +72,8 @@ mod pooler;
 mod store;
 
 mod fleet;
+mod live;
 mod session;
-mod shared;
 mod upkeep;
 mod watch;
 
@@ -88,20 +89,19 @@ pub use claim::{ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered};
 pub use columns::ColumnMap;
 pub use conn::Conn;
 pub use connector::Connector;
-pub(crate) use error::query_err;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
 pub use fleet::{LiveRelay, Registration, Renewed};
 pub use floors::{Floors, FULL_RETENTION_PASS};
 pub use ident::{quote_ident, KeyIndex, TableName};
+pub use live::{HostConn, LiveSession};
 pub use liveness::{reconnect_delay, replacement, Replace};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
-pub use schema::{LockPolicy, MigrateReport, SCHEMA_VERSION};
+pub use schema::{MigrateReport, SCHEMA_VERSION};
 pub use search_path::Resolved;
 pub use selection::{Pattern, Selection};
-pub use session::{RelayStatement, Session, SharedSession, PLANS};
-pub use settings::{DatabaseConfig, Secret};
-pub use shared::SharedConn;
+pub use session::{RelayStatement, Session, PLANS};
+pub use settings::{DatabaseConfig, LockPolicy, Secret};
 pub use status::{worst_first, TableReport, TableStatus};
 pub use store::{Outbox, Purpose, RelaySettings};
 pub use upkeep::{extrapolate, Count, Stats, Swept, Upkeep, STATS_EXACT_UP_TO};

@@ -1,7 +1,9 @@
 //! Operators' commands on quarantined rows: list and re-drive.
 
+use super::conn::Conn;
 use super::error::{query_err, OutboxError};
 use super::store::Outbox;
+use super::template::{render, Value};
 
 impl Outbox {
     /// Quarantined rows, oldest first.
@@ -72,9 +74,9 @@ impl Outbox {
     pub async fn replay(&self, which: &ReplaySelection) -> Result<Replayed, OutboxError> {
         let client = self.raw_connect().await?;
         let channel = self.resolve_channel(&client).await?;
-        let sql = super::template::render(
+        let sql = render(
             include_str!("../../sql/replay.sql"),
-            &[("table", super::template::Value::Table(self.table()))],
+            &[("table", Value::Table(self.table()))],
         )
         .map_err(OutboxError::Template)?;
         let row = client
@@ -108,7 +110,7 @@ impl Outbox {
 
 /// Wakes the relays waiting on `channel` (`--wakeup notify`) for rows a command just made
 /// unsent; relays that poll find them by their next look.
-async fn wake_relays(client: &super::Conn, channel: &str) -> Result<(), OutboxError> {
+async fn wake_relays(client: &Conn, channel: &str) -> Result<(), OutboxError> {
     client
         .execute_in_transaction("", "SELECT pg_notify($1, '')", &[&channel])
         .await

@@ -2,7 +2,7 @@
 
 use tokio_postgres::error::SqlState;
 
-use super::schema::SCHEMA_VERSION;
+use crate::version::NEEDS_SCHEMA as SCHEMA_VERSION;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {

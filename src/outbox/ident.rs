@@ -158,7 +158,7 @@ impl TableName {
         if full.len() <= MAX_IDENTIFIER_BYTES {
             return full;
         }
-        let hash = crate::batch::fifo_id(&format!("{}\u{1}{}", self.name, suffix));
+        let hash = crate::row::fifo_id(&format!("{}\u{1}{}", self.name, suffix));
         let mut head: String = String::new();
         for c in self.name.chars() {
             if head.len() + c.len_utf8() + 1 + 8 + 1 + suffix.len() > MAX_IDENTIFIER_BYTES {

@@ -206,7 +206,7 @@ impl Outbox {
     /// can do to the relay (sql/inspect_triggers.sql): for `check` and `status`.
     pub(super) async fn triggers_on(
         &self,
-        client: &super::Conn,
+        client: &super::conn::Conn,
     ) -> Result<Vec<TriggerFacts>, OutboxError> {
         let base = self.base_or_table().quoted();
         Ok(client

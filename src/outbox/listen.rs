@@ -37,7 +37,7 @@ impl Outbox {
                 }
             }
         });
-        let client = super::Conn::new(client, self.connector().pooler_in_use());
+        let client = super::conn::Conn::new(client, self.connector().pooler_in_use());
         // As every direct connection of the relay's (see `conn::session_baseline`).
         if !client.pooled() {
             client

@@ -5,6 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::conn::Conn;
+use super::connector::Connector;
 use super::error::{query_err, OutboxError};
 use super::ident::TableName;
 
@@ -161,7 +162,7 @@ fn like_matches(pattern: &str, text: &str) -> bool {
     go(&p, &t)
 }
 
-impl super::Outbox {
+impl Connector {
     /// The tables `selection` names and those its patterns match now, each once; on one
     /// connection of its own. Without patterns, no connection is made.
     pub async fn select(&self, selection: &Selection) -> Result<Vec<TableName>, OutboxError> {

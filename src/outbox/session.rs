@@ -3,17 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
-
 use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy};
 use super::conn::{Conn, Stmt};
 use super::decode::{decode, Decoded, CURSOR, LIVE_FROM, LOWEST_UNSENT, TURN};
 use super::error::hidden_by_row_security;
 use super::error::{query_err, OutboxError};
 use super::floors::Floors;
-use super::liveness::{replacement, Replace};
+use super::ident::TableName;
 use super::statements::Acknowledge;
 use super::store::Outbox;
+use super::template::{render, Value};
 use super::upkeep::Stats;
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
 use tokio_postgres::types::ToSql;
@@ -28,7 +27,7 @@ impl Outbox {
     }
 
     /// The relay's statements for this table prepared on `client`, which may already hold
-    /// other tables' ([`SharedConn`]): the session settings below are the same for every
+    /// other tables' ([`HostConn`]): the session settings below are the same for every
     /// table, setting them again changes nothing.
     pub(super) async fn session_on(&self, client: Arc<Conn>) -> Result<Session, OutboxError> {
         // The relay's own commits (claims, settlements, retention) do not wait for their WAL
@@ -87,7 +86,7 @@ impl Outbox {
                 }
                 return Err(OutboxError::SettlementRewritten {
                     table: self.table().to_string(),
-                    causes: format!("{} ({})", rules.join("; "), super::describe(&e)),
+                    causes: format!("{} ({})", rules.join("; "), super::error::describe(&e)),
                 });
             }
             Err(e) => {
@@ -162,12 +161,12 @@ impl Outbox {
     }
 
     /// `template` for `table` (its name and its name as a literal).
-    fn fill_table(&self, template: &str, table: &super::TableName) -> Result<String, OutboxError> {
-        super::template::render(
+    fn fill_table(&self, template: &str, table: &TableName) -> Result<String, OutboxError> {
+        render(
             template,
             &[
-                ("table", super::template::Value::Table(table)),
-                ("table_literal", super::template::Value::TableLiteral(table)),
+                ("table", Value::Table(table)),
+                ("table_literal", Value::TableLiteral(table)),
             ],
         )
         .map_err(OutboxError::Template)
@@ -268,11 +267,11 @@ impl Outbox {
             return Ok(claim_lock);
         };
         let budget_ms = claim_budget(deadline).as_millis().max(1).to_string();
-        super::template::render(
+        render(
             include_str!("../../sql/claim_deadline.sql"),
             &[
-                ("budget_ms", super::template::Value::Sql(&budget_ms)),
-                ("claim_lock", super::template::Value::Sql(&claim_lock)),
+                ("budget_ms", Value::Sql(&budget_ms)),
+                ("claim_lock", Value::Sql(&claim_lock)),
             ],
         )
         .map_err(OutboxError::Template)
@@ -611,216 +610,6 @@ struct Settle {
     full: Stmt,
     /// The same for a claim whose rows were all acknowledged.
     sent_only: Stmt,
-}
-
-/// A session that reconnects on demand after the connection is lost; shared by the claim loop,
-/// the settling tasks and the statistics task.
-#[derive(Debug)]
-pub struct SharedSession {
-    outbox: Arc<Outbox>,
-    current: Mutex<Option<Arc<Session>>>,
-    /// A connection this table shares with others ([`SharedSession::on`]), in place of one
-    /// of its own; another may be bound for each turn ([`SharedSession::bind`]).
-    host: std::sync::Mutex<Option<Arc<super::SharedConn>>>,
-    /// Whether a connection was ever established: only a later one is news (INFO), the first
-    /// of a lazy session is not.
-    connected: std::sync::atomic::AtomicBool,
-}
-
-impl SharedSession {
-    pub fn new(outbox: Arc<Outbox>, first: Session) -> Self {
-        SharedSession {
-            outbox,
-            current: Mutex::new(Some(Arc::new(first))),
-            host: std::sync::Mutex::new(None),
-            connected: std::sync::atomic::AtomicBool::new(true),
-        }
-    }
-
-    /// A session on `host`, a connection the sessions of several tables share.
-    pub fn on(outbox: Arc<Outbox>, host: Arc<super::SharedConn>) -> Self {
-        SharedSession {
-            outbox,
-            current: Mutex::new(None),
-            host: std::sync::Mutex::new(Some(host)),
-            connected: std::sync::atomic::AtomicBool::new(true),
-        }
-    }
-
-    /// A session that connects at its first use.
-    pub fn lazy(outbox: Arc<Outbox>) -> Self {
-        SharedSession {
-            outbox,
-            current: Mutex::new(None),
-            host: std::sync::Mutex::new(None),
-            connected: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    /// The live session, reconnecting once if the last one is closed. Callers that get an
-    /// error back decide how long to wait before asking again.
-    /// From now on, runs on `host` (a session made with [`SharedSession::on`]): a relay serving
-    /// several tables gives each turn a connection of its own.
-    pub fn bind(&self, host: Arc<super::SharedConn>) {
-        *self.host.lock().expect("host lock") = Some(host);
-    }
-
-    fn host(&self) -> Option<Arc<super::SharedConn>> {
-        self.host.lock().expect("host lock").clone()
-    }
-
-    pub async fn get(&self) -> Result<Arc<Session>, OutboxError> {
-        if let Some(host) = self.host() {
-            let limit = self.outbox.round_trip().map(|deadline| {
-                self.outbox
-                    .connector()
-                    .config()
-                    .get_connect_timeout()
-                    .copied()
-                    .unwrap_or_default()
-                    + deadline
-            });
-            return match limit {
-                Some(limit) => tokio::time::timeout(limit, host.session(&self.outbox))
-                    .await
-                    .map_err(|_| OutboxError::Unanswered {
-                        what: "setting up a shared connection",
-                        after: limit,
-                    })?,
-                None => host.session(&self.outbox).await,
-            };
-        }
-        let mut current = self.current.lock().await;
-        if let Some(session) = current.as_ref() {
-            if !session.is_closed() {
-                return Ok(Arc::clone(session));
-            }
-        }
-        *current = None;
-        // A connection can go dark while its statements are prepared too, and this lock is held
-        // meanwhile: every caller would wait with it.
-        let session = match self.outbox.round_trip() {
-            Some(deadline) => {
-                let limit = self
-                    .outbox
-                    .connector()
-                    .config()
-                    .get_connect_timeout()
-                    .copied()
-                    .unwrap_or_default()
-                    + deadline;
-                tokio::time::timeout(limit, self.outbox.connect())
-                    .await
-                    .map_err(|_| OutboxError::Unanswered {
-                        what: "setting up a new connection",
-                        after: limit,
-                    })??
-            }
-            None => self.outbox.connect().await?,
-        };
-        let session = Arc::new(session);
-        *current = Some(Arc::clone(&session));
-        if self
-            .connected
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tracing::info!(target = %self.outbox.connector().target(), "database connection established");
-        } else {
-            tracing::debug!(target = %self.outbox.connector().target(), "database connection established");
-        }
-        Ok(session)
-    }
-}
-
-impl SharedSession {
-    /// Runs `op` (one round trip, or a few pipelined) on the live session within `run`'s
-    /// deadline. A connection that gave no answer in time, or whose server takes no writes, is
-    /// dropped here, with one WARN line, and the next call opens a new one; the caller gets the
-    /// error back and retries as it does after any database failure. What the round trip was
-    /// doing when the connection went is the lease's to settle: a claim's rows stay leased until
-    /// their lease ends, then any replica takes them; a settlement retried on the new
-    /// connection meets its rows unchanged, or changed by its own first try (every settlement
-    /// is fenced by owner and lease token, and only ever applies to a row still unsent and
-    /// unquarantined, so applying it twice changes nothing the second time).
-    pub async fn run<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T, OutboxError>
-    where
-        F: FnOnce(Arc<Session>) -> Fut,
-        Fut: std::future::Future<Output = Result<T, OutboxError>>,
-    {
-        let session = self.get().await?;
-        let result = match self.outbox.round_trip() {
-            Some(deadline) => tokio::time::timeout(deadline, op(Arc::clone(&session)))
-                .await
-                .unwrap_or(Err(OutboxError::Unanswered {
-                    what,
-                    after: deadline,
-                })),
-            None => op(Arc::clone(&session)).await,
-        };
-        if let Err(e) = &result {
-            if let Some(why) = replacement(e) {
-                self.replace(&session, why, what, e).await;
-            }
-        }
-        result
-    }
-
-    /// Drops `session` if it is still the current one; of the callers that met the same dark
-    /// connection only the first logs.
-    async fn replace(&self, session: &Arc<Session>, why: Replace, what: &str, e: &OutboxError) {
-        if let Some(host) = self.host() {
-            if !host.drop_conn_of(session).await {
-                return;
-            }
-        } else {
-            let mut current = self.current.lock().await;
-            match current.as_ref() {
-                Some(live) if Arc::ptr_eq(live, session) => *current = None,
-                _ => return,
-            }
-        }
-        match why {
-            Replace::Unanswered => tracing::warn!(
-                target = %self.outbox.connector().target(),
-                "database connection dropped: {e}; the next round trip opens a new one"
-            ),
-            Replace::ReadOnly => {
-                let deadline = self.outbox.round_trip().unwrap_or(Duration::from_secs(5));
-                let server = tokio::time::timeout(deadline, session.server_address())
-                    .await
-                    .ok()
-                    .flatten()
-                    .unwrap_or_else(|| "(address not known)".to_string());
-                let standby = tokio::time::timeout(deadline, session.in_recovery())
-                    .await
-                    .ok()
-                    .flatten()
-                    .unwrap_or(false);
-                // A URL of one host has no primary to give way to: skipping read-only hosts
-                // would only turn this into "cannot connect: database does not allow writes"
-                // for ever. Say what the host is instead, at every try, until it is promoted
-                // or the URL is fixed.
-                if standby && self.outbox.connector().host_count() == 1 {
-                    tracing::error!(
-                        server = %server,
-                        "database server {server} is a standby (pg_is_in_recovery() is true) and --database-url names no other host: it takes no writes, so nothing is sent; point --database-url at the primary, or list the primary too (with target_session_attrs=read-write)"
-                    );
-                    return;
-                }
-                self.outbox.connector().skip_read_only_hosts();
-                let kind = match standby {
-                    true => "is a standby (pg_is_in_recovery() is true)",
-                    false => "takes no writes (a demoted primary)",
-                };
-                tracing::warn!(
-                    server = %server,
-                    hosts = %self.outbox.connector().hosts(),
-                    error = %e,
-                    "database server {server} {kind}: it takes no writes, while {what}; dropped the connection, connecting to the next host that does"
-                );
-            }
-        }
-    }
 }
 
 #[cfg(test)]

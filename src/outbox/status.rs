@@ -46,7 +46,7 @@ pub struct TableStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_back: Option<HeldBack>,
     /// The live relays of the table (registered, lease not run out), newest version first.
-    pub relays: Vec<super::LiveRelay>,
+    pub relays: Vec<super::fleet::LiveRelay>,
     /// Signs of relays of before 0.2.0, which do not register: owners of live leases that are
     /// not registered, sessions named `outbox-relay`. What `migrate --contract` waits for.
     pub unregistered: Vec<String>,
@@ -173,7 +173,10 @@ impl Outbox {
 
     /// Where `status` reads the unsent index and the lease table from (sql/status_floors.sql):
     /// (0, 0) where the registry does not publish floors (schema version 4 and before).
-    async fn published_floors(&self, client: &super::Conn) -> Result<(i64, i64), OutboxError> {
+    async fn published_floors(
+        &self,
+        client: &super::conn::Conn,
+    ) -> Result<(i64, i64), OutboxError> {
         let relays = self.table().relays();
         if !self.has_column_in(client, &relays, "unsent_floor").await? {
             return Ok((0, 0));
@@ -193,7 +196,7 @@ impl Outbox {
     /// The watermark's hold-back, on a table that has the `xact_id` column.
     async fn held_back(
         &self,
-        client: &super::Conn,
+        client: &super::conn::Conn,
         unsent_floor: i64,
     ) -> Result<Option<HeldBack>, OutboxError> {
         if !self.has_column(client, XACT_COLUMN).await? {
@@ -410,7 +413,7 @@ mod tests {
             sent_last_minute: 56,
             unsent_counted_from_id: 4711,
             held_back: None,
-            relays: vec![super::super::LiveRelay {
+            relays: vec![crate::outbox::fleet::LiveRelay {
                 relay_id: "relay-a".into(),
                 version: "0.2.0".into(),
                 host: "h1".into(),

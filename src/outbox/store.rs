@@ -16,8 +16,7 @@ use super::error::{query_err, OutboxError};
 use super::floors::Floors;
 use super::ident::{KeyIndex, TableName};
 use super::pooler::Pooler;
-use super::schema::LockPolicy;
-use super::settings::DatabaseConfig;
+use super::settings::{DatabaseConfig, LockPolicy};
 use super::statements::{Acknowledge, Statements};
 
 /// What a command asks of the outbox besides where it is ([`Outbox::from_config`]).

@@ -2,7 +2,7 @@
 //!
 //! - **Connections**: a fixed few whatever the number of tables: each of the
 //!   `--active-tables` turns that may run at once has a connection for claims and one for
-//!   settlements, which every table's statements are prepared on ([`SharedConn`]); upkeep on
+//!   settlements, which every table's statements are prepared on ([`HostConn`]); upkeep on
 //!   one, the look on one, discovery on a short-lived one.
 //! - **The look**: one statement (per hundred tables) every `--poll-interval` tells, for every
 //!   table, whether a row is claimable, the age of its oldest unsent row, and whether upkeep
@@ -30,7 +30,7 @@ use crate::config::RunConfig;
 use crate::metrics::{Health, Section};
 use crate::otel::Tracing;
 use crate::outbox::{
-    Look, Outbox, OutboxError, Purpose, Registration, SharedConn, SharedSession, TableName, Upkeep,
+    HostConn, LiveSession, Look, Outbox, OutboxError, Purpose, Registration, TableName, Upkeep,
     Watch,
 };
 
@@ -55,8 +55,8 @@ struct Table {
 
 /// A turn's connections: claims (and the registration), settlements.
 struct Slot {
-    claims: Arc<SharedConn>,
-    settlements: Arc<SharedConn>,
+    claims: Arc<HostConn>,
+    settlements: Arc<HostConn>,
 }
 
 struct Trouble {
@@ -90,7 +90,7 @@ async fn first_look(
             *named = resolved.table;
         }
     }
-    let first = root.select(&selection).await?;
+    let first = root.connector().select(&selection).await?;
     Ok((selection, first))
 }
 
@@ -149,8 +149,8 @@ pub async fn run(
     }
     let slots = (0..config.many.active_tables)
         .map(|_| Slot {
-            claims: SharedConn::new(PREPARED_TABLES),
-            settlements: SharedConn::new(PREPARED_TABLES),
+            claims: HostConn::new(PREPARED_TABLES),
+            settlements: HostConn::new(PREPARED_TABLES),
         })
         .collect::<Vec<_>>();
     let mut many = Many {
@@ -272,8 +272,8 @@ impl Many {
         let registration = Registration::starting(&config.claim.relay_id, config.claim.lease);
         // Bound to a slot's connections at each turn (`start_turns`).
         let sessions = Sessions {
-            claims: SharedSession::on(Arc::clone(&outbox), Arc::clone(&self.slots[0].claims)),
-            settlements: SharedSession::on(
+            claims: LiveSession::on(Arc::clone(&outbox), Arc::clone(&self.slots[0].claims)),
+            settlements: LiveSession::on(
                 Arc::clone(&outbox),
                 Arc::clone(&self.slots[0].settlements),
             ),
@@ -319,7 +319,7 @@ impl Many {
                 match within(
                     c.retry.db_timeout,
                     "looking up the tables",
-                    root.select(&selection),
+                    root.connector().select(&selection),
                 )
                 .await
                 {

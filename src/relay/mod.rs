@@ -40,7 +40,7 @@ use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::Tracing;
 use crate::outbox::{
-    ClaimRequest, Outbox, OutboxError, Registration, Session, SharedSession, Upkeep, Wakeup,
+    ClaimRequest, LiveSession, Outbox, OutboxError, Registration, Session, Upkeep, Wakeup,
 };
 use crate::row::Claimed;
 use crate::s3::S3;
@@ -85,10 +85,10 @@ struct Relay {
     /// The table: connections, the wake-up listeners, the upkeep statements.
     outbox: Arc<Outbox>,
     /// The connection claims and settlements share, replaced when it goes dark.
-    session: SharedSession,
+    session: LiveSession,
     /// Settlements' own connection: a second backend, so that with the database's cores
     /// saturated by the application the relay's claims and settlements each get a share.
-    settlements: SharedSession,
+    settlements: LiveSession,
     /// Statistics and maintenance, on a connection of their own so they never delay claims
     /// and settlements.
     upkeep: Upkeep,
@@ -265,7 +265,7 @@ pub struct Connected {
 /// files its settings name once, at start-up.
 pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, RelayError> {
     let outbox = Arc::new(outbox);
-    // As for every later connection (SharedSession::get): the handshake has its own bound, the
+    // As for every later connection (LiveSession::get): the handshake has its own bound, the
     // statements prepared after it one round-trip deadline more.
     let limit = config.database.connect_timeout + config.retry.db_timeout;
     let first = tokio::time::timeout(limit, outbox.connect())
@@ -337,8 +337,8 @@ pub async fn run(
         config,
         Arc::clone(&outbox),
         Sessions {
-            claims: SharedSession::new(Arc::clone(&outbox), first),
-            settlements: SharedSession::lazy(Arc::clone(&outbox)),
+            claims: LiveSession::new(Arc::clone(&outbox), first),
+            settlements: LiveSession::lazy(Arc::clone(&outbox)),
         },
         &shared,
         registration,
@@ -382,8 +382,8 @@ pub async fn run(
 
 /// A table's connections: its own (one table), or shared with the other tables'.
 pub(crate) struct Sessions {
-    pub(crate) claims: SharedSession,
-    pub(crate) settlements: SharedSession,
+    pub(crate) claims: LiveSession,
+    pub(crate) settlements: LiveSession,
 }
 
 impl Relay {

@@ -4,18 +4,14 @@ use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 
-use super::super::conn::Access;
-use super::super::template::{render, Value};
 use super::catalog::{index_in_progress, index_validity};
-use super::plan::{SESSION_LOCK, TRANSACTION_LOCK};
+use super::plan::{DROP_INDEX, SESSION_LOCK, TRANSACTION_LOCK};
 use super::{Step, BACKFILL_PAGES, RETRY_BASE, RETRY_CAP};
-use crate::outbox::conn::Conn;
+use crate::outbox::conn::{Access, Conn};
 use crate::outbox::error::{query_err, OutboxError};
 use crate::outbox::ident::TableName;
 use crate::outbox::store::Outbox;
-
-/// What an interrupted concurrent build left behind goes before the build starts again.
-pub(super) const DROP_INDEX: &str = "DROP INDEX CONCURRENTLY IF EXISTS {index};";
+use crate::outbox::template::{render, Value};
 
 impl Outbox {
     /// A connection holding the migration lock, with the session's timeouts set. The lock is
@@ -104,7 +100,7 @@ impl Outbox {
             if !lock_not_granted(error.code()) {
                 return Err(OutboxError::Query {
                     context: "applying a migration step",
-                    detail: format!("{what}: {}", super::super::describe(&error)),
+                    detail: format!("{what}: {}", crate::outbox::error::describe(&error)),
                     source: error,
                 });
             }

@@ -1,12 +1,12 @@
 //! What the catalog says is there: the recorded version, an adopted table's columns and progress.
 
-use super::super::template::{render, Value};
 use super::AdoptState;
 use crate::outbox::columns::ColumnMap;
 use crate::outbox::conn::Conn;
 use crate::outbox::error::{query_err, OutboxError};
 use crate::outbox::ident::TableName;
 use crate::outbox::store::Outbox;
+use crate::outbox::template::{render, Value};
 
 /// The version `migrate` recorded for a table.
 const READ_VERSION: &str = "SELECT version FROM {versions} WHERE table_name = $1";

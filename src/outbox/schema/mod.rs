@@ -22,7 +22,7 @@ use super::columns::ColumnMap;
 use super::error::OutboxError;
 use super::ident::{KeyIndex, TableName};
 use super::store::Outbox;
-use crate::batch::KeyColumn;
+use crate::row::KeyColumn;
 
 mod apply;
 mod catalog;
@@ -39,28 +39,6 @@ pub const SCHEMA_VERSION: i32 = crate::version::NEEDS_SCHEMA;
 pub struct MigrateReport {
     pub from: i32,
     pub to: i32,
-}
-
-/// How long a step waits for a lock that blocks writes, and how often it tries.
-///
-/// While an `ALTER TABLE` waits in the lock queue, every insert the application issues queues
-/// behind it; `timeout` bounds that stall (per try), the tries and the pauses between them
-/// bound how long `migrate` keeps trying before it says why it gave up.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockPolicy {
-    /// `lock_timeout` of the steps that take an ACCESS EXCLUSIVE lock.
-    pub timeout: Duration,
-    /// Tries per step before giving up.
-    pub attempts: u32,
-}
-
-impl Default for LockPolicy {
-    fn default() -> Self {
-        LockPolicy {
-            timeout: Duration::from_millis(100),
-            attempts: 30,
-        }
-    }
 }
 
 /// `statement_timeout` of every statement but the concurrent index builds and the validation,
@@ -137,7 +115,9 @@ impl Outbox {
                 &[&base.quoted()],
             )
             .await
-            .map_err(super::query_err("looking up the outbox table"))?
+            .map_err(crate::outbox::error::query_err(
+                "looking up the outbox table",
+            ))?
             .get(0);
         if partitioned {
             return Err(OutboxError::Partitioned(base.quoted()));

@@ -1,21 +1,25 @@
 //! The steps of `migrate` and `migrate --adopt`, planned without a database, and their text.
 //!
-//! Every statement is rendered by the one template renderer (`outbox::template`): names are
+//! Every statement is rendered by the one template renderer (`template`): names are
 //! quoted once, there, and a placeholder left without a value is an error, not SQL.
 
 use std::fmt::Write as _;
 
-use super::super::ident::key_sql;
-use super::super::template::{literal, render, Value};
 use super::catalog::Column;
 use super::{AdoptState, Step, BACKFILL_PAGES, STATEMENT_TIMEOUT};
-use crate::batch::KeyColumn;
 use crate::outbox::columns::ColumnMap;
 use crate::outbox::error::OutboxError;
+use crate::outbox::ident::key_sql;
 use crate::outbox::ident::{quote_ident, KeyIndex, TableName};
 use crate::outbox::order_by::OrderBy;
 use crate::outbox::schema::SCHEMA_VERSION;
 use crate::outbox::store::Outbox;
+use crate::outbox::template::{literal, render, Value};
+use crate::row::KeyColumn;
+
+/// Drops an index that another replaces, and what an interrupted concurrent build left
+/// behind before the build starts again.
+pub(super) const DROP_INDEX: &str = "DROP INDEX CONCURRENTLY IF EXISTS {index};";
 
 /// The statements of a migration too small for a file in `sql/` of their own; rendered like
 /// those.
@@ -328,7 +332,7 @@ impl Outbox {
                 );
                 Ok(Step::Unbounded {
                     what: format!("dropping index {}, replaced", quote_ident(&old.name)),
-                    sql: fill_in(super::apply::DROP_INDEX, &[("index", Value::Table(&old))])?,
+                    sql: fill_in(DROP_INDEX, &[("index", Value::Table(&old))])?,
                 })
             })
             .collect()

@@ -1,6 +1,6 @@
 //! What each `--wakeup` mode installs in the database (the NOTIFY trigger, the publication)
 //! and what is installed now: `migrate --wakeup MODE` installs what MODE needs and removes what
-//! it does not (the modes themselves: `outbox::wakeup`).
+//! it does not (the modes themselves: the `wakeup` room of `outbox`).
 
 use crate::outbox::conn::Conn;
 use crate::outbox::error::{query_err, OutboxError};
