@@ -152,6 +152,7 @@ mod maps {
             "claim",
             "wakeup",
             "pooler",
+            "settle",
             "statements",
         ],
         &["conn", "liveness", "connector", "settings", "selection"],

@@ -20,7 +20,9 @@
 //!    - `claim`: claim strategies (plain, fair, ordered, ordered + fair), their SQL and
 //!      parameters, and the parking statements of a blocking order.
 //!    - `wakeup`: the `--wakeup` modes, and what each needs installed.
-//!    - `statements`: the table's statements, rendered once; each acknowledgement mode's.
+//!    - `settle`: the settlement statement whole: its text per acknowledgement mode, its `$n`
+//!      layout, the arguments a settlement binds and the answer it reads.
+//!    - `statements`: the table's statements, rendered once.
 //!    - `rendered` (tests only): every statement as rendered, kept whole in `sql/rendered/`.
 //! 2. Connections: no table.
 //!    - `pooler`: `--pooler`, what a connection pooler in between allows.
@@ -58,6 +60,7 @@ mod order_by;
 #[cfg(test)]
 mod rendered;
 mod settings;
+mod settle;
 mod statements;
 mod template;
 mod wakeup;

@@ -10,12 +10,11 @@ use super::error::hidden_by_row_security;
 use super::error::{query_err, OutboxError};
 use super::floors::Floors;
 use super::ident::TableName;
-use super::statements::Acknowledge;
+use super::settle::{Acknowledge, SettleAnswer, SettleArgs};
 use super::store::Outbox;
 use super::template::{render, Value};
 use super::upkeep::Stats;
 use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
-use tokio_postgres::types::ToSql;
 
 use crate::row::{Claimed, Settled, Settlement};
 
@@ -230,7 +229,7 @@ pub struct RelayStatement<'a> {
 impl Outbox {
     /// The statements a relay's session prepares, in the order `connect` binds them.
     pub fn relay_statements(&self) -> Vec<RelayStatement<'_>> {
-        let settle = self.acknowledge().sql(self.statements());
+        let settle = self.statements().settle(self.acknowledge());
         fn s<'a>(name: &'static str, sql: &'a str, writes: bool) -> RelayStatement<'a> {
             RelayStatement { name, sql, writes }
         }
@@ -424,52 +423,23 @@ impl Session {
         if s.is_empty() {
             return Ok(Settled::default());
         }
-        let tokens = s.tokens();
-        let sent_ids: Vec<i64> = s.sent.iter().map(|r| r.id).collect();
-        let r = &s.reschedule;
-        let rescheduled_ids: Vec<i64> = r.iter().map(|r| r.id).collect();
-        let delays: Vec<f64> = r.iter().map(|r| r.delay.as_secs_f64()).collect();
-        let errors: Vec<Option<&str>> = r.iter().map(|r| r.error.as_deref()).collect();
-        let refunds: Vec<i32> = r.iter().map(|r| i32::from(r.refund)).collect();
-        let q = &s.quarantine;
-        let quarantined_ids: Vec<i64> = q.iter().map(|r| r.id).collect();
-        let reasons: Vec<&str> = q.iter().map(|r| r.reason.as_str()).collect();
-        let q_errors: Vec<&str> = q.iter().map(|r| r.error.as_str()).collect();
-        let q_delays: Vec<Option<f64>> = q
-            .iter()
-            .map(|r| r.retry_in.map(|d| d.as_secs_f64()))
-            .collect();
-        let message_ids: Vec<&str> = s.sent.iter().map(|r| r.message_id.as_str()).collect();
-        let others = !(r.is_empty() && q.is_empty());
-        let mut params: Vec<&(dyn ToSql + Sync)> = vec![&owner, &tokens, &sent_ids];
-        if others {
-            params.extend([
-                &rescheduled_ids as &(dyn ToSql + Sync),
-                &delays,
-                &errors,
-                &refunds,
-                &quarantined_ids,
-                &reasons,
-                &q_errors,
-                &q_delays,
-            ]);
-        }
-        if self.statements.settle.mode == Acknowledge::MarkSent {
-            params.push(&message_ids);
-        }
-        let statement = match others {
+        let mode = self.statements.settle.mode;
+        let args = SettleArgs::new(mode, owner, s);
+        let statement = match args.others() {
             true => &self.statements.settle.full,
             false => &self.statements.settle.sent_only,
         };
         let row = self
             .client
-            .query_one(statement, &params)
+            .query_one(statement, &args.params())
             .await
-            .map_err(query_err(self.statements.settle.mode.context()))?;
-        let fenced: Vec<i64> = row.get(0);
-        let sent: i64 = row.get(1);
-        let rescheduled: Vec<i64> = row.get(2);
-        let quarantined: Vec<i64> = row.get(3);
+            .map_err(query_err(mode.context()))?;
+        let SettleAnswer {
+            fenced,
+            sent,
+            rescheduled,
+            quarantined,
+        } = SettleAnswer::read(&row);
         let quarantined_reasons = s
             .quarantine
             .iter()
@@ -701,15 +671,15 @@ mod tests {
         let kept = outbox(false);
         assert_eq!(kept.acknowledge(), Acknowledge::MarkSent);
         assert!(kept
-            .acknowledge()
-            .sql(kept.statements())
+            .statements()
+            .settle(kept.acknowledge())
             .sent_only
             .contains("SET sent_at = now()"));
         let deleted = outbox(true);
         assert_eq!(deleted.acknowledge(), Acknowledge::Delete);
         assert!(deleted
-            .acknowledge()
-            .sql(deleted.statements())
+            .statements()
+            .settle(deleted.acknowledge())
             .sent_only
             .contains("DELETE FROM \"outbox\""));
     }

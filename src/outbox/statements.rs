@@ -6,6 +6,7 @@ use super::claim::{self, ClaimStrategy};
 use super::error::OutboxError;
 use super::ident::TableName;
 use super::order_by::{OrderBy, XACT_COLUMN};
+use super::settle::{Acknowledge, SettleSql};
 use super::template::{render, Value};
 
 /// The table's statements with its quoted name filled in; built once.
@@ -36,56 +37,15 @@ pub(super) struct Statements {
     pub(super) quarantine_retry: String,
 }
 
-/// One acknowledgement mode's settlement statements.
-#[derive(Debug)]
-pub(super) struct SettleSql {
-    /// Every kind of outcome.
-    pub(super) full: String,
-    /// Every row acknowledged (the usual settlement): the same without the given-back and
-    /// parked parts, a cheaper plan.
-    pub(super) sent_only: String,
-}
-
-/// What becomes of a row its destination acknowledged. A mode, not a flag: each names its
-/// statement and binds that statement's parameters, so the two cannot be paired wrongly.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Acknowledge {
-    /// mark_sent.sql: the row stays, with its message id, until retention deletes it.
-    MarkSent,
-    /// delete_sent.sql (`--delete-on-ack`): no history, but no bloat and the cheapest
-    /// settlement.
-    Delete,
-}
-
-impl Acknowledge {
-    /// This mode's settlement statements among the table's.
-    pub(super) fn sql(self, sql: &Statements) -> &SettleSql {
-        match self {
-            Acknowledge::MarkSent => &sql.settle_mark,
-            Acknowledge::Delete => &sql.settle_delete,
-        }
-    }
-
-    /// How many parameters [`Session::settle`] binds to this mode's statement, with or without
-    /// the given-back and parked rows: the message ids of the rows marked sent come last.
-    pub(super) fn param_count(self, others: bool) -> usize {
-        let base = if others { 11 } else { 3 };
-        match self {
-            Acknowledge::MarkSent => base + 1,
-            Acknowledge::Delete => base,
-        }
-    }
-
-    /// What a failed settlement was doing, for its error.
-    pub(super) fn context(self) -> &'static str {
-        match self {
-            Acknowledge::MarkSent => "recording outcomes (marking rows sent)",
-            Acknowledge::Delete => "recording outcomes (deleting acknowledged rows)",
-        }
-    }
-}
-
 impl Statements {
+    /// `mode`'s settlement statements.
+    pub(super) fn settle(&self, mode: Acknowledge) -> &SettleSql {
+        match mode {
+            Acknowledge::MarkSent => &self.settle_mark,
+            Acknowledge::Delete => &self.settle_delete,
+        }
+    }
+
     /// The plain claim's statements for `table` (see [`Statements::claiming`]).
     pub(super) fn new(table: &TableName) -> Result<Statements, OutboxError> {
         let claims = table.claims();
@@ -100,53 +60,6 @@ impl Statements {
             )
             .map_err(OutboxError::Template)
         };
-        // The message ids of rows marked sent come last: $12 after the others' parameters, $4
-        // without them.
-        let settle = |acknowledge: &str| {
-            let statement = |message_ids: &str, others: &str, (r, q): (&str, &str)| {
-                let acknowledge = render(
-                    acknowledge,
-                    &[
-                        ("table", Value::Table(table)),
-                        ("message_ids", Value::Sql(message_ids)),
-                    ],
-                )?;
-                render(
-                    include_str!("../../sql/settle.sql"),
-                    &[
-                        ("table", Value::Table(table)),
-                        ("claims", Value::Table(&claims)),
-                        ("acknowledge", Value::Sql(&acknowledge)),
-                        ("others", Value::Sql(others)),
-                        ("rescheduled", Value::Sql(r)),
-                        ("quarantined", Value::Sql(q)),
-                    ],
-                )
-            };
-            let others = format!(
-                ",\n{}",
-                render(
-                    include_str!("../../sql/settle_others.sql"),
-                    &[("table", Value::Table(table))]
-                )
-                .map_err(OutboxError::Template)?
-                .trim_end()
-            );
-            let full = statement(
-                "$12",
-                &others,
-                (
-                    "ARRAY(SELECT id FROM rescheduled)",
-                    "ARRAY(SELECT id FROM quarantined)",
-                ),
-            );
-            let none = "'{}'::bigint[]";
-            let sent_only = statement("$4", "", (none, none));
-            Ok::<_, OutboxError>(SettleSql {
-                full: full.map_err(OutboxError::Template)?,
-                sent_only: sent_only.map_err(OutboxError::Template)?,
-            })
-        };
         Ok(Statements {
             claim: ClaimStrategy::Plain
                 .sql(table)
@@ -154,8 +67,10 @@ impl Statements {
             park_blocked: None,
             unpark_blocked: None,
             claim_lock: fill(include_str!("../../sql/claim_lock.sql"))?,
-            settle_mark: settle(include_str!("../../sql/settle_mark.sql"))?,
-            settle_delete: settle(include_str!("../../sql/settle_delete.sql"))?,
+            settle_mark: SettleSql::render(table, Acknowledge::MarkSent)
+                .map_err(OutboxError::Template)?,
+            settle_delete: SettleSql::render(table, Acknowledge::Delete)
+                .map_err(OutboxError::Template)?,
             lost_leases: fill(include_str!("../../sql/lost_leases.sql"))?,
             unpark_destination: fill(include_str!("../../sql/unpark_destination.sql"))?,
             stats: stats_sql(table, OrderBy::Id)?,

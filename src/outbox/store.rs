@@ -17,7 +17,8 @@ use super::floors::Floors;
 use super::ident::{KeyIndex, TableName};
 use super::pooler::Pooler;
 use super::settings::{DatabaseConfig, LockPolicy};
-use super::statements::{Acknowledge, Statements};
+use super::settle::Acknowledge;
+use super::statements::Statements;
 
 /// What a command asks of the outbox besides where it is ([`Outbox::from_config`]).
 #[derive(Debug, Clone)]
