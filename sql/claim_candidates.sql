@@ -1,5 +1,5 @@
 -- Up to $1 claimable rows in id order, as many as fit the byte budget $4 (the first always
--- does; a row quarantined at claim weighs nothing, see `weighed` in claim.rs). Rows in a
+-- does; a row quarantined at claim weighs nothing, see `measured` in claim.rs). Rows in a
 -- claim (`leased`, sql/claim.sql), rows waiting for a retry and settled rows are skipped.
 -- From the rows' floor $5 on (src/outbox/floors.rs): the entries settled rows left below it
 -- are never read, however many a held vacuum horizon keeps. The ordered filter holds back rows
@@ -17,12 +17,12 @@ chosen AS (
     ORDER BY id
     LIMIT $1
 ),
-weighed AS (
-    {weighed}
+measured AS (
+    {measured}
 ),
 candidates AS (
-    SELECT id, doom, bytes, attempts
-    FROM (SELECT id, doom, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
-          FROM weighed) AS b
+    SELECT id, refusal, bytes, attempts
+    FROM (SELECT id, refusal, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
+          FROM measured) AS b
     WHERE b.before < $4
 )

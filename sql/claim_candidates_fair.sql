@@ -35,12 +35,12 @@ chosen AS (
     WHERE c.id = ANY (ARRAY(SELECT id FROM ranked ORDER BY turn, id LIMIT $1))
     ORDER BY c.id
 ),
-weighed AS (
-    {weighed}
+measured AS (
+    {measured}
 ),
 candidates AS (
-    SELECT id, doom, bytes, attempts
-    FROM (SELECT id, doom, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
-          FROM weighed) AS b
+    SELECT id, refusal, bytes, attempts
+    FROM (SELECT id, refusal, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
+          FROM measured) AS b
     WHERE b.before < $4
 )

@@ -182,23 +182,23 @@ chosen AS (
       -- --order-by transaction: not while an older transaction still runs (order_by.rs).
       AND {released_c}
 ),
-weighed AS (
-    {weighed}
+measured AS (
+    {measured}
 ),
--- A run stops at a row quarantined at claim (`doom`): the rows behind it wait for the next
+-- A run stops at a row quarantined at claim (`refusal`): the rows behind it wait for the next
 -- claim, where --on-poison decides whether it still holds its group.
 candidates AS (
-    SELECT b.id, b.doom, b.bytes, b.attempts
-    FROM (SELECT p.id, l.doom, l.bytes, l.attempts, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
+    SELECT b.id, b.refusal, b.bytes, b.attempts
+    FROM (SELECT p.id, l.refusal, l.bytes, l.attempts, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
           FROM picked AS p
-          JOIN weighed AS l ON l.id = p.id
+          JOIN measured AS l ON l.id = p.id
           WHERE NOT EXISTS (
               SELECT 1
               FROM picked AS q
               WHERE q.head = p.head
                 AND q.pos < p.pos
-                AND NOT EXISTS (SELECT 1 FROM weighed AS m
-                                WHERE m.id = q.id AND m.doom IS NULL))) AS b
+                AND NOT EXISTS (SELECT 1 FROM measured AS m
+                                WHERE m.id = q.id AND m.refusal IS NULL))) AS b
     WHERE b.before < $4
 ),
 {claim_update}

@@ -158,7 +158,7 @@ mod maps {
         &["conn", "liveness", "connector", "settings", "selection"],
         &["store"],
         &[
-            "session", "upkeep", "fleet", "live", "watch", "listen", "doorbell",
+            "session", "upkeep", "registry", "live", "watch", "listen", "doorbell",
         ],
         &[
             "admin",

@@ -38,7 +38,8 @@
 //! 4. The hot path: what `run` does again and again.
 //!    - `session`: a connection with the relay's prepared statements; claims and settlements.
 //!    - `upkeep`: statistics and maintenance on a connection of their own, each under a timeout.
-//!    - `fleet`: the relay registry `<table>_relays` and the schema's contract (who may claim).
+//!    - `registry`: the relay registry `<table>_relays` and the schema's contract (who may
+//!      claim).
 //!    - `live`: a session that reconnects on demand, shared by the relay's tasks; one
 //!      connection the sessions of several tables share.
 //!    - `watch`: the look a relay serving several tables takes at all of them at once.
@@ -74,8 +75,8 @@ mod pooler;
 
 mod store;
 
-mod fleet;
 mod live;
+mod registry;
 mod session;
 mod upkeep;
 mod watch;
@@ -93,13 +94,13 @@ pub use columns::ColumnMap;
 pub use conn::Conn;
 pub use connector::Connector;
 pub use error::{describe, sqlstate_is_transient, OutboxError};
-pub use fleet::{LiveRelay, Registration, Renewed};
 pub use floors::{Floors, FULL_RETENTION_PASS};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use live::{HostConn, LiveSession};
 pub use liveness::{reconnect_delay, replacement, Replace};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
+pub use registry::{LiveRelay, Registration, Renewed};
 pub use schema::{MigrateReport, SCHEMA_VERSION};
 pub use search_path::Resolved;
 pub use selection::{Pattern, Selection};

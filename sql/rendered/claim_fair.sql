@@ -93,13 +93,13 @@ chosen AS (
     WHERE c.id = ANY (ARRAY(SELECT id FROM ranked ORDER BY turn, id LIMIT $1))
     ORDER BY c.id
 ),
-weighed AS (
-    SELECT id, bytes, attempts, doom, CASE WHEN doom IS NULL THEN bytes ELSE 0 END AS held FROM (SELECT id, bytes, attempts, CASE WHEN bytes > $6::bigint THEN 'too_large' WHEN attempts >= $7::int THEN 'max_attempts' END AS doom FROM chosen) AS w
+measured AS (
+    SELECT id, bytes, attempts, refusal, CASE WHEN refusal IS NULL THEN bytes ELSE 0 END AS held FROM (SELECT id, bytes, attempts, CASE WHEN bytes > $6::bigint THEN 'too_large' WHEN attempts >= $7::int THEN 'max_attempts' END AS refusal FROM chosen) AS w
 ),
 candidates AS (
-    SELECT id, doom, bytes, attempts
-    FROM (SELECT id, doom, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
-          FROM weighed) AS b
+    SELECT id, refusal, bytes, attempts
+    FROM (SELECT id, refusal, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
+          FROM measured) AS b
     WHERE b.before < $4
 )
 ,
@@ -113,7 +113,7 @@ candidates AS (
 -- count is written here for those not quarantined at claim (the others get it with their
 -- quarantine), and is in `attempts` from `chosen` on.
 --
--- A candidate with a `doom` (see `weighed` in claim.rs) is quarantined here instead, in the
+-- A candidate with a `refusal` (see `measured` in claim.rs) is quarantined here instead, in the
 -- same statement: its payload is larger than the relay can hold ($6::bigint bytes), or its
 -- claims kept ending without an outcome (its relays died holding it) until its attempts reached
 -- $7::int. Such a row is not leased, spends no attempt, and its payload is not returned:
@@ -128,15 +128,15 @@ abandoned AS (
     WHERE o.id = t.id
       AND o.id = ANY (ARRAY(SELECT id FROM taken))
       AND coalesce(o.sent_at, o.quarantined_at) IS NULL
-      AND o.id NOT IN (SELECT id FROM candidates WHERE doom IS NOT NULL)
+      AND o.id NOT IN (SELECT id FROM candidates WHERE refusal IS NOT NULL)
     RETURNING o.id
 ),
-doomed AS (
+refused AS (
     UPDATE "app"."outbox" AS o
     SET quarantined_at = now(),
-        quarantine_reason = candidates.doom,
+        quarantine_reason = candidates.refusal,
         attempts = candidates.attempts,
-        last_error = CASE candidates.doom
+        last_error = CASE candidates.refusal
             WHEN 'too_large' THEN format(
                 'payload of %s bytes is larger than the relay can hold (%s bytes, --max-payload-bytes); quarantined at claim without being read',
                 candidates.bytes, $6::bigint)
@@ -149,27 +149,27 @@ doomed AS (
       -- An index condition whatever the join order: on a table the planner sees as empty,
       -- starting from the outbox (its whole primary key) cost it as little as starting from
       -- the candidates, and it did (see sql/settle.sql).
-      AND o.id = ANY (ARRAY(SELECT id FROM candidates WHERE doom IS NOT NULL))
-      AND candidates.doom IS NOT NULL
+      AND o.id = ANY (ARRAY(SELECT id FROM candidates WHERE refusal IS NOT NULL))
+      AND candidates.refusal IS NOT NULL
     RETURNING o.id, o.last_error
 ),
 lease AS (
     INSERT INTO "app"."outbox_claims" (owner, until, ids)
     SELECT $2, now() + make_interval(secs => $3), array_agg(id ORDER BY id)
     FROM candidates
-    WHERE doom IS NULL
+    WHERE refusal IS NULL
     HAVING count(*) > 0
     RETURNING token
 ),
 claimed AS (
     SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-           CASE WHEN c.doom IS NULL THEN o.payload::text END,
+           CASE WHEN c.refusal IS NULL THEN o.payload::text END,
            o.headers, o.queue_url,
            coalesce((SELECT token FROM lease), 0) AS lease_token,
-           c.attempts + CASE WHEN c.doom IS NULL THEN 1 ELSE 0 END AS attempts,
+           c.attempts + CASE WHEN c.refusal IS NULL THEN 1 ELSE 0 END AS attempts,
            extract(epoch FROM o.created_at)::float8,
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-           c.doom,
+           c.refusal,
            d.last_error AS doom_error,
            o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
@@ -185,7 +185,7 @@ claimed AS (
             LIMIT 1) AS lowest_unsent
     FROM candidates AS c
     JOIN "app"."outbox" AS o ON o.id = c.id
-    LEFT JOIN doomed AS d ON d.id = c.id
+    LEFT JOIN refused AS d ON d.id = c.id
     WHERE o.id = ANY (ARRAY(SELECT id FROM candidates))
 )
 

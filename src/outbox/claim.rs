@@ -96,7 +96,7 @@ impl Default for ClaimLimits {
 
 /// The parameters, owned, in the types the statements declare.
 #[derive(Debug)]
-pub struct Bound {
+pub struct ClaimParams {
     limit: i64,
     owner: String,
     lease_seconds: f64,
@@ -112,19 +112,19 @@ pub struct Bound {
     max_attempts: i32,
 }
 
-impl Bound {
+impl ClaimParams {
     /// `floors`: the rows' floor and the claims' (src/outbox/floors.rs), as read for this claim.
     pub fn new(
         request: &ClaimRequest,
         strategy: &ClaimStrategy,
         limits: &ClaimLimits,
         (floor, claims_floor): (i64, i64),
-    ) -> Bound {
+    ) -> ClaimParams {
         let fifo_routes = match strategy.ordered().map(|o| &o.scope) {
             Some(OrderScope::FifoDestinations { fifo_routes, .. }) => fifo_routes.clone(),
             _ => Vec::new(),
         };
-        Bound {
+        ClaimParams {
             limit: request.limit,
             owner: request.owner.clone(),
             lease_seconds: request.lease.as_secs_f64(),
@@ -225,7 +225,7 @@ impl ClaimStrategy {
     /// then the window, the cursor and the groups per claim (full ordered), or the keys of the
     /// FIFO routes (rows bound for FIFO queues ordered); then the largest payload and the most
     /// attempts a row may have; last the claims' floor.
-    pub fn bind<'a>(&self, b: &'a Bound) -> Vec<&'a (dyn ToSql + Sync)> {
+    pub fn bind<'a>(&self, b: &'a ClaimParams) -> Vec<&'a (dyn ToSql + Sync)> {
         let mut params: Vec<&'a (dyn ToSql + Sync)> = vec![
             &b.limit,
             &b.owner,
@@ -267,7 +267,7 @@ impl ClaimStrategy {
                 ("order_o", Value::Sql(&self.order_by().columns(Some("o")))),
             ],
         )?;
-        let weighed = weighed(&max_payload, &max_attempts);
+        let measured = measured(&max_payload, &max_attempts);
         let claims_floor = self.claims_floor_param();
         let leased = render(
             include_str!("../../sql/claim_leased.sql"),
@@ -341,7 +341,7 @@ impl ClaimStrategy {
                             ("leased", Value::Sql(leased)),
                             ("attempts_c", Value::Sql(attempts_c)),
                             ("payload_bytes", Value::Sql(&payload)),
-                            ("weighed", Value::Sql(&weighed)),
+                            ("measured", Value::Sql(&measured)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
                         ],
                     )?
@@ -357,7 +357,7 @@ impl ClaimStrategy {
                             ("keys", Value::Sql(&fair_values(t, key, "keys")?)),
                             ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                             ("payload_bytes", Value::Sql(&payload)),
-                            ("weighed", Value::Sql(&weighed)),
+                            ("measured", Value::Sql(&measured)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
                         ],
                     )?
@@ -430,7 +430,7 @@ impl ClaimStrategy {
                 ("fair_h", Value::Sql(&fair_h)),
                 ("fair_turn", Value::Sql(&fair_turn)),
                 ("payload_bytes", Value::Sql(&payload)),
-                ("weighed", Value::Sql(&weighed)),
+                ("measured", Value::Sql(&measured)),
                 ("claim_update", Value::Sql(&update)),
                 ("carried_w", Value::Sql(&by.carried("w"))),
                 ("carried_c", Value::Sql(&by.carried("c"))),
@@ -646,16 +646,16 @@ fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
     )
 }
 
-/// The `weighed` CTE of every claim: the chosen rows (`id`, `attempts`, `bytes`) with their
-/// `doom`, the reason a row is quarantined by the claim instead of leased (sql/claim.sql), and
-/// what each holds of the byte budget (`held`: nothing for a doomed row, which is not read).
+/// The `measured` CTE of every claim: the chosen rows (`id`, `attempts`, `bytes`) with their
+/// `refusal`, the reason a row is quarantined by the claim instead of leased (sql/claim.sql), and
+/// what each holds of the byte budget (`held`: nothing for a refused row, which is not read).
 /// One definition, rendered into each strategy's statement.
-fn weighed(max_payload: &str, max_attempts: &str) -> String {
+fn measured(max_payload: &str, max_attempts: &str) -> String {
     format!(
-        "SELECT id, bytes, attempts, doom, CASE WHEN doom IS NULL THEN bytes ELSE 0 END AS held \
+        "SELECT id, bytes, attempts, refusal, CASE WHEN refusal IS NULL THEN bytes ELSE 0 END AS held \
          FROM (SELECT id, bytes, attempts, \
                       CASE WHEN bytes > {max_payload} THEN 'too_large' \
-                           WHEN attempts >= {max_attempts} THEN 'max_attempts' END AS doom \
+                           WHEN attempts >= {max_attempts} THEN 'max_attempts' END AS refusal \
                FROM chosen) AS w"
     )
 }
@@ -765,7 +765,7 @@ mod tests {
             let expected: std::collections::BTreeSet<usize> =
                 (1..=strategy.param_count()).collect();
             assert_eq!(used, expected, "{strategy:?}");
-            let bound = Bound::new(&request, &strategy, &ClaimLimits::default(), (0, 0));
+            let bound = ClaimParams::new(&request, &strategy, &ClaimLimits::default(), (0, 0));
             assert_eq!(strategy.bind(&bound).len(), strategy.param_count());
             assert!(sql.contains("FROM \"app\".\"outbox\""), "{strategy:?}");
         }
@@ -781,16 +781,16 @@ mod tests {
             assert_eq!(max_payload, format!("${}::bigint", n - 2), "{strategy:?}");
             assert_eq!(max_attempts, format!("${}::int", n - 1), "{strategy:?}");
             assert_eq!(strategy.claims_floor_param(), format!("${n}::bigint"));
-            let fragment = weighed(&max_payload, &max_attempts);
+            let fragment = measured(&max_payload, &max_attempts);
             assert_eq!(sql.matches(&fragment).count(), 1, "{strategy:?}");
             assert_eq!(
                 sql.matches(&payload_bytes(Some("c"), &max_payload)).count(),
                 1,
                 "{strategy:?}"
             );
-            // The doomed row's payload is not returned.
+            // The refused row's payload is not returned.
             assert!(
-                sql.contains("CASE WHEN c.doom IS NULL THEN o.payload::text END"),
+                sql.contains("CASE WHEN c.refusal IS NULL THEN o.payload::text END"),
                 "{strategy:?}"
             );
             assert!(!sql.contains("o.payload::text,"), "{strategy:?}");

@@ -29,7 +29,7 @@ const ATTEMPTS: usize = 9;
 const CREATED_AT_EPOCH: usize = 10;
 const CREATED_AT: usize = 11;
 /// Why the claim quarantined the row instead of leasing it; NULL for a leased row.
-const DOOM: usize = 12;
+const REFUSAL: usize = 12;
 const DOOM_ERROR: usize = 13;
 /// The deduplication ID a replay gave the row; NULL: its event_id.
 const DEDUP_ID: usize = 14;
@@ -59,13 +59,13 @@ pub(super) fn decode(row: &Row) -> Result<Decoded, OutboxError> {
     };
     let id = fenced(ID, "id")?;
     let lease_token = fenced(LEASE_TOKEN, "lease_token")?;
-    let doom: Option<String> =
-        optional(row, DOOM, "doom").map_err(|detail| OutboxError::ClaimShape {
-            column: "doom",
+    let refusal: Option<String> =
+        optional(row, REFUSAL, "refusal").map_err(|detail| OutboxError::ClaimShape {
+            column: "refusal",
             detail,
         })?;
-    if let Some(doom) = doom {
-        let reason = match doom.as_str() {
+    if let Some(refusal) = refusal {
+        let reason = match refusal.as_str() {
             "too_large" => QuarantineReason::TooLarge,
             _ => QuarantineReason::MaxAttempts,
         };

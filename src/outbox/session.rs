@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::claim::{Bound, ClaimLimits, ClaimRequest, ClaimStrategy};
+use super::claim::{ClaimLimits, ClaimParams, ClaimRequest, ClaimStrategy};
 use super::conn::{Conn, Stmt};
 use super::decode::{decode, Decoded, CURSOR, LIVE_FROM, LOWEST_UNSENT, TURN};
 use super::error::hidden_by_row_security;
@@ -343,7 +343,7 @@ impl Session {
     /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
         let read = self.floors.reading();
-        let bound = Bound::new(
+        let bound = ClaimParams::new(
             request,
             &self.strategy,
             &self.limits,

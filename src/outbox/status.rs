@@ -46,7 +46,7 @@ pub struct TableStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_back: Option<HeldBack>,
     /// The live relays of the table (registered, lease not run out), newest version first.
-    pub relays: Vec<super::fleet::LiveRelay>,
+    pub relays: Vec<super::registry::LiveRelay>,
     /// Signs of relays of before 0.2.0, which do not register: owners of live leases that are
     /// not registered, sessions named `outbox-relay`. What `migrate --contract` waits for.
     pub unregistered: Vec<String>,
@@ -123,7 +123,7 @@ impl Outbox {
             .await
             .map_err(query_err("reading the outbox status"))?;
         let held_back = self.held_back(&client, unsent_floor).await?;
-        let (relays, unregistered) = self.fleet_on(&client).await?;
+        let (relays, unregistered) = self.registry_on(&client).await?;
         let triggers = self.triggers_on(&client).await?;
         let base = self.base_or_table().quoted();
         let hidden = client
@@ -413,7 +413,7 @@ mod tests {
             sent_last_minute: 56,
             unsent_counted_from_id: 4711,
             held_back: None,
-            relays: vec![crate::outbox::fleet::LiveRelay {
+            relays: vec![crate::outbox::registry::LiveRelay {
                 relay_id: "relay-a".into(),
                 version: "0.2.0".into(),
                 host: "h1".into(),

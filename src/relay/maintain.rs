@@ -264,7 +264,7 @@ impl Relay {
             Ok(renewed) => {
                 self.admission.renewed(began);
                 let shown = match self.gauges {
-                    Gauges::Own(_) => show_fleet(&renewed, &me, shown),
+                    Gauges::Own(_) => show_registry(&renewed, &me, shown),
                     Gauges::Board(_) => shown,
                 };
                 (shown, Ok(()))
@@ -522,7 +522,7 @@ pub(super) type Shown = std::collections::HashSet<(String, &'static str)>;
 /// Sets `outbox_relays{version,state}` to the fleet a renewal saw, with this relay as it is now
 /// (the renewal read the fleet before its own write), and zeroes the series of versions and
 /// states gone since the last renewal; returns the series set.
-pub(super) fn show_fleet(
+pub(super) fn show_registry(
     renewed: &Renewed,
     me: &crate::outbox::Registration,
     shown: Shown,

@@ -353,7 +353,7 @@ pub async fn run(
             .lock()
             .expect("registration lock")
             .clone();
-        fleet = maintain::show_fleet(renewed, &me, fleet);
+        fleet = maintain::show_registry(renewed, &me, fleet);
     }
     tracing::info!(
         relay_id = %relay.config.claim.relay_id,

@@ -83,7 +83,7 @@ fn contract_of(row: Option<serde_json::Value>) -> Result<Contract, OutboxError> 
 }
 
 impl Outbox {
-    fn fleet_sql(&self, template: &str) -> Result<String, OutboxError> {
+    fn registry_sql(&self, template: &str) -> Result<String, OutboxError> {
         render(
             template,
             &[
@@ -107,7 +107,7 @@ impl Outbox {
             false => None,
             true => client
                 .query_opt(
-                    &self.fleet_sql(include_str!("../../sql/contract.sql"))?,
+                    &self.registry_sql(include_str!("../../sql/contract.sql"))?,
                     &[&self.table().name],
                 )
                 .await
@@ -162,7 +162,7 @@ impl Outbox {
     /// relays that never registered (relays of before 0.2.0): owners of live leases who are
     /// not registered, and sessions named as those relays named themselves. Nothing where the
     /// registry does not exist yet (schema version 3 and before).
-    pub(super) async fn fleet_on(
+    pub(super) async fn registry_on(
         &self,
         client: &Conn,
     ) -> Result<(Vec<LiveRelay>, Vec<String>), OutboxError> {
@@ -179,7 +179,7 @@ impl Outbox {
         }
         let live = client
             .query(
-                &self.fleet_sql(include_str!("../../sql/relays_live.sql"))?,
+                &self.registry_sql(include_str!("../../sql/relays_live.sql"))?,
                 &[],
             )
             .await
@@ -197,7 +197,7 @@ impl Outbox {
             .collect();
         let others = client
             .query(
-                &self.fleet_sql(include_str!("../../sql/contract_blockers.sql"))?,
+                &self.registry_sql(include_str!("../../sql/contract_blockers.sql"))?,
                 &[&version::UNVERSIONED_APPLICATION_NAME],
             )
             .await
@@ -208,14 +208,14 @@ impl Outbox {
         Ok((live, others))
     }
 
-    /// What may be a relay that `requirement` excludes, alive now (see [`Outbox::fleet_on`]).
+    /// What may be a relay that `requirement` excludes, alive now (see [`Outbox::registry_on`]).
     /// Empty: `migrate --contract` may go on.
     pub(super) async fn contract_blockers(
         &self,
         client: &Conn,
         requirement: &semver::VersionReq,
     ) -> Result<Vec<String>, OutboxError> {
-        let (live, others) = self.fleet_on(client).await?;
+        let (live, others) = self.registry_on(client).await?;
         Ok(version::contract_blockers(
             requirement,
             live.iter()
@@ -235,7 +235,7 @@ impl Outbox {
         session: &Session,
         me: &Registration,
     ) -> Result<Renewed, OutboxError> {
-        let sql = self.fleet_sql(include_str!("../../sql/renew.sql"))?;
+        let sql = self.registry_sql(include_str!("../../sql/renew.sql"))?;
         let version = version::this_relay().to_string();
         let lease = me.lease.as_secs_f64();
         let (unsent_floor, claims_floor) = (self.floors().rows(), self.floors().claims());
@@ -286,7 +286,7 @@ impl Outbox {
     /// Removes `relay_id`'s registration on `session`: a relay that stops says so, rather than
     /// being listed until its lease runs out.
     pub async fn deregister(&self, session: &Session, relay_id: &str) -> Result<(), OutboxError> {
-        let sql = self.fleet_sql("DELETE FROM {relays} WHERE relay_id = $1")?;
+        let sql = self.registry_sql("DELETE FROM {relays} WHERE relay_id = $1")?;
         let statement = session
             .conn()
             .statements(&[(sql.as_str(), true)])
