@@ -10,7 +10,7 @@ use tokio_postgres::types::ToSql;
 
 use super::ident::{key_sql, TableName};
 use super::order_by::OrderBy;
-use super::template::{render, Value};
+use super::template::{fragment, render, Value};
 use crate::group::Routing;
 use crate::row::KeyColumn;
 
@@ -257,17 +257,7 @@ impl ClaimStrategy {
         let claims = table.claims();
         let l = Value::Table(&claims);
         let (max_payload, max_attempts) = self.limit_params();
-        let update = render(
-            include_str!("../../sql/claim.sql"),
-            &[
-                ("table", t),
-                ("claims", l),
-                ("max_payload", Value::Sql(&max_payload)),
-                ("max_attempts", Value::Sql(&max_attempts)),
-                ("order_o", Value::Sql(&self.order_by().columns(Some("o")))),
-            ],
-        )?;
-        let measured = measured(&max_payload, &max_attempts);
+        let measured = measured(&max_payload, &max_attempts)?;
         let claims_floor = self.claims_floor_param();
         let leased = render(
             include_str!("../../sql/claim_leased.sql"),
@@ -287,41 +277,21 @@ impl ClaimStrategy {
         // A row taken from a claim that ended has that attempt counted (sql/claim_leased.sql).
         let attempts_c = "(c.attempts + (c.id IN (SELECT id FROM taken))::int)";
         let payload = payload_bytes(Some("c"), &max_payload);
-        // "The row just before c in its group is done": one step back in the group's order
-        // index, so the probe costs the same however many of the group's rows were sent before
-        // (a probe for the first unsent row instead walks every dead index entry the group's
-        // sent rows left behind). As a correlated scalar subquery it cannot become a hash
-        // anti-join over the backlog when statistics are missing; the range comparison keeps
-        // the planner on the (key, id) index (see claim_candidates_fair.sql).
-        // Of the key's earlier rows only its own destination's are its group: a row of the
-        // same key bound elsewhere is stepped over (usually there is none).
-        // One step back is not enough on its own: with --on-poison skip the row before c may
-        // be poison while an earlier one is still leased (A leased, B quarantined at claim, C),
-        // and a replayed row may be in flight before rows already sent. So a head's group also
-        // has no row in flight, whichever strategy offers it.
         let head_c = ordered
-            .map(|o| {
-                let (p, c) = (key_sql(&o.key, Some("p")), key_sql(&o.key, Some("c")));
-                Ok::<_, String>(format!(
-                    "({} AND {} AND coalesce((SELECT p.sent_at IS NOT NULL{} FROM {table} AS p \
-                     WHERE {p} >= {c} AND {p} <= {c} AND {} < {} AND {} = {} \
-                     ORDER BY {p} DESC, {} LIMIT 1), true))",
-                    o.by.released(Some("c")),
-                    nothing_in_flight(o, "c")?,
-                    if o.skip_poison {
-                        format!(" OR {}", poison("p"))
-                    } else {
-                        String::new()
-                    },
-                    o.by.position("p"),
-                    o.by.position("c"),
-                    destination_sql(o, "p")?,
-                    destination_sql(o, "c")?,
-                    o.by.columns_desc(Some("p")),
-                    table = table.quoted(),
-                ))
-            })
+            .map(|o| group_head(table, o, "c", "p"))
             .transpose()?;
+        // The statement reads in this order: the leased rows (sql/claim_leased.sql), the
+        // strategy's candidates, then the lease and the rows' update (sql/claim.sql).
+        let update = render(
+            include_str!("../../sql/claim.sql"),
+            &[
+                ("table", t),
+                ("claims", l),
+                ("max_payload", Value::Sql(&max_payload)),
+                ("max_attempts", Value::Sql(&max_attempts)),
+                ("order_o", Value::Sql(&self.order_by().columns(Some("o")))),
+            ],
+        )?;
         if !self.full_ordered() {
             // Rows bound for a FIFO queue ($6, the FIFO routes' keys) wait until they are their
             // group's head; the others are not held.
@@ -379,15 +349,8 @@ impl ClaimStrategy {
         } else {
             String::new()
         };
-        // `>= ''` implies the key index's predicate, `key IS NOT NULL` (KeyIndex::predicate),
-        // which the `OR` does not; the floor turns away settled rows' entries in the index
-        // (see sql/fair_values.sql).
         let keys_anchor = render(
-            "SELECT (SELECT {key_bare} FROM {table} \
-             WHERE sent_at IS NULL AND quarantined_at IS NULL AND {key_bare} >= '' \
-             AND ($7::text IS NULL OR {key_bare} > $7::text) AND id >= $5::bigint \
-             ORDER BY 1 LIMIT 1), 1::bigint \
-             WHERE (SELECT count(*) FROM oldest) < $1",
+            &fragment(include_str!("../../sql/claim_keys_anchor.sql")),
             &[("table", t), ("key_bare", Value::Sql(&key_sql(key, None)))],
         )?;
         let head = head_c.as_deref().expect("ordered");
@@ -646,17 +609,53 @@ fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
     )
 }
 
-/// The `measured` CTE of every claim: the chosen rows (`id`, `attempts`, `bytes`) with their
-/// `refusal`, the reason a row is quarantined by the claim instead of leased (sql/claim.sql), and
-/// what each holds of the byte budget (`held`: nothing for a refused row, which is not read).
-/// One definition, rendered into each strategy's statement.
-fn measured(max_payload: &str, max_attempts: &str) -> String {
-    format!(
-        "SELECT id, bytes, attempts, refusal, CASE WHEN refusal IS NULL THEN bytes ELSE 0 END AS held \
-         FROM (SELECT id, bytes, attempts, \
-                      CASE WHEN bytes > {max_payload} THEN 'too_large' \
-                           WHEN attempts >= {max_attempts} THEN 'max_attempts' END AS refusal \
-               FROM chosen) AS w"
+/// The `measured` CTE of every claim (sql/claim_measured.sql): one definition, rendered into
+/// each strategy's statement.
+fn measured(max_payload: &str, max_attempts: &str) -> Result<String, String> {
+    render(
+        &fragment(include_str!("../../sql/claim_measured.sql")),
+        &[
+            ("max_payload", Value::Sql(max_payload)),
+            ("max_attempts", Value::Sql(max_attempts)),
+        ],
+    )
+}
+
+/// "Row `c` is its group's head" (sql/claim_group_head.sql), `p` the alias of the row before it.
+///
+/// "The row just before c in its group is done": one step back in the group's order index, so
+/// the probe costs the same however many of the group's rows were sent before (a probe for
+/// the first unsent row instead walks every dead index entry the group's sent rows left
+/// behind). As a correlated scalar subquery it cannot become a hash anti-join over the
+/// backlog when statistics are missing; the range comparison keeps the planner on the (key,
+/// id) index (see claim_candidates_fair.sql). Of the key's earlier rows only its own
+/// destination's are its group: a row of the same key bound elsewhere is stepped over
+/// (usually there is none).
+///
+/// One step back is not enough on its own: with --on-poison skip the row before c may be
+/// poison while an earlier one is still leased (A leased, B quarantined at claim, C), and a
+/// replayed row may be in flight before rows already sent. So a head's group also has no row
+/// in flight, whichever strategy offers it.
+fn group_head(table: &TableName, o: &Ordered, c: &str, p: &str) -> Result<String, String> {
+    let or_poison_p = match o.skip_poison {
+        true => format!(" OR {}", poison(p)),
+        false => String::new(),
+    };
+    render(
+        &fragment(include_str!("../../sql/claim_group_head.sql")),
+        &[
+            ("table", Value::Table(table)),
+            ("released_c", Value::Sql(&o.by.released(Some(c)))),
+            ("nothing_in_flight_c", Value::Sql(&nothing_in_flight(o, c)?)),
+            ("or_poison_p", Value::Sql(&or_poison_p)),
+            ("key_p", Value::Sql(&key_sql(&o.key, Some(p)))),
+            ("key_c", Value::Sql(&key_sql(&o.key, Some(c)))),
+            ("position_p", Value::Sql(&o.by.position(p))),
+            ("position_c", Value::Sql(&o.by.position(c))),
+            ("dest_p", Value::Sql(&destination_sql(o, p)?)),
+            ("dest_c", Value::Sql(&destination_sql(o, c)?)),
+            ("order_p_desc", Value::Sql(&o.by.columns_desc(Some(p)))),
+        ],
     )
 }
 
@@ -772,7 +771,7 @@ mod tests {
     }
 
     #[test]
-    fn every_strategy_quarantines_with_the_one_weighed_fragment_and_the_two_limit_parameters() {
+    fn every_strategy_quarantines_with_the_one_measured_fragment_and_the_two_limit_parameters() {
         let table: TableName = "outbox".parse().unwrap();
         for strategy in strategies() {
             let sql = strategy.sql(&table).unwrap();
@@ -781,7 +780,7 @@ mod tests {
             assert_eq!(max_payload, format!("${}::bigint", n - 2), "{strategy:?}");
             assert_eq!(max_attempts, format!("${}::int", n - 1), "{strategy:?}");
             assert_eq!(strategy.claims_floor_param(), format!("${n}::bigint"));
-            let fragment = measured(&max_payload, &max_attempts);
+            let fragment = measured(&max_payload, &max_attempts).unwrap();
             assert_eq!(sql.matches(&fragment).count(), 1, "{strategy:?}");
             assert_eq!(
                 sql.matches(&payload_bytes(Some("c"), &max_payload)).count(),

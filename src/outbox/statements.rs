@@ -7,7 +7,7 @@ use super::error::OutboxError;
 use super::ident::TableName;
 use super::order_by::{OrderBy, XACT_COLUMN};
 use super::settle::{Acknowledge, SettleSql};
-use super::template::{render, Value};
+use super::template::{fragment, render, Value};
 
 /// The table's statements with its quoted name filled in; built once.
 #[derive(Debug)]
@@ -136,16 +136,14 @@ pub(super) fn probe_sql_with(
 fn stats_sql(table: &TableName, by: OrderBy) -> Result<String, OutboxError> {
     let (carried, watermark) = match by {
         OrderBy::Id => (String::new(), "0::bigint, 0::float8".to_string()),
-        OrderBy::Transaction => {
-            let held = format!("FROM unsent_head WHERE NOT {}", by.released(None));
-            (
-                format!(", {XACT_COLUMN}"),
-                format!(
-                    "(SELECT count(*) {held}), \
-                     coalesce(greatest(extract(epoch FROM now() - (SELECT min(created_at) {held})), 0)::float8, 0)"
-                ),
+        OrderBy::Transaction => (
+            format!(", {XACT_COLUMN}"),
+            render(
+                &fragment(include_str!("../../sql/stats_held_back.sql")),
+                &[("released", Value::Sql(&by.released(None)))],
             )
-        }
+            .map_err(OutboxError::Template)?,
+        ),
     };
     render(
         include_str!("../../sql/stats.sql"),

@@ -48,6 +48,18 @@ pub fn literal(text: &str) -> String {
     format!("'{quoted}'")
 }
 
+/// A template that is rendered inside one line of another statement (an expression, a
+/// subquery): its comment lines dropped, the rest trimmed and joined with single spaces.
+pub fn fragment(template: &str) -> String {
+    template
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"))
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Fills every `{name}` of `template` from `values`. Fails on a placeholder that has no value.
 pub fn render(template: &str, values: &[(&str, Value<'_>)]) -> Result<String, String> {
     let mut out = String::with_capacity(template.len() + 64);
