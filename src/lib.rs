@@ -31,7 +31,7 @@
 //!   with its limits, client, FIFO rules and park key; which refuse us and until when their rows wait.
 //! - [`relay`]: the loop that ties them together, with shutdown and back-pressure; its decisions
 //!   are pure (`relay::decide`) and return their effects as data (`relay::effect`).
-//! - [`idle`]: pure: when an idle relay looks for work again (`--wakeup poll`).
+//! - [`poll`]: pure: when an idle relay looks for work again (`--wakeup poll`).
 //! - [`metrics`]: metric names, `/metrics`, `/healthz`, `/readyz`.
 //! - [`tls`]: TLS to PostgreSQL with libpq's `sslmode` semantics, and client certificates.
 //! - [`dbauth`]: each new connection's password: the URL, a password file, or an RDS IAM token.
@@ -50,10 +50,10 @@ pub mod config;
 pub mod dbauth;
 pub mod destination;
 pub mod group;
-pub mod idle;
 pub mod metrics;
 pub mod otel;
 pub mod outbox;
+pub mod poll;
 pub mod redact;
 pub mod relay;
 pub mod retry;
@@ -138,40 +138,38 @@ mod maps {
         assert!(!map(text).contains("`b`"));
     }
 
-    /// The layers of `src/outbox/`, lowest first (see src/outbox.rs): a room may import from
-    /// its own layer and those below. A folder (`schema/`, `doorbell/`) is one room.
-    const OUTBOX_LAYERS: [&[&str]; 5] = [
-        &[
-            "error",
-            "ident",
-            "template",
-            "order_by",
-            "columns",
-            "floors",
-            "decode",
-            "claim",
-            "wakeup",
-            "pooler",
-            "settle",
-            "statements",
-        ],
-        &["conn", "liveness", "connector", "settings", "selection"],
-        &["store"],
-        &[
-            "session", "upkeep", "registry", "live", "watch", "listen", "doorbell",
-        ],
-        &[
-            "admin",
-            "inspect",
-            "status",
-            "search_path",
-            "schema",
-            "rendered",
-        ],
-    ];
+    /// The layers of `src/outbox/`, lowest first, as src/outbox.rs's map declares them: its
+    /// `//! N.` sections, each naming its rooms in backquotes. A room may import from its own
+    /// layer and those below; a folder (`schema/`, `logical/`) is one room.
+    fn outbox_layers() -> Vec<Vec<String>> {
+        let face = include_str!("outbox.rs");
+        let rooms = declared(face);
+        let mut layers: Vec<Vec<String>> = Vec::new();
+        for line in map(face).lines() {
+            let text = line.trim_start_matches("//!").trim_start();
+            let starts_layer = text
+                .split_once(". ")
+                .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+            if starts_layer {
+                layers.push(Vec::new());
+            }
+            let Some(layer) = layers.last_mut() else {
+                continue;
+            };
+            for (i, name) in text.split('`').enumerate() {
+                let known = rooms.iter().any(|room| room == name);
+                if i % 2 == 1 && known && !layer.iter().any(|r| r == name) {
+                    layer.push(name.to_string());
+                }
+            }
+        }
+        layers
+    }
 
     fn layer(room: &str) -> Option<usize> {
-        OUTBOX_LAYERS.iter().position(|rooms| rooms.contains(&room))
+        outbox_layers()
+            .iter()
+            .position(|rooms| rooms.iter().any(|r| r == room))
     }
 
     /// The room a file of `src/outbox/` is, and the prefixes by which it names other rooms.
@@ -282,5 +280,15 @@ mod maps {
             ["crate::batch", "template"]
         );
         assert!(layer("store") > layer("conn") && layer("schema") > layer("session"));
+        let layers = outbox_layers();
+        assert_eq!(layers.len(), 5, "{layers:?}");
+        let placed: Vec<&String> = layers.iter().flatten().collect();
+        for room in declared(include_str!("outbox.rs")) {
+            assert_eq!(
+                placed.iter().filter(|r| ***r == room).count(),
+                1,
+                "`{room}` is declared in src/outbox.rs and must stand in exactly one layer of its map"
+            );
+        }
     }
 }

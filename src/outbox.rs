@@ -14,42 +14,42 @@
 //!    - `template`: the one SQL template renderer.
 //!    - `order_by`: `--order-by`, what "earlier" means within a group, as SQL fragments.
 //!    - `columns`: an adopted table's column map.
-//!    - `settings`: the validated database settings an [`Outbox`] is built from.
 //!    - `floors`: where a relay's scans of a table start, so they seek past settled rows.
 //!    - `decode`: a claimed row read column by column; what cannot be read is `Unreadable`.
 //!    - `claim`: claim strategies (plain, fair, ordered, ordered + fair), their SQL and
 //!      parameters, and the parking statements of a blocking order.
 //!    - `wakeup`: the `--wakeup` modes, and what each needs installed.
+//!    - `pooler`: `--pooler`, what a connection pooler in between allows.
 //!    - `settle`: the settlement statement whole: its text per acknowledgement mode, its `$n`
 //!      layout, the arguments a settlement binds and the answer it reads.
 //!    - `statements`: the table's statements, rendered once.
-//!    - `rendered` (tests only): every statement as rendered, kept whole in `sql/rendered/`.
-//! 2. Connections: no table.
-//!    - `pooler`: `--pooler`, what a connection pooler in between allows.
+//! 2. Connections: no table of its own.
 //!    - `conn`: one connection used as the pooler allows (prepared or unnamed statements,
 //!      per-transaction settings).
 //!    - `liveness`: round-trip deadlines, keepalives, and which failures replace a connection.
 //!    - `connector`: the one place connections are opened (URL, password, TLS, hosts to skip,
 //!      the pooler mode detected).
-//!    - `listen`: `--wakeup notify`'s LISTEN connection.
-//!    - `doorbell`: the `logical` mode's replication-protocol client.
+//!    - `settings`: the validated database settings an [`Outbox`] is built from.
+//!    - `selection`: which tables a command serves (`--table`, `--tables` patterns, discovery).
 //! 3. The table: `store`, the [`Outbox`] (connector + statements + floors), its accessors and
 //!    the checks a new connection makes of the table.
 //! 4. The hot path: what `run` does again and again.
 //!    - `session`: a connection with the relay's prepared statements; claims and settlements.
+//!    - `live`: a session that reconnects on demand, shared by the relay's tasks; one
+//!      connection the sessions of several tables share.
 //!    - `upkeep`: statistics and maintenance on a connection of their own, each under a timeout.
 //!    - `registry`: the relay registry `<table>_relays` and the schema's contract (who may
 //!      claim).
-//!    - `live`: a session that reconnects on demand, shared by the relay's tasks; one
-//!      connection the sessions of several tables share.
 //!    - `watch`: the look a relay serving several tables takes at all of them at once.
+//!    - `notify`: `--wakeup notify`'s LISTEN connection.
+//!    - `logical`: `--wakeup logical`'s replication-protocol client.
 //! 5. One-shot commands.
 //!    - `admin`: `quarantine list` and `quarantine retry`.
 //!    - [`inspect`], `status`: the catalog facts `check` judges, and `status`.
 //!    - `search_path`: which table an unqualified `--table` reaches, and the others of its name.
-//!    - `selection`: which tables a command serves (`--table`, `--tables` patterns, discovery).
 //!    - [`schema`]: `migrate` and `migrate --adopt`, online (lock timeouts, concurrent
 //!      indexes), and what each wake-up mode installs.
+//!    - `rendered` (tests only): every statement as rendered, kept whole in `sql/rendered/`.
 
 mod claim;
 mod columns;
@@ -58,9 +58,7 @@ mod error;
 mod floors;
 mod ident;
 mod order_by;
-#[cfg(test)]
-mod rendered;
-mod settings;
+mod pooler;
 mod settle;
 mod statements;
 mod template;
@@ -68,14 +66,15 @@ mod wakeup;
 
 mod conn;
 mod connector;
-mod doorbell;
-mod listen;
 pub(crate) mod liveness;
-mod pooler;
+mod selection;
+mod settings;
 
 mod store;
 
 mod live;
+mod logical;
+mod notify;
 mod registry;
 mod session;
 mod upkeep;
@@ -83,9 +82,10 @@ mod watch;
 
 mod admin;
 pub mod inspect;
+#[cfg(test)]
+mod rendered;
 pub mod schema;
 mod search_path;
-mod selection;
 mod status;
 
 pub use admin::{QuarantineEntry, Redriven, ReplaySelection, Replayed, RetrySelection};

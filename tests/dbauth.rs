@@ -53,7 +53,7 @@ fn signature(token: &str) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn iam_tokens_are_fresh_for_every_connection_and_the_relay_outlives_their_expiry() {
-    // wal_level=logical, so the doorbell's replication connection logs in with a token too.
+    // wal_level=logical, so the logical wake-up's replication connection logs in with a token too.
     let cluster = PrivatePg::start_with(&["wal_level=logical"]).await;
     let db = cluster.create_db().await;
     let proxy = IamProxy::start(cluster.port(), cluster.password());
@@ -134,7 +134,10 @@ async fn iam_tokens_are_fresh_for_every_connection_and_the_relay_outlives_their_
     tokio::time::sleep(Duration::from_secs(3)).await;
     let admin = db.client().await;
     let cut = terminate_relay_backends(&admin, "postgres").await;
-    assert!(cut >= 2, "the session and the doorbell: {cut} backends");
+    assert!(
+        cut >= 2,
+        "the session and the logical wake-up: {cut} backends"
+    );
     insert(&client, &events("iam-b", 5, 2), Duration::ZERO).await;
     assert_eq!(
         receive_all(&queue, 5, Duration::from_secs(30)).await.len(),
@@ -143,7 +146,7 @@ async fn iam_tokens_are_fresh_for_every_connection_and_the_relay_outlives_their_
         relay.output()
     );
     wait_until(
-        "the relay's session and doorbell are back, each with a token of its own",
+        "the relay's session and logical wake-up are back, each with a token of its own",
         Duration::from_secs(30),
         || async { proxy.accepted().len() >= before + 2 },
     )

@@ -1,5 +1,5 @@
 //! Claims gather under the latency budget (`--max-delay`): rows a stream commits one by one
-//! within the budget ride in one claim, whether the relay polls or a doorbell wakes it; and
+//! within the budget ride in one claim, whether the relay polls or a logical wake-up wakes it; and
 //! every row still arrives. Which claim took which rows is read from the lease table itself: a
 //! trigger of the test's records the size of every claim the relay inserts.
 
@@ -99,6 +99,6 @@ async fn polling_gathers_a_streams_rows_into_one_claim_within_the_budget() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_doorbell_gathers_a_streams_rows_into_one_claim_within_the_budget() {
+async fn a_logical_wakeup_gathers_a_streams_rows_into_one_claim_within_the_budget() {
     ten_commits_within_the_budget_ride_in_one_claim("notify").await;
 }

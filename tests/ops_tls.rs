@@ -16,7 +16,7 @@ use crate::support::{make_temp_dir, run_to_end, wait_until, TestDb, TEST_SECRET_
 
 /// A role pg_hba.conf admits over TCP with a client certificate and nothing else (`cert`: the
 /// certificate's CN must be the role's name, and it must chain to the cluster's CA). A
-/// superuser, so that the relay's commands and the doorbell's replication connection all work
+/// superuser, so that the relay's commands and the logical wake-up's replication connection all work
 /// as it: what is tested here is how it gets in.
 pub const CERT_ROLE: &str = "relay_cert";
 

@@ -360,7 +360,7 @@ async fn a_dark_listen_connection_is_replaced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dark_doorbell_connection_is_replaced() {
+async fn a_dark_logical_wakeup_connection_is_replaced() {
     let cluster = PrivatePg::start_with(&["wal_level=logical"]).await;
     let db = cluster.create_db().await;
     crate::scenario::migrate_with(&db, &["--wakeup", "logical"]).await;

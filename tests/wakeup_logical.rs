@@ -1,4 +1,4 @@
-//! The logical-decoding doorbell (`--wakeup logical`) against real PostgreSQL clusters started
+//! The logical wake-up (`--wakeup logical`) against real PostgreSQL clusters started
 //! with `wal_level=logical`: what rings it, the temporary slot's life, the start-up verdict of
 //! `check_logical`, authentication and TLS on the replication connection; then real relay
 //! processes with `--wakeup logical`.
@@ -22,7 +22,7 @@ fn outbox(url: &str) -> Arc<Outbox> {
     Arc::new(Outbox::new(url, "outbox".parse().unwrap(), Duration::from_secs(10)).unwrap())
 }
 
-/// A database on `cluster` with the outbox table and, if `publish`, the doorbell's
+/// A database on `cluster` with the outbox table and, if `publish`, the logical wake-up's
 /// publication as `migrate --wakeup logical` creates it.
 async fn outbox_db(
     cluster: &PrivatePg,
@@ -46,7 +46,7 @@ async fn create_publication(outbox: &Outbox) {
         .expect("set up --wakeup logical");
 }
 
-/// A running doorbell and what it rang.
+/// A running logical wake-up and what it rang.
 struct Bell {
     /// When each wake happened.
     wakes: mpsc::UnboundedReceiver<Instant>,
@@ -54,13 +54,13 @@ struct Bell {
 }
 
 impl Bell {
-    /// Starts the doorbell and returns once it is streaming.
+    /// Starts the logical wake-up and returns once it is streaming.
     async fn start(outbox: Arc<Outbox>) -> Bell {
         let (wake, wakes) = mpsc::unbounded_channel();
         let (ready, is_ready) = oneshot::channel();
         let task = tokio::spawn(async move {
             outbox
-                .doorbell(
+                .logical_wakeup(
                     move || {
                         let _ = wake.send(Instant::now());
                     },
@@ -72,16 +72,19 @@ impl Bell {
         });
         match tokio::time::timeout(Duration::from_secs(30), is_ready).await {
             Ok(Ok(())) => Bell { wakes, task },
-            Ok(Err(_)) => panic!("the doorbell ended before streaming: {:?}", task.await),
-            Err(_) => panic!("the doorbell was not streaming after 30 s"),
+            Ok(Err(_)) => panic!(
+                "the logical wake-up ended before streaming: {:?}",
+                task.await
+            ),
+            Err(_) => panic!("the logical wake-up was not streaming after 30 s"),
         }
     }
 
     async fn next(&mut self) -> Instant {
         tokio::time::timeout(Duration::from_secs(30), self.wakes.recv())
             .await
-            .expect("the doorbell rang within 30 s")
-            .expect("the doorbell is running")
+            .expect("the logical wake-up rang within 30 s")
+            .expect("the logical wake-up is running")
     }
 
     /// Wakes received and not yet taken.
@@ -94,7 +97,7 @@ impl Bell {
     }
 }
 
-/// The doorbells' slots on the cluster: (name, temporary, active).
+/// The logical wake-ups' slots on the cluster: (name, temporary, active).
 async fn slots(client: &tokio_postgres::Client) -> Vec<(String, bool, bool)> {
     client
         .query(
@@ -109,7 +112,7 @@ async fn slots(client: &tokio_postgres::Client) -> Vec<(String, bool, bool)> {
         .collect()
 }
 
-/// Returns once every doorbell slot has confirmed the WAL written so far: the doorbell then
+/// Returns once every logical wake-up slot has confirmed the WAL written so far: the logical wake-up then
 /// has read, and rung for, every transaction committed before this call.
 async fn fence(client: &tokio_postgres::Client) {
     let lsn: String = client
@@ -118,7 +121,7 @@ async fn fence(client: &tokio_postgres::Client) {
         .unwrap()
         .get(0);
     wait_until(
-        &format!("the doorbell confirmed {lsn}"),
+        &format!("the logical wake-up confirmed {lsn}"),
         Duration::from_secs(60),
         || async {
             client
@@ -195,7 +198,7 @@ async fn the_temporary_slot_lives_exactly_as_long_as_the_connection() {
     bell.next().await;
     fence(&client).await;
 
-    // The server ends the connection: the doorbell returns an error for the caller to
+    // The server ends the connection: the logical wake-up returns an error for the caller to
     // reconnect, and PostgreSQL drops the slot.
     client
         .execute(
@@ -206,7 +209,7 @@ async fn the_temporary_slot_lives_exactly_as_long_as_the_connection() {
         .unwrap();
     let ended = tokio::time::timeout(Duration::from_secs(30), bell.task)
         .await
-        .expect("the doorbell returned within 30 s")
+        .expect("the logical wake-up returned within 30 s")
         .unwrap();
     assert!(ended.is_err(), "{ended:?}");
     wait_until("the slot is dropped", Duration::from_secs(30), || async {
@@ -214,12 +217,12 @@ async fn the_temporary_slot_lives_exactly_as_long_as_the_connection() {
     })
     .await;
 
-    // The relay drops the doorbell (shutdown, or the task aborted): the slot goes too.
+    // The relay drops the logical wake-up (shutdown, or the task aborted): the slot goes too.
     let bell = Bell::start(outbox).await;
     assert_eq!(slots(&client).await.len(), 1);
     bell.task.abort();
     wait_until(
-        "the slot is dropped after the doorbell was",
+        "the slot is dropped after the logical wake-up was",
         Duration::from_secs(30),
         || async { slots(&client).await.is_empty() },
     )
@@ -245,9 +248,9 @@ async fn check_logical_refuses_a_server_without_logical_wal() {
     assert!(matches!(e, OutboxError::Wakeup(_)), "{e:?}");
     assert_one_line(&e, "wal_level=replica", password);
     assert_one_line(&e, "ALTER SYSTEM SET wal_level = logical", password);
-    // The doorbell itself fails the same way rather than streaming nothing.
+    // The logical wake-up itself fails the same way rather than streaming nothing.
     create_publication(&outbox).await;
-    let e = outbox.doorbell(|| {}, || {}).await.unwrap_err();
+    let e = outbox.logical_wakeup(|| {}, || {}).await.unwrap_err();
     assert_one_line(&e, "ALTER SYSTEM SET wal_level = logical", password);
 }
 
@@ -259,7 +262,7 @@ async fn check_logical_names_the_missing_publication_and_replication_attribute()
 
     let e = outbox.check_logical().await.unwrap_err();
     assert_one_line(&e, "outbox-relay migrate --wakeup logical", password);
-    let e = outbox.doorbell(|| {}, || {}).await.unwrap_err();
+    let e = outbox.logical_wakeup(|| {}, || {}).await.unwrap_err();
     assert_one_line(&e, "outbox-relay migrate --wakeup logical", password);
 
     create_publication(&outbox).await;
@@ -290,7 +293,7 @@ async fn check_logical_names_the_missing_publication_and_replication_attribute()
     let e = as_role.check_logical().await.unwrap_err();
     assert!(matches!(e, OutboxError::Wakeup(_)), "{e:?}");
     assert_one_line(&e, "ALTER ROLE \"relay_norepl\" REPLICATION", role_password);
-    let e = as_role.doorbell(|| {}, || {}).await.unwrap_err();
+    let e = as_role.logical_wakeup(|| {}, || {}).await.unwrap_err();
     assert_one_line(&e, "ALTER ROLE \"relay_norepl\" REPLICATION", role_password);
 
     client
@@ -324,7 +327,7 @@ async fn authenticates_with_scram_over_tcp_and_unix_sockets() {
     let cluster = PrivatePg::start_with(&[LOGICAL]).await;
     let (db, outbox, client) = outbox_db(&cluster, true).await;
     // initdb --auth=scram-sha-256: every rule, replication and local ones included, asks
-    // for SCRAM, so the doorbells below authenticated with it.
+    // for SCRAM, so the logical wake-ups below authenticated with it.
     let methods: Vec<String> = client
         .query("SELECT DISTINCT auth_method FROM pg_hba_file_rules", &[])
         .await
@@ -357,7 +360,10 @@ async fn authenticates_with_scram_over_tcp_and_unix_sockets() {
         cluster.port(),
         db.name
     );
-    let e = self::outbox(&url).doorbell(|| {}, || {}).await.unwrap_err();
+    let e = self::outbox(&url)
+        .logical_wakeup(|| {}, || {})
+        .await
+        .unwrap_err();
     assert_one_line(&e, "password authentication failed", wrong);
 }
 
@@ -466,7 +472,7 @@ async fn every_durable_single_row_commit_rings_once_and_the_latency_is_printed()
             .unwrap_or_else(|| "-".into())
     };
     println!(
-        "doorbell latency, {COMMITS} durable single-row commits: commit sent -> wake p50 {} p99 {}; \
+        "logical wake-up latency, {COMMITS} durable single-row commits: commit sent -> wake p50 {} p99 {}; \
          commit acknowledged -> wake p50 {} p99 {} ({before_ack} wakes came before the acknowledgement)",
         pct(&from_sent, 0.50),
         pct(&from_sent, 0.99),
@@ -600,7 +606,7 @@ async fn a_slot_waiting_for_an_open_transaction_is_bounded_by_the_connect_timeou
 
     let impatient =
         Arc::new(Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(2)).unwrap());
-    let e = impatient.doorbell(|| {}, || {}).await.unwrap_err();
+    let e = impatient.logical_wakeup(|| {}, || {}).await.unwrap_err();
     assert_one_line(&e, "transactions open", cluster.password());
     assert!(e.is_transient(), "{e:?}");
     wait_until(
@@ -629,7 +635,7 @@ async fn a_logical_relay_delivers_a_row_inserted_while_idle_and_leaves_no_slot_w
     let client = db.client().await;
     let queue = create_queue("logical-idle", &[]).await;
     let mut run = run_args(&db, &queue, sqs().endpoint(), &["--wakeup", "logical"]);
-    // Only the doorbell can deliver within the test's time: polling waits an hour.
+    // Only the logical wake-up can deliver within the test's time: polling waits an hour.
     set_arg(&mut run, "--poll-interval", "1h");
     let relay = RelayProcess::spawn(&run, &[]);
     wait_until(

@@ -117,7 +117,7 @@ pub enum OutboxError {
         what: &'static str,
         after: std::time::Duration,
     },
-    /// A failure on the logical-decoding doorbell's replication connection.
+    /// A failure on the logical wake-up's replication connection.
     #[error("{context}: {detail}")]
     Replication {
         context: &'static str,

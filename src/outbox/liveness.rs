@@ -43,7 +43,7 @@ pub fn apply_keepalives(pg: &mut tokio_postgres::Config, deadline: Duration) {
     }
 }
 
-/// The same settings on a socket the relay opened itself (the doorbell's replication
+/// The same settings on a socket the relay opened itself (the logical wake-up's replication
 /// connection), as tokio-postgres sets them on its own.
 pub fn set_socket_keepalives(
     socket: &impl std::os::fd::AsRawFd,

@@ -3,7 +3,7 @@
 //! `poll` installs nothing. `notify` installs a trigger whose NOTIFY serializes the
 //! application's commits (PostgreSQL holds a database-wide lock from pre-commit through the
 //! WAL flush of every transaction that queued a notification), so it is opt-in. `logical`
-//! installs a publication that a temporary replication slot streams (see `doorbell`).
+//! installs a publication that a temporary replication slot streams (see `logical`).
 //! `migrate --wakeup MODE` installs what MODE needs and removes what it does not, so moving
 //! between modes (and upgrading an install that predates them) leaves nothing behind.
 
@@ -16,7 +16,7 @@ pub enum Wakeup {
     /// Adaptive polling with a read-only probe; nothing installed.
     #[default]
     Poll,
-    /// A temporary logical replication slot on the table's publication rings the doorbell.
+    /// A temporary logical replication slot on the table's publication wakes the relay.
     Logical,
     /// The NOTIFY trigger (opt-in: it costs the application's commits).
     Notify,
@@ -56,7 +56,7 @@ impl FromStr for Wakeup {
 pub struct Installed {
     /// The NOTIFY trigger on the base table.
     pub trigger: bool,
-    /// The publication the logical doorbell streams.
+    /// The publication the logical wake-up streams.
     pub publication: bool,
 }
 

@@ -69,7 +69,7 @@ impl Gather {
     }
 
     /// How long to wait, at `now`, before the claim after one that started at `started`, found
-    /// rows and had room to spare; or, with `started` the moment a doorbell rang, before the
+    /// rows and had room to spare; or, with `started` the moment a logical wake-up rang, before the
     /// claim of the rows that rang it (they committed then at the earliest).
     pub fn wait(&self, started: Instant, now: Instant) -> Duration {
         let fill = match self.rate {

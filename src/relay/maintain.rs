@@ -6,10 +6,10 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Retention, RETENTION_BATCH};
-use crate::idle;
 use crate::metrics as names;
 use crate::outbox::Renewed;
 use crate::outbox::Wakeup;
+use crate::poll;
 use crate::version;
 
 use super::admission::Gate;
@@ -17,7 +17,7 @@ use super::reads::Read;
 use super::{Gauges, Relay, Woken, LOG_TARGET};
 
 impl Relay {
-    /// With `--wakeup notify` keeps a LISTEN connection open, with `logical` the doorbell's
+    /// With `--wakeup notify` keeps a LISTEN connection open, with `logical` the
     /// replication connection; each (re)connection also wakes the loop once, since what
     /// committed while it was down rang no bell.
     pub(super) async fn listen_for_wakeups(self: Arc<Self>, stop: CancellationToken) {
@@ -35,7 +35,7 @@ impl Relay {
             };
             let listening = async {
                 match self.config.claim.wakeup {
-                    Wakeup::Logical => self.outbox.doorbell(wake, ready).await,
+                    Wakeup::Logical => self.outbox.logical_wakeup(wake, ready).await,
                     _ => self.outbox.listen(wake, ready).await,
                 }
             };
@@ -451,17 +451,17 @@ impl Relay {
         }
     }
 
-    /// Returns when a claim is worth trying: woken (settlement, NOTIFY, doorbell), or, when
+    /// Returns when a claim is worth trying: woken (settlement, NOTIFY, logical wake-up), or, when
     /// polling, once the probe finds a claimable row.
     ///
     /// With `notify` and `logical` the bell rings for new rows; the probe every
     /// `--poll-interval` finds what it cannot announce (retries falling due, leases expiring,
     /// rows committed while its connection was down).
     /// Waits for rows to claim after a claim that started at `last_claim`: polls with the idle
-    /// schedule, or waits for a doorbell with `--poll-interval` as the fallback.
+    /// schedule, or waits for a logical wake-up with `--poll-interval` as the fallback.
     pub(super) async fn wait_for_work(
         &self,
-        idle: &mut idle::Schedule,
+        idle: &mut poll::Schedule,
         last_claim: Instant,
         shutdown: &CancellationToken,
     ) -> Woken {
@@ -478,7 +478,7 @@ impl Relay {
                         // A permit stored before the wait began is a bell that rang during the
                         // claim or its delivery: its rows committed after the claim started.
                         let now = Instant::now();
-                        let rang = if now.duration_since(entered) < idle::FAST { last_claim } else { now };
+                        let rang = if now.duration_since(entered) < poll::FAST { last_claim } else { now };
                         return Woken::Bell(rang);
                     }
                     _ = self.wake.notified() => return Woken::Now,

@@ -36,12 +36,12 @@ use crate::batch::{self, PlanConfig};
 use crate::concurrency::Limiter;
 use crate::config::RunConfig;
 use crate::destination::{Destination, Destinations};
-use crate::idle;
 use crate::metrics::{self as names, Health};
 use crate::otel::Tracing;
 use crate::outbox::{
     ClaimRequest, LiveSession, Outbox, OutboxError, Registration, Session, Upkeep, Wakeup,
 };
+use crate::poll;
 use crate::row::Claimed;
 use crate::s3::S3;
 use crate::sns::Sns;
@@ -100,7 +100,7 @@ struct Relay {
     s3: Option<S3>,
     /// What `/healthz` and `/readyz` report: liveness ticks, the database, configuration errors.
     health: Arc<Health>,
-    /// Rung by the NOTIFY trigger or the logical doorbell in those modes: rows committed, and
+    /// Rung by the NOTIFY trigger or the logical wake-up in those modes: rows committed, and
     /// more may follow (the claim gathers them, `gather`); a stored permit coalesces bursts.
     bell: Notify,
     /// Woken when rows are claimable now and waited long enough already: a settlement that
@@ -452,7 +452,7 @@ impl Relay {
         let mut cursor: Option<String> = None;
         let mut deliveries = JoinSet::new();
         let mut db_failures = 0u32;
-        let mut idle = idle::Schedule::new(Instant::now(), c.claim.max_delay);
+        let mut idle = poll::Schedule::new(Instant::now(), c.claim.max_delay);
         let mut gather = gather::Gather::new(c.claim.max_delay, c.claim.batch_size);
         // Cancelled when claims stop before shutdown (a schema that no longer admits this
         // relay): deliveries finish the requests in flight and give back the rows not sent yet,
@@ -838,7 +838,7 @@ fn record_quarantined_at_claim(claimed: &Claimed) {
 
 /// What ended a wait for work.
 enum Woken {
-    /// A doorbell rang: rows committed at this moment at the earliest; more may follow.
+    /// A wake-up rang: rows committed at this moment at the earliest; more may follow.
     Bell(Instant),
     /// Claim now: a look found rows, rows were unblocked, the database failed, or shutdown.
     Now,

@@ -125,7 +125,7 @@ where
     type TlsConnect = PgTlsConnect;
     type Error = io::Error;
 
-    /// Called once per connection attempt (the relay's sessions and the doorbell's replication
+    /// Called once per connection attempt (the relay's sessions and the logical wake-up's replication
     /// connection alike), which is where the client certificate's files are read again. The
     /// read blocks the task briefly: two small local files, once per connection.
     fn make_tls_connect(&mut self, domain: &str) -> Result<PgTlsConnect, io::Error> {

@@ -1,4 +1,4 @@
-//! The logical-decoding doorbell (`--wakeup logical`): learns of committed inserts into the
+//! The logical wake-up (`--wakeup logical`): learns of committed inserts into the
 //! outbox table from a temporary replication slot on the table's publication, and only rings;
 //! the claim loop still finds the rows.
 //!
@@ -32,7 +32,7 @@ use super::store::Outbox;
 use stream::{Decoder, ServerMessage};
 use wire::{Wire, WireError};
 
-/// How often the doorbell confirms its position and asks the server for a sign of life;
+/// How often the logical wake-up confirms its position and asks the server for a sign of life;
 /// pg_recvlogical's default status interval, or `--db-timeout` when shorter.
 const STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -53,7 +53,7 @@ impl Outbox {
     /// committed transaction that inserted rows; `on_ready` once streaming has started (rows
     /// inserted before may have been missed and must be polled for). Returns (Err) when the
     /// connection ends, so the caller reconnects.
-    pub async fn doorbell(
+    pub async fn logical_wakeup(
         &self,
         wake: impl Fn(),
         on_ready: impl FnOnce(),
@@ -64,7 +64,7 @@ impl Outbox {
         };
         let slot = stream::slot_name(&publication, std::process::id(), fastrand::u32(..));
         let (mut wire, consistent_point) = self.open_slot(&slot, Some(&publication)).await?;
-        tracing::debug!(%slot, %consistent_point, "doorbell streaming from a temporary replication slot");
+        tracing::debug!(%slot, %consistent_point, "logical wake-up streaming from a temporary replication slot");
         on_ready();
         let mut decoder = Decoder::default();
         // The furthest WAL position received; confirmed back so the slot retains nothing.
@@ -149,7 +149,7 @@ impl Outbox {
         drop(client);
         // The server itself is the authority on the role's REPLICATION attribute (managed
         // services grant it in their own ways), pg_hba.conf, and free slots and WAL senders:
-        // open a slot as the doorbell would, and let it go.
+        // open a slot as the logical wake-up would, and let it go.
         let slot = stream::slot_name(&publication, std::process::id(), fastrand::u32(..));
         let (wire, _) = self.open_slot(&slot, None).await?;
         wire.terminate().await;
@@ -166,7 +166,7 @@ impl Outbox {
                 &[&name, &base.quoted()],
             )
             .await
-            .map_err(query_err("looking up the doorbell's publication"))?;
+            .map_err(query_err("looking up the logical wake-up's publication"))?;
         match found.map(|row| row.get::<_, bool>(0)) {
             Some(true) => Ok(name),
             Some(false) => Err(OutboxError::Wakeup(format!(
@@ -221,7 +221,7 @@ impl Outbox {
         // A walsender waiting to create a slot does not notice its client leave: it waits on
         // until the transactions open at that moment end, holding a WAL sender and a slot, and
         // every retry would add one. So a handshake abandoned from here on (timed out, or the
-        // doorbell dropped) cancels the server's work.
+        // logical wake-up dropped) cancels the server's work.
         let mut guard = CancelOnDrop(wire.cancel_token());
         let options = if wire.server_major() >= 15 {
             "(SNAPSHOT 'nothing')"
@@ -297,7 +297,7 @@ impl Outbox {
         wire.copy_data(&stream::status_update(position, SystemTime::now(), reply))
             .await
             .map_err(|e| self.streaming_error(e))?;
-        tracing::trace!(confirmed = %stream::lsn(position), "doorbell status update");
+        tracing::trace!(confirmed = %stream::lsn(position), "logical wake-up status update");
         Ok(())
     }
 
@@ -329,7 +329,7 @@ impl Outbox {
             WireError::Server(server) => match logical_prerequisite(&server, &self.user_name()) {
                 Some(line) => OutboxError::Wakeup(line),
                 None => OutboxError::Replication {
-                    context: "logical-decoding doorbell",
+                    context: "logical wake-up",
                     detail: server.to_string(),
                     code: Some(server.code),
                 },
@@ -340,7 +340,7 @@ impl Outbox {
 
     fn lost(&self, reason: String) -> OutboxError {
         OutboxError::Replication {
-            context: "logical-decoding doorbell",
+            context: "logical wake-up",
             detail: format!("{reason} ({})", self.connector().target()),
             code: None,
         }
@@ -444,11 +444,11 @@ mod tests {
         }
     }
 
-    /// The relay spawns the doorbell on the multi-threaded runtime.
+    /// The relay spawns the logical wake-up on the multi-threaded runtime.
     #[allow(dead_code)]
-    fn the_doorbell_future_is_send(outbox: &Outbox) {
+    fn the_logical_wakeup_future_is_send(outbox: &Outbox) {
         fn send<T: Send>(_: T) {}
-        send(outbox.doorbell(|| {}, || {}));
+        send(outbox.logical_wakeup(|| {}, || {}));
         send(outbox.check_logical());
     }
 

@@ -1,5 +1,5 @@
 //! Pure parts of the replication stream: what the server's CopyData messages say, which of
-//! them ring the doorbell, and the bytes of our status updates. No I/O, so unit tests cover
+//! them ring the logical wake-up, and the bytes of our status updates. No I/O, so unit tests cover
 //! every rule.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +14,7 @@ pub enum ServerMessage<'a> {
     /// now (it ends the connection after `wal_sender_timeout` without one).
     Keepalive { end: u64, reply_requested: bool },
     /// A kind this client does not know; ignored rather than fatal, so a newer server that
-    /// adds one does not break the doorbell.
+    /// adds one does not break the logical wake-up.
     Other(u8),
 }
 
@@ -85,7 +85,7 @@ impl Decoder {
 }
 
 /// A Standby Status Update ('r') confirming `position` as written, flushed and applied: the
-/// doorbell keeps nothing, so everything received is done with, and the slot may let go of
+/// logical wake-up keeps nothing, so everything received is done with, and the slot may let go of
 /// the WAL before it. `reply` asks the server to answer at once (our liveness probe).
 pub fn status_update(position: u64, now: SystemTime, reply: bool) -> [u8; 34] {
     let mut out = [0u8; 34];
