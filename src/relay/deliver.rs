@@ -34,7 +34,7 @@ impl Relay {
         let holds_back = rows.iter().any(|r| self.plan_config.keeps_order_of(r));
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
-        let mut spans = ClaimSpans::begin(self.tracing.as_deref(), &mut rows, |row| {
+        let mut spans = ClaimSpans::begin(self.shared.tracing.as_deref(), &mut rows, |row| {
             self.plan_config.queue_for(row).clone()
         });
         let mut limits = self.size_limits(&rows).await;
@@ -103,7 +103,7 @@ impl Relay {
                 }
                 Err(Unsent::Parked(park)) => decide.parked(&rows, &request, &park),
                 Err(Unsent::Offload(failed)) => {
-                    let bucket = match &self.s3 {
+                    let bucket = match &self.shared.s3 {
                         Some(s3) => s3.bucket().clone(),
                         None => unreachable!("entries are offloaded only with a bucket"),
                     };
@@ -147,7 +147,7 @@ impl Relay {
             policy,
             now,
             crate::metrics::unix_seconds(SystemTime::now()),
-            self.pressure.failures(),
+            self.shared.pressure.failures(),
             fastrand::f64,
         )
     }
@@ -170,14 +170,14 @@ impl Relay {
         settlement.quarantine.extend(part.quarantine);
         for effect in effects {
             match effect {
-                Effect::Pause(delay) => self.pressure.pause(Instant::now(), delay),
-                Effect::Relieve => self.pressure.relieve(),
+                Effect::Pause(delay) => self.shared.pressure.pause(Instant::now(), delay),
+                Effect::Relieve => self.shared.pressure.relieve(),
                 Effect::Reached(destination) => {
-                    self.destinations.reached(&destination);
+                    self.shared.destinations.reached(&destination);
                 }
                 Effect::Refused(refusal) => {
                     let now = Instant::now();
-                    let park = self.destinations.refused(
+                    let park = self.shared.destinations.refused(
                         &refusal.destination,
                         &refusal.error,
                         now,
@@ -188,9 +188,10 @@ impl Relay {
                     self.apply(decide.finish(), rows, settlement, spans);
                 }
                 Effect::Readiness => self
+                    .shared
                     .health
-                    .set_config_error(self.destinations.readiness_error()),
-                Effect::NotReady(why) => self.health.set_config_error(Some(why)),
+                    .set_config_error(self.shared.destinations.readiness_error()),
+                Effect::NotReady(why) => self.shared.health.set_config_error(Some(why)),
                 Effect::Count(Count::SendFailures { kind, n }) => {
                     metrics::counter!(names::SEND_FAILURES, "kind" => kind).increment(n)
                 }
@@ -260,7 +261,7 @@ impl Relay {
         // Not ready from the line on, not from the claim loop's next turn; a relay serving
         // several tables skips this one and stays ready for the others.
         if matches!(self.gauges, super::Gauges::Own(_)) {
-            self.health.set_not_claiming(Some(why.clone()));
+            self.shared.health.set_not_claiming(Some(why.clone()));
         }
         tracing::error!(target: LOG_TARGET, "{why}");
         self.admission.explain(why);
@@ -319,7 +320,7 @@ impl Relay {
                 .await;
             match result {
                 Ok(settled) => {
-                    self.health.set_database_ok(true);
+                    self.shared.health.set_database_ok(true);
                     metrics::counter!(names::EVENTS_SENT).increment(settled.sent);
                     for reason in &settled.quarantined_reasons {
                         metrics::counter!(names::EVENTS_QUARANTINED, "reason" => reason.as_str())
@@ -344,7 +345,7 @@ impl Relay {
                     return;
                 }
                 Err(e) => {
-                    self.health.set_database_ok(false);
+                    self.shared.health.set_database_ok(false);
                     attempt += 1;
                     let delay = self.db_backoff(attempt, crate::outbox::replacement(&e).is_some());
                     if Instant::now() + delay >= lease_deadline {

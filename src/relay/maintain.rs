@@ -111,7 +111,7 @@ impl Relay {
         self.maintain_blocked_groups().await;
         match stats {
             Ok(s) => {
-                self.health.set_database_ok(true);
+                self.shared.health.set_database_ok(true);
                 match &self.gauges {
                     Gauges::Board(board) => board.stats(&self.outbox.table().label(), &s),
                     Gauges::Own(_) => {
@@ -133,7 +133,7 @@ impl Relay {
                 "reading outbox statistics took longer than --maintenance-timeout; the gauges keep their last values"
             ),
             Err(e) => {
-                self.health.set_database_ok(false);
+                self.shared.health.set_database_ok(false);
                 tracing::warn!(target: LOG_TARGET, table = %self.outbox.table(), error = %e, "could not read outbox statistics");
             }
         }
@@ -164,7 +164,7 @@ impl Relay {
                 // Not ready from the line on, not from the claim loop's next turn; a relay
                 // serving several tables skips this one and stays ready for the others.
                 if matches!(self.gauges, Gauges::Own(_)) {
-                    self.health.set_not_claiming(Some(why.clone()));
+                    self.shared.health.set_not_claiming(Some(why.clone()));
                 }
                 tracing::error!(target: LOG_TARGET, "{why}");
             }
@@ -322,7 +322,7 @@ impl Relay {
             .lock()
             .expect("registration lock")
             .claiming = false;
-        self.health.set_not_claiming(Some(why.to_string()));
+        self.shared.health.set_not_claiming(Some(why.to_string()));
         match gate {
             Gate::Refused(_) => {
                 tracing::error!(target: LOG_TARGET, deliveries = in_flight, "{why}")
@@ -338,7 +338,7 @@ impl Relay {
             .lock()
             .expect("registration lock")
             .claiming = true;
-        self.health.set_not_claiming(None);
+        self.shared.health.set_not_claiming(None);
         tracing::info!(target: LOG_TARGET, version = %version::this_relay(), "claiming again: nothing stops this relay's claims any more");
     }
 
@@ -494,7 +494,7 @@ impl Relay {
                     _ = shutdown.cancelled() => return Woken::Now,
                 }
             }
-            self.health.tick();
+            self.shared.health.tick();
             let probe =
                 self.session.run(
                     "looking for claimable rows",

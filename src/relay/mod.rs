@@ -92,14 +92,9 @@ struct Relay {
     /// Statistics and maintenance, on a connection of their own so they never delay claims
     /// and settlements.
     upkeep: Upkeep,
-    /// For destinations that are SQS queue URLs.
-    sqs: Sqs,
-    /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
-    sns: Sns,
-    /// Where large message bodies go first (`--offload-bucket`), when set.
-    s3: Option<S3>,
-    /// What `/healthz` and `/readyz` report: liveness ticks, the database, configuration errors.
-    health: Arc<Health>,
+    /// What every table of the relay shares: the destinations' clients and back-offs, the
+    /// request, row and byte budgets, health and tracing.
+    shared: Shared,
     /// Rung by the NOTIFY trigger or the logical wake-up in those modes: rows committed, and
     /// more may follow (the claim gathers them, `gather`); a stored permit coalesces bursts.
     bell: Notify,
@@ -107,28 +102,11 @@ struct Relay {
     /// unblocked the next rows of their groups (ordered delivery), rows unparked, wake-ups
     /// reconnected (what committed meanwhile rang no bell).
     wake: Notify,
-    /// Relay-wide back-off after whole-request failures (throttling, outage, credentials).
-    pressure: Arc<Pressure>,
-    /// Queues that refused us (missing, access denied): only their rows wait, each queue on its
-    /// own back-off.
-    destinations: Arc<Destinations>,
-    /// Bounds SendMessageBatch calls in flight.
-    request_permits: Arc<Semaphore>,
-    /// Each destination's share of those, adapted to how it answers (taken before a permit).
-    concurrency: Arc<Limiter>,
-    /// Each topic's and ordered queue's `MaximumMessageSize`, learnt on first use.
-    size_limits: Arc<Mutex<HashMap<Destination, SizeLimit>>>,
-    /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
-    tracing: Option<Arc<Tracing>>,
     /// Whether the schema lets this relay claim, and when its registration was last renewed.
     admission: admission::Admission,
     /// This relay's registration as the next renewal writes it (its last claim, whether it
     /// claims): kept here, written to the database only by the renewal, never per claim.
     registration: Mutex<Registration>,
-    /// Rows and payload bytes in delivery, bounded for the whole process (every table's
-    /// claims take from the same budgets).
-    row_permits: Arc<Semaphore>,
-    byte_permits: Arc<Semaphore>,
     /// When the gauges, retention and the registration last ran: a relay serving several
     /// tables runs them during a table's turns only, each at its own interval across turns.
     last_stats: Mutex<Option<Instant>>,
@@ -157,16 +135,29 @@ pub(crate) enum Gauges {
 /// row and byte budgets, health and tracing. One per process.
 #[derive(Clone)]
 pub(crate) struct Shared {
+    /// For destinations that are SQS queue URLs.
     sqs: Sqs,
+    /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
     sns: Sns,
+    /// Where large message bodies go first (`--offload-bucket`), when set.
     s3: Option<S3>,
+    /// What `/healthz` and `/readyz` report: liveness ticks, the database, configuration errors.
     health: Arc<Health>,
+    /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
     tracing: Option<Arc<Tracing>>,
+    /// Relay-wide back-off after whole-request failures (throttling, outage, credentials).
     pressure: Arc<Pressure>,
+    /// Queues that refused us (missing, access denied): only their rows wait, each queue on its
+    /// own back-off.
     destinations: Arc<Destinations>,
+    /// Bounds SendMessageBatch calls in flight.
     request_permits: Arc<Semaphore>,
+    /// Each destination's share of those, adapted to how it answers (taken before a permit).
     concurrency: Arc<Limiter>,
+    /// Each topic's and ordered queue's `MaximumMessageSize`, learnt on first use.
     size_limits: Arc<Mutex<HashMap<Destination, SizeLimit>>>,
+    /// Rows and payload bytes in delivery, bounded for the whole process (every table's
+    /// claims take from the same budgets).
     row_permits: Arc<Semaphore>,
     byte_permits: Arc<Semaphore>,
 }
@@ -401,27 +392,16 @@ impl Relay {
             None => Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
         };
         Relay {
-            destinations: Arc::clone(&shared.destinations),
             plan_config: config.plan(),
             session: sessions.claims,
             settlements: sessions.settlements,
             upkeep,
+            shared: shared.clone(),
             outbox,
-            sqs: shared.sqs.clone(),
-            sns: shared.sns.clone(),
-            s3: shared.s3.clone(),
-            health: Arc::clone(&shared.health),
             bell: Notify::new(),
             wake: Notify::new(),
-            pressure: Arc::clone(&shared.pressure),
-            request_permits: Arc::clone(&shared.request_permits),
-            concurrency: Arc::clone(&shared.concurrency),
-            size_limits: Arc::clone(&shared.size_limits),
-            tracing: shared.tracing.clone(),
             admission: admission::Admission::default(),
             registration: Mutex::new(registration),
-            row_permits: Arc::clone(&shared.row_permits),
-            byte_permits: Arc::clone(&shared.byte_permits),
             last_stats: Mutex::new(None),
             next_sweep: Mutex::new(None),
             last_retention: Mutex::new(None),
@@ -443,11 +423,11 @@ impl Relay {
         let mut end = TurnEnd::Shutdown;
         let c = &self.config;
         let mut limit = c.claim.batch_size;
-        let row_permits = Arc::clone(&self.row_permits);
+        let row_permits = Arc::clone(&self.shared.row_permits);
         // A claim asks for at most the bytes that are free; it waits until a large message's
         // worth is free, or the whole budget if smaller (`Shared::new`).
         let byte_budget = c.send.max_bytes_in_flight.min(u32::MAX as usize) as u32;
-        let byte_permits = Arc::clone(&self.byte_permits);
+        let byte_permits = Arc::clone(&self.shared.byte_permits);
         let claim_threshold = byte_budget.min(c.send.max_request_bytes as u32);
         let mut cursor: Option<String> = None;
         let mut deliveries = JoinSet::new();
@@ -461,7 +441,7 @@ impl Relay {
         // Why claims stopped, as logged once and reported by /readyz.
         let mut stopped: Option<String> = None;
         while !shutdown.is_cancelled() {
-            self.health.tick();
+            self.shared.health.tick();
             reap(&mut deliveries);
             let gate = self.gate();
             if gate != admission::Gate::Claim {
@@ -487,7 +467,7 @@ impl Relay {
             if stopped.take().is_some() {
                 self.claims_resumed();
             }
-            if let Some(pause) = self.pressure.remaining(Instant::now()) {
+            if let Some(pause) = self.shared.pressure.remaining(Instant::now()) {
                 self.sleep_or_shutdown(pause.min(c.claim.poll_interval), shutdown)
                     .await;
                 continue;
@@ -539,7 +519,7 @@ impl Relay {
                         .lock()
                         .expect("registration lock")
                         .last_claim = Some(std::time::SystemTime::now());
-                    self.health.set_database_ok(true);
+                    self.shared.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
                     record_quarantined_at_claim(&claimed);
                     gather.claimed(claimed_at, claimed.len());
@@ -636,7 +616,7 @@ impl Relay {
                         self.given_up.claim_given_up();
                     }
                     db_failures += 1;
-                    self.health.set_database_ok(false);
+                    self.shared.health.set_database_ok(false);
                     let replaced = crate::outbox::replacement(&e).is_some();
                     let delay = self.db_backoff(db_failures, replaced);
                     if replaced {
@@ -789,13 +769,13 @@ impl Relay {
     async fn sleep_or_shutdown(&self, delay: Duration, shutdown: &CancellationToken) {
         let until = tokio::time::Instant::now() + delay;
         loop {
-            self.health.tick();
+            self.shared.health.tick();
             let left = until.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
                 return;
             }
             tokio::select! {
-                _ = tokio::time::sleep(left.min(self.health.tick_every())) => {}
+                _ = tokio::time::sleep(left.min(self.shared.health.tick_every())) => {}
                 _ = shutdown.cancelled() => return,
             }
         }

@@ -51,7 +51,7 @@ impl Relay {
     pub(super) async fn size_limits(&self, rows: &[ClaimedRow]) -> HashMap<Destination, usize> {
         let mut unknown: Vec<Destination> = Vec::new();
         {
-            let known = self.size_limits.lock().expect("size limits lock");
+            let known = self.shared.size_limits.lock().expect("size limits lock");
             for row in rows {
                 let destination = self.plan_config.queue_for(row);
                 let needed = match destination.client() {
@@ -74,13 +74,14 @@ impl Relay {
         for destination in unknown {
             let timeout = self.config.send.send_timeout;
             let read = match destination.client() {
-                Client::Sns => {
-                    tokio::time::timeout(timeout, self.sns.topic_attributes(destination.address()))
-                        .await
-                        .map(|read| read.map(|info| info.maximum_message_size))
-                }
+                Client::Sns => tokio::time::timeout(
+                    timeout,
+                    self.shared.sns.topic_attributes(destination.address()),
+                )
+                .await
+                .map(|read| read.map(|info| info.maximum_message_size)),
                 Client::Sqs | Client::S3 => {
-                    tokio::time::timeout(timeout, self.sqs.queue_attributes(&destination))
+                    tokio::time::timeout(timeout, self.shared.sqs.queue_attributes(&destination))
                         .await
                         .map(|read| read.map(|info| info.maximum_message_size))
                 }
@@ -97,7 +98,7 @@ impl Relay {
                 continue;
             }
             let (last, already_failing) = {
-                let known = self.size_limits.lock().expect("size limits lock");
+                let known = self.shared.size_limits.lock().expect("size limits lock");
                 known
                     .get(&destination)
                     .map_or((None, false), |limit| (limit.reported, limit.failing))
@@ -111,7 +112,7 @@ impl Relay {
             }
             self.learnt(destination, last, true);
         }
-        let known = self.size_limits.lock().expect("size limits lock");
+        let known = self.shared.size_limits.lock().expect("size limits lock");
         known
             .iter()
             .filter_map(|(destination, limit)| Some((destination.clone(), limit.reported?)))
@@ -121,7 +122,7 @@ impl Relay {
     /// Makes each of `destinations` asked again at the next claim, keeping what it reported
     /// until then.
     pub(super) fn ask_again(&self, destinations: &[Destination]) {
-        let mut known = self.size_limits.lock().expect("size limits lock");
+        let mut known = self.shared.size_limits.lock().expect("size limits lock");
         for destination in destinations {
             if let Some(limit) = known.get_mut(destination) {
                 limit.asked = None;
@@ -132,7 +133,7 @@ impl Relay {
     /// Remembers what a destination reported (or kept, after a failed ask) until the next
     /// `--stats-interval`.
     fn learnt(&self, destination: Destination, reported: Option<usize>, failing: bool) {
-        let mut known = self.size_limits.lock().expect("size limits lock");
+        let mut known = self.shared.size_limits.lock().expect("size limits lock");
         // Rows may name any number of destinations of their own; keep the memory bounded.
         if known.len() >= MAX_KNOWN_DESTINATIONS && !known.contains_key(&destination) {
             known.clear();
@@ -157,39 +158,48 @@ impl Relay {
         let c = &self.config;
         // A queue that refused us lately is not asked again before its time: its rows wait in
         // the table, and need no request slot for that.
-        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+        if let Some(park) = self
+            .shared
+            .destinations
+            .parked(&request.queue_url, Instant::now())
+        {
             return (request, Err(Unsent::Parked(park)));
         }
         // The destination's own slot first: a request waiting for a slow queue must not hold one
         // of the permits every destination shares. The bucket's next, for the uploads.
         let slot = tokio::select! {
-            slot = self.concurrency.acquire(&request.queue_url) => slot,
+            slot = self.shared.concurrency.acquire(&request.queue_url) => slot,
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
         };
         let bucket = self
+            .shared
             .s3
             .as_ref()
             .filter(|_| request.entries.iter().any(|e| e.offload.is_some()))
             .map(|s3| s3.bucket().clone());
         let upload_slot = match &bucket {
             Some(bucket) => tokio::select! {
-                slot = self.concurrency.acquire(bucket) => Some(slot),
+                slot = self.shared.concurrency.acquire(bucket) => Some(slot),
                 _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
             },
             None => None,
         };
         let _permit = tokio::select! {
-            permit = self.request_permits.acquire() => permit.expect("never closed"),
+            permit = self.shared.request_permits.acquire() => permit.expect("never closed"),
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
         };
-        while let Some(pause) = self.pressure.remaining(Instant::now()) {
+        while let Some(pause) = self.shared.pressure.remaining(Instant::now()) {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
             }
         }
         // Another request may have found the queue refusing while this one waited.
-        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+        if let Some(park) = self
+            .shared
+            .destinations
+            .parked(&request.queue_url, Instant::now())
+        {
             return (request, Err(Unsent::Parked(park)));
         }
         // Another delivery found that settlements on this table change nothing (or is looking
@@ -228,9 +238,9 @@ impl Relay {
         let started = Instant::now();
         let sent = async {
             match request.queue_url.client() {
-                Client::Sns => self.sns.publish(&request).await,
+                Client::Sns => self.shared.sns.publish(&request).await,
                 // Rows never name a bucket: their text is a queue's or a topic's.
-                Client::Sqs | Client::S3 => self.sqs.send(&request).await,
+                Client::Sqs | Client::S3 => self.shared.sqs.send(&request).await,
             }
         };
         let result = match tokio::time::timeout(hard_limit, sent).await {
@@ -266,13 +276,15 @@ impl Relay {
         request: &BatchRequest,
         lease_deadline: Instant,
     ) -> Result<(), OffloadFailed> {
-        let Some(s3) = &self.s3 else { return Ok(()) };
+        let Some(s3) = &self.shared.s3 else {
+            return Ok(());
+        };
         let c = &self.config;
         let after = c.send.send_timeout + c.send.settle_margin;
         let lease_left = lease_deadline.saturating_duration_since(Instant::now() + after);
         let lease_window = c.claim.lease.saturating_sub(after);
         let bucket = s3.bucket().clone();
-        if let Some(park) = self.destinations.parked(&bucket, Instant::now()) {
+        if let Some(park) = self.shared.destinations.parked(&bucket, Instant::now()) {
             return Err(OffloadFailed::Parked(park));
         }
         let mut deadlines = Vec::with_capacity(request.entries.len());
@@ -336,7 +348,7 @@ impl Relay {
         for (index, result) in futures_util::future::join_all(uploads).await {
             match result {
                 Ok(()) => {
-                    self.destinations.reached(&bucket);
+                    self.shared.destinations.reached(&bucket);
                 }
                 Err(failure) => {
                     let kind = retry::classify(&failure).metric_kind();
