@@ -65,7 +65,7 @@ impl Sns {
         let output = self
             .client
             .publish_batch()
-            .topic_arn(request.queue_url.address())
+            .topic_arn(request.destination.address())
             .set_publish_batch_request_entries(Some(entries))
             .send()
             .await

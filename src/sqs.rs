@@ -75,7 +75,7 @@ impl Sqs {
         let output = self
             .client
             .send_message_batch()
-            .queue_url(request.queue_url.address())
+            .queue_url(request.destination.address())
             .set_entries(Some(entries))
             .send()
             .await
@@ -177,7 +177,7 @@ mod tests {
 
     fn request(ids: &[&str]) -> BatchRequest {
         BatchRequest {
-            queue_url: Destination::of_row("http://q"),
+            destination: Destination::of_row("http://q"),
             entries: ids
                 .iter()
                 .enumerate()

@@ -84,7 +84,7 @@ impl Relay {
                     let reaction = retry::request_reaction(
                         class,
                         request.entries.len(),
-                        self.keeps_order(&request.queue_url),
+                        self.keeps_order(&request.destination),
                     );
                     if let RequestReaction::Split {
                         one_after_the_other,
@@ -107,7 +107,7 @@ impl Relay {
                         Some(s3) => s3.bucket().clone(),
                         None => unreachable!("entries are offloaded only with a bucket"),
                     };
-                    let ordered = self.keeps_order(&request.queue_url);
+                    let ordered = self.keeps_order(&request.destination);
                     if let Some(rest) =
                         decide.offload_failed(&rows, &request, failed, &bucket, ordered)
                     {

@@ -157,13 +157,16 @@ impl Relay {
         let c = &self.config;
         // A queue that refused us lately is not asked again before its time: its rows wait in
         // the table, and need no request slot for that.
-        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+        if let Some(park) = self
+            .destinations
+            .parked(&request.destination, Instant::now())
+        {
             return (request, Err(Unsent::Parked(park)));
         }
         // The destination's own slot first: a request waiting for a slow queue must not hold one
         // of the permits every destination shares. The bucket's next, for the uploads.
         let slot = tokio::select! {
-            slot = self.concurrency.acquire(&request.queue_url) => slot,
+            slot = self.concurrency.acquire(&request.destination) => slot,
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
         };
         let bucket = self
@@ -189,7 +192,10 @@ impl Relay {
             }
         }
         // Another request may have found the queue refusing while this one waited.
-        if let Some(park) = self.destinations.parked(&request.queue_url, Instant::now()) {
+        if let Some(park) = self
+            .destinations
+            .parked(&request.destination, Instant::now())
+        {
             return (request, Err(Unsent::Parked(park)));
         }
         // Another delivery found that settlements on this table change nothing (or is looking
@@ -227,7 +233,7 @@ impl Relay {
         }
         let started = Instant::now();
         let sent = async {
-            match request.queue_url.client() {
+            match request.destination.client() {
                 Client::Sns => self.sns.publish(&request).await,
                 // Rows never name a bucket: their text is a queue's or a topic's.
                 Client::Sqs | Client::S3 => self.sqs.send(&request).await,
