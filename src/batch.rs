@@ -136,7 +136,8 @@ impl PlanConfig {
     }
 }
 
-/// One message of a batch, in our terms; `sqs.rs` turns it into the SDK's entry.
+/// One message of a batch, in our terms; `sink/sqs.rs` and `sink/sns.rs` turn it into their
+/// SDK's entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     /// Index of the row in the claimed slice, to settle the outcome against it.

@@ -13,7 +13,7 @@ use crate::metrics as names;
 use crate::otel::ClaimSpans;
 use crate::retry::{self, RequestReaction};
 use crate::row::{Claimed, ClaimedRow, QuarantineReason, Settlement};
-use crate::sqs::EntryOutcome;
+use crate::sink::EntryOutcome;
 
 use super::decide::{Decide, Decision, Policy};
 use super::effect::{Count, Effect};
@@ -103,7 +103,7 @@ impl Relay {
                 }
                 Err(Unsent::Parked(park)) => decide.parked(&rows, &request, &park),
                 Err(Unsent::Offload(failed)) => {
-                    let bucket = match &self.s3 {
+                    let bucket = match self.sinks.offload() {
                         Some(s3) => s3.bucket().clone(),
                         None => unreachable!("entries are offloaded only with a bucket"),
                     };

@@ -16,7 +16,7 @@ use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestRea
 use crate::row::{
     ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
-use crate::sqs::EntryOutcome;
+use crate::sink::EntryOutcome;
 
 use super::effect::{Count, Effect, Held, Log, Refusal};
 use super::pressure::pause_for;
