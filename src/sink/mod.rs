@@ -3,11 +3,13 @@
 //! and the S3 bucket large bodies go to first, in front of either.
 //!
 //! What differs between SQS and SNS (the SDK's entry and attribute value types, the batch call,
-//! the attribute read, how its errors read) is one [`Service`] impl per service; what is common
-//! (each entry's outcome paired by its ID, a refused entry's `SenderFault`, the guard on a stuck
-//! call) is written once here, over that trait, as vector's `aws_s_s` sink writes SQS and SNS
-//! once over its client trait. The relay holds one [`Sinks`], asks it for a destination's
-//! [`Sink`] and calls that; which service answers is decided once, in [`Sinks::of`].
+//! the attribute read and the names in its answers) is one [`Service`] impl per service, on its
+//! SDK's client; what is common (each entry's outcome paired by its ID, a refused entry's
+//! `SenderFault`, the attributes as the relay reads them, how a failed call reads, the guard on
+//! a stuck call) is written once here, over that trait, as vector's `aws_s_s` sink writes SQS
+//! and SNS once over its client trait. The relay holds one [`Sinks`], asks it for a
+//! destination's [`Sink`] and calls that; which service answers is decided once, in
+//! [`Sinks::of`].
 //!
 //! - [`sqs`]: queues (SendMessageBatch, GetQueueAttributes); the only owner of `aws_sdk_sqs`.
 //! - [`sns`]: topics (PublishBatch, GetTopicAttributes); the only owner of `aws_sdk_sns`.
@@ -20,18 +22,21 @@ pub mod sqs;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use futures_util::future::BoxFuture;
 
+use crate::aws::request_failure;
 use crate::batch::{BatchRequest, Entry};
 use crate::config::RunConfig;
 use crate::destination::{Client, Destination};
 use crate::retry::{RequestFailure, Transport};
 
 use self::s3::S3;
-use self::sns::Sns;
-use self::sqs::Sqs;
 
 /// What the service said about one entry of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,31 +61,39 @@ pub struct Attributes {
     pub content_based_deduplication: bool,
 }
 
+impl Attributes {
+    /// From an attribute read's answer, by attribute name; `fifo` is the service's name for
+    /// its FIFO flag (`FifoQueue`, `FifoTopic`).
+    fn read<'a>(fifo: &str, attribute: impl Fn(&str) -> Option<&'a str>) -> Attributes {
+        Attributes {
+            maximum_message_size: attribute("MaximumMessageSize").and_then(|v| v.parse().ok()),
+            fifo: attribute(fifo) == Some("true"),
+            content_based_deduplication: attribute("ContentBasedDeduplication") == Some("true"),
+        }
+    }
+}
+
 /// Each entry's answer by its entry ID, as a batch call lists them (accepted and refused alike).
 pub type Answers = Vec<(String, EntryOutcome)>;
 
-/// What one batch service does its own way. Both calls fail as a whole with the service's
-/// error read by `aws::request_failure`: the request failed and no entry can be assumed either
-/// way.
+/// What a service's call gives back: `T`, or the request's failure (no entry can be assumed
+/// either way).
+pub type Reply<'a, T> = BoxFuture<'a, Result<T, RequestFailure>>;
+
+/// What one batch service does its own way, implemented on its SDK's client.
 pub trait Service: Send + Sync {
     /// The batch call to the queue or topic `request.destination` names: each entry's answer.
-    fn batch<'a>(
-        &'a self,
-        request: &'a BatchRequest,
-    ) -> BoxFuture<'a, Result<Answers, RequestFailure>>;
-    /// The attribute read of the queue or topic at `address`; fails like a send would when it is
-    /// missing or the credentials may not use it.
-    fn attributes<'a>(
-        &'a self,
-        address: &'a str,
-    ) -> BoxFuture<'a, Result<Attributes, RequestFailure>>;
+    fn batch<'a>(&'a self, request: &'a BatchRequest) -> Reply<'a, Answers>;
+    /// The attribute read of the queue or topic at `address`; fails like a send would when it
+    /// is missing or the credentials may not use it.
+    fn attributes<'a>(&'a self, address: &'a str) -> Reply<'a, Attributes>;
 }
 
 /// The relay's AWS clients, one per service, each call bounded by the send timeout.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Sinks {
-    sqs: Sqs,
-    sns: Sns,
+    sqs: Arc<dyn Service>,
+    sns: Arc<dyn Service>,
     /// Where large message bodies go first (`--offload-bucket`), when set.
     offload: Option<S3>,
     /// What every call is given (the SDK enforces it); the guards here only cover a stuck future.
@@ -91,8 +104,9 @@ impl Sinks {
     /// The clients for `config`'s endpoints and bucket; region and credentials come from the
     /// shared AWS configuration (`aws::shared_config`), and every call is bounded by `timeout`.
     pub async fn new(config: &RunConfig, timeout: Duration) -> Sinks {
-        let sqs = Sqs::new(config.destination.sqs_endpoint.as_deref(), timeout).await;
-        let sns = Sns::new(config.destination.sns_endpoint.as_deref(), timeout).await;
+        let endpoints = &config.destination;
+        let sqs = sqs::client(endpoints.sqs_endpoint.as_deref(), timeout).await;
+        let sns = sns::client(endpoints.sns_endpoint.as_deref(), timeout).await;
         let offload = match &config.offload.plan {
             Some(offload) => {
                 let endpoint = config.offload.s3_endpoint.as_deref();
@@ -101,8 +115,8 @@ impl Sinks {
             None => None,
         };
         Sinks {
-            sqs,
-            sns,
+            sqs: Arc::new(sqs),
+            sns: Arc::new(sns),
             offload,
             timeout,
         }
@@ -110,13 +124,13 @@ impl Sinks {
 
     /// The sink that takes `destination`'s messages.
     pub fn of(&self, destination: &Destination) -> Sink<'_> {
-        let service: &dyn Service = match destination.client() {
+        let service = match destination.client() {
             Client::Sns => &self.sns,
             // Rows never name a bucket: their text is a queue's or a topic's.
             Client::Sqs | Client::S3 => &self.sqs,
         };
         Sink {
-            service,
+            service: service.as_ref(),
             timeout: self.timeout,
         }
     }
@@ -158,7 +172,7 @@ impl Sink<'_> {
 }
 
 /// `call`'s result, or a timeout failure once `limit` has passed without one.
-pub async fn within<T>(
+async fn within<T>(
     limit: Duration,
     call: impl Future<Output = Result<T, RequestFailure>>,
 ) -> Result<T, RequestFailure> {
@@ -173,6 +187,41 @@ pub async fn within<T>(
     }
 }
 
+/// `call`'s answer read by `read`, or its failure as `aws::request_failure` reads it, for
+/// every service alike.
+fn reply<'a, O, E, T>(
+    call: impl Future<Output = Result<O, SdkError<E, HttpResponse>>> + Send + 'a,
+    read: impl FnOnce(O) -> T + Send + 'a,
+) -> Reply<'a, T>
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    Box::pin(async move { call.await.map(read).map_err(request_failure) })
+}
+
+/// One entry of a batch call in its SDK's types: `$entry` the entry type, `$body` the body's
+/// setter (`message_body`, `message`), `$value` the message attribute value type. A macro for
+/// the reason `aws::client!` is one: each SDK generates its own types with the same setters.
+macro_rules! sdk_entry {
+    ($e:expr, $entry:ident, $body:ident, $value:ident) => {
+        $entry::builder()
+            .id(&$e.id)
+            .$body(&$e.body)
+            .set_message_group_id($e.group_id.clone())
+            .set_message_deduplication_id($e.dedup_id.clone())
+            .set_message_attributes($crate::sink::attributes($e, |data_type, value| {
+                $value::builder()
+                    .data_type(data_type)
+                    .string_value(value)
+                    .build()
+                    .expect("data_type is set")
+            }))
+            .build()
+            .expect("id and body are set")
+    };
+}
+use sdk_entry;
+
 /// An entry's message attributes as a service's SDK types them (`value` builds one from its
 /// data type and text), or `None` for none: the same map SQS and SNS are given.
 fn attributes<A>(entry: &Entry, value: impl Fn(&str, String) -> A) -> Option<HashMap<String, A>> {
@@ -183,21 +232,28 @@ fn attributes<A>(entry: &Entry, value: impl Fn(&str, String) -> A) -> Option<Has
     (!attributes.is_empty()).then_some(attributes)
 }
 
-/// An accepted entry's outcome.
-fn sent(message_id: &str) -> EntryOutcome {
-    EntryOutcome::Sent {
-        message_id: message_id.to_string(),
-    }
-}
-
-/// A refused entry's outcome, as the batch call's result lists it: `sender_fault` is the
-/// service's word that the entry itself is bad.
-fn refused(sender_fault: bool, code: &str, message: Option<&str>) -> EntryOutcome {
-    EntryOutcome::Failed {
-        sender_fault,
-        code: code.to_string(),
-        message: message.unwrap_or_default().to_string(),
-    }
+/// A batch call's answers by entry ID: the accepted entries' (ID, message ID), and the refused
+/// ones' (ID, SenderFault, code, message). `SenderFault` is the service's word that the entry
+/// itself is bad, so it is quarantined without retries.
+fn answers<'a>(
+    accepted: impl Iterator<Item = (&'a str, &'a str)>,
+    refused: impl Iterator<Item = (&'a str, bool, &'a str, Option<&'a str>)>,
+) -> Answers {
+    let sent = accepted.map(|(id, message_id)| {
+        let outcome = EntryOutcome::Sent {
+            message_id: message_id.to_string(),
+        };
+        (id.to_string(), outcome)
+    });
+    let failed = refused.map(|(id, sender_fault, code, message)| {
+        let outcome = EntryOutcome::Failed {
+            sender_fault,
+            code: code.to_string(),
+            message: message.unwrap_or_default().to_string(),
+        };
+        (id.to_string(), outcome)
+    });
+    sent.chain(failed).collect()
 }
 
 /// Each entry's outcome, in the request's order, from a batch call's answers by entry ID. An
@@ -247,16 +303,17 @@ mod tests {
 
     #[test]
     fn answers_in_any_order_are_paired_by_id_and_a_missing_one_is_retryable() {
-        let answers = vec![
-            (
-                "3".into(),
-                refused(true, "InvalidParameterValue", Some("bad")),
-            ),
-            ("1".into(), sent("m-1")),
-        ];
+        let accepted = [("1", "m-1")].into_iter();
+        let refused = [("3", true, "InvalidParameterValue", Some("bad"))].into_iter();
         let topic = "arn:aws:sns:eu-west-1:123456789012:orders";
-        let got = outcomes(&request(topic, &["1", "2", "3"]), answers);
-        assert_eq!(got[0], sent("m-1"));
+        let got = outcomes(
+            &request(topic, &["1", "2", "3"]),
+            answers(accepted, refused),
+        );
+        let sent = EntryOutcome::Sent {
+            message_id: "m-1".into(),
+        };
+        assert_eq!(got[0], sent);
         assert_eq!(
             got[1],
             EntryOutcome::Failed {
@@ -265,11 +322,17 @@ mod tests {
                 message: "entry absent from the PublishBatch response".into(),
             }
         );
-        assert_eq!(got[2], refused(true, "InvalidParameterValue", Some("bad")));
-        let got = outcomes(&request("http://q/1/orders", &["1"]), Vec::new());
-        assert!(
-            matches!(&got[0], EntryOutcome::Failed { message, .. } if message == "entry absent from the SendMessageBatch response")
+        assert_eq!(
+            got[2],
+            EntryOutcome::Failed {
+                sender_fault: true,
+                code: "InvalidParameterValue".into(),
+                message: "bad".into(),
+            }
         );
+        let got = outcomes(&request("http://q/1/orders", &["1"]), Vec::new());
+        let absent = "entry absent from the SendMessageBatch response";
+        assert!(matches!(&got[0], EntryOutcome::Failed { message, .. } if message == absent));
     }
 
     #[test]
@@ -283,6 +346,29 @@ mod tests {
                 "event_id".to_string(),
                 ("String".to_string(), "ev-1".to_string())
             )]))
+        );
+    }
+
+    #[test]
+    fn attributes_are_read_by_name_with_the_services_fifo_flag() {
+        let answer = HashMap::from([
+            ("MaximumMessageSize", "1048576"),
+            ("FifoTopic", "true"),
+            ("ContentBasedDeduplication", "false"),
+        ]);
+        let lookup = |name: &str| answer.get(name).copied();
+        assert_eq!(
+            Attributes::read("FifoTopic", lookup),
+            Attributes {
+                maximum_message_size: Some(1024 * 1024),
+                fifo: true,
+                content_based_deduplication: false,
+            }
+        );
+        assert!(!Attributes::read("FifoQueue", lookup).fifo);
+        assert_eq!(
+            Attributes::read("FifoQueue", |_| None).maximum_message_size,
+            None
         );
     }
 

@@ -32,16 +32,8 @@ impl S3 {
     /// name `bucket.127.0.0.1` does not resolve. SDK retries are off for the reason given in
     /// `aws::client_limits`: the relay classifies failures itself.
     pub async fn new(bucket: &Destination, endpoint: Option<&str>, timeout: Duration) -> S3 {
-        let shared = crate::aws::shared_config().await;
-        let (retry, timeouts) = crate::aws::client_limits(timeout);
-        let mut config = aws_sdk_s3::config::Builder::from(&shared)
-            .retry_config(retry)
-            .timeout_config(timeouts);
-        if let Some(endpoint) = endpoint {
-            config = config.endpoint_url(endpoint).force_path_style(true);
-        }
         S3 {
-            client: aws_sdk_s3::Client::from_conf(config.build()),
+            client: crate::aws::client!(aws_sdk_s3, endpoint, timeout, force_path_style),
             bucket: bucket.clone(),
         }
     }

@@ -4,91 +4,41 @@
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
-use futures_util::future::BoxFuture;
 
-use super::{attributes, refused, sent, Answers, Attributes, Service};
-use crate::aws::request_failure;
+use super::{answers, reply, sdk_entry, Answers, Attributes, Reply, Service};
 use crate::batch::{BatchRequest, Entry};
-use crate::retry::RequestFailure;
 
-/// An SQS client set up for the relay.
-#[derive(Debug, Clone)]
-pub struct Sqs {
-    client: aws_sdk_sqs::Client,
+/// SQS's client for the relay (`aws::client!`); `endpoint` for local emulators.
+pub async fn client(endpoint: Option<&str>, timeout: Duration) -> aws_sdk_sqs::Client {
+    crate::aws::client!(aws_sdk_sqs, endpoint, timeout)
 }
 
-impl Sqs {
-    /// Region and credentials come from the standard AWS chain; `endpoint` overrides the
-    /// service endpoint (local emulators); the SDK's own retries are off and each call is
-    /// bounded by `send_timeout` (`aws::client_limits` says why).
-    pub async fn new(endpoint: Option<&str>, send_timeout: Duration) -> Sqs {
-        let shared = crate::aws::shared_config().await;
-        let (retry, timeouts) = crate::aws::client_limits(send_timeout);
-        let mut config = aws_sdk_sqs::config::Builder::from(&shared)
-            .retry_config(retry)
-            .timeout_config(timeouts);
-        if let Some(endpoint) = endpoint {
-            config = config.endpoint_url(endpoint);
-        }
-        Sqs {
-            client: aws_sdk_sqs::Client::from_conf(config.build()),
-        }
-    }
-}
-
-impl Service for Sqs {
-    fn batch<'a>(
-        &'a self,
-        request: &'a BatchRequest,
-    ) -> BoxFuture<'a, Result<Answers, RequestFailure>> {
-        Box::pin(async move {
-            let output = self
-                .client
-                .send_message_batch()
-                .queue_url(request.destination.address())
-                .set_entries(Some(request.entries.iter().map(entry).collect()))
-                .send()
-                .await
-                .map_err(request_failure)?;
-            let sent = output
-                .successful()
-                .iter()
-                .map(|ok| (ok.id().to_string(), sent(ok.message_id())));
-            let failed = output.failed().iter().map(|f| {
-                let outcome = refused(f.sender_fault(), f.code(), f.message());
-                (f.id().to_string(), outcome)
-            });
-            Ok(sent.chain(failed).collect())
+impl Service for aws_sdk_sqs::Client {
+    fn batch<'a>(&'a self, request: &'a BatchRequest) -> Reply<'a, Answers> {
+        let call = self
+            .send_message_batch()
+            .queue_url(request.destination.address())
+            .set_entries(Some(request.entries.iter().map(entry).collect()));
+        reply(call.send(), |output| {
+            let accepted = output.successful().iter();
+            let refused = output.failed().iter();
+            answers(
+                accepted.map(|ok| (ok.id(), ok.message_id())),
+                refused.map(|f| (f.id(), f.sender_fault(), f.code(), f.message())),
+            )
         })
     }
 
     /// `All` rather than a list: SQS refuses FIFO-only attribute names on some standard queues.
-    fn attributes<'a>(
-        &'a self,
-        address: &'a str,
-    ) -> BoxFuture<'a, Result<Attributes, RequestFailure>> {
-        Box::pin(async move {
-            let output = self
-                .client
-                .get_queue_attributes()
-                .queue_url(address)
-                .attribute_names(QueueAttributeName::All)
-                .send()
-                .await
-                .map_err(request_failure)?;
-            let attribute = |name: QueueAttributeName| {
-                output
-                    .attributes()
-                    .and_then(|attrs| attrs.get(&name))
-                    .map(String::as_str)
-            };
-            Ok(Attributes {
-                maximum_message_size: attribute(QueueAttributeName::MaximumMessageSize)
-                    .and_then(|v| v.parse().ok()),
-                fifo: attribute(QueueAttributeName::FifoQueue) == Some("true"),
-                content_based_deduplication: attribute(
-                    QueueAttributeName::ContentBasedDeduplication,
-                ) == Some("true"),
+    fn attributes<'a>(&'a self, address: &'a str) -> Reply<'a, Attributes> {
+        let call = self
+            .get_queue_attributes()
+            .queue_url(address)
+            .attribute_names(QueueAttributeName::All);
+        reply(call.send(), |output| {
+            let attributes = output.attributes();
+            Attributes::read("FifoQueue", |name| {
+                Some(attributes?.get(&QueueAttributeName::from(name))?.as_str())
             })
         })
     }
@@ -96,18 +46,29 @@ impl Service for Sqs {
 
 /// One entry of SendMessageBatch.
 fn entry(e: &Entry) -> SendMessageBatchRequestEntry {
-    SendMessageBatchRequestEntry::builder()
-        .id(&e.id)
-        .message_body(&e.body)
-        .set_message_group_id(e.group_id.clone())
-        .set_message_deduplication_id(e.dedup_id.clone())
-        .set_message_attributes(attributes(e, |data_type, value| {
-            MessageAttributeValue::builder()
-                .data_type(data_type)
-                .string_value(value)
-                .build()
-                .expect("data_type is set")
-        }))
-        .build()
-        .expect("id and body are set")
+    sdk_entry!(
+        e,
+        SendMessageBatchRequestEntry,
+        message_body,
+        MessageAttributeValue
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_names_the_sink_reads_are_the_queue_attributes_sqs_answers_with() {
+        for (name, attribute) in [
+            ("MaximumMessageSize", QueueAttributeName::MaximumMessageSize),
+            ("FifoQueue", QueueAttributeName::FifoQueue),
+            (
+                "ContentBasedDeduplication",
+                QueueAttributeName::ContentBasedDeduplication,
+            ),
+        ] {
+            assert_eq!(QueueAttributeName::from(name), attribute);
+        }
+    }
 }
