@@ -1,6 +1,7 @@
 //! The AWS configuration (region, credential chain), loaded once per process: SQS, SNS and IAM
-//! database authentication use the same one, so all act as the same principal. And the one
-//! place an SDK error becomes the facts `retry::classify` decides on, for every AWS service.
+//! database authentication use the same one, so all act as the same principal. How every AWS
+//! client of the relay is built (`client!`), and the one place an SDK error becomes the facts
+//! `retry::classify` decides on, for every AWS service.
 
 use std::time::Duration;
 
@@ -35,6 +36,26 @@ pub fn client_limits(timeout: Duration) -> (RetryConfig, TimeoutConfig) {
         .build();
     (RetryConfig::disabled(), timeouts)
 }
+
+/// An SDK's client (`$sdk`: `aws_sdk_sqs`, ...) built as every AWS client of the relay is: the
+/// shared configuration, [`client_limits`] for `$timeout`, and `$endpoint` when given, set on
+/// the client so that it wins over the SDK's own resolution (`AWS_ENDPOINT_URL_*`); `$more` are
+/// what a custom endpoint needs besides (S3's `force_path_style`). A macro because the SDKs'
+/// config builders are separate types with the same methods and no trait over them.
+macro_rules! client {
+    ($sdk:ident, $endpoint:expr, $timeout:expr $(, $more:ident)*) => {{
+        let shared = $crate::aws::shared_config().await;
+        let (retry, timeouts) = $crate::aws::client_limits($timeout);
+        let mut config = $sdk::config::Builder::from(&shared)
+            .retry_config(retry)
+            .timeout_config(timeouts);
+        if let Some(endpoint) = $endpoint {
+            config = config.endpoint_url(endpoint)$(.$more(true))*;
+        }
+        $sdk::Client::from_conf(config.build())
+    }};
+}
+pub(crate) use client;
 
 /// Flattens the SDK's error into the facts `retry::classify` decides on.
 pub fn request_failure<E, R>(err: SdkError<E, R>) -> RequestFailure

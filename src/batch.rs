@@ -136,7 +136,8 @@ impl PlanConfig {
     }
 }
 
-/// One message of a batch, in our terms; `sqs.rs` turns it into the SDK's entry.
+/// One message of a batch, in our terms; `sink/sqs.rs` and `sink/sns.rs` turn it into their
+/// SDK's entry.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     /// Index of the row in the claimed slice, to settle the outcome against it.
@@ -178,7 +179,7 @@ impl Entry {
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchRequest {
     /// Where it goes (a queue or a topic; rows never name a bucket).
-    pub queue_url: Destination,
+    pub destination: Destination,
     pub entries: Vec<Entry>,
 }
 
@@ -191,7 +192,7 @@ impl BatchRequest {
     pub fn split(mut self) -> (BatchRequest, BatchRequest) {
         let tail = self.entries.split_off(self.entries.len() / 2);
         let other = BatchRequest {
-            queue_url: self.queue_url.clone(),
+            destination: self.destination.clone(),
             entries: tail,
         };
         (self, other)
@@ -251,10 +252,10 @@ pub fn plan_within(
     let mut group_unit: HashMap<Group, usize> = HashMap::new();
     let mut held: HashSet<Group> = HashSet::new();
     for (index, row) in rows.iter().enumerate() {
-        let queue_url = config.queue_for(row);
+        let destination = config.queue_for(row);
         let group = config
-            .keeps_order(queue_url)
-            .then(|| Group::of(row, queue_url, &config.group_by))
+            .keeps_order(destination)
+            .then(|| Group::of(row, destination, &config.group_by))
             .flatten();
         if let Some(g) = &group {
             if held.contains(g) {
@@ -262,7 +263,7 @@ pub fn plan_within(
                 continue;
             }
         }
-        let entry = match entry_for(index, row, queue_url, config, limit_of(queue_url).bytes) {
+        let entry = match entry_for(index, row, destination, config, limit_of(destination).bytes) {
             Ok(entry) => entry,
             Err(rejected) => {
                 plan.rejected.push(rejected);
@@ -282,18 +283,18 @@ pub fn plan_within(
             }
         }) {
             Some(unit) => units[unit].1.push(entry),
-            None => units.push((queue_url.clone(), vec![entry])),
+            None => units.push((destination.clone(), vec![entry])),
         }
     }
     // Then whole units into requests within their destination's count and size
     // limit. A unit that cannot fit one request alone goes as a chain of requests, each sent
     // once the one before was accepted: a group never has two requests in flight.
     let mut filling: HashMap<Destination, usize> = HashMap::new();
-    for (queue_url, mut entries) in units {
+    for (destination, mut entries) in units {
         let Limits {
             entries: max_entries,
             bytes: max_bytes,
-        } = limit_of(&queue_url);
+        } = limit_of(&destination);
         let total: usize = entries.iter().map(|e| e.size).sum();
         if entries.len() > max_entries || total > max_bytes {
             let mut chain: Vec<BatchRequest> = Vec::new();
@@ -303,7 +304,7 @@ pub fn plan_within(
                 });
                 if full {
                     chain.push(BatchRequest {
-                        queue_url: queue_url.clone(),
+                        destination: destination.clone(),
                         entries: Vec::with_capacity(max_entries),
                     });
                 }
@@ -324,14 +325,14 @@ pub fn plan_within(
             r.entries.len() + entries.len() <= max_entries
                 && r.size() + entries.iter().map(|e| e.size).sum::<usize>() <= max_bytes
         };
-        let slot = match filling.get(&queue_url) {
+        let slot = match filling.get(&destination) {
             Some(&slot) if fits(&plan.requests[slot], &entries) => slot,
             _ => {
                 plan.requests.push(BatchRequest {
-                    queue_url: queue_url.clone(),
+                    destination: destination.clone(),
                     entries: Vec::with_capacity(max_entries),
                 });
-                filling.insert(queue_url.clone(), plan.requests.len() - 1);
+                filling.insert(destination.clone(), plan.requests.len() - 1);
                 plan.requests.len() - 1
             }
         };
@@ -630,7 +631,7 @@ mod tests {
         assert_eq!(topic.rejected[0].reason, QuarantineReason::TooLarge);
         assert!(topic.rejected[0].error.contains("limit is 262144"));
         for r in &topic.requests {
-            assert_eq!(r.queue_url, to(TOPIC));
+            assert_eq!(r.destination, to(TOPIC));
             assert!(r.size() <= SNS_UNREPORTED_MAX_BYTES, "{} bytes", r.size());
         }
         assert_eq!(topic.requests[0].entries.len(), 6);
@@ -692,7 +693,7 @@ mod tests {
         let entry = |to: &str| {
             plan.requests
                 .iter()
-                .find(|r| r.queue_url.to_string() == to)
+                .find(|r| r.destination.to_string() == to)
                 .map(|r| r.entries[0].clone())
                 .expect("a request")
         };
@@ -837,13 +838,13 @@ mod tests {
         let other = plan
             .requests
             .iter()
-            .find(|r| r.queue_url == to("http://q/other"))
+            .find(|r| r.destination == to("http://q/other"))
             .unwrap();
         assert_eq!(other.entries.len(), 1);
         let default = plan
             .requests
             .iter()
-            .find(|r| r.queue_url == to("http://q/standard"))
+            .find(|r| r.destination == to("http://q/standard"))
             .unwrap();
         assert_eq!(default.entries.len(), 2);
     }
@@ -962,7 +963,7 @@ mod tests {
             plan.requests
                 .iter()
                 .find(|r| r.entries.iter().any(|e| e.id == id))
-                .map(|r| r.queue_url.to_string())
+                .map(|r| r.destination.to_string())
                 .unwrap()
         };
         assert_eq!(queue_of("1"), "http://q/orders");
@@ -1331,7 +1332,7 @@ mod tests {
             let entry = |to: &str| {
                 plan.requests
                     .iter()
-                    .find(|r| r.queue_url.to_string() == to)
+                    .find(|r| r.destination.to_string() == to)
                     .map(|r| &r.entries[0])
                     .unwrap()
             };

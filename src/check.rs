@@ -14,9 +14,8 @@ use crate::destination::{Client, Destination};
 use crate::outbox::inspect::{ColumnFacts, TableFacts, TriggerFacts, RELAY_COLUMNS};
 use crate::outbox::{quote_ident, Outbox, OutboxError, Purpose};
 use crate::retry::{RequestFailure, Transport};
-use crate::s3::S3;
-use crate::sns::{Sns, TopicInfo};
-use crate::sqs::{QueueInfo, Sqs};
+use crate::sink::s3::S3;
+use crate::sink::{Attributes, Sinks};
 
 /// One check's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -477,19 +476,11 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
         }
     }
     // The relay's own send timeout bounds each call, so an unreachable endpoint cannot hang.
-    let sqs = Sqs::new(
-        config.destination.sqs_endpoint.as_deref(),
-        config.send.send_timeout.max(Duration::from_secs(1)),
-    )
-    .await;
-    let sns = Sns::new(
-        config.destination.sns_endpoint.as_deref(),
-        config.send.send_timeout.max(Duration::from_secs(1)),
-    )
-    .await;
+    let sinks = Sinks::new(config, config.send.send_timeout.max(Duration::from_secs(1))).await;
     for (url, flag) in queues {
+        let read = sinks.of(url).attributes(url).await;
         if url.client() == Client::Sns {
-            match sns.topic_attributes(url.address()).await {
+            match read {
                 Ok(info) => {
                     report.add(
                         format!("topic {url} reachable"),
@@ -514,7 +505,7 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
             }
             continue;
         }
-        let info = match sqs.queue_attributes(url).await {
+        let info = match read {
             Ok(info) => {
                 report.add(format!("queue {url} reachable"), Ok(None));
                 info
@@ -560,7 +551,7 @@ async fn check_offload(config: &RunConfig, report: &mut Report) {
         Ok(()) => Ok(Some(format!(
             "wrote {}{}",
             offload.prefix,
-            crate::s3::PROBE_KEY
+            crate::sink::s3::PROBE_KEY
         ))),
         Err(failure) => Err(explain_bucket_failure(&failure)),
     };
@@ -604,7 +595,7 @@ pub fn explain_bucket_failure(failure: &RequestFailure) -> String {
 }
 
 /// The bucket's region where S3 named it: the `x-amz-bucket-region` of a redirect (which
-/// `s3.rs` puts in the message), or the "expecting 'eu-west-1'" of a refused signature.
+/// `sink/s3.rs` puts in the message), or the "expecting 'eu-west-1'" of a refused signature.
 fn bucket_region(message: &str) -> Option<&str> {
     let after = |marker: &str, end: char| {
         let start = message.find(marker)? + marker.len();
@@ -653,7 +644,7 @@ pub fn explain_queue_failure(failure: &RequestFailure, flag: &str) -> String {
 
 /// What `check` says of a reachable topic. SNS itself requires a FIFO topic's name to end in
 /// `.fifo`, so the ARN cannot disagree with the topic as a queue URL can.
-pub fn describe_topic(info: &TopicInfo) -> String {
+pub fn describe_topic(info: &Attributes) -> String {
     if info.fifo {
         format!(
             "FIFO topic; content-based deduplication {}: the relay sends event_id as the deduplication ID either way",
@@ -669,7 +660,7 @@ pub fn describe_topic(info: &TopicInfo) -> String {
 /// only what it takes, and a larger event goes through S3 or into quarantine before sending.
 pub fn describe_topic_size(
     topic: &Destination,
-    info: &TopicInfo,
+    info: &Attributes,
     max_request_bytes: usize,
     offload: bool,
 ) -> String {
@@ -732,7 +723,7 @@ pub fn explain_topic_failure(failure: &RequestFailure, flag: &str) -> String {
 /// The queue must take the largest message the relay may send; a message between the two
 /// sizes would be refused as a sender fault and quarantined.
 pub fn judge_message_size(
-    info: &QueueInfo,
+    info: &Attributes,
     max_request_bytes: usize,
 ) -> Result<Option<String>, String> {
     match info.maximum_message_size {
@@ -751,7 +742,7 @@ pub fn judge_message_size(
 /// A `.fifo` URL turns on the FIFO fields; it must name a FIFO queue, and only then.
 pub fn judge_fifo(
     url: &Destination,
-    info: &QueueInfo,
+    info: &Attributes,
     flag: &str,
 ) -> Result<Option<String>, String> {
     let by_url = url.is_fifo();
@@ -1013,7 +1004,7 @@ mod tests {
 
     #[test]
     fn the_queue_must_take_our_largest_message() {
-        let info = |size| QueueInfo {
+        let info = |size| Attributes {
             maximum_message_size: size,
             fifo: false,
             content_based_deduplication: false,
@@ -1026,7 +1017,7 @@ mod tests {
 
     #[test]
     fn a_fifo_url_must_name_a_fifo_queue_and_only_then() {
-        let info = |fifo| QueueInfo {
+        let info = |fifo| Attributes {
             maximum_message_size: None,
             fifo,
             content_based_deduplication: false,
@@ -1148,7 +1139,7 @@ mod tests {
             explain_topic_failure(&failure(Some("Odd"), Transport::Response), "")
                 .starts_with("SNS refused GetTopicAttributes [Odd]")
         );
-        let fifo = TopicInfo {
+        let fifo = Attributes {
             maximum_message_size: None,
             fifo: true,
             content_based_deduplication: false,
@@ -1159,7 +1150,7 @@ mod tests {
     #[test]
     fn a_topics_size_line_names_what_it_reported_and_what_the_relay_sends_it() {
         let topic = Destination::parse("arn:aws:sns:eu-west-1:1:t").expect("a topic ARN");
-        let info = |size| TopicInfo {
+        let info = |size| Attributes {
             maximum_message_size: size,
             fifo: false,
             content_based_deduplication: false,

@@ -22,9 +22,8 @@
 //! - [`row`]: the rows and their outcomes, shared by `outbox` and `batch` (a leaf).
 //! - [`group`]: what a group is, (destination, group key), for the planner and the claim's SQL (a leaf).
 //! - [`batch`]: pure: rows -> SendMessageBatch requests within SQS's count and size limits.
-//! - [`sqs`]: the only owner of the SQS SDK: one request in, one outcome per entry out.
-//! - [`sns`]: the only owner of the SNS SDK: the same for a topic destination (PublishBatch).
-//! - [`s3`]: the only owner of the S3 SDK: large message bodies stored before their pointer is sent.
+//! - [`sink`]: SQS queues and SNS topics behind one interface (one request in, one outcome per
+//!   entry out), each SDK owned by one file in it; and the S3 bucket large bodies go to first.
 //! - [`retry`]: pure: classify failures; capped exponential backoff with full jitter.
 //! - [`concurrency`]: each destination's requests in flight, adapted to its answers (pure rule inside).
 //! - [`destination`]: what a destination is (queue, topic, bucket; FIFO or standard), parsed once,
@@ -58,9 +57,7 @@ pub mod redact;
 pub mod relay;
 pub mod retry;
 pub mod row;
-pub mod s3;
-pub mod sns;
-pub mod sqs;
+pub mod sink;
 pub mod tls;
 pub mod version;
 

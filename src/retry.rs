@@ -1,7 +1,7 @@
 //! Pure rules for failures: which class an SQS failure belongs to, and how long to wait.
 //!
-//! Nothing here does I/O. `sqs.rs` turns an SDK error into a [`RequestFailure`]; this module
-//! decides what it means, so the decision is unit-tested without a server.
+//! Nothing here does I/O. `aws::request_failure` turns an SDK error into a [`RequestFailure`];
+//! this module decides what it means, so the decision is unit-tested without a server.
 
 use std::time::Duration;
 

@@ -5,8 +5,8 @@
 //! row's own `queue_url` where rows are decoded (`outbox/decode.rs`); past those two places no
 //! code looks at a destination's text again. Its limits, the client that sends to it, its FIFO
 //! fields, the key it is parked under and how logs and metric labels name it all live here.
-//! Adding a kind of destination is a variant here, its client module (like `sns.rs`), the
-//! relay's one `match` on [`Client`], and the flag that names it in `config.rs`.
+//! Adding a kind of destination is a variant here, its service in `sink/` (like `sink/sns.rs`),
+//! the one `match` on [`Client`] in `sink::Sinks::of`, and the flag that names it in `config/`.
 //!
 //! - [`parked`]: which destinations are refusing us, and until when their rows wait.
 
@@ -55,7 +55,7 @@ pub enum Destination {
     },
 }
 
-/// Which client sends to a destination; the relay matches on it.
+/// Which client sends to a destination; `sink::Sinks::of` matches on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Client {
     Sqs,
@@ -70,6 +70,26 @@ pub struct Limits {
     pub entries: usize,
     /// Bytes in one message, and in one request altogether.
     pub bytes: usize,
+}
+
+/// Whether the relay reads a destination's `MaximumMessageSize`, and what a failed read means
+/// (`relay::send` reads it on first use and again every `--stats-interval`: an operator may
+/// raise it, then re-drive what it refused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SizeRead {
+    /// Not read: a standard queue, where SQS's own per-entry refusal quarantines a row too
+    /// large for it just as well; a bucket.
+    Never,
+    /// Read, and one that cannot be read now is tried again with the next claim (meanwhile
+    /// what it reported last, or `--max-request-bytes`, applies): an ordered queue, where a
+    /// refused entry after accepted entries of its group would break the group's order.
+    RetriedEachClaim,
+    /// Read always, and one that cannot be read keeps what it reported last (256 KiB if
+    /// nothing) and is not asked again before the next `--stats-interval`, with one warning:
+    /// a topic, whose size decides which events go whole and which through S3 or into
+    /// quarantine. Its rows come at every claim, and a relay whose credentials lack
+    /// `sns:GetTopicAttributes` would otherwise make a refused call per claim.
+    KeptOnFailure,
 }
 
 /// What a destination takes as `MessageGroupId`.
@@ -206,6 +226,16 @@ impl Destination {
                 entries: 1,
                 bytes: max_request_bytes,
             },
+        }
+    }
+
+    /// Whether the relay reads its `MaximumMessageSize`, given whether the relay keeps the
+    /// order of its rows.
+    pub fn size_read(&self, ordered: bool) -> SizeRead {
+        match self {
+            Destination::Topic { .. } => SizeRead::KeptOnFailure,
+            Destination::Queue { .. } if ordered => SizeRead::RetriedEachClaim,
+            Destination::Queue { .. } | Destination::Bucket { .. } => SizeRead::Never,
         }
     }
 
@@ -446,6 +476,19 @@ mod tests {
             300 * 1024,
             "above 256 KiB for a topic that says so"
         );
+    }
+
+    #[test]
+    fn every_topic_and_only_ordered_queues_have_their_size_read() {
+        for ordered in [false, true] {
+            assert_eq!(parsed(TOPIC).size_read(ordered), SizeRead::KeptOnFailure);
+            assert_eq!(
+                Destination::bucket("b").unwrap().size_read(ordered),
+                SizeRead::Never
+            );
+        }
+        assert_eq!(parsed(QUEUE).size_read(true), SizeRead::RetriedEachClaim);
+        assert_eq!(parsed(QUEUE).size_read(false), SizeRead::Never);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::metrics as names;
 use crate::otel::ClaimSpans;
 use crate::retry::{self, RequestReaction};
 use crate::row::{Claimed, ClaimedRow, QuarantineReason, Settlement};
-use crate::sqs::EntryOutcome;
+use crate::sink::EntryOutcome;
 
 use super::decide::{Decide, Decision, Policy};
 use super::effect::{Count, Effect};
@@ -84,7 +84,7 @@ impl Relay {
                     let reaction = retry::request_reaction(
                         class,
                         request.entries.len(),
-                        self.keeps_order(&request.queue_url),
+                        self.keeps_order(&request.destination),
                     );
                     if let RequestReaction::Split {
                         one_after_the_other,
@@ -103,11 +103,11 @@ impl Relay {
                 }
                 Err(Unsent::Parked(park)) => decide.parked(&rows, &request, &park),
                 Err(Unsent::Offload(failed)) => {
-                    let bucket = match &self.shared.s3 {
+                    let bucket = match self.shared.sinks.offload() {
                         Some(s3) => s3.bucket().clone(),
                         None => unreachable!("entries are offloaded only with a bucket"),
                     };
-                    let ordered = self.keeps_order(&request.queue_url);
+                    let ordered = self.keeps_order(&request.destination);
                     if let Some(rest) =
                         decide.offload_failed(&rows, &request, failed, &bucket, ordered)
                     {

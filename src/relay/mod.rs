@@ -16,7 +16,7 @@
 //! - `many`: one relay serving several tables (the look, turns, tables in trouble); `board`:
 //!   its table gauges, the worst tables' as series of their own.
 //!
-//! It sees neither driver: rows come from `outbox`, requests go through `sqs`, and every rule
+//! It sees neither driver: rows come from `outbox`, requests go through `sink`, and every rule
 //! (batching, backoff, classification) is a pure function elsewhere. One task claims; each
 //! claim is delivered by its own task, so the next claim runs while earlier batches are in
 //! flight. Two semaphores bound the work: requests in flight, and rows being delivered (so
@@ -43,9 +43,7 @@ use crate::outbox::{
 };
 use crate::poll;
 use crate::row::Claimed;
-use crate::s3::S3;
-use crate::sns::Sns;
-use crate::sqs::Sqs;
+use crate::sink::Sinks;
 
 mod admission;
 pub(crate) mod board;
@@ -135,12 +133,8 @@ pub(crate) enum Gauges {
 /// row and byte budgets, health and tracing. One per process.
 #[derive(Clone)]
 pub(crate) struct Shared {
-    /// For destinations that are SQS queue URLs.
-    sqs: Sqs,
-    /// For destinations that are SNS topic ARNs; the planner and settlement treat them alike.
-    sns: Sns,
-    /// Where large message bodies go first (`--offload-bucket`), when set.
-    s3: Option<S3>,
+    /// The queues' and topics' clients, and the offload bucket's (`--offload-bucket`) when set.
+    sinks: Sinks,
     /// What `/healthz` and `/readyz` report: liveness ticks, the database, configuration errors.
     health: Arc<Health>,
     /// OpenTelemetry, when an OTLP endpoint is configured: a span per event.
@@ -168,27 +162,7 @@ impl Shared {
         health: Arc<Health>,
         tracing: Option<Arc<Tracing>>,
     ) -> Shared {
-        let sqs = Sqs::new(
-            config.destination.sqs_endpoint.as_deref(),
-            config.send.send_timeout,
-        )
-        .await;
-        let sns = Sns::new(
-            config.destination.sns_endpoint.as_deref(),
-            config.send.send_timeout,
-        )
-        .await;
-        let s3 = match &config.offload.plan {
-            Some(offload) => Some(
-                S3::new(
-                    &offload.bucket,
-                    config.offload.s3_endpoint.as_deref(),
-                    config.send.send_timeout,
-                )
-                .await,
-            ),
-            None => None,
-        };
+        let sinks = Sinks::new(config, config.send.send_timeout).await;
         let mut configured_queues = vec![config.destination.queue_url.clone()];
         for (_, url) in &config.order.routes {
             if !configured_queues.contains(url) {
@@ -223,9 +197,7 @@ impl Shared {
                 config.retry.retry_base,
                 config.retry.retry_max,
             )),
-            sqs,
-            sns,
-            s3,
+            sinks,
             health,
             tracing,
             pressure: Arc::new(Pressure::default()),

@@ -8,11 +8,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::batch::BatchRequest;
 use crate::concurrency::{self, Outcome};
-use crate::destination::{Client, Destination, Park};
+use crate::destination::{Destination, Park, SizeRead};
 use crate::metrics as names;
 use crate::retry::{self, RequestFailure, Transport};
 use crate::row::ClaimedRow;
-use crate::sqs::EntryOutcome;
+use crate::sink::EntryOutcome;
 
 use super::{Relay, LOG_TARGET};
 
@@ -34,67 +34,43 @@ pub(super) struct SizeLimit {
 
 impl Relay {
     /// The `MaximumMessageSize` of each destination the rows go to that needs one, read on
-    /// first use and again every `--stats-interval` (an operator may raise it, then re-drive
-    /// what it refused); [`crate::destination::Destination::limits`] makes it a limit.
-    ///
-    /// Every topic is read: its size decides which events go whole and which through S3 or
-    /// into quarantine, and a topic that reports nothing keeps SNS's former 256 KiB. A topic
-    /// that cannot be read keeps what it reported last (256 KiB if nothing) and is not asked
-    /// again before the next `--stats-interval`, with one warning: its rows come at every
-    /// claim, and a relay whose credentials lack `sns:GetTopicAttributes` would otherwise
-    /// make a refused call per claim.
-    ///
-    /// Of queues only ordered ones are read: there a refused entry after accepted entries of
-    /// its group would break the group's order, while elsewhere SQS's own per-entry refusal
-    /// quarantines the row just as well. A queue that cannot be read now is tried again with
-    /// the next claim; meanwhile what it reported last, or `--max-request-bytes`, applies.
+    /// first use and again every `--stats-interval`; which are read, and what a failed read
+    /// means, is [`crate::destination::SizeRead`]; [`crate::destination::Destination::limits`]
+    /// makes it a limit.
     pub(super) async fn size_limits(&self, rows: &[ClaimedRow]) -> HashMap<Destination, usize> {
-        let mut unknown: Vec<Destination> = Vec::new();
+        let mut unknown: Vec<(Destination, SizeRead)> = Vec::new();
         {
             let known = self.shared.size_limits.lock().expect("size limits lock");
             for row in rows {
                 let destination = self.plan_config.queue_for(row);
-                let needed = match destination.client() {
-                    Client::Sns => true,
-                    Client::Sqs => self.keeps_order(destination),
-                    Client::S3 => false,
-                };
-                if !needed {
+                let read = destination.size_read(self.keeps_order(destination));
+                if read == SizeRead::Never {
                     continue;
                 }
                 let fresh = known
                     .get(destination)
                     .and_then(|limit| limit.asked)
                     .is_some_and(|asked| asked.elapsed() < self.config.maintenance.stats_interval);
-                if !fresh && !unknown.contains(destination) {
-                    unknown.push(destination.clone());
+                if !fresh && !unknown.iter().any(|(d, _)| d == destination) {
+                    unknown.push((destination.clone(), read));
                 }
             }
         }
-        for destination in unknown {
-            let timeout = self.config.send.send_timeout;
-            let read = match destination.client() {
-                Client::Sns => tokio::time::timeout(
-                    timeout,
-                    self.shared.sns.topic_attributes(destination.address()),
-                )
+        for (destination, read) in unknown {
+            let failure = match self
+                .shared
+                .sinks
+                .of(&destination)
+                .attributes(&destination)
                 .await
-                .map(|read| read.map(|info| info.maximum_message_size)),
-                Client::Sqs | Client::S3 => {
-                    tokio::time::timeout(timeout, self.shared.sqs.queue_attributes(&destination))
-                        .await
-                        .map(|read| read.map(|info| info.maximum_message_size))
-                }
-            };
-            let failure = match read {
-                Ok(Ok(reported)) => {
-                    self.learnt(destination, reported, false);
+            {
+                Ok(info) => {
+                    self.learnt(destination, info.maximum_message_size, false);
                     continue;
                 }
-                Ok(Err(failure)) => retry::describe(&failure),
-                Err(_) => format!("no answer within {}", humantime::format_duration(timeout)),
+                Err(failure) => retry::describe(&failure),
             };
-            if destination.client() != Client::Sns {
+            if read != SizeRead::KeptOnFailure {
                 continue;
             }
             let (last, already_failing) = {
@@ -161,20 +137,20 @@ impl Relay {
         if let Some(park) = self
             .shared
             .destinations
-            .parked(&request.queue_url, Instant::now())
+            .parked(&request.destination, Instant::now())
         {
             return (request, Err(Unsent::Parked(park)));
         }
         // The destination's own slot first: a request waiting for a slow queue must not hold one
         // of the permits every destination shares. The bucket's next, for the uploads.
         let slot = tokio::select! {
-            slot = self.shared.concurrency.acquire(&request.queue_url) => slot,
+            slot = self.shared.concurrency.acquire(&request.destination) => slot,
             _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
         };
         let bucket = self
             .shared
-            .s3
-            .as_ref()
+            .sinks
+            .offload()
             .filter(|_| request.entries.iter().any(|e| e.offload.is_some()))
             .map(|s3| s3.bucket().clone());
         let upload_slot = match &bucket {
@@ -198,7 +174,7 @@ impl Relay {
         if let Some(park) = self
             .shared
             .destinations
-            .parked(&request.queue_url, Instant::now())
+            .parked(&request.destination, Instant::now())
         {
             return (request, Err(Unsent::Parked(park)));
         }
@@ -217,8 +193,6 @@ impl Relay {
                 Err(Unsent::NotSent("lease too short for another send")),
             );
         }
-        // The SDK enforces the send timeout; this guard only covers a stuck future.
-        let hard_limit = c.send.send_timeout + Duration::from_secs(1);
         if let Some(upload_slot) = upload_slot {
             let started = Instant::now();
             let uploaded = self.offload(&request, lease_deadline).await;
@@ -236,25 +210,13 @@ impl Relay {
             }
         }
         let started = Instant::now();
-        let sent = async {
-            match request.queue_url.client() {
-                Client::Sns => self.shared.sns.publish(&request).await,
-                // Rows never name a bucket: their text is a queue's or a topic's.
-                Client::Sqs | Client::S3 => self.shared.sqs.send(&request).await,
-            }
-        };
-        let result = match tokio::time::timeout(hard_limit, sent).await {
-            Ok(result) => result.map_err(Unsent::Failed),
-            Err(_) => Err(Unsent::Failed(RequestFailure {
-                status: None,
-                code: None,
-                message: format!(
-                    "no answer within {}",
-                    humantime::format_duration(hard_limit)
-                ),
-                transport: Transport::Timeout,
-            })),
-        };
+        let result = self
+            .shared
+            .sinks
+            .of(&request.destination)
+            .send(&request)
+            .await
+            .map_err(Unsent::Failed);
         metrics::histogram!(names::SEND_DURATION).record(started.elapsed().as_secs_f64());
         slot.finish(send_outcome(&result, started.elapsed()));
         (request, result)
@@ -276,7 +238,7 @@ impl Relay {
         request: &BatchRequest,
         lease_deadline: Instant,
     ) -> Result<(), OffloadFailed> {
-        let Some(s3) = &self.shared.s3 else {
+        let Some(s3) = self.shared.sinks.offload() else {
             return Ok(());
         };
         let c = &self.config;
@@ -292,7 +254,7 @@ impl Relay {
             let deadline = match &entry.offload {
                 Some(offload) => {
                     let bytes = offload.body.len();
-                    match crate::s3::upload_deadline(
+                    match crate::sink::s3::upload_deadline(
                         bytes,
                         c.send.send_timeout,
                         lease_left,
@@ -314,23 +276,8 @@ impl Relay {
             .filter_map(|(index, (entry, deadline))| {
                 let offload = entry.offload.as_ref()?;
                 let deadline = deadline?;
-                // The SDK enforces the deadline; this guard only covers a stuck future.
-                let limit = deadline + Duration::from_secs(1);
                 Some(async move {
-                    let result = match tokio::time::timeout(limit, s3.put(offload, deadline)).await
-                    {
-                        Ok(result) => result,
-                        Err(_) => Err(RequestFailure {
-                            status: None,
-                            code: None,
-                            message: format!(
-                                "S3 PutObject: no answer within {}",
-                                humantime::format_duration(limit)
-                            ),
-                            transport: Transport::Timeout,
-                        }),
-                    };
-                    let result = result.map_err(|mut failure| {
+                    let result = s3.put(offload, deadline).await.map_err(|mut failure| {
                         if failure.transport == Transport::Timeout {
                             failure.message = format!(
                                 "{} (a {}-byte body gets {}: --send-timeout and 1 s per MiB, within the lease)",

@@ -87,7 +87,7 @@ mod tests {
     /// A request of the rows `rows`.
     fn request(rows: std::ops::Range<usize>) -> BatchRequest {
         BatchRequest {
-            queue_url: crate::destination::Destination::of_row(QUEUE),
+            destination: crate::destination::Destination::of_row(QUEUE),
             entries: rows.map(entry).collect(),
         }
     }

@@ -16,7 +16,7 @@ use crate::retry::{self, EntryDecision, FailureClass, RequestFailure, RequestRea
 use crate::row::{
     ClaimedRow, QuarantineReason, QuarantinedRow, RescheduledRow, SentRow, Settlement,
 };
-use crate::sqs::EntryOutcome;
+use crate::sink::EntryOutcome;
 
 use super::effect::{Count, Effect, Held, Log, Refusal};
 use super::pressure::pause_for;
@@ -103,7 +103,7 @@ impl<J: FnMut() -> f64> Decide<J> {
     ) {
         self.failures = 0;
         self.effect(Effect::Relieve);
-        self.effect(Effect::Reached(request.queue_url.clone()));
+        self.effect(Effect::Reached(request.destination.clone()));
         // Clears a credentials error too: this request was signed and accepted.
         self.effect(Effect::Readiness);
         for (entry, outcome) in request.entries.iter().zip(outcomes) {
@@ -178,7 +178,7 @@ impl<J: FnMut() -> f64> Decide<J> {
         let what = retry::describe(failure);
         if reaction == RequestReaction::ParkTheQueue {
             self.effect(Effect::Refused(Refusal {
-                destination: request.queue_url.clone(),
+                destination: request.destination.clone(),
                 error: what,
                 held: Held::Request(request.entries.iter().map(|e| e.row).collect()),
             }));
@@ -192,17 +192,17 @@ impl<J: FnMut() -> f64> Decide<J> {
         }
         // Whatever else is left pauses the relay and releases the rows.
         let delay = self.pause();
-        let service = request.queue_url.service();
+        let service = request.destination.service();
         if reaction == (RequestReaction::PauseAndRelease { not_ready: true }) {
             self.effect(Effect::NotReady(what.clone()));
             self.log(Log::CredentialsRefused {
                 service,
                 error: what.clone(),
                 retry_in: delay,
-                queue_url: request.queue_url.to_string(),
+                queue_url: request.destination.to_string(),
             });
         } else {
-            let call = request.queue_url.batch_call();
+            let call = request.destination.batch_call();
             self.log(Log::RequestFailed {
                 call,
                 error: what.clone(),
@@ -290,11 +290,11 @@ impl<J: FnMut() -> f64> Decide<J> {
     /// The request's queue is parked (it refused us lately): its rows park without a request.
     pub(super) fn parked(&mut self, rows: &[ClaimedRow], request: &BatchRequest, park: &Park) {
         for entry in &request.entries {
-            self.park_row(&rows[entry.row], &request.queue_url, park);
+            self.park_row(&rows[entry.row], &request.destination, park);
         }
         self.log(Log::QueueParked {
             entries: request.entries.len(),
-            queue_url: request.queue_url.to_string(),
+            queue_url: request.destination.to_string(),
         });
     }
 
@@ -500,7 +500,7 @@ pub(super) mod tests {
     /// A request to `destination` of the rows at `indices`, none of them large.
     pub(super) fn request(destination: &str, indices: &[usize]) -> BatchRequest {
         BatchRequest {
-            queue_url: Destination::of_row(destination),
+            destination: Destination::of_row(destination),
             entries: indices.iter().map(|&i| entry(i, false)).collect(),
         }
     }

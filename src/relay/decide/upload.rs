@@ -123,7 +123,7 @@ impl<J: FnMut() -> f64> Decide<J> {
         }
         let entries: Vec<Entry> = rest.collect();
         (!entries.is_empty()).then(|| BatchRequest {
-            queue_url: request.queue_url.clone(),
+            destination: request.destination.clone(),
             entries,
         })
     }
@@ -151,7 +151,7 @@ mod tests {
     /// A request of a small row, a large one, and a small one.
     fn mixed() -> BatchRequest {
         BatchRequest {
-            queue_url: Destination::of_row(QUEUE),
+            destination: Destination::of_row(QUEUE),
             entries: vec![entry(0, false), entry(1, true), entry(2, false)],
         }
     }

@@ -1,5 +1,5 @@
 //! The only owner of `aws_sdk_s3`: large message bodies go to S3 before their pointer message
-//! goes to SQS (the claim-check format of the SQS Extended Client libraries, see
+//! goes to the queue or topic (the claim-check format of the SQS Extended Client libraries, see
 //! docs/large-events.md).
 //!
 //! The relay only ever writes: an event's object is overwritten by a resend of the same event,
@@ -30,18 +30,10 @@ impl S3 {
     /// Region and credentials come from the shared AWS configuration, as for SQS. A custom
     /// `endpoint` (local servers, S3-compatible stores) is addressed path-style: a virtual-host
     /// name `bucket.127.0.0.1` does not resolve. SDK retries are off for the reason given in
-    /// `sqs.rs`: the relay classifies failures itself.
+    /// `aws::client_limits`: the relay classifies failures itself.
     pub async fn new(bucket: &Destination, endpoint: Option<&str>, timeout: Duration) -> S3 {
-        let shared = crate::aws::shared_config().await;
-        let (retry, timeouts) = crate::aws::client_limits(timeout);
-        let mut config = aws_sdk_s3::config::Builder::from(&shared)
-            .retry_config(retry)
-            .timeout_config(timeouts);
-        if let Some(endpoint) = endpoint {
-            config = config.endpoint_url(endpoint).force_path_style(true);
-        }
         S3 {
-            client: aws_sdk_s3::Client::from_conf(config.build()),
+            client: crate::aws::client!(aws_sdk_s3, endpoint, timeout, force_path_style),
             bucket: bucket.clone(),
         }
     }
@@ -56,18 +48,24 @@ impl S3 {
     /// same bytes.
     pub async fn put(&self, offload: &Offload, deadline: Duration) -> Result<(), RequestFailure> {
         let (_, timeouts) = crate::aws::client_limits(deadline);
-        self.client
-            .put_object()
-            .bucket(self.bucket.address())
-            .key(&offload.key)
-            .content_type("application/json")
-            .body(ByteStream::from(offload.body.clone()))
-            .customize()
-            .config_override(aws_sdk_s3::config::Builder::default().timeout_config(timeouts))
-            .send()
+        let put = async {
+            self.client
+                .put_object()
+                .bucket(self.bucket.address())
+                .key(&offload.key)
+                .content_type("application/json")
+                .body(ByteStream::from(offload.body.clone()))
+                .customize()
+                .config_override(aws_sdk_s3::config::Builder::default().timeout_config(timeouts))
+                .send()
+                .await
+                .map_err(request_failure)?;
+            Ok(())
+        };
+        // The SDK enforces the deadline; this guard only covers a stuck future.
+        super::within(deadline + Duration::from_secs(1), put)
             .await
-            .map_err(request_failure)?;
-        Ok(())
+            .map_err(named)
     }
 
     /// `check`'s proof that offloading will work: a small object under the prefix, with the
@@ -80,7 +78,7 @@ impl S3 {
             .body(ByteStream::from_static(b"written by outbox-relay check"))
             .send()
             .await
-            .map_err(request_failure)?;
+            .map_err(|err| named(request_failure(err)))?;
         Ok(())
     }
 }
@@ -91,7 +89,7 @@ pub const MIN_UPLOAD_BYTES_PER_SECOND: u64 = 1024 * 1024;
 
 /// How long one upload of a `bytes`-byte body may take, or `None`: not now. It needs
 /// `--send-timeout` for the round trip and the body's time at [`MIN_UPLOAD_BYTES_PER_SECOND`]
-/// on top, and must end in time for the SQS send after it: `lease_left` is what the row's lease
+/// on top, and must end in time for the send after it: `lease_left` is what the row's lease
 /// leaves now for the upload (once the send and the settlement are set aside), `lease_window`
 /// what a fresh claim's lease leaves. A claim that lost more than half of that waiting for a
 /// request slot gives the row back for a fresh one (`None`, not the row's fault); otherwise
@@ -116,7 +114,7 @@ pub fn upload_deadline(
 }
 
 /// The shared classification (`aws::request_failure`: S3's codes `SlowDown`, `NoSuchBucket`,
-/// `AccessDenied`, `EntityTooLarge` sit in the same lists as SQS's), naming the call.
+/// `AccessDenied`, `EntityTooLarge` sit in the same lists as SQS's).
 fn request_failure<E>(err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> RequestFailure
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
@@ -128,13 +126,16 @@ where
         .and_then(|r| r.headers().get("x-amz-bucket-region"))
         .map(str::to_string);
     let mut failure = crate::aws::request_failure(err);
-    failure.message = match region {
-        Some(region) => format!(
-            "S3 PutObject: {} (the bucket is in {region})",
-            failure.message
-        ),
-        None => format!("S3 PutObject: {}", failure.message),
-    };
+    if let Some(region) = region {
+        failure.message = format!("{} (the bucket is in {region})", failure.message);
+    }
+    failure
+}
+
+/// A failure as logs and rows' `last_error` show it: naming the call, which S3's own messages
+/// do not.
+fn named(mut failure: RequestFailure) -> RequestFailure {
+    failure.message = format!("S3 PutObject: {}", failure.message);
     failure
 }
 
