@@ -216,7 +216,7 @@ pub struct Plan {
     pub released: Vec<usize>,
     /// Requests that go only once another was accepted entry by entry: the rest of a group too
     /// long for one request, keyed by the first entry `id` of the request it follows.
-    pub sequels: Vec<(String, BatchRequest)>,
+    pub follow_ups: Vec<(String, BatchRequest)>,
 }
 
 /// Groups rows into requests within their destination's [`Limits`] (entries, and bytes under
@@ -316,7 +316,7 @@ pub fn plan_within(
             plan.requests.push(first);
             for request in chain {
                 let next = request.entries[0].id.clone();
-                plan.sequels.push((previous, request));
+                plan.follow_ups.push((previous, request));
                 previous = next;
             }
             continue;
@@ -1180,9 +1180,9 @@ mod tests {
         assert_eq!(plan.requests[0].entries.len(), 2);
         assert!(plan.released.is_empty());
         // The rest follows the first request, never beside it.
-        assert_eq!(plan.sequels.len(), 1);
-        assert_eq!(plan.sequels[0].0, "1");
-        let ids: Vec<&str> = plan.sequels[0]
+        assert_eq!(plan.follow_ups.len(), 1);
+        assert_eq!(plan.follow_ups[0].0, "1");
+        let ids: Vec<&str> = plan.follow_ups[0]
             .1
             .entries
             .iter()

@@ -37,7 +37,7 @@
 //!    - `session`: a connection with the relay's prepared statements; claims and settlements.
 //!    - `live`: a session that reconnects on demand, shared by the relay's tasks; one
 //!      connection the sessions of several tables share.
-//!    - `upkeep`: statistics and maintenance on a connection of their own, each under a timeout.
+//!    - `maintenance`: statistics and maintenance on a connection of their own, each under a timeout.
 //!    - `registry`: the relay registry `<table>_relays` and the schema's contract (who may
 //!      claim).
 //!    - `watch`: the look a relay serving several tables takes at all of them at once.
@@ -74,10 +74,10 @@ mod store;
 
 mod live;
 mod logical;
+mod maintenance;
 mod notify;
 mod registry;
 mod session;
-mod upkeep;
 mod watch;
 
 mod admin;
@@ -98,6 +98,7 @@ pub use floors::{Floors, FULL_RETENTION_PASS};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use live::{HostConn, LiveSession};
 pub use liveness::{reconnect_delay, replacement, Replace};
+pub use maintenance::{extrapolate, Count, Maintenance, Stats, Swept, STATS_EXACT_UP_TO};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
 pub use registry::{LiveRelay, Registration, Renewed};
@@ -108,6 +109,5 @@ pub use session::{RelayStatement, Session, PLANS};
 pub use settings::{DatabaseConfig, LockPolicy, Secret};
 pub use status::{worst_first, TableReport, TableStatus};
 pub use store::{Outbox, Purpose, RelaySettings};
-pub use upkeep::{extrapolate, Count, Stats, Swept, Upkeep, STATS_EXACT_UP_TO};
 pub use wakeup::{Installed, Wakeup};
 pub use watch::{Answer, Look, Watch};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_relay::outbox::{
-    ClaimLimits, ClaimRequest, ClaimStrategy, OrderBy, OrderScope, Ordered, Outbox, Upkeep,
+    ClaimLimits, ClaimRequest, ClaimStrategy, Maintenance, OrderBy, OrderScope, Ordered, Outbox,
 };
 use outbox_relay::row::KeyColumn;
 
@@ -190,8 +190,8 @@ async fn parking_waits_for_a_claim_and_never_parks_the_row_it_leased() {
                 )
                 .await
                 .unwrap();
-            let upkeep = Upkeep::new(outbox, Duration::from_secs(30));
-            let parking = tokio::spawn(async move { upkeep.maintain_blocked_groups().await });
+            let maintenance = Maintenance::new(outbox, Duration::from_secs(30));
+            let parking = tokio::spawn(async move { maintenance.maintain_blocked_groups().await });
             wait_until(
                 &format!("{isolation}: parking waits for the claim lock"),
                 WAIT,

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use outbox_relay::outbox::{ClaimRequest, Outbox, Registration, Session, Upkeep, PLANS};
+use outbox_relay::outbox::{ClaimRequest, Maintenance, Outbox, Registration, Session, PLANS};
 
 use crate::scenario::{
     count, events, insert, migrate_with, migrated_db, run_args, set_arg, wait_count,
@@ -339,15 +339,18 @@ async fn retention_seeks_past_the_rows_it_deleted_and_a_pass_from_the_first_row_
     let outbox = std::sync::Arc::new(
         Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap(),
     );
-    let upkeep = Upkeep::new(outbox.clone(), Duration::from_secs(30));
+    let maintenance = Maintenance::new(outbox.clone(), Duration::from_secs(30));
     let retention = Duration::from_secs(3600);
-    // One pass as the relay runs it (src/relay/maintain.rs): batches, each from where the one
+    // One pass as the relay runs it (src/relay/maintenance.rs): batches, each from where the one
     // before got to.
     let pass = || async {
         let mut from = outbox.floors().retention_start();
         let mut deleted = 0;
         loop {
-            let (n, newest) = upkeep.delete_expired(retention, 1_000, from).await.unwrap();
+            let (n, newest) = maintenance
+                .delete_expired(retention, 1_000, from)
+                .await
+                .unwrap();
             deleted += n;
             from = newest.or(from);
             if n < 1_000 {
@@ -386,12 +389,15 @@ async fn retention_seeks_past_the_rows_it_deleted_and_a_pass_from_the_first_row_
     );
     // The pass from that floor: the new rows go, the late one stays.
     let mut from = start;
-    let (n, newest) = upkeep.delete_expired(retention, 1_000, from).await.unwrap();
+    let (n, newest) = maintenance
+        .delete_expired(retention, 1_000, from)
+        .await
+        .unwrap();
     from = newest.or(from);
     assert_eq!(n, 10);
     assert_eq!(count(&app, "event_id LIKE 'late%'").await, 1);
     assert_eq!(
-        upkeep
+        maintenance
             .delete_expired(retention, 1_000, from)
             .await
             .unwrap()

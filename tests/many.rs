@@ -119,7 +119,7 @@ async fn every_selected_table_flows_through_one_relay_on_a_few_connections() {
     assert_eq!(count_in(&db, "archive", "sent_at IS NOT NULL").await, 0);
 
     // Thirteen tables, and the relay's backends are the few it always has: a claims and a
-    // settlements connection per turn that may run at once (2), upkeep and the look.
+    // settlements connection per turn that may run at once (2), maintenance and the look.
     let client = db.client().await;
     let backends: i64 = client
         .query_one(

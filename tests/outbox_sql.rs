@@ -135,10 +135,13 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     let before = snapshot(&client).await;
 
     // Every kind of late settlement by A is refused and reported as lost.
-    let late = a.settle("a", &sent(&a_rows), false).await.unwrap();
+    let late = a
+        .write_settlement("a", &sent(&a_rows), false)
+        .await
+        .unwrap();
     assert_eq!((late.sent, late.lost), (0, 4));
     let late = a
-        .settle(
+        .write_settlement(
             "a",
             &Settlement {
                 reschedule: vec![RescheduledRow {
@@ -164,7 +167,10 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     assert_eq!((late.rescheduled, late.lost), (0, 2));
     assert!(late.quarantined_reasons.is_empty());
     // All three kinds at once, as the relay settles a claim.
-    let late = a.settle("a", &mixed(&a_rows), false).await.unwrap();
+    let late = a
+        .write_settlement("a", &mixed(&a_rows), false)
+        .await
+        .unwrap();
     assert_eq!(
         (
             late.sent,
@@ -190,7 +196,10 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     );
 
     // The owner's settlement lands, and ends its claim.
-    let done = b.settle("b", &sent(&b_rows), false).await.unwrap();
+    let done = b
+        .write_settlement("b", &sent(&b_rows), false)
+        .await
+        .unwrap();
     assert_eq!((done.sent, done.lost), (4, 0));
     assert_eq!(
         count(
@@ -203,7 +212,7 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
     assert_eq!(count_claims(&client, "true").await, 0, "no lease left");
     // Settling again (as the relay does when the first answer was lost) does not count twice,
     // nor as lost: the rows are B's own outcome.
-    let again = b.settle("b", &sent(&b_rows), true).await.unwrap();
+    let again = b.write_settlement("b", &sent(&b_rows), true).await.unwrap();
     assert_eq!((again.sent, again.lost), (0, 0));
 }
 
@@ -260,7 +269,7 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
         assert_eq!(rows[3].lease_token, 2, "delete_on_ack={delete_on_ack}");
 
         let settlement = mixed(&rows);
-        let first = a.settle("a", &settlement, false).await.unwrap();
+        let first = a.write_settlement("a", &settlement, false).await.unwrap();
         assert_eq!(
             (
                 first.sent,
@@ -272,7 +281,7 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
             "delete_on_ack={delete_on_ack}"
         );
         let settled = snapshot(&client).await;
-        let again = a.settle("a", &settlement, true).await.unwrap();
+        let again = a.write_settlement("a", &settlement, true).await.unwrap();
         assert_eq!(
             (
                 again.sent,
@@ -283,7 +292,7 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
             (0, 0, 0, 0),
             "delete_on_ack={delete_on_ack}: applied by the first try, not lost"
         );
-        let unretried = a.settle("a", &settlement, false).await.unwrap();
+        let unretried = a.write_settlement("a", &settlement, false).await.unwrap();
         assert_eq!(
             (unretried.sent, unretried.lost),
             (0, 3),
@@ -311,7 +320,7 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
         assert_eq!(taken[0].id, rows[3].id);
         let mut late = mixed(&rows);
         late.sent.extend(sent(&rows[3..]).sent);
-        let settled = a.settle("a", &late, true).await.unwrap();
+        let settled = a.write_settlement("a", &late, true).await.unwrap();
         assert_eq!(
             (settled.sent, settled.lost),
             (0, 1),
@@ -341,7 +350,7 @@ async fn a_release_gives_the_attempt_back_and_a_retry_spends_it() {
         .unwrap()
         .rows;
     let settled = s
-        .settle(
+        .write_settlement(
             "r",
             &Settlement {
                 reschedule: rows
@@ -527,7 +536,10 @@ async fn a_schema_qualified_table_with_odd_names_is_claimed_through_quoted_ident
         .rows;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].payload, "{\"ok\": true}");
-    let done = s.settle("odd", &sent(&rows), false).await.unwrap();
+    let done = s
+        .write_settlement("odd", &sent(&rows), false)
+        .await
+        .unwrap();
     assert_eq!(done.sent, 1);
 }
 
@@ -590,7 +602,10 @@ async fn an_ordered_claim_takes_a_run_per_group_and_reaches_a_group_behind_a_lon
         .unwrap();
     assert!(again.rows.is_empty(), "{:?}", again.rows);
     // Settled, the next run follows.
-    let settled = s.settle("o", &sent(&claimed), false).await.unwrap();
+    let settled = s
+        .write_settlement("o", &sent(&claimed), false)
+        .await
+        .unwrap();
     assert_eq!(settled.sent, claimed.len() as u64);
     let next = s
         .claim(&request("o", Duration::from_secs(30), 100))
@@ -621,7 +636,7 @@ async fn a_row_parked_for_its_queue_keeps_its_attempt_and_comes_back_when_its_ti
         retry_in: Some(retry_in),
     };
     let settled = s
-        .settle(
+        .write_settlement(
             "a",
             &Settlement {
                 quarantine: vec![

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use outbox_relay::outbox::Session;
 use outbox_relay::outbox::{
-    ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered, Outbox, Upkeep,
+    ClaimLimits, ClaimRequest, ClaimStrategy, Maintenance, OrderScope, Ordered, Outbox,
 };
 use outbox_relay::row::{KeyColumn, QuarantineReason, SentRow, Settlement};
 
@@ -211,7 +211,9 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
                 "{name}: the claim says what it wrote"
             );
         }
-        s.settle("r", &sent(&first.rows), false).await.unwrap();
+        s.write_settlement("r", &sent(&first.rows), false)
+            .await
+            .unwrap();
 
         let second = s.claim(&request(Duration::from_secs(30))).await.unwrap();
         assert!(second.quarantined.is_empty(), "{name}");
@@ -229,8 +231,9 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
                         .unwrap()
                         .claim_strategy(ClaimStrategy::Ordered(ordered(false)))
                         .unwrap();
-                let upkeep = Upkeep::new(std::sync::Arc::new(outbox), Duration::from_secs(5));
-                let (parked, _) = upkeep.maintain_blocked_groups().await.unwrap();
+                let maintenance =
+                    Maintenance::new(std::sync::Arc::new(outbox), Duration::from_secs(5));
+                let (parked, _) = maintenance.maintain_blocked_groups().await.unwrap();
                 assert_eq!(parked, 2, "{name}");
                 assert_eq!(
                     count(
@@ -268,7 +271,9 @@ async fn a_row_whose_claims_keep_ending_without_an_outcome_is_quarantined_by_the
     neighbour.limit = 1;
     let settled = s.claim(&neighbour).await.unwrap();
     assert_eq!(leased(&settled), vec!["loop-1"]);
-    s.settle("r", &sent(&settled.rows), false).await.unwrap();
+    s.write_settlement("r", &sent(&settled.rows), false)
+        .await
+        .unwrap();
     for attempt in 1..=3 {
         let claimed = s.claim(&request(Duration::from_millis(300))).await.unwrap();
         assert!(claimed.quarantined.is_empty(), "claim {attempt}");

@@ -166,7 +166,7 @@ async fn a_rule_created_while_the_relay_reconnects_is_named_by_its_next_renewal(
     let db = migrated_db().await;
     let app = db.client().await;
     let queue = create_queue("undone-rule-reconnect", &[]).await;
-    // Delete on acknowledgement, and a rule on DELETE: no statement of the relay's upkeep
+    // Delete on acknowledgement, and a rule on DELETE: no statement of the relay's maintenance
     // (its updates: parking, unparking) meets the rule before a settlement would.
     let mut args = run_args(
         &db,

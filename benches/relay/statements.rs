@@ -26,7 +26,7 @@ pub enum Kind {
     Settlement,
     /// The idle relay's look for work (`SELECT EXISTS (…)`).
     Probe,
-    /// Everything else: BEGIN/COMMIT, session settings, gauges, upkeep.
+    /// Everything else: BEGIN/COMMIT, session settings, gauges, maintenance.
     Other,
 }
 

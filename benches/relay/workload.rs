@@ -340,7 +340,7 @@ pub async fn ceiling(
                 };
                 let t = Instant::now();
                 let settled = session
-                    .settle(&owner, &settlement, false)
+                    .write_settlement(&owner, &settlement, false)
                     .await
                     .expect("ceiling settle");
                 log.settle_time += t.elapsed();

@@ -10,11 +10,11 @@ use super::error::hidden_by_row_security;
 use super::error::{query_err, OutboxError};
 use super::floors::Floors;
 use super::ident::TableName;
+use super::maintenance::Stats;
+use super::maintenance::{STATS_EXACT_UP_TO, UNPARK_BATCH};
 use super::settle::{Acknowledge, SettleAnswer, SettleArgs};
 use super::store::Outbox;
 use super::template::{render, Value};
-use super::upkeep::Stats;
-use super::upkeep::{STATS_EXACT_UP_TO, UNPARK_BATCH};
 
 use crate::row::{Claimed, Settled, Settlement};
 
@@ -414,7 +414,7 @@ impl Session {
     /// mention are free for the next claim at once, their attempt not counted. `retry`: an
     /// earlier try of this settlement may have applied already, its answer lost with the
     /// connection.
-    pub async fn settle(
+    pub async fn write_settlement(
         &self,
         owner: &str,
         s: &Settlement,
@@ -548,7 +548,7 @@ impl Session {
     }
 
     /// Gauges for `/metrics`, from partial indexes only; the relay reads them on its
-    /// maintenance connection (`Upkeep::stats`).
+    /// maintenance connection (`Maintenance::stats`).
     pub async fn stats(&self) -> Result<Stats, OutboxError> {
         let read = self.floors.reading();
         let row = self

@@ -1,6 +1,6 @@
 //! The table's statements, rendered once from the files in `sql/` with its quoted name filled
 //! in: what each claim strategy claims and parks with, each acknowledgement mode's settlement,
-//! the gauges, the probe and the upkeep's statements. Pure: no connection is touched here.
+//! the gauges, the probe and the maintenance's statements. Pure: no connection is touched here.
 
 use super::claim::{self, ClaimStrategy};
 use super::error::OutboxError;

@@ -27,7 +27,7 @@ pub struct Look {
 }
 
 impl Look {
-    /// Whether the table needs a turn: rows to send, or upkeep only a turn does.
+    /// Whether the table needs a turn: rows to send, or maintenance only a turn does.
     pub fn needs_turn(&self) -> bool {
         self.claimable || self.parked_due || self.expired
     }

@@ -78,16 +78,16 @@ impl Gauges {
 /// What a scrape shows: the tables with series of their own, worst first, and the aggregate of
 /// the others (how many, and their gauges together), if any.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Shown {
+pub struct BoardView {
     pub tables: Vec<(String, Gauges)>,
     pub others: Option<(usize, Gauges)>,
 }
 
 /// Pure: the worst `limit` tables on their own, the rest as one.
-pub fn show(mut tables: Vec<(String, Gauges)>, limit: usize) -> Shown {
+pub fn show(mut tables: Vec<(String, Gauges)>, limit: usize) -> BoardView {
     tables.sort_by(Gauges::worse_first);
     if tables.len() <= limit {
-        return Shown {
+        return BoardView {
             tables,
             others: None,
         };
@@ -99,7 +99,7 @@ pub fn show(mut tables: Vec<(String, Gauges)>, limit: usize) -> Shown {
         .map(|(_, g)| g)
         .reduce(Gauges::merge)
         .expect("at least one");
-    Shown {
+    BoardView {
         tables,
         others: Some((count, merged)),
     }

@@ -17,8 +17,8 @@ use crate::sink::EntryOutcome;
 
 use super::decide::{Decide, Decision, Policy};
 use super::effect::{Count, Effect};
-use super::send::Unsent;
-use super::sequels::{Next, Sequels};
+use super::follow_ups::{FollowUps, Next};
+use super::send::NoAnswer;
 use super::{Relay, LOG_TARGET};
 
 impl Relay {
@@ -67,7 +67,7 @@ impl Relay {
             .into_iter()
             .map(|request| self.send(request, lease_deadline, &shutdown))
             .collect();
-        let mut sequels = Sequels::new(plan.sequels);
+        let mut follow_ups = FollowUps::new(plan.follow_ups);
         while let Some((request, result)) = sends.next().await {
             let first = request.entries[0].id.clone();
             let mut all_sent = false;
@@ -79,7 +79,7 @@ impl Relay {
                         .all(|o| matches!(o, EntryOutcome::Sent { .. }));
                     decide.answered(&rows, &request, outcomes);
                 }
-                Err(Unsent::Failed(failure)) => {
+                Err(NoAnswer::Failed(failure)) => {
                     let class = retry::classify(&failure);
                     let reaction = retry::request_reaction(
                         class,
@@ -92,7 +92,7 @@ impl Relay {
                     {
                         let (left, right) = request.split();
                         if one_after_the_other {
-                            sequels.split_in_order(&left, right);
+                            follow_ups.split_in_order(&left, right);
                         } else {
                             sends.push(self.send(right, lease_deadline, &shutdown));
                         }
@@ -101,8 +101,8 @@ impl Relay {
                     }
                     decide.request_failed(&rows, &request, class, reaction, &failure);
                 }
-                Err(Unsent::Parked(park)) => decide.parked(&rows, &request, &park),
-                Err(Unsent::Offload(failed)) => {
+                Err(NoAnswer::Parked(park)) => decide.parked(&rows, &request, &park),
+                Err(NoAnswer::Offload(failed)) => {
                     let bucket = match self.shared.sinks.offload() {
                         Some(s3) => s3.bucket().clone(),
                         None => unreachable!("entries are offloaded only with a bucket"),
@@ -114,9 +114,9 @@ impl Relay {
                         sends.push(self.send(rest, lease_deadline, &shutdown));
                     }
                 }
-                Err(Unsent::NotSent(why)) => decide.not_sent(&rows, &request, why),
+                Err(NoAnswer::NotSent(why)) => decide.not_sent(&rows, &request, why),
             }
-            match sequels.answered(&first, all_sent) {
+            match follow_ups.answered(&first, all_sent) {
                 Next::Nothing => {}
                 Next::Send(next) => sends.push(self.send(next, lease_deadline, &shutdown)),
                 Next::GiveBack(requests) => decide.given_back(&rows, &requests),
@@ -315,7 +315,7 @@ impl Relay {
             let result = self
                 .settlements
                 .run("recording outcomes", |s| async move {
-                    s.settle(owner, settlement, retry).await
+                    s.write_settlement(owner, settlement, retry).await
                 })
                 .await;
             match result {

@@ -2,10 +2,10 @@
 //!
 //! - **Connections**: a fixed few whatever the number of tables: each of the
 //!   `--active-tables` turns that may run at once has a connection for claims and one for
-//!   settlements, which every table's statements are prepared on ([`HostConn`]); upkeep on
+//!   settlements, which every table's statements are prepared on ([`HostConn`]); maintenance on
 //!   one, the look on one, discovery on a short-lived one.
 //! - **The look**: one statement (per hundred tables) every `--poll-interval` tells, for every
-//!   table, whether a row is claimable, the age of its oldest unsent row, and whether upkeep
+//!   table, whether a row is claimable, the age of its oldest unsent row, and whether maintenance
 //!   is due ([`Watch`]). Idle tables cost that look between them, nothing else.
 //! - **Turns**: a table with work gets a turn: the relay's claim loop for that table until it
 //!   has nothing claimable, or its `--table-turn` is over while another table waits. At most
@@ -30,8 +30,8 @@ use crate::config::RunConfig;
 use crate::metrics::{Health, Section};
 use crate::otel::Tracing;
 use crate::outbox::{
-    HostConn, LiveSession, Look, Outbox, OutboxError, Purpose, Registration, TableName, Upkeep,
-    Watch,
+    HostConn, LiveSession, Look, Maintenance, Outbox, OutboxError, Purpose, Registration,
+    TableName, Watch,
 };
 
 /// How many tables' statements one shared connection keeps prepared (least recently used
@@ -156,7 +156,7 @@ pub async fn run(
     let mut many = Many {
         free: (0..slots.len()).rev().collect(),
         slots,
-        upkeep: Upkeep::new(Arc::clone(&root), config.maintenance.maintenance_timeout),
+        maintenance: Maintenance::new(Arc::clone(&root), config.maintenance.maintenance_timeout),
         tables: HashMap::new(),
         order: Vec::new(),
         watch: Watch::new(Vec::new(), None),
@@ -191,7 +191,7 @@ struct Many {
     slots: Vec<Slot>,
     /// The slots no turn uses now.
     free: Vec<usize>,
-    upkeep: Upkeep,
+    maintenance: Maintenance,
     tables: HashMap<TableName, Table>,
     /// The tables in the look's order.
     order: Vec<TableName>,
@@ -285,7 +285,7 @@ impl Many {
             &self.shared,
             registration,
             super::Gauges::Board(Arc::clone(&self.board)),
-            Some(&self.upkeep),
+            Some(&self.maintenance),
         )))
     }
 
@@ -303,7 +303,7 @@ impl Many {
         let mut trials: JoinSet<(TableName, Result<(), String>)> = JoinSet::new();
         let mut discover_at = Instant::now() + c.many.discover_every;
         let mut look_at = Instant::now();
-        // The full look (the gauges' ages, upkeep due) every --stats-interval; between, the
+        // The full look (the gauges' ages, maintenance due) every --stats-interval; between, the
         // fast one (claimable only) every --poll-interval.
         let mut full_at = Instant::now();
         let mut look_failures = 0u32;
@@ -434,7 +434,7 @@ impl Many {
         }
     }
 
-    /// The sweeps that are due, one table after another on the shared upkeep connection; a
+    /// The sweeps that are due, one table after another on the shared maintenance connection; a
     /// table in trouble is left to its trial.
     fn sweeps(&self) -> impl std::future::Future<Output = ()> + 'static {
         let due: Vec<Arc<Relay>> = self

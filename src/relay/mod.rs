@@ -6,9 +6,9 @@
 //! - `send`: the send gate (destination parks, relay-wide pause, lease deadline), S3 uploads,
 //!   the queue-limit cache.
 //! - `decide`: pure: an outcome (answered, failed, refused, upload failed) -> the rows'
-//!   settlement and the effects to apply (`effect`); `pressure` and `sequels` are the pure
+//!   settlement and the effects to apply (`effect`); `pressure` and `follow_ups` are the pure
 //!   state they feed (the relay-wide pause, which request waits for which).
-//! - `maintain`: wake-ups, gauges and statistics, retention, unparking.
+//! - `maintenance`: wake-ups, gauges and statistics, retention, unparking.
 //! - `reads`: what the relay last read of a table, exported as times (`time() - x` in rules).
 //! - `admission`: whether the relay may claim now (the schema's verdict, a recent renewal).
 //! - `claim_size`, `gather`: pure: how many rows the next claim asks for, and when it runs.
@@ -39,7 +39,7 @@ use crate::destination::{Destination, Destinations};
 use crate::metrics::{self as names, Health};
 use crate::otel::Tracing;
 use crate::outbox::{
-    ClaimRequest, LiveSession, Outbox, OutboxError, Registration, Session, Upkeep, Wakeup,
+    ClaimRequest, LiveSession, Maintenance, Outbox, OutboxError, Registration, Session, Wakeup,
 };
 use crate::poll;
 use crate::row::Claimed;
@@ -51,14 +51,14 @@ mod claim_size;
 mod decide;
 mod deliver;
 mod effect;
+mod follow_ups;
 mod gather;
 mod given_up;
-mod maintain;
+mod maintenance;
 pub mod many;
 mod pressure;
 pub mod reads;
 mod send;
-mod sequels;
 
 use pressure::Pressure;
 use send::SizeLimit;
@@ -80,7 +80,7 @@ struct Relay {
     /// What the planner needs of them (destinations, routes, ordering, offload), kept whole so
     /// each claim does not rebuild it.
     plan_config: PlanConfig,
-    /// The table: connections, the wake-up listeners, the upkeep statements.
+    /// The table: connections, the wake-up listeners, the maintenance statements.
     outbox: Arc<Outbox>,
     /// The connection claims and settlements share, replaced when it goes dark.
     session: LiveSession,
@@ -89,7 +89,7 @@ struct Relay {
     settlements: LiveSession,
     /// Statistics and maintenance, on a connection of their own so they never delay claims
     /// and settlements.
-    upkeep: Upkeep,
+    maintenance: Maintenance,
     /// What every table of the relay shares: the destinations' clients and back-offs, the
     /// request, row and byte budgets, health and tracing.
     shared: Shared,
@@ -308,7 +308,7 @@ pub async fn run(
         Gauges::Own(reads),
         None,
     ));
-    let mut fleet = maintain::Shown::default();
+    let mut fleet = maintenance::RelaysShown::default();
     if let Some((began, renewed)) = &renewed {
         relay.admission.renewed(*began);
         let me = relay
@@ -316,7 +316,7 @@ pub async fn run(
             .lock()
             .expect("registration lock")
             .clone();
-        fleet = maintain::show_registry(renewed, &me, fleet);
+        fleet = maintenance::show_registry(renewed, &me, fleet);
     }
     tracing::info!(
         relay_id = %relay.config.claim.relay_id,
@@ -357,17 +357,17 @@ impl Relay {
         shared: &Shared,
         registration: Registration,
         gauges: Gauges,
-        shared_upkeep: Option<&Upkeep>,
+        shared_maintenance: Option<&Maintenance>,
     ) -> Relay {
-        let upkeep = match shared_upkeep {
-            Some(upkeep) => upkeep.for_table(Arc::clone(&outbox)),
-            None => Upkeep::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
+        let maintenance = match shared_maintenance {
+            Some(maintenance) => maintenance.for_table(Arc::clone(&outbox)),
+            None => Maintenance::new(Arc::clone(&outbox), config.maintenance.maintenance_timeout),
         };
         Relay {
             plan_config: config.plan(),
             session: sessions.claims,
             settlements: sessions.settlements,
-            upkeep,
+            maintenance,
             shared: shared.clone(),
             outbox,
             bell: Notify::new(),
@@ -624,7 +624,7 @@ impl Relay {
     }
 
     /// One turn of a table served with others: claims until the turn ends, and beside them
-    /// the upkeep that is due (the gauges, retention, the registration, each at its own
+    /// the maintenance that is due (the gauges, retention, the registration, each at its own
     /// interval across turns; unparking at once when the look found parked rows due).
     pub(crate) async fn turn(
         self: &Arc<Self>,
@@ -632,11 +632,11 @@ impl Relay {
         look: Option<crate::outbox::Look>,
         shutdown: &CancellationToken,
     ) -> TurnEnd {
-        // Claims first: the upkeep that is due runs beside them (below), on the upkeep
+        // Claims first: the maintenance that is due runs beside them (below), on the maintenance
         // connection every table shares, where another table's statistics or retention may be
         // running. Only a registration too old to claim on is renewed before.
         if self.gate() != admission::Gate::Claim {
-            if let (_, Err(e)) = self.renew(maintain::Shown::default()).await {
+            if let (_, Err(e)) = self.renew(maintenance::RelaysShown::default()).await {
                 return TurnEnd::Failed(e);
             }
             // Rows hidden by row-level security: the statistics pass looks again, and lets
@@ -653,7 +653,8 @@ impl Relay {
         let stats = tokio::spawn(Arc::clone(self).refresh_stats(background.clone()));
         let retention = tokio::spawn(Arc::clone(self).expire_sent(background.clone()));
         let renewals = tokio::spawn(
-            Arc::clone(self).keep_registered(maintain::Shown::default(), background.clone()),
+            Arc::clone(self)
+                .keep_registered(maintenance::RelaysShown::default(), background.clone()),
         );
         let end = self.claim_loop(shutdown, Some(&turn)).await;
         background.cancel();
@@ -666,7 +667,7 @@ impl Relay {
     /// counted; tried again before the next claim if it fails.
     async fn release_given_up(&self, held: &[i64]) {
         match self
-            .upkeep
+            .maintenance
             .release_orphans(
                 &self.config.claim.relay_id,
                 held,

@@ -130,7 +130,7 @@ impl Relay {
         request: BatchRequest,
         lease_deadline: Instant,
         shutdown: &CancellationToken,
-    ) -> (BatchRequest, Result<Vec<EntryOutcome>, Unsent>) {
+    ) -> (BatchRequest, Result<Vec<EntryOutcome>, NoAnswer>) {
         let c = &self.config;
         // A queue that refused us lately is not asked again before its time: its rows wait in
         // the table, and need no request slot for that.
@@ -139,13 +139,13 @@ impl Relay {
             .destinations
             .parked(&request.destination, Instant::now())
         {
-            return (request, Err(Unsent::Parked(park)));
+            return (request, Err(NoAnswer::Parked(park)));
         }
         // The destination's own slot first: a request waiting for a slow queue must not hold one
         // of the permits every destination shares. The bucket's next, for the uploads.
         let slot = tokio::select! {
             slot = self.shared.concurrency.acquire(&request.destination) => slot,
-            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
+            _ = shutdown.cancelled() => return (request, Err(NoAnswer::NotSent(STOPPING))),
         };
         let bucket = self
             .shared
@@ -156,18 +156,18 @@ impl Relay {
         let upload_slot = match &bucket {
             Some(bucket) => tokio::select! {
                 slot = self.shared.concurrency.acquire(bucket) => Some(slot),
-                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
+                _ = shutdown.cancelled() => return (request, Err(NoAnswer::NotSent(STOPPING))),
             },
             None => None,
         };
         let _permit = tokio::select! {
             permit = self.shared.request_permits.acquire() => permit.expect("never closed"),
-            _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
+            _ = shutdown.cancelled() => return (request, Err(NoAnswer::NotSent(STOPPING))),
         };
         while let Some(pause) = self.shared.pressure.remaining(Instant::now()) {
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
-                _ = shutdown.cancelled() => return (request, Err(Unsent::NotSent(STOPPING))),
+                _ = shutdown.cancelled() => return (request, Err(NoAnswer::NotSent(STOPPING))),
             }
         }
         // Another request may have found the queue refusing while this one waited.
@@ -176,21 +176,21 @@ impl Relay {
             .destinations
             .parked(&request.destination, Instant::now())
         {
-            return (request, Err(Unsent::Parked(park)));
+            return (request, Err(NoAnswer::Parked(park)));
         }
         // Another delivery found that settlements on this table change nothing (or is looking
         // whether they do), after this request's claim took rows its settlement had just
         // freed: sent now, they would be a copy that no settlement can stop. Given back, they
         // wait unsent like the others.
         if self.admission.sends_stopped() {
-            return (request, Err(Unsent::NotSent(SETTLEMENTS_UNDONE)));
+            return (request, Err(NoAnswer::NotSent(SETTLEMENTS_UNDONE)));
         }
         // Sending now could outlive the lease: another replica might take the rows over while
         // SQS's answer is still on its way. Give them back instead.
         if Instant::now() + c.send.send_timeout + c.send.settle_margin > lease_deadline {
             return (
                 request,
-                Err(Unsent::NotSent("lease too short for another send")),
+                Err(NoAnswer::NotSent("lease too short for another send")),
             );
         }
         if let Some(upload_slot) = upload_slot {
@@ -198,12 +198,12 @@ impl Relay {
             let uploaded = self.offload(&request, lease_deadline).await;
             upload_slot.finish(upload_outcome(&uploaded, started.elapsed()));
             if let Err(failed) = uploaded {
-                return (request, Err(Unsent::Offload(failed)));
+                return (request, Err(NoAnswer::Offload(failed)));
             }
             if Instant::now() + c.send.send_timeout + c.send.settle_margin > lease_deadline {
                 return (
                     request,
-                    Err(Unsent::NotSent(
+                    Err(NoAnswer::NotSent(
                         "lease too short for the send after the upload",
                     )),
                 );
@@ -216,7 +216,7 @@ impl Relay {
             .of(&request.destination)
             .send(&request)
             .await
-            .map_err(Unsent::Failed);
+            .map_err(NoAnswer::Failed);
         metrics::histogram!(names::SEND_DURATION).record(started.elapsed().as_secs_f64());
         slot.finish(send_outcome(&result, started.elapsed()));
         (request, result)
@@ -318,7 +318,8 @@ const STOPPING: &str = "sending stopped (shutdown, or the schema no longer admit
 /// Why a request is not sent once settlements on its table were found to change nothing.
 const SETTLEMENTS_UNDONE: &str = "settlements on the table change nothing, or may";
 
-pub(super) enum Unsent {
+/// Why a request has no answer entry by entry.
+pub(super) enum NoAnswer {
     /// SQS (or the path to it) failed the whole request.
     Failed(RequestFailure),
     /// We chose not to send it (shutdown, or the lease would not outlast the call).
@@ -343,7 +344,7 @@ pub(super) enum OffloadFailed {
 }
 
 /// What a send tells its destination's concurrency limit (the rule: `concurrency`).
-pub(super) fn send_outcome(result: &Result<Vec<EntryOutcome>, Unsent>, rtt: Duration) -> Outcome {
+pub(super) fn send_outcome(result: &Result<Vec<EntryOutcome>, NoAnswer>, rtt: Duration) -> Outcome {
     match result {
         Ok(outcomes) => concurrency::answer_outcome(
             rtt,
@@ -352,7 +353,7 @@ pub(super) fn send_outcome(result: &Result<Vec<EntryOutcome>, Unsent>, rtt: Dura
                 EntryOutcome::Sent { .. } => None,
             }),
         ),
-        Err(Unsent::Failed(failure)) => concurrency::failure_outcome(retry::classify(failure)),
+        Err(NoAnswer::Failed(failure)) => concurrency::failure_outcome(retry::classify(failure)),
         Err(_) => Outcome::Unmeasured,
     }
 }

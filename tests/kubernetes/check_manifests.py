@@ -106,7 +106,7 @@ KUSTOMIZE_SINCE = (1, 27)
 APP_SHUTDOWN_ALLOWANCE = 20
 # Database connections one relay holds, by --wakeup (docs/operations.md, "Autoscaling on the
 # backlog", counts them in src/relay/): the claims' session, the settlements' session and the
-# upkeep connection; with notify a LISTEN connection, with logical the replication connection
+# maintenance connection; with notify a LISTEN connection, with logical the replication connection
 # that checks the publication before each (re)connection of its replication stream.
 CONNECTIONS = {"poll": 3, "notify": 4, "logical": 4}
 # The shortest scale-down stabilization window that keeps the relay count from flapping

@@ -94,7 +94,7 @@ impl<J: FnMut() -> f64> Decide<J> {
     }
 
     /// SQS or SNS answered the request entry by entry: the destination is reached and the relay
-    /// no longer backs off; each entry's row is decided by [`Decide::settle_entry`].
+    /// no longer backs off; each entry's row is decided by [`Decide::decide_entry`].
     pub(super) fn answered(
         &mut self,
         rows: &[ClaimedRow],
@@ -113,12 +113,12 @@ impl<J: FnMut() -> f64> Decide<J> {
             if entry.offload.is_some() && matches!(outcome, EntryOutcome::Sent { .. }) {
                 self.effect(Effect::Count(Count::Offloaded));
             }
-            self.settle_entry(&rows[entry.row], outcome);
+            self.decide_entry(&rows[entry.row], outcome);
         }
     }
 
     /// Decides one entry's fate from SQS's per-entry answer.
-    pub(super) fn settle_entry(&mut self, row: &ClaimedRow, outcome: EntryOutcome) {
+    pub(super) fn decide_entry(&mut self, row: &ClaimedRow, outcome: EntryOutcome) {
         match outcome {
             EntryOutcome::Sent { message_id } => {
                 let lag = self.unix_now - row.created_at_epoch;
@@ -1019,7 +1019,7 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn a_request_not_sent_and_the_sequels_given_back_keep_their_attempts() {
+    fn a_request_not_sent_and_the_follow_ups_given_back_keep_their_attempts() {
         let rows = rows(3, 1);
         let (mut d, _) = decide(0);
         d.not_sent(&rows, &request(QUEUE, &[0]), "shutting down");

@@ -1,7 +1,7 @@
 //! Which of a claim's requests must wait for another: the rest of a group too long for one
 //! request, and the second half of an ordered request refused as a whole.
 //!
-//! A sequel goes only once the request it follows was accepted entry by entry; otherwise it
+//! A follow-up goes only once the request it follows was accepted entry by entry; otherwise it
 //! and everything after it go back unsent, so a group keeps its order. Pure bookkeeping: no
 //! clock, no I/O.
 
@@ -11,8 +11,8 @@ use crate::batch::BatchRequest;
 
 /// The requests waiting for another, keyed by the first entry `id` of the request they follow.
 #[derive(Debug, Default)]
-pub(super) struct Sequels {
-    /// At most one sequel per request; a chain is a sequel that has a sequel of its own.
+pub(super) struct FollowUps {
+    /// At most one follow-up per request; a chain is a follow-up that has a follow-up of its own.
     after: HashMap<String, BatchRequest>,
 }
 
@@ -21,17 +21,17 @@ pub(super) struct Sequels {
 pub(super) enum Next {
     /// Nothing waited for it.
     Nothing,
-    /// It was accepted entry by entry: send its sequel now.
+    /// It was accepted entry by entry: send its follow-up now.
     Send(BatchRequest),
-    /// It was not: these (its sequel, and theirs, in order) go back unsent.
+    /// It was not: these (its follow-up, and theirs, in order) go back unsent.
     GiveBack(Vec<BatchRequest>),
 }
 
-impl Sequels {
-    /// The planner's sequels (`batch::Plan::sequels`).
-    pub(super) fn new(sequels: Vec<(String, BatchRequest)>) -> Self {
-        Sequels {
-            after: sequels.into_iter().collect(),
+impl FollowUps {
+    /// The planner's follow-ups (`batch::Plan::follow_ups`).
+    pub(super) fn new(follow_ups: Vec<(String, BatchRequest)>) -> Self {
+        FollowUps {
+            after: follow_ups.into_iter().collect(),
         }
     }
 
@@ -98,14 +98,14 @@ mod tests {
 
     #[test]
     fn a_sequel_goes_once_its_request_was_accepted() {
-        let mut s = Sequels::new(vec![("0".into(), request(10..12))]);
+        let mut s = FollowUps::new(vec![("0".into(), request(10..12))]);
         assert_eq!(s.answered("0", true), Next::Send(request(10..12)));
         assert_eq!(s.answered("0", true), Next::Nothing, "sent once");
     }
 
     #[test]
     fn a_request_nothing_waits_for_has_no_sequel() {
-        let mut s = Sequels::new(vec![("0".into(), request(10..12))]);
+        let mut s = FollowUps::new(vec![("0".into(), request(10..12))]);
         assert_eq!(s.answered("5", true), Next::Nothing);
         assert_eq!(s.answered("5", false), Next::Nothing);
         assert_eq!(s.answered("0", true), Next::Send(request(10..12)));
@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn a_request_not_accepted_gives_back_its_whole_chain_unsent() {
-        let mut s = Sequels::new(vec![
+        let mut s = FollowUps::new(vec![
             ("0".into(), request(10..12)),
             ("10".into(), request(20..22)),
             ("20".into(), request(30..32)),
@@ -129,10 +129,10 @@ mod tests {
     #[test]
     fn split_in_order_puts_the_second_half_between_the_first_and_the_old_sequel() {
         let whole = request(0..4);
-        let mut s = Sequels::new(vec![("0".into(), request(10..12))]);
+        let mut s = FollowUps::new(vec![("0".into(), request(10..12))]);
         let (left, right) = whole.split();
         s.split_in_order(&left, right);
-        // The left half is answered first: the right half follows it, then the old sequel.
+        // The left half is answered first: the right half follows it, then the old follow-up.
         assert_eq!(s.answered("0", true), Next::Send(request(2..4)));
         assert_eq!(s.answered("2", true), Next::Send(request(10..12)));
         assert_eq!(s.answered("10", true), Next::Nothing);
@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn a_failed_first_half_gives_back_the_second_half_and_what_followed() {
-        let mut s = Sequels::new(vec![("0".into(), request(10..12))]);
+        let mut s = FollowUps::new(vec![("0".into(), request(10..12))]);
         let (left, right) = request(0..4).split();
         s.split_in_order(&left, right);
         let Next::GiveBack(back) = s.answered("0", false) else {
@@ -151,7 +151,7 @@ mod tests {
 
     #[test]
     fn halves_split_again_keep_the_chain_in_row_order() {
-        let mut s = Sequels::default();
+        let mut s = FollowUps::default();
         let (left, right) = request(0..8).split();
         s.split_in_order(&left, right);
         // The left half (0..4) is refused as a whole again and split in turn.

@@ -83,7 +83,7 @@ impl Relay {
         // the rows the policies hide (an age of 0 while they wait), and its settlements might
         // not apply. Nothing more is read or claimed until it passes. A failed look is left
         // to the statements below, which fail the same way and say so.
-        match self.upkeep.row_security().await {
+        match self.maintenance.row_security().await {
             Ok(Some(refusal)) => {
                 self.rows_hidden(Some(refusal.to_string()));
                 self.read(None);
@@ -94,7 +94,7 @@ impl Relay {
         }
         self.sweep_if_due().await;
         let began = SystemTime::now();
-        let stats = self.upkeep.stats().await;
+        let stats = self.maintenance.stats().await;
         self.read(
             stats
                 .as_ref()
@@ -186,7 +186,7 @@ impl Relay {
             return;
         }
         let started = Instant::now();
-        match self.upkeep.sweep().await {
+        match self.maintenance.sweep().await {
             Ok(swept) => {
                 if let Some(id) = swept.found {
                     tracing::debug!(target: LOG_TARGET, table = %self.outbox.table(), id, "a row committed below the claims' floor; claims start from it again");
@@ -216,7 +216,11 @@ impl Relay {
     /// `shown`: the `outbox_relays` series set at start-up. The renewal runs on the claims'
     /// connection (`Outbox::renew`): a server that takes no writes is left for the next host
     /// as for a claim. After a failure, or before the first success, it tries again sooner.
-    pub(super) async fn keep_registered(self: Arc<Self>, shown: Shown, stop: CancellationToken) {
+    pub(super) async fn keep_registered(
+        self: Arc<Self>,
+        shown: RelaysShown,
+        stop: CancellationToken,
+    ) {
         let every = version::check_every(self.config.claim.lease);
         let mut shown = shown;
         let mut failing = self.admission.last_renewal().is_none();
@@ -251,8 +255,8 @@ impl Relay {
     /// (one table: `outbox_relays`; several: the gauge would mix tables, so not).
     pub(super) async fn renew(
         &self,
-        shown: Shown,
-    ) -> (Shown, Result<(), crate::outbox::OutboxError>) {
+        shown: RelaysShown,
+    ) -> (RelaysShown, Result<(), crate::outbox::OutboxError>) {
         let me = self.registration.lock().expect("registration lock").clone();
         let began = Instant::now();
         let outbox = Arc::clone(&self.outbox);
@@ -383,7 +387,7 @@ impl Relay {
         let mut from = self.outbox.floors().retention_start();
         loop {
             match self
-                .upkeep
+                .maintenance
                 .delete_expired(retention, RETENTION_BATCH, from)
                 .await
             {
@@ -410,7 +414,7 @@ impl Relay {
     /// Rows parked for their destination whose time has come become unsent again, and the
     /// claim loop is woken to send them.
     pub(super) async fn unpark_destinations(&self) {
-        match self.upkeep.unpark_destinations().await {
+        match self.maintenance.unpark_destinations().await {
             Ok(0) => {}
             Ok(rows) => {
                 tracing::info!(target: LOG_TARGET, rows, "rows parked for their queue are tried again");
@@ -427,7 +431,7 @@ impl Relay {
     /// stop walking them and operators see them) and release groups whose head was re-driven.
     /// Runs with the gauges; every replica may run it, the statements are idempotent.
     pub(super) async fn maintain_blocked_groups(&self) {
-        match self.upkeep.maintain_blocked_groups().await {
+        match self.maintenance.maintain_blocked_groups().await {
             Ok((parked, unparked)) => {
                 if parked > 0 {
                     metrics::counter!(names::EVENTS_QUARANTINED, "reason" => "blocked")
@@ -517,7 +521,7 @@ pub(super) fn due_in(last: Option<Instant>, every: Duration) -> Duration {
 }
 
 /// The `outbox_relays` series (version, state) set by the last renewal.
-pub(super) type Shown = std::collections::HashSet<(String, &'static str)>;
+pub(super) type RelaysShown = std::collections::HashSet<(String, &'static str)>;
 
 /// Sets `outbox_relays{version,state}` to the fleet a renewal saw, with this relay as it is now
 /// (the renewal read the fleet before its own write), and zeroes the series of versions and
@@ -525,8 +529,8 @@ pub(super) type Shown = std::collections::HashSet<(String, &'static str)>;
 pub(super) fn show_registry(
     renewed: &Renewed,
     me: &crate::outbox::Registration,
-    shown: Shown,
-) -> Shown {
+    shown: RelaysShown,
+) -> RelaysShown {
     let state = |claiming: bool| if claiming { "claiming" } else { "refused" };
     let mut counts: std::collections::HashMap<(String, &'static str), u32> =
         std::collections::HashMap::new();

@@ -40,7 +40,7 @@ pub struct Stats {
     pub counted_unsent: i64,
     /// now − quarantined_at of the row longest in quarantine, any reason; 0 when none.
     pub oldest_quarantined_age_seconds: f64,
-    /// Some count was extrapolated past `upkeep::STATS_EXACT_UP_TO` rows rather than counted.
+    /// Some count was extrapolated past `maintenance::STATS_EXACT_UP_TO` rows rather than counted.
     pub estimated: bool,
     /// `--order-by transaction`: unsent rows (of the first counted) held back because an older
     /// transaction still runs, and now − created_at of the oldest of them; 0 otherwise.
@@ -150,28 +150,28 @@ pub struct Swept {
 
 /// The statistics and maintenance connection, opened on first use and again after a failure.
 #[derive(Debug)]
-pub struct Upkeep {
+pub struct Maintenance {
     outbox: Arc<Outbox>,
     /// Every statement's `statement_timeout` (`--maintenance-timeout`).
     timeout: Duration,
     /// `None` until first used, and after a failure that may have left it unusable. Shared
-    /// by every table of a relay that serves several ([`Upkeep::for_table`]).
+    /// by every table of a relay that serves several ([`Maintenance::for_table`]).
     client: Arc<Mutex<Option<Conn>>>,
 }
 
-impl Upkeep {
+impl Maintenance {
     pub fn new(outbox: Arc<Outbox>, timeout: Duration) -> Self {
-        Upkeep {
+        Maintenance {
             outbox,
             timeout,
             client: Arc::new(Mutex::new(None)),
         }
     }
 
-    /// Another table's upkeep on this one's connection: its statements are text, so one
+    /// Another table's maintenance on this one's connection: its statements are text, so one
     /// connection serves every table, one statement at a time.
-    pub fn for_table(&self, outbox: Arc<Outbox>) -> Upkeep {
-        Upkeep {
+    pub fn for_table(&self, outbox: Arc<Outbox>) -> Maintenance {
+        Maintenance {
             outbox,
             timeout: self.timeout,
             client: Arc::clone(&self.client),
@@ -188,7 +188,7 @@ impl Upkeep {
         self.run_locked(sql, params, context, false).await
     }
 
-    /// [`Upkeep::run`]; with `after_claims`, once the claims before it are done and while no
+    /// [`Maintenance::run`]; with `after_claims`, once the claims before it are done and while no
     /// other claim runs (sql/claim_lock.sql): a statement that must see every lease.
     async fn run_locked(
         &self,

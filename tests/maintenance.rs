@@ -1,18 +1,18 @@
-//! Statistics and maintenance on their own connection (`outbox::Upkeep`), against the real
+//! Statistics and maintenance on their own connection (`outbox::Maintenance`), against the real
 //! PostgreSQL: counts exact up to the bound and extrapolated past it, every statement under
 //! `--maintenance-timeout`, and unparking in batches.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_relay::outbox::{Outbox, Upkeep, STATS_EXACT_UP_TO};
+use outbox_relay::outbox::{Maintenance, Outbox, STATS_EXACT_UP_TO};
 
 use crate::scenario::{count, migrated_db};
 use crate::support::TestDb;
 
-fn upkeep(db: &TestDb, timeout: Duration) -> Upkeep {
+fn maintenance(db: &TestDb, timeout: Duration) -> Maintenance {
     let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
-    Upkeep::new(Arc::new(outbox), timeout)
+    Maintenance::new(Arc::new(outbox), timeout)
 }
 
 /// `rows` small events in one statement, ids 1..=rows.
@@ -34,9 +34,9 @@ async fn counts_past_the_bound_are_estimated_from_the_id_span() {
     let client = db.client().await;
     let rows = STATS_EXACT_UP_TO * 5 / 2;
     fill(&client, rows).await;
-    let upkeep = upkeep(&db, Duration::from_secs(10));
+    let maintenance = maintenance(&db, Duration::from_secs(10));
 
-    let all = upkeep.stats().await.unwrap();
+    let all = maintenance.stats().await.unwrap();
     assert!(all.estimated);
     // Consecutive ids: the estimate is the count.
     assert_eq!((all.unsent, all.quarantined, all.claim_floor), (rows, 0, 1));
@@ -52,7 +52,7 @@ async fn counts_past_the_bound_are_estimated_from_the_id_span() {
         .unwrap();
     let unsent = count(&client, "sent_at IS NULL AND quarantined_at IS NULL").await;
     let quarantined = count(&client, "quarantined_at IS NOT NULL").await;
-    let half = upkeep.stats().await.unwrap();
+    let half = maintenance.stats().await.unwrap();
     assert!(half.estimated);
     assert_eq!(half.quarantined, quarantined);
     assert!(
@@ -67,7 +67,7 @@ async fn counts_past_the_bound_are_estimated_from_the_id_span() {
         .execute("DELETE FROM outbox WHERE id > 1000", &[])
         .await
         .unwrap();
-    let small = upkeep.stats().await.unwrap();
+    let small = maintenance.stats().await.unwrap();
     assert!(!small.estimated);
     assert_eq!(
         (small.unsent, small.quarantined),
@@ -83,24 +83,24 @@ async fn a_statement_past_the_maintenance_timeout_is_cancelled_and_the_next_pass
     let db = migrated_db().await;
     let mut client = db.client().await;
     fill(&client, 10).await;
-    let upkeep = upkeep(&db, Duration::from_millis(300));
-    assert_eq!(upkeep.stats().await.unwrap().unsent, 10);
+    let maintenance = maintenance(&db, Duration::from_millis(300));
+    assert_eq!(maintenance.stats().await.unwrap().unsent, 10);
 
     // A migration (or anything else) holding the table: the statistics wait for its lock.
     let lock = client.transaction().await.unwrap();
     lock.batch_execute("LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE")
         .await
         .unwrap();
-    let err = upkeep.stats().await.unwrap_err();
+    let err = maintenance.stats().await.unwrap_err();
     assert!(err.timed_out(), "{err}");
-    let err = upkeep
+    let err = maintenance
         .delete_expired(Duration::from_secs(1), 100, None)
         .await
         .unwrap_err();
     assert!(err.timed_out(), "{err}");
     lock.rollback().await.unwrap();
 
-    assert_eq!(upkeep.stats().await.unwrap().unsent, 10);
+    assert_eq!(maintenance.stats().await.unwrap().unsent, 10);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,8 +116,8 @@ async fn rows_parked_for_their_destination_are_unparked_in_batches_until_none_is
         )
         .await
         .unwrap();
-    let upkeep = upkeep(&db, Duration::from_secs(10));
-    assert_eq!(upkeep.unpark_destinations().await.unwrap(), 2_490);
+    let maintenance = maintenance(&db, Duration::from_secs(10));
+    assert_eq!(maintenance.unpark_destinations().await.unwrap(), 2_490);
     assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 10);
-    assert_eq!(upkeep.unpark_destinations().await.unwrap(), 0);
+    assert_eq!(maintenance.unpark_destinations().await.unwrap(), 0);
 }
