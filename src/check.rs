@@ -476,7 +476,11 @@ async fn check_queues(config: &RunConfig, report: &mut Report) {
         }
     }
     // The relay's own send timeout bounds each call, so an unreachable endpoint cannot hang.
-    let sinks = Sinks::new(config, config.send.send_timeout.max(Duration::from_secs(1))).await;
+    let sinks = Sinks::new(
+        config.endpoints(),
+        config.send.send_timeout.max(Duration::from_secs(1)),
+    )
+    .await;
     for (url, flag) in queues {
         let read = sinks.of(url).attributes(url).await;
         if url.client() == Client::Sns {

@@ -15,6 +15,7 @@ use super::{DatabaseArgs, DatabaseConfig};
 use crate::batch::{MessageFormat, PlanConfig};
 use crate::destination::Destination;
 use crate::outbox::{ClaimLimits, OrderBy, RelaySettings};
+use crate::sink::Endpoints;
 
 // `--help` lists the flags in the order of the groups here (docs/configuration.md follows it).
 #[derive(Debug, Clone, Args)]
@@ -264,6 +265,16 @@ impl RunConfig {
             max_request_bytes: self.send.max_request_bytes,
             ordering: self.order.ordering,
             offload: self.offload.plan.clone(),
+        }
+    }
+
+    /// Where the destinations' services and the offload bucket are reached.
+    pub fn endpoints(&self) -> Endpoints<'_> {
+        Endpoints {
+            sqs: self.destination.sqs_endpoint.as_deref(),
+            sns: self.destination.sns_endpoint.as_deref(),
+            s3: self.offload.s3_endpoint.as_deref(),
+            offload: self.offload.plan.as_ref().map(|plan| &plan.bucket),
         }
     }
 

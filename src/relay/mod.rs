@@ -162,7 +162,7 @@ impl Shared {
         health: Arc<Health>,
         tracing: Option<Arc<Tracing>>,
     ) -> Shared {
-        let sinks = Sinks::new(config, config.send.send_timeout).await;
+        let sinks = Sinks::new(config.endpoints(), config.send.send_timeout).await;
         let mut configured_queues = vec![config.destination.queue_url.clone()];
         for (_, url) in &config.order.routes {
             if !configured_queues.contains(url) {

@@ -32,7 +32,6 @@ use futures_util::future::BoxFuture;
 
 use crate::aws::request_failure;
 use crate::batch::{BatchRequest, Entry};
-use crate::config::RunConfig;
 use crate::destination::{Client, Destination};
 use crate::retry::{RequestFailure, Transport};
 
@@ -89,6 +88,16 @@ pub trait Service: Send + Sync {
     fn attributes<'a>(&'a self, address: &'a str) -> Reply<'a, Attributes>;
 }
 
+/// Where each service is reached (`None`: AWS's own endpoint), and the offload bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct Endpoints<'a> {
+    pub sqs: Option<&'a str>,
+    pub sns: Option<&'a str>,
+    pub s3: Option<&'a str>,
+    /// `--offload-bucket`, when set.
+    pub offload: Option<&'a Destination>,
+}
+
 /// The relay's AWS clients, one per service, each call bounded by the send timeout.
 #[derive(Clone)]
 pub struct Sinks {
@@ -101,17 +110,14 @@ pub struct Sinks {
 }
 
 impl Sinks {
-    /// The clients for `config`'s endpoints and bucket; region and credentials come from the
-    /// shared AWS configuration (`aws::shared_config`), and every call is bounded by `timeout`.
-    pub async fn new(config: &RunConfig, timeout: Duration) -> Sinks {
-        let endpoints = &config.destination;
-        let sqs = sqs::client(endpoints.sqs_endpoint.as_deref(), timeout).await;
-        let sns = sns::client(endpoints.sns_endpoint.as_deref(), timeout).await;
-        let offload = match &config.offload.plan {
-            Some(offload) => {
-                let endpoint = config.offload.s3_endpoint.as_deref();
-                Some(S3::new(&offload.bucket, endpoint, timeout).await)
-            }
+    /// The clients for these endpoints (`None`: AWS's own) and the offload bucket, if any;
+    /// region and credentials come from the shared AWS configuration (`aws::shared_config`),
+    /// and every call is bounded by `timeout`.
+    pub async fn new(endpoints: Endpoints<'_>, timeout: Duration) -> Sinks {
+        let sqs = sqs::client(endpoints.sqs, timeout).await;
+        let sns = sns::client(endpoints.sns, timeout).await;
+        let offload = match endpoints.offload {
+            Some(bucket) => Some(S3::new(bucket, endpoints.s3, timeout).await),
             None => None,
         };
         Sinks {
