@@ -286,7 +286,7 @@ impl Outbox {
     /// Removes `relay_id`'s registration on `session`: a relay that stops says so, rather than
     /// being listed until its lease runs out.
     pub async fn deregister(&self, session: &Session, relay_id: &str) -> Result<(), OutboxError> {
-        let sql = self.registry_sql("DELETE FROM {relays} WHERE relay_id = $1")?;
+        let sql = self.registry_sql(include_str!("../../sql/deregister.sql"))?;
         let statement = session
             .conn()
             .statements(&[(sql.as_str(), true)])

@@ -9,7 +9,7 @@ use crate::outbox::store::Outbox;
 use crate::outbox::template::{render, Value};
 
 /// The version `migrate` recorded for a table.
-const READ_VERSION: &str = "SELECT version FROM {versions} WHERE table_name = $1";
+const READ_VERSION: &str = include_str!("../../../sql/read_version.sql");
 
 /// The relay's own columns on an adopted table (besides the sequence column).
 const RELAY_COLUMNS: [&str; 12] = [
