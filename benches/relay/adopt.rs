@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cluster::{connect, DurablePg};
+use crate::cluster::DURABLE;
 use crate::progress::say;
 use crate::settings::Settings;
 use crate::stats::rounded_rank_quantile as quantile;
+use crate::support::pg::{connect, PrivatePg};
 
 /// Writers inserting while the adoption runs, as in the report that asked for this figure.
 const WRITERS: usize = 4;
@@ -59,11 +60,12 @@ pub async fn run(settings: &Settings) -> Vec<AdoptRun> {
         binaries.push(PathBuf::from(before));
     }
     binaries.push(PathBuf::from(env!("CARGO_BIN_EXE_outbox-relay")));
-    let pg = DurablePg::start();
+    // Durable, as production commits: a lock or a flush shows in the writers' latency.
+    let pg = PrivatePg::start_with(DURABLE).await;
     let mut runs = Vec::new();
-    for (i, binary) in binaries.iter().enumerate() {
-        let url = pg.create_db(&format!("adopt_{i}")).await;
-        let run = measure(&url, binary, rows).await;
+    for binary in &binaries {
+        let db = pg.create_db().await;
+        let run = measure(&db.url, binary, rows).await;
         say(&format!(
             "adopt {} rows ({:.0} MB), {WRITERS} writers, durable: adopt {:.1} s ({}), insert latency during it p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms over {} inserts (before it: p99 {:.2} ms, max {:.1} ms); binary {}",
             run.rows,

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::affinity;
-use crate::cluster::bin_dir;
+use crate::support::pg::bin_dir;
 use crate::support::{self, TestDb};
 
 /// The publication of the log-based cells, created once for the group.

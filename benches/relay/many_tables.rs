@@ -35,13 +35,13 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::backend_cpu::BackendCpu;
-use crate::cluster::connect;
 use crate::procstat;
 use crate::progress::say;
 use crate::relays::{self, check_alive, relay_args_with_defaults};
 use crate::settings::{Settings, PRODUCER_CONNECTIONS};
 use crate::sink::Sink;
 use crate::stats::{quantile, signed_ms};
+use crate::support::pg::connect;
 use crate::support::pg::PrivatePg;
 use crate::support::{self, RelayProcess, TestDb};
 use crate::workload::{self, headers_sql, order_payload_sql, GROUPS};

@@ -3,8 +3,8 @@
 
 use std::path::Path;
 
-use crate::cluster::bin_dir;
 use crate::progress::say;
+use crate::support::pg::bin_dir;
 
 /// Record types [`top`] lists.
 const TOP_RECORDS: usize = 5;

@@ -126,7 +126,7 @@ impl Pg {
 
     /// Creates a cluster in a fresh temp dir and picks its port; does not start it.
     fn init() -> Pg {
-        let bin_dir = find_bin_dir();
+        let bin_dir = bin_dir();
         let run_as = if unsafe { libc::geteuid() } == 0 {
             Some(postgres_user())
         } else {
@@ -498,6 +498,13 @@ pub(crate) fn postgres_user() -> (u32, u32) {
         );
         ((*pw).pw_uid, (*pw).pw_gid)
     }
+}
+
+/// Where the PostgreSQL binaries are (`initdb`, `postgres`, `pg_recvlogical`, `pg_waldump`),
+/// found once: the clusters of the tests, the simulation and the benchmarks start from it.
+pub fn bin_dir() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(find_bin_dir).clone()
 }
 
 /// `OUTBOX_TEST_PG_BINDIR`, else `pg_config --bindir`, else Debian's newest
