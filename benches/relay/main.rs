@@ -46,7 +46,6 @@ mod drains;
 mod harm;
 mod help;
 mod horizon;
-mod http;
 mod idle;
 mod large_events;
 mod log_consumer;

@@ -15,6 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use super::http;
+
 /// What happens to a request that arrives while the mode is set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -456,41 +458,25 @@ fn arrive(shared: &Shared) -> Control {
     seen.expect("send_if_modified runs its closure")
 }
 
-/// Reads one request; `Ok(None)` when the client closed the connection between requests.
+/// Reads one request (`http::next_request`); `Ok(None)` when the client closed the connection.
 async fn read_request(
     client: &mut TcpStream,
     buffered: &mut Vec<u8>,
 ) -> std::io::Result<Option<Request>> {
-    let head_end = loop {
-        if let Some(pos) = find(buffered, b"\r\n\r\n") {
-            break pos;
-        }
-        if read_more(client, buffered).await? == 0 {
-            return if buffered.is_empty() {
-                Ok(None)
-            } else {
-                Err(std::io::ErrorKind::UnexpectedEof.into())
-            };
+    let (head, head_len) = match http::next_request(client, buffered, 16 * 1024).await {
+        Ok(Some(request)) => request,
+        Ok(None) => return Ok(None),
+        // The SDK always sends a Content-Length; dropping the connection beats mis-framing
+        // the stream.
+        Err(()) => {
+            eprintln!("fault proxy: a request head it cannot read (chunked, or malformed)");
+            return Err(std::io::ErrorKind::InvalidData.into());
         }
     };
-    let head = String::from_utf8_lossy(&buffered[..head_end]).into_owned();
-    let content_length: usize = header(&head, "content-length")
-        .map(|v| v.parse().unwrap_or(0))
-        .unwrap_or(0);
-    if header(&head, "transfer-encoding").is_some() {
-        // The SDK always sends a Content-Length for SQS; dropping the connection beats
-        // mis-framing the stream.
-        eprintln!("fault proxy: chunked request bodies are not supported:\n{head}");
-        return Err(std::io::ErrorKind::Unsupported.into());
-    }
-    let total = head_end + 4 + content_length;
-    while buffered.len() < total {
-        if read_more(client, buffered).await? == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-    }
-    let body = buffered[head_end + 4..total].to_vec();
+    let total = head_len + head.content_length;
+    let body = buffered[head_len..total].to_vec();
     buffered.drain(..total);
+    let head = head.raw;
     let (protocol, action) = operation(&head, &body);
     let close = header(&head, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
     Ok(Some(Request {
@@ -525,13 +511,6 @@ fn operation(head: &str, body: &[u8]) -> (Protocol, String) {
         .find_map(|pair| pair.strip_prefix("x-id="))
         .unwrap_or(method);
     (Protocol::S3Rest, format!("S3.{operation} {path}"))
-}
-
-async fn read_more(stream: &mut TcpStream, buffered: &mut Vec<u8>) -> std::io::Result<usize> {
-    let mut chunk = [0u8; 16 * 1024];
-    let n = stream.read(&mut chunk).await?;
-    buffered.extend_from_slice(&chunk[..n]);
-    Ok(n)
 }
 
 /// Sends the request upstream and returns the response to relay and whether the client

@@ -1,6 +1,8 @@
-//! Just enough HTTP/1.1 for the bench's own endpoints (the SQS/S3 sink, the OTLP collector):
-//! keep-alive requests with a head and a `Content-Length` body, as the AWS SDK and the OTLP
-//! exporter send them. Chunked bodies are refused rather than misread.
+//! Just enough HTTP/1.1 to read the requests the relay sends, for the harness's endpoints and
+//! those of the benchmarks (the fault proxy in front of the AWS server, the benchmarks' SQS/S3
+//! sink and OTLP collector): keep-alive requests with a head and a `Content-Length` body (none
+//! is an empty body), as the AWS SDK and the OTLP exporter send them. Chunked bodies are
+//! refused rather than misread. The one reader of requests: a second copy drifts.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,6 +16,8 @@ const MAX_HEAD: usize = 16 * 1024;
 
 /// What an endpoint needs of a request's head.
 pub struct Head {
+    /// The request line and headers as sent, without the blank line after them.
+    pub raw: String,
     /// `POST`, `PUT`, ...
     pub method: String,
     /// The request target, e.g. `/v1/traces` or an S3 object key.
@@ -95,6 +99,7 @@ fn parse_head(head: &[u8]) -> Option<Head> {
     let mut request_line = lines.next()?.split(' ');
     let method = request_line.next()?.to_string();
     let path = request_line.next()?.to_string();
+    let raw = text.trim_end_matches("\r\n").to_string();
     let mut length = None;
     let mut target = String::new();
     for line in lines {
@@ -111,9 +116,10 @@ fn parse_head(head: &[u8]) -> Option<Head> {
         }
     }
     Some(Head {
+        raw,
         method,
         path,
         target,
-        content_length: length?,
+        content_length: length.unwrap_or(0),
     })
 }
