@@ -4,7 +4,7 @@ mod support;
 
 mod harness_smoke;
 
-mod scenario;
+use support::scenario;
 
 mod adopt;
 mod alerts;

@@ -178,14 +178,9 @@ impl Wakeup {
 
 /// `outbox-relay migrate` on `db` for `wakeup`, as an operator would run it.
 pub async fn migrate(db: &TestDb, wakeup: &Wakeup) {
-    let mut args = vec![
-        "migrate".to_string(),
-        "--database-url".to_string(),
-        db.url.clone(),
-    ];
-    args.extend(wakeup.flags());
-    let (status, output) = support::run_to_end(&args, &[], Duration::from_secs(120)).await;
-    assert!(status.success(), "outbox-relay {args:?} failed:\n{output}");
+    let flags = wakeup.flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    support::scenario::migrate_with(db, &flags).await;
 }
 
 /// One relay with the build's defaults (plus `OUTBOX_BENCH_RELAY_ARGS` and `extra`), sending

@@ -31,6 +31,7 @@ pub mod prometheus;
 pub mod proxy;
 pub mod relay;
 pub mod roles;
+pub mod scenario;
 pub mod sns;
 pub mod sqs;
 pub mod tcp_proxy;

@@ -27,6 +27,7 @@ use crate::plan::{
     Dest, Fault, Hazard, Op, Plan, Poison, Scope, Setting, SqsFault, Timed, MAX_PAYLOAD_BYTES,
 };
 use crate::support::pg::PrivatePg;
+use crate::support::scenario::{self, args};
 use crate::support::{
     create_queue, create_topic, receive_all, run_to_end, sqs, subscribe_queue, FaultProxy, Mode,
     PgBouncer, PoolMode, Pooling, RelayProcess, TcpProxy,
@@ -174,10 +175,6 @@ async fn own_session_retrying(url: &str, deadline: Instant) -> Option<Client> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn args(items: &[&str]) -> Vec<String> {
-    items.iter().map(|s| s.to_string()).collect()
 }
 
 fn with_app(url: &str, app: &str) -> String {
@@ -407,11 +404,6 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     if plan.fleet.fair {
         migrate_flags.extend(args(&["--fair-by", "aggregate_type"]));
     }
-    let migrate = |t: &str| {
-        let mut a = args(&["migrate", "--database-url", &db.url, "--table", t]);
-        a.extend(migrate_flags.iter().cloned());
-        a
-    };
     for t in std::iter::once("public.outbox")
         .chain((plan.setting == Setting::SearchPathShadowed).then_some("shadow.outbox"))
     {
@@ -421,8 +413,9 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
                 .await
                 .expect("create schema shadow");
         }
-        let (status, out) = run_to_end(&migrate(t), &[], Duration::from_secs(60)).await;
-        assert!(status.success(), "migrate --table {t} failed:\n{out}");
+        let mut flags = vec!["--table", t];
+        flags.extend(migrate_flags.iter().map(String::as_str));
+        scenario::migrate_with(db, &flags).await;
     }
     if matches!(plan.setting, Setting::SearchPathWithoutPublic { .. }) {
         admin
