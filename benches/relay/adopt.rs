@@ -163,15 +163,8 @@ async fn measure(url: &str, binary: &Path, rows: i64) -> AdoptRun {
         url,
         "--table",
         "outboxevent",
-        "--column",
-        "event_id=id",
-        "--column",
-        "aggregate_type=aggregatetype",
-        "--column",
-        "aggregate_id=aggregateid",
-        "--column",
-        "event_type=type",
     ])
+    .args(crate::support::DEBEZIUM_COLUMNS)
     .env("RUST_LOG", "warn")
     .stdin(Stdio::null());
     let status = tokio::task::spawn_blocking(move || cmd.status())
