@@ -2,30 +2,16 @@
 -- $2 for $3 seconds, as one row of {claims} listing their ids (sql/claims.sql); the outbox rows
 -- themselves are not written. The first half (sql/claim_leased.sql, then a WITH list ending in
 -- `candidates`) comes from one of the claim_candidates*.sql files; the statement runs after
--- sql/claim_lock.sql in the same transaction.
---
--- Rows of a claim that ended (`taken`) count the attempt that ended without an outcome; that
--- count is written here for those not quarantined at claim (the others get it with their
--- quarantine), and is in `attempts` from `chosen` on.
+-- sql/claim_start.sql in the same transaction.
 --
 -- A candidate with a `refusal` (see `measured` in claim.rs) is quarantined here instead, in the
 -- same statement: its payload is larger than the relay can hold ({max_payload} bytes), or its
--- claims kept ending without an outcome (its relays died holding it) until its attempts reached
--- {max_attempts}. Such a row is not leased, spends no attempt, and its payload is not returned:
--- reading it may be what killed the relays before.
+-- claims kept ending without an outcome (its relays died holding it; sql/takeover.sql counts
+-- each) until its attempts reached {max_attempts}. Such a row is not leased, spends no attempt,
+-- and its payload is not returned: reading it may be what killed the relays before.
 --
 -- `attempts` is returned as this claim's attempt: the attempts before it plus one. The row
 -- keeps the count of attempts that ended; the settlement writes what this one came to.
-abandoned AS (
-    UPDATE {table} AS o
-    SET attempts = o.attempts + 1
-    FROM taken AS t
-    WHERE o.id = t.id
-      AND o.id = ANY (ARRAY(SELECT id FROM taken))
-      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
-      AND o.id NOT IN (SELECT id FROM candidates WHERE refusal IS NOT NULL)
-    RETURNING o.id
-),
 refused AS (
     UPDATE {table} AS o
     SET quarantined_at = now(),

@@ -6,7 +6,7 @@
 -- bound for a FIFO queue that are not their group's head (see claim.rs).
 {leased}
 chosen AS (
-    SELECT id, {attempts_c} AS attempts, {payload_bytes} AS bytes
+    SELECT id, c.attempts AS attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     WHERE sent_at IS NULL
       AND quarantined_at IS NULL

@@ -28,7 +28,7 @@ ranked AS (
     WHERE keys.k IS NOT NULL
 ),
 chosen AS (
-    SELECT c.id, {attempts_c} AS attempts, {payload_bytes} AS bytes
+    SELECT c.id, c.attempts AS attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key whatever the
     -- statistics say, never by a join over the table.

@@ -1,5 +1,8 @@
--- The start of a claim's transaction when the relay has a round-trip deadline (--db-timeout):
--- the claim lock, and the budget the server gives the lock wait and the claim together.
+-- A claim's first statement when the relay has a round-trip deadline (--db-timeout): what
+-- sql/claim_start.sql does (the claim lock, and whether a claim from the claims' floor $1 on
+-- has ended), and the budget the server gives the lock wait and the claim together. One
+-- statement, prepared once, whose steps run in the order of their data: a materialized CTE
+-- runs when the query above it reads it.
 --
 -- The relay gives a claim up once the deadline passes, counted over the lock wait and the claim
 -- statement together; the server's statement_timeout (conn.rs) counts each statement alone. A
@@ -10,8 +13,15 @@
 -- (lock_timeout, milliseconds), and the claim statement what is left of it, measured on the
 -- server's clock from the transaction's start (`now()`). A claim that runs out is cancelled
 -- by the server and rolls back whole; the relay hears of it before its own deadline.
-SET LOCAL lock_timeout = {budget_ms};
-{claim_lock};
+WITH bounded AS MATERIALIZED (
+    SELECT set_config('lock_timeout', '{budget_ms}', true) AS lock_timeout
+),
+locked AS MATERIALIZED (
+    {claim_lock}
+    FROM bounded
+)
 SELECT set_config('statement_timeout',
                   greatest(1, {budget_ms} - floor(extract(epoch FROM clock_timestamp() - now()) * 1000))::bigint::text,
-                  true)
+                  true),
+       EXISTS (SELECT 1 FROM {claims} AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended
+FROM locked

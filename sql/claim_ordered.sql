@@ -170,7 +170,7 @@ picked AS (
     LIMIT $1
 ),
 chosen AS (
-    SELECT c.id, {attempts_c} AS attempts, {payload_bytes} AS bytes
+    SELECT c.id, c.attempts AS attempts, {payload_bytes} AS bytes
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))

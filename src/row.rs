@@ -81,6 +81,9 @@ pub struct Claimed {
     pub quarantined: Vec<QuarantinedAtClaim>,
     /// Where the next ordered claim continues looking for groups (see claim_ordered.sql).
     pub cursor: Option<String>,
+    /// Rows made claimable again after the claim, by taking over claims that had ended
+    /// (sql/takeover.sql): the next claim may take them at once.
+    pub freed: u64,
 }
 
 impl Claimed {

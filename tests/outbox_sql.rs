@@ -115,6 +115,15 @@ async fn a_settlement_after_the_lease_was_taken_over_changes_nothing() {
         count_claims(&client, "owner = 'a' AND until < now()").await == 1
     })
     .await;
+    let finding = b
+        .claim(&request("b", Duration::from_secs(30), 10))
+        .await
+        .unwrap();
+    assert_eq!(
+        (finding.rows.len(), finding.freed),
+        (0, 4),
+        "the claim that finds A's ended claim takes it over after it"
+    );
     let b_rows = b
         .claim(&request("b", Duration::from_secs(30), 10))
         .await
@@ -311,11 +320,10 @@ async fn a_retried_settlement_counts_only_rows_another_owner_took_as_lost() {
         })
         .await;
         let b = session(&db, "outbox").await;
-        let taken = b
-            .claim(&request("b", Duration::from_secs(30), 10))
-            .await
-            .unwrap()
-            .rows;
+        let taken =
+            crate::support::claim_taking_over(&b, &request("b", Duration::from_secs(30), 10))
+                .await
+                .rows;
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].id, rows[3].id);
         let mut late = mixed(&rows);

@@ -57,6 +57,8 @@
 //!   its WAL sender's part;
 //! - `relay ÷ log-based`: the two added costs' ratio, per round (target: ≤ 1);
 //! - `relay process`: its CPU, % of a core and µs/event; `pg_recvlogical`: % of a core;
+//! - `its backends µs per claim cycle`: the relay's backends' CPU over the claims (issue 47's
+//!   target: ≤ 400), and `statements / transactions per cycle` (statements.rs);
 //! - `claims/s`, `events/claim`, `plan / exec ms per claim` (the leasing statement and the
 //!   advisory lock before it), `per settlement`, `probes/s`: from pg_stat_statements;
 //! - `commit-to-sent p50 / p99 ms`: over every event of every round's relay cell.
@@ -290,6 +292,13 @@ pub struct RoundFigures {
     pub claim_ms: (f64, f64),
     /// Planning and execution per settlement, ms.
     pub settlement_ms: (f64, f64),
+    /// The relay's backends' CPU per claim cycle (the claim, its settlement, and the share of
+    /// gauges and maintenance that falls to it), µs.
+    pub cycle_backend_us: f64,
+    /// Statements and transactions per claim cycle (statements.rs).
+    pub statements_per_cycle: f64,
+    /// See `statements_per_cycle`.
+    pub transactions_per_cycle: f64,
 }
 
 impl RoundFigures {
@@ -317,6 +326,9 @@ impl RoundFigures {
             probes_per_second: s.probe.calls / relay.seconds,
             claim_ms: s.per_claim_ms(),
             settlement_ms: s.per_settlement_ms(),
+            cycle_backend_us: relay.cpu.relay / s.claim.calls * 1e6,
+            statements_per_cycle: s.statements_per_claim(),
+            transactions_per_cycle: s.transactions_per_claim(),
         }
     }
 }
@@ -366,6 +378,9 @@ impl RateSummary {
             "claim_exec_ms": figure(&|r| r.claim_ms.1),
             "settlement_plan_ms": figure(&|r| r.settlement_ms.0),
             "settlement_exec_ms": figure(&|r| r.settlement_ms.1),
+            "relay_backends_us_per_claim_cycle": figure(&|r| r.cycle_backend_us),
+            "statements_per_claim_cycle": figure(&|r| r.statements_per_cycle),
+            "transactions_per_claim_cycle": figure(&|r| r.transactions_per_cycle),
             "commit_to_sent_p50_ms": quantile(&self.latencies_ms, 0.5),
             "commit_to_sent_p99_ms": quantile(&self.latencies_ms, 0.99),
             "events_never_arrived": self.missing,
@@ -497,7 +512,7 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<RatesRun> {
     for s in run.summaries() {
         let m = |f: &dyn Fn(&RoundFigures) -> f64| s.of(f).0;
         say(&format!(
-            "rates, {} events/s (reached {:.0}): app write {:.0} µs/event; relay adds {:.0} µs/event ({:.2}× the app's), log-based {:.0} ({:.2} relay ÷ log-based); relay process {:.1}% of a core ({:.0} µs/event); {:.0} claims/s, {:.1} events/claim; commit-to-sent p50 {:.1} ms p99 {:.1} ms{}",
+            "rates, {} events/s (reached {:.0}): app write {:.0} µs/event; relay adds {:.0} µs/event ({:.2}× the app's), log-based {:.0} ({:.2} relay ÷ log-based); relay process {:.1}% of a core ({:.0} µs/event); {:.0} claims/s, {:.1} events/claim, its backends {:.0} µs per claim cycle, {:.1} statements and {:.1} transactions per cycle; commit-to-sent p50 {:.1} ms p99 {:.1} ms{}",
             s.rate,
             m(&|r| r.reached),
             m(&|r| r.app_us),
@@ -509,6 +524,9 @@ pub async fn run(settings: &Settings, wakeup: &Wakeup) -> Option<RatesRun> {
             m(&|r| r.relay_process_us),
             m(&|r| r.claims_per_second),
             m(&|r| r.events_per_claim),
+            m(&|r| r.cycle_backend_us),
+            m(&|r| r.statements_per_cycle),
+            m(&|r| r.transactions_per_cycle),
             quantile(&s.latencies_ms, 0.5),
             quantile(&s.latencies_ms, 0.99),
             if s.missing > 0 {

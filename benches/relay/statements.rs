@@ -19,9 +19,12 @@ pub enum Kind {
     /// The statement that leases rows (it inserts the claim's row into the lease table):
     /// one call is one claim.
     Claim,
-    /// Run in a claim's transaction before it (the advisory lock that serializes claims):
-    /// its time is the claim's, its calls are not claims.
+    /// The rest of a claim's cycle besides the leasing statement (the first statement of its
+    /// transaction, with the advisory lock that serializes claims; a takeover of claims that
+    /// ended): its time is the claim's, its calls are not claims.
     ClaimStep,
+    /// A transaction's BEGIN: one call is one transaction of several statements.
+    Begin,
     /// A settlement: deletes a claim's row of the lease table (its fence) without leasing.
     Settlement,
     /// The idle relay's look for work (`SELECT EXISTS (…)`).
@@ -44,6 +47,10 @@ pub fn kind(query: &str) -> Kind {
         Kind::ClaimStep
     } else if leases && text.contains("insert into") {
         Kind::Claim
+    } else if leases && text.contains("delete from") && text.contains("until < now()") {
+        Kind::ClaimStep
+    } else if text.trim_start().starts_with("begin") {
+        Kind::Begin
     } else if leases && text.contains("delete from") {
         Kind::Settlement
     } else if text.trim_start().starts_with("select exists") {
@@ -99,6 +106,8 @@ pub struct RelayStatements {
     pub settlement: Totals,
     /// Idle probes.
     pub probe: Totals,
+    /// Transactions' BEGINs.
+    pub begins: Totals,
     /// Everything else the relay ran.
     pub other: Totals,
     /// The three costliest `other` statements (plan + execution), their text shortened: what
@@ -114,6 +123,7 @@ impl RelayStatements {
             Kind::ClaimStep => self.claim_steps.add(&row),
             Kind::Settlement => self.settlement.add(&row),
             Kind::Probe => self.probe.add(&row),
+            Kind::Begin => self.begins.add(&row),
             Kind::Other => {
                 self.other.add(&row);
                 let short: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -147,6 +157,18 @@ impl RelayStatements {
         self.claim.rows / self.claim.calls
     }
 
+    /// Statements per claim cycle: every statement of the relay's (its gauges and maintenance
+    /// included, a few a second) over the claims.
+    pub fn statements_per_claim(&self) -> f64 {
+        self.calls() / self.claim.calls
+    }
+
+    /// Transactions per claim cycle: the ones with a BEGIN (a claim's), and the statements a
+    /// cycle runs on their own on a direct connection (settlements, probes), over the claims.
+    pub fn transactions_per_claim(&self) -> f64 {
+        (self.begins.calls + self.settlement.calls + self.probe.calls) / self.claim.calls
+    }
+
     /// Executions of every statement of the relay's.
     pub fn calls(&self) -> f64 {
         [
@@ -154,6 +176,7 @@ impl RelayStatements {
             self.claim_steps,
             self.settlement,
             self.probe,
+            self.begins,
             self.other,
         ]
         .iter()
@@ -168,6 +191,7 @@ impl RelayStatements {
             self.claim_steps,
             self.settlement,
             self.probe,
+            self.begins,
             self.other,
         ]
         .iter()
@@ -184,7 +208,10 @@ impl RelayStatements {
             "claim_steps": self.claim_steps.to_json(),
             "settlement": self.settlement.to_json(),
             "probe": self.probe.to_json(),
+            "begins": self.begins.to_json(),
             "other": self.other.to_json(),
+            "statements_per_claim": finite(self.statements_per_claim()),
+            "transactions_per_claim": finite(self.transactions_per_claim()),
             "other_costliest": self.top_other.iter().map(|(q, ms)| json!({"query": q, "ms": ms})).collect::<Vec<_>>(),
             "events_per_claim": finite(self.events_per_claim()),
             "claim_plan_ms": finite(claim_plan),

@@ -44,36 +44,25 @@
 -- The statement returns one row even when it claims nothing: its last column is where the
 -- next claim's `others` starts (NULL: from the first key again).
 WITH RECURSIVE
--- The first CTEs of every claim: which ids claims hold (`leased`), after removing the claims
--- that ended (`expired`: their owner stopped, or took longer than its lease). Removing one
--- waits for a settlement of it that is under way; once removed, no settlement of it can apply
--- (sql/settle.sql deletes the claim's row as its fence), so its rows (`taken`) are this claim's
--- to take. A claim that its owner settled before this one got to it is not among `expired`, and
--- its ids stay in `leased` for this statement, which still sees them unsettled.
+-- The first CTEs of every claim: which ids claims hold (`leased`), every claim's whether its
+-- lease runs or ended. A claim that ended (its owner stopped, or took longer than its lease)
+-- is taken over by a statement of its own (sql/takeover.sql), which the relay runs when the
+-- claim's first statement finds one (sql/claim_start.sql): until then its rows stay out of
+-- claims. So a claim writes nothing for a takeover, and every claim runs the few plan nodes of
+-- the usual case, where no claim has ended (docs/benchmarks.md, "A claim cycle").
 --
 -- The lease table is read from the claims' floor $11::bigint on (src/outbox/floors.rs): no
--- live claim has a smaller token, and the rows of settled claims below it, which stay until
--- VACUUM can remove them, are never read. `live_from` is the floor the next claim may use.
-expired AS (
-    DELETE FROM "app"."outbox_claims" AS l
-    WHERE l.token >= $11::bigint
-      AND l.until < now()
-    RETURNING l.token, l.ids
-),
-taken AS (
-    SELECT DISTINCT unnest(e.ids) AS id FROM expired AS e
-),
+-- claim has a smaller token, and the rows of settled claims below it, which stay until VACUUM
+-- can remove them, are never read. `live_from` is the floor the next claim may use.
 leased AS (
     SELECT unnest(l.ids) AS id
     FROM "app"."outbox_claims" AS l
     WHERE l.token >= $11::bigint
-      AND l.token NOT IN (SELECT e.token FROM expired AS e)
 ),
 live_from AS (
     SELECT min(l.token) AS token
     FROM "app"."outbox_claims" AS l
     WHERE l.token >= $11::bigint
-      AND l.token NOT IN (SELECT e.token FROM expired AS e)
 ),
 -- Ordered delivery: the groups (key and destination, sql/destination.sql) of the rows some
 -- claim holds (`leased_ids`). The one definition of "a row of this group is in flight",
@@ -214,7 +203,7 @@ picked AS (
     LIMIT $1
 ),
 chosen AS (
-    SELECT c.id, (c.attempts + (c.id IN (SELECT id FROM taken))::int) AS attempts, coalesce(CASE WHEN pg_column_compression(c.payload) IS NULL AND pg_column_size(c.payload) <= $9::bigint / 16384 THEN pg_column_size(c.payload) ELSE octet_length(c.payload::text) END, 0) AS bytes
+    SELECT c.id, c.attempts AS attempts, coalesce(CASE WHEN pg_column_compression(c.payload) IS NULL AND pg_column_size(c.payload) <= $9::bigint / 16384 THEN pg_column_size(c.payload) ELSE octet_length(c.payload::text) END, 0) AS bytes
     FROM "app"."outbox" AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
@@ -249,30 +238,16 @@ candidates AS (
 -- $2 for $3 seconds, as one row of "app"."outbox_claims" listing their ids (sql/claims.sql); the outbox rows
 -- themselves are not written. The first half (sql/claim_leased.sql, then a WITH list ending in
 -- `candidates`) comes from one of the claim_candidates*.sql files; the statement runs after
--- sql/claim_lock.sql in the same transaction.
---
--- Rows of a claim that ended (`taken`) count the attempt that ended without an outcome; that
--- count is written here for those not quarantined at claim (the others get it with their
--- quarantine), and is in `attempts` from `chosen` on.
+-- sql/claim_start.sql in the same transaction.
 --
 -- A candidate with a `refusal` (see `measured` in claim.rs) is quarantined here instead, in the
 -- same statement: its payload is larger than the relay can hold ($9::bigint bytes), or its
--- claims kept ending without an outcome (its relays died holding it) until its attempts reached
--- $10::int. Such a row is not leased, spends no attempt, and its payload is not returned:
--- reading it may be what killed the relays before.
+-- claims kept ending without an outcome (its relays died holding it; sql/takeover.sql counts
+-- each) until its attempts reached $10::int. Such a row is not leased, spends no attempt,
+-- and its payload is not returned: reading it may be what killed the relays before.
 --
 -- `attempts` is returned as this claim's attempt: the attempts before it plus one. The row
 -- keeps the count of attempts that ended; the settlement writes what this one came to.
-abandoned AS (
-    UPDATE "app"."outbox" AS o
-    SET attempts = o.attempts + 1
-    FROM taken AS t
-    WHERE o.id = t.id
-      AND o.id = ANY (ARRAY(SELECT id FROM taken))
-      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
-      AND o.id NOT IN (SELECT id FROM candidates WHERE refusal IS NOT NULL)
-    RETURNING o.id
-),
 refused AS (
     UPDATE "app"."outbox" AS o
     SET quarantined_at = now(),

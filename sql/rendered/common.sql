@@ -2,26 +2,30 @@
 -- files in sql/ and run OUTBOX_BLESS_SQL=1 cargo test --lib rendered.
 
 -- claim_start
--- Claims of one table run one at a time, whichever replica makes them: each claim then sees
+-- A claim's first statement, in its transaction before the claim: the claim lock
+-- (sql/claim_lock.sql), and whether a claim from the claims' floor $1 on has ended (`ended`):
+-- the relay then takes it over once this claim is done (sql/takeover.sql). The look uses this
+-- statement's snapshot, taken before the lock was granted: a claim that had ended then has
+-- still ended, and one another relay took over meanwhile is found gone by the takeover.
+-- Materialized, so that the lock is taken when the query reads it, whatever the planner does.
+WITH locked AS MATERIALIZED (
+    -- Claims of one table run one at a time, whichever replica makes them: each claim then sees
 -- every row the claims before it took (a claim that committed after this one's snapshot would
 -- otherwise be invisible to it, and the outbox rows carry no mark of it). A transaction-level
 -- advisory lock: it writes no WAL, where locking each chosen row writes 54 bytes per row
 -- (docs/benchmarks.md); it ends with the claim's transaction, pooler or not. The first key is
 -- the relay's own ('outb'), the second the table's, so different tables claim side by side.
 SELECT pg_advisory_xact_lock(1869968482, '"app"."outbox_claims"'::regclass::oid::int)
-
--- claim_start_planned_each_time
-SET LOCAL plan_cache_mode = force_custom_plan; SET LOCAL enable_seqscan = on; SET LOCAL enable_bitmapscan = on; SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on; -- Claims of one table run one at a time, whichever replica makes them: each claim then sees
--- every row the claims before it took (a claim that committed after this one's snapshot would
--- otherwise be invisible to it, and the outbox rows carry no mark of it). A transaction-level
--- advisory lock: it writes no WAL, where locking each chosen row writes 54 bytes per row
--- (docs/benchmarks.md); it ends with the claim's transaction, pooler or not. The first key is
--- the relay's own ('outb'), the second the table's, so different tables claim side by side.
-SELECT pg_advisory_xact_lock(1869968482, '"app"."outbox_claims"'::regclass::oid::int)
+)
+SELECT EXISTS (SELECT 1 FROM "app"."outbox_claims" AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended
+FROM locked
 
 -- claim_start_with_a_deadline
--- The start of a claim's transaction when the relay has a round-trip deadline (--db-timeout):
--- the claim lock, and the budget the server gives the lock wait and the claim together.
+-- A claim's first statement when the relay has a round-trip deadline (--db-timeout): what
+-- sql/claim_start.sql does (the claim lock, and whether a claim from the claims' floor $1 on
+-- has ended), and the budget the server gives the lock wait and the claim together. One
+-- statement, prepared once, whose steps run in the order of their data: a materialized CTE
+-- runs when the query above it reads it.
 --
 -- The relay gives a claim up once the deadline passes, counted over the lock wait and the claim
 -- statement together; the server's statement_timeout (conn.rs) counts each statement alone. A
@@ -32,18 +36,24 @@ SELECT pg_advisory_xact_lock(1869968482, '"app"."outbox_claims"'::regclass::oid:
 -- (lock_timeout, milliseconds), and the claim statement what is left of it, measured on the
 -- server's clock from the transaction's start (`now()`). A claim that runs out is cancelled
 -- by the server and rolls back whole; the relay hears of it before its own deadline.
-SET LOCAL lock_timeout = 3750;
--- Claims of one table run one at a time, whichever replica makes them: each claim then sees
+WITH bounded AS MATERIALIZED (
+    SELECT set_config('lock_timeout', '3750', true) AS lock_timeout
+),
+locked AS MATERIALIZED (
+    -- Claims of one table run one at a time, whichever replica makes them: each claim then sees
 -- every row the claims before it took (a claim that committed after this one's snapshot would
 -- otherwise be invisible to it, and the outbox rows carry no mark of it). A transaction-level
 -- advisory lock: it writes no WAL, where locking each chosen row writes 54 bytes per row
 -- (docs/benchmarks.md); it ends with the claim's transaction, pooler or not. The first key is
 -- the relay's own ('outb'), the second the table's, so different tables claim side by side.
 SELECT pg_advisory_xact_lock(1869968482, '"app"."outbox_claims"'::regclass::oid::int)
-;
+    FROM bounded
+)
 SELECT set_config('statement_timeout',
                   greatest(1, 3750 - floor(extract(epoch FROM clock_timestamp() - now()) * 1000))::bigint::text,
-                  true)
+                  true),
+       EXISTS (SELECT 1 FROM "app"."outbox_claims" AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended
+FROM locked
 
 -- settle_delete
 -- A claim's outcomes, all in one statement and one transaction: the rows SQS acknowledged
@@ -352,6 +362,42 @@ SELECT ARRAY(SELECT token FROM fence),
        (SELECT count(*) FROM sent),
        '{}'::bigint[],
        '{}'::bigint[]
+
+-- takeover
+-- Claims that ended (their owner stopped, or took longer than its lease) are taken over: their
+-- rows of the lease table go, from the claims' floor $1 on (src/outbox/floors.rs), and their
+-- rows become claimable again, each with the attempt that ended without an outcome counted
+-- (a row whose attempts reach --max-attempts is then quarantined by the claim that finds it,
+-- sql/claim.sql). The relay runs this after a claim whose first statement found an ended claim
+-- (sql/claim_start.sql), on its own: claims never pay for it (sql/claim_leased.sql).
+--
+-- Removing a claim waits for a settlement of it that is under way; once removed, no settlement
+-- of it can apply (sql/settle.sql deletes the claim's row as its fence, and finds it gone), so
+-- its rows are the next claim's to take. Two relays taking over the same claim both try to
+-- remove it, and only the one that did counts its rows' attempt. No claim lock is needed: a
+-- claim whose snapshot still holds the ended claim leaves its rows alone, one after it sees
+-- them free. Answers how many claims it ended and how many rows it freed.
+WITH expired AS (
+    DELETE FROM "app"."outbox_claims" AS l
+    WHERE l.token >= $1::bigint
+      AND l.until < now()
+    RETURNING l.ids
+),
+taken AS MATERIALIZED (
+    SELECT DISTINCT unnest(e.ids) AS id FROM expired AS e
+),
+abandoned AS (
+    UPDATE "app"."outbox" AS o
+    SET attempts = o.attempts + 1
+    FROM taken AS t
+    WHERE o.id = t.id
+      -- An index condition whatever the join order (see sql/settle.sql).
+      AND o.id = ANY (ARRAY(SELECT id FROM taken))
+      AND coalesce(o.sent_at, o.quarantined_at) IS NULL
+    RETURNING o.id
+)
+SELECT (SELECT count(*) FROM expired) AS claims,
+       (SELECT count(*) FROM abandoned) AS rows
 
 -- lost_leases
 -- How many of a settlement's rows another claim holds now. Asked only when a retried

@@ -113,6 +113,12 @@ pub struct ClaimParams {
 }
 
 impl ClaimParams {
+    /// The claims' floor this claim reads the lease table from: its first statement's
+    /// parameter too (sql/claim_start.sql).
+    pub fn claims_floor(&self) -> &i64 {
+        &self.claims_floor
+    }
+
     /// `floors`: the rows' floor and the claims' (src/outbox/floors.rs), as read for this claim.
     pub fn new(
         request: &ClaimRequest,
@@ -274,8 +280,6 @@ impl ClaimStrategy {
             None => leased.trim_end().to_string(),
         };
         let leased = leased.as_str();
-        // A row taken from a claim that ended has that attempt counted (sql/claim_leased.sql).
-        let attempts_c = "(c.attempts + (c.id IN (SELECT id FROM taken))::int)";
         let payload = payload_bytes(Some("c"), &max_payload);
         let head_c = ordered
             .map(|o| group_head(table, o, "c", "p"))
@@ -309,7 +313,6 @@ impl ClaimStrategy {
                         &[
                             ("table", t),
                             ("leased", Value::Sql(leased)),
-                            ("attempts_c", Value::Sql(attempts_c)),
                             ("payload_bytes", Value::Sql(&payload)),
                             ("measured", Value::Sql(&measured)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
@@ -323,7 +326,6 @@ impl ClaimStrategy {
                         &[
                             ("table", t),
                             ("leased", Value::Sql(leased)),
-                            ("attempts_c", Value::Sql(attempts_c)),
                             ("keys", Value::Sql(&fair_values(t, key, "keys")?)),
                             ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                             ("payload_bytes", Value::Sql(&payload)),
@@ -376,7 +378,6 @@ impl ClaimStrategy {
             &[
                 ("table", t),
                 ("leased", Value::Sql(leased)),
-                ("attempts_c", Value::Sql(attempts_c)),
                 ("key_bare", Value::Sql(&key_sql(key, None))),
                 ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                 ("key_h", Value::Sql(&key_sql(key, Some("h")))),

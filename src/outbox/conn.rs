@@ -38,6 +38,15 @@ use super::pooler::Pooler;
 /// compiled (see `session`); per transaction, through a pooler.
 const RELAXED: &str = "SET LOCAL synchronous_commit = off; SET LOCAL jit = off";
 
+/// `a` and `b`, `SET LOCAL`s either of which may be empty, as one script.
+fn join_settings(a: &str, b: &str) -> String {
+    match (a.is_empty(), b.is_empty()) {
+        (_, true) => a.to_string(),
+        (true, false) => b.to_string(),
+        (false, false) => format!("{a}; {b}"),
+    }
+}
+
 /// What a transaction of the relay relies on, stated in its BEGIN rather than inherited from
 /// `default_transaction_isolation` / `default_transaction_read_only`, which a database, a role
 /// or the URL's `options` may set to anything.
@@ -186,12 +195,18 @@ impl Conn {
     /// whose next statement never came, `statement_timeout` one waiting for a lock such a
     /// transaction holds. Without a deadline (the one-shot commands) the three are off, so
     /// that a role's or database's short ones cannot cut the relay's statements either.
+    ///
+    /// On a direct connection the three are the session's already ([`session_baseline`], set
+    /// when it connected, and nothing of the relay's changes them after): stating them again
+    /// in every transaction cost the server three statements parsed and run per claim.
     fn begin(&self, access: Access, settings: &str) -> String {
         let mut parts = vec![access.begin().to_string()];
         if !settings.is_empty() {
             parts.push(settings.to_string());
         }
-        parts.push(timeouts("SET LOCAL", self.deadline));
+        if self.pooled() {
+            parts.push(timeouts("SET LOCAL", self.deadline));
+        }
         parts.join("; ")
     }
 
@@ -418,22 +433,38 @@ impl Conn {
         self.in_order(self.client.batch_execute(sql)).await
     }
 
-    /// Runs `query` in a transaction of its own that starts with `first` (simple-protocol
-    /// statements), pipelined: one round trip. A claim runs this way after its lock.
+    /// Runs `first`, then `query`, in a write transaction of their own that starts with
+    /// `settings` (simple-protocol `SET LOCAL`s), pipelined: one round trip, and the server
+    /// parses neither statement again on a direct connection. A claim runs this way after its
+    /// lock. Returns both statements' rows.
     pub(super) async fn query_in_transaction(
         &self,
-        first: &str,
+        settings: &str,
+        (first, first_params): (&Stmt, &[&(dyn ToSql + Sync)]),
         query: &Stmt,
         params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Vec<Row>, Vec<Row>), Error> {
+        let begin = match self.pooled() {
+            true => self.begin(Access::Write, &join_settings(RELAXED, settings)),
+            false => self.begin(Access::Write, settings),
+        };
+        // Both requests leave on the first poll, in order; an error of `first` (its lock
+        // wait) is the one the caller hears, since its answer comes first.
+        let both =
+            futures_util::future::try_join(self.run(first, first_params), self.run(query, params));
+        self.pipelined(&begin, both).await
+    }
+
+    /// `statement`'s rows, as its form allows, sent on the first poll.
+    async fn run(
+        &self,
+        statement: &Stmt,
+        params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        match query {
-            Stmt::Prepared(s) => {
-                let begin = format!("{}; {first}", self.begin(Access::Write, ""));
-                self.pipelined(&begin, self.client.query(s, params)).await
-            }
+        match statement {
+            Stmt::Prepared(s) => self.client.query(s, params).await,
             Stmt::Unnamed { sql, types, .. } => {
-                let begin = format!("{}; {first}", self.begin(Access::Write, RELAXED));
-                Ok(self.unnamed(sql, types, Some(&begin), params).await?.0)
+                Ok(self.unnamed_request(sql, types, params).await?.0)
             }
         }
     }
@@ -515,20 +546,29 @@ impl Conn {
         begin: Option<&str>,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<(Vec<Row>, u64), Error> {
-        let typed = params.iter().zip(types).map(|(p, t)| (*p, t.clone()));
-        let statement = async {
-            let stream = self.client.query_typed_raw(sql, typed).await?;
-            let mut stream = pin!(stream);
-            let mut rows = Vec::new();
-            while let Some(row) = stream.try_next().await? {
-                rows.push(row);
-            }
-            Ok::<_, Error>((rows, stream.rows_affected().unwrap_or(0)))
-        };
+        let statement = self.unnamed_request(sql, types, params);
         match begin {
             None => self.in_order(statement).await,
             Some(begin) => self.pipelined(begin, statement).await,
         }
+    }
+
+    /// `sql` as the unnamed statement, sent on the first poll: its rows and how many rows it
+    /// changed.
+    async fn unnamed_request(
+        &self,
+        sql: &str,
+        types: &[Type],
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(Vec<Row>, u64), Error> {
+        let typed = params.iter().zip(types).map(|(p, t)| (*p, t.clone()));
+        let stream = self.client.query_typed_raw(sql, typed).await?;
+        let mut stream = pin!(stream);
+        let mut rows = Vec::new();
+        while let Some(row) = stream.try_next().await? {
+            rows.push(row);
+        }
+        Ok((rows, stream.rows_affected().unwrap_or(0)))
     }
 
     /// `statement` in a transaction of its own that starts with `begin`, pipelined: BEGIN,

@@ -100,14 +100,13 @@ fn expected() -> Vec<(String, String)> {
         files.push((format!("claim_{name}.sql"), file(&statements)));
     }
     let o = outbox();
-    let plain_start = o.claim_start_for(false).expect("claim start");
-    let custom_start = o.claim_start_for(true).expect("claim start");
     let timed = outbox().round_trip_deadline(DEADLINE);
-    let timed_start = timed.claim_start_for(false).expect("claim start");
     let statements = [
-        ("claim_start", plain_start.as_str()),
-        ("claim_start_planned_each_time", &custom_start),
-        ("claim_start_with_a_deadline", &timed_start),
+        ("claim_start", o.statements().claim_start.as_str()),
+        (
+            "claim_start_with_a_deadline",
+            &timed.statements().claim_start,
+        ),
         ("settle_delete", &o.statements().settle_delete.full),
         (
             "settle_delete_sent_only",
@@ -118,6 +117,7 @@ fn expected() -> Vec<(String, String)> {
             "settle_mark_sent_sent_only",
             &o.statements().settle_mark.sent_only,
         ),
+        ("takeover", &o.statements().takeover),
         ("lost_leases", &o.statements().lost_leases),
         ("unpark_destination", &o.statements().unpark_destination),
         ("sweep", &o.statements().sweep),

@@ -1,7 +1,6 @@
 //! One connection with the relay's prepared statements: claims, settlements, statistics.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::claim::{ClaimLimits, ClaimParams, ClaimRequest, ClaimStrategy};
 use super::conn::{Conn, Stmt};
@@ -95,6 +94,7 @@ impl Outbox {
         let mut next = || prepared.next().expect("one statement per text");
         // Fields are evaluated in the order written: the order of `sqls`.
         let statements = Prepared {
+            claim_start: next(),
             claim: next(),
             settle: Settle {
                 mode: self.acknowledge(),
@@ -105,6 +105,7 @@ impl Outbox {
             probe: next(),
             unpark_destination: next(),
             lost_leases: next(),
+            takeover: next(),
         };
         // The strategy and its statement are built from one description; this catches the day
         // they drift apart, at start-up (and in `check`) instead of at every claim.
@@ -131,8 +132,8 @@ impl Outbox {
         Ok(Session {
             client,
             statements,
-            claim_start: self.claim_start()?,
-            catch_up_start: self.claim_start_for(true)?,
+            claim_settings: self.claim_settings(false),
+            catch_up_settings: self.claim_settings(true),
             strategy: self.strategy().clone(),
             limits: *self.limits(),
             floors: std::sync::Arc::clone(self.floors()),
@@ -234,6 +235,7 @@ impl Outbox {
             RelayStatement { name, sql, writes }
         }
         vec![
+            s("claim_start", &self.statements().claim_start, false),
             s("claim", &self.statements().claim, true),
             s("settle", &settle.full, true),
             s("settle_sent_only", &settle.sent_only, true),
@@ -245,54 +247,36 @@ impl Outbox {
                 true,
             ),
             s("lost_leases", &self.statements().lost_leases, false),
+            s("takeover", &self.statements().takeover, true),
         ]
     }
 }
 
 impl Outbox {
-    /// What a claim's transaction starts with: the claim lock, and with a round-trip deadline
-    /// the server's budget for the lock wait and the claim (sql/claim_deadline.sql).
-    fn claim_start(&self) -> Result<String, OutboxError> {
-        self.claim_start_for(self.strategy().planned_each_time())
+    /// What a claim's transaction sets before its first statement: the claim's plans made with
+    /// its parameters ([`CUSTOM_PLANS`]) for a strategy that needs it, or a claim that catches
+    /// up (`catching_up`); nothing otherwise.
+    fn claim_settings(&self, catching_up: bool) -> &'static str {
+        match catching_up || self.strategy().planned_each_time() {
+            true => CUSTOM_PLANS,
+            false => "",
+        }
     }
-
-    /// The same, `custom`: planned with the claim's parameters ([`CUSTOM_PLANS`]).
-    pub(super) fn claim_start_for(&self, custom: bool) -> Result<String, OutboxError> {
-        let claim_lock = match custom {
-            true => format!("{CUSTOM_PLANS}; {}", self.statements().claim_lock),
-            false => self.statements().claim_lock.clone(),
-        };
-        let Some(deadline) = self.round_trip() else {
-            return Ok(claim_lock);
-        };
-        let budget_ms = claim_budget(deadline).as_millis().max(1).to_string();
-        render(
-            include_str!("../../sql/claim_deadline.sql"),
-            &[
-                ("budget_ms", Value::Sql(&budget_ms)),
-                ("claim_lock", Value::Sql(&claim_lock)),
-            ],
-        )
-        .map_err(OutboxError::Template)
-    }
-}
-
-/// The server's share of a claim's round-trip deadline: the lock wait and the claim statement
-/// together end within it, or the claim rolls back. The rest is the margin for what the
-/// server's clock does not see: the wait for the shared connection and for the requests ahead
-/// of the claim on it, the COMMIT, and the answer's trip back (docs/failure-handling.md).
-pub(crate) fn claim_budget(deadline: Duration) -> Duration {
-    deadline - deadline / 4
 }
 
 /// The table's statements ([`super::statements::Statements`]) prepared on this session's
 /// connection.
 #[derive(Debug)]
 struct Prepared {
+    /// A claim's first statement: its lock, under its budget (sql/claim_lock.sql,
+    /// sql/claim_deadline.sql).
+    claim_start: Stmt,
     claim: Stmt,
     /// A claim's outcomes, in the statement of what acknowledged rows become.
     settle: Settle,
     lost_leases: Stmt,
+    /// Claims that ended, taken over (sql/takeover.sql).
+    takeover: Stmt,
     stats: Stmt,
     probe: Stmt,
     unpark_destination: Stmt,
@@ -303,15 +287,14 @@ struct Prepared {
 pub struct Session {
     pub(super) client: Arc<Conn>,
     statements: Prepared,
-    /// Runs before each claim in its transaction: the claim lock (sql/claim_lock.sql), under
-    /// the claim's budget when `run` has a deadline (sql/claim_deadline.sql).
-    claim_start: String,
+    /// What a claim's transaction sets before its lock ([`Outbox::claim_settings`]).
+    claim_settings: &'static str,
     /// The same for a claim that catches up ([`ClaimRequest::catching_up`]): planned with its
     /// parameters. A claim of hundreds of rows under the generic plan (nested loops over its
     /// own CTEs, sized for a few rows) took 93–112 ms against 41 ms planned with its limit,
     /// and a relay behind saturated writers fell further behind (docs/benchmarks.md); its
     /// 0.5–1.5 ms of planning is spread over those rows.
-    catch_up_start: String,
+    catch_up_settings: &'static str,
     /// How `claim` binds its statement's parameters.
     strategy: ClaimStrategy,
     /// The claim's last two parameters.
@@ -349,18 +332,25 @@ impl Session {
             &self.limits,
             (read.rows, self.floors.claims()),
         );
-        let rows = self
+        let (start, rows) = self
             .client
             .query_in_transaction(
                 match request.catching_up {
-                    true => &self.catch_up_start,
-                    false => &self.claim_start,
+                    true => self.catch_up_settings,
+                    false => self.claim_settings,
                 },
+                (&self.statements.claim_start, &[bound.claims_floor()]),
                 &self.statements.claim,
                 &self.strategy.bind(&bound),
             )
             .await
             .map_err(query_err("claiming rows"))?;
+        let ended: bool = match start.first() {
+            Some(row) => row
+                .try_get("ended")
+                .map_err(query_err("reading whether a claim ended"))?,
+            None => false,
+        };
         let mut claimed = Claimed {
             cursor: request.cursor.clone(),
             ..Claimed::default()
@@ -406,7 +396,29 @@ impl Session {
         if lowest_unsent.is_some() {
             self.floors.raise(read, lowest_unsent);
         }
+        if ended {
+            claimed.freed = self.take_over(*bound.claims_floor()).await?;
+        }
         Ok(claimed)
+    }
+
+    /// Takes over the claims that ended (sql/takeover.sql): how many rows it made claimable
+    /// again. Its own transaction, after the claim that found them committed.
+    async fn take_over(&self, claims_floor: i64) -> Result<u64, OutboxError> {
+        let row = self
+            .client
+            .query_one(&self.statements.takeover, &[&claims_floor])
+            .await
+            .map_err(query_err("taking over claims that ended"))?;
+        let (claims, rows): (i64, i64) = (row.get("claims"), row.get("rows"));
+        if claims > 0 {
+            tracing::info!(
+                claims,
+                rows,
+                "took over claims whose lease ended: their rows are claimable again"
+            );
+        }
+        Ok(rows as u64)
     }
 
     /// Applies a claim's outcomes in one statement, fenced by the claim's row (owner and
@@ -596,25 +608,36 @@ mod tests {
             Duration::from_secs(1),
         )
         .unwrap();
-        assert_eq!(
-            outbox.claim_start().unwrap(),
-            outbox.statements().claim_lock
-        );
-        let start = outbox
-            .round_trip_deadline(Duration::from_secs(2))
-            .claim_start()
-            .unwrap();
+        let plain = &outbox.statements().claim_start;
         assert!(
-            start.contains("\nSET LOCAL lock_timeout = 1500;\n"),
+            plain.contains(outbox.statements().claim_lock.trim_end()),
+            "{plain}"
+        );
+        assert!(plain.contains("AS ended"), "{plain}");
+        assert!(!plain.contains("timeout"), "{plain}");
+        let timed = outbox.round_trip_deadline(Duration::from_secs(2));
+        let start = &timed.statements().claim_start;
+        assert!(
+            start.contains("set_config('lock_timeout', '1500', true)"),
             "{start}"
         );
         assert!(start.contains("pg_advisory_xact_lock"), "{start}");
+        assert!(start.contains("AS ended"), "{start}");
         assert!(
             start
                 .contains("greatest(1, 1500 - floor(extract(epoch FROM clock_timestamp() - now())"),
             "{start}"
         );
-        assert!(claim_budget(Duration::from_millis(1)) < Duration::from_millis(1));
+        // One statement: prepared once, never parsed again.
+        let code: String = start
+            .lines()
+            .map(|l| l.split("--").next().unwrap())
+            .collect();
+        assert!(!code.contains(';'), "{start}");
+        assert!(
+            super::super::statements::claim_budget(Duration::from_millis(1))
+                < Duration::from_millis(1)
+        );
     }
 
     #[test]
@@ -638,22 +661,17 @@ mod tests {
             by: Default::default(),
         };
         let full = outbox(ClaimStrategy::Ordered(ordered(OrderScope::Every)));
-        for start in [
-            full.claim_start().unwrap(),
-            full.round_trip_deadline(Duration::from_secs(2))
-                .claim_start()
-                .unwrap(),
-        ] {
-            assert!(start.contains(CUSTOM_PLANS), "{start}");
-            assert!(start.contains("pg_advisory_xact_lock"), "{start}");
-        }
+        assert_eq!(full.claim_settings(false), CUSTOM_PLANS);
+        assert_eq!(full.claim_settings(true), CUSTOM_PLANS);
         let fifo_only = ordered(OrderScope::FifoDestinations {
             route_by: crate::row::KeyColumn::AggregateType,
             fifo_routes: vec![],
         });
         for strategy in [ClaimStrategy::Plain, ClaimStrategy::Ordered(fifo_only)] {
-            let start = outbox(strategy).claim_start().unwrap();
-            assert!(!start.contains("plan_cache_mode"), "{start}");
+            let outbox = outbox(strategy);
+            assert_eq!(outbox.claim_settings(false), "");
+            // A claim that catches up is planned with its parameters whatever the strategy.
+            assert_eq!(outbox.claim_settings(true), CUSTOM_PLANS);
         }
     }
 

@@ -2,6 +2,8 @@
 //! in: what each claim strategy claims and parks with, each acknowledgement mode's settlement,
 //! the gauges, the probe and the maintenance's statements. Pure: no connection is touched here.
 
+use std::time::Duration;
+
 use super::claim::{self, ClaimStrategy};
 use super::error::OutboxError;
 use super::ident::TableName;
@@ -16,8 +18,15 @@ pub(super) struct Statements {
     /// Ordered delivery with poison blocking: park and unpark rows behind quarantined heads.
     pub(super) park_blocked: Option<String>,
     pub(super) unpark_blocked: Option<String>,
-    /// Runs before every claim, in its transaction: claims of the table one at a time.
+    /// Claims of the table one at a time (sql/claim_lock.sql): what a claim's transaction and
+    /// the maintenance's statements that must see every lease start with.
     pub(super) claim_lock: String,
+    /// A claim's first statement: the lock, and whether a claim has ended
+    /// (sql/claim_start.sql); under the claim's budget with a round-trip deadline
+    /// ([`Statements::bounded`]).
+    pub(super) claim_start: String,
+    /// Claims that ended, taken over (sql/takeover.sql): run after a claim that found one.
+    pub(super) takeover: String,
     /// A claim's outcomes in one statement, acknowledged rows marked sent (sql/settle.sql).
     pub(super) settle_mark: SettleSql,
     /// The same, acknowledged rows deleted.
@@ -60,13 +69,23 @@ impl Statements {
             )
             .map_err(OutboxError::Template)
         };
+        let claim_lock = fill(include_str!("../../sql/claim_lock.sql"))?;
         Ok(Statements {
             claim: ClaimStrategy::Plain
                 .sql(table)
                 .map_err(OutboxError::Template)?,
             park_blocked: None,
             unpark_blocked: None,
-            claim_lock: fill(include_str!("../../sql/claim_lock.sql"))?,
+            claim_lock: claim_lock.clone(),
+            claim_start: render(
+                include_str!("../../sql/claim_start.sql"),
+                &[
+                    ("claims", Value::Table(&claims)),
+                    ("claim_lock", Value::Sql(claim_lock.trim_end())),
+                ],
+            )
+            .map_err(OutboxError::Template)?,
+            takeover: fill(include_str!("../../sql/takeover.sql"))?,
             settle_mark: SettleSql::render(table, Acknowledge::MarkSent)
                 .map_err(OutboxError::Template)?,
             settle_delete: SettleSql::render(table, Acknowledge::Delete)
@@ -81,6 +100,27 @@ impl Statements {
             quarantine_list: fill(include_str!("../../sql/quarantine_list.sql"))?,
             quarantine_retry: fill(include_str!("../../sql/quarantine_retry.sql"))?,
         })
+    }
+
+    /// A claim's first statement with a round-trip deadline: the server's bounds for the lock
+    /// wait and the claim together (sql/claim_deadline.sql), within [`claim_budget`].
+    pub(super) fn bounded(
+        &mut self,
+        table: &TableName,
+        deadline: Duration,
+    ) -> Result<(), OutboxError> {
+        let claims = table.claims();
+        let budget_ms = claim_budget(deadline).as_millis().max(1).to_string();
+        self.claim_start = render(
+            include_str!("../../sql/claim_deadline.sql"),
+            &[
+                ("budget_ms", Value::Sql(&budget_ms)),
+                ("claim_lock", Value::Sql(self.claim_lock.trim_end())),
+                ("claims", Value::Table(&claims)),
+            ],
+        )
+        .map_err(OutboxError::Template)?;
+        Ok(())
     }
 
     /// The statements `strategy` claims, parks and reads the table with.
@@ -102,6 +142,14 @@ impl Statements {
         self.stats = stats_sql(table, strategy.order_by())?;
         Ok(())
     }
+}
+
+/// The server's share of a claim's round-trip deadline: the lock wait and the claim statement
+/// together end within it, or the claim rolls back. The rest is the margin for what the
+/// server's clock does not see: the wait for the shared connection and for the requests ahead
+/// of the claim on it, the COMMIT, and the answer's trip back (docs/failure-handling.md).
+pub(super) fn claim_budget(deadline: Duration) -> Duration {
+    deadline - deadline / 4
 }
 
 /// The idle relay's look for work (sql/probe.sql): rows an order holds back are not work yet.

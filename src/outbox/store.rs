@@ -169,6 +169,9 @@ impl Outbox {
     /// `tcp_user_timeout` derived from it where the URL sets none (see `liveness`).
     pub fn round_trip_deadline(mut self, deadline: Duration) -> Self {
         self.connector = self.connector.round_trip_deadline(deadline);
+        self.statements
+            .bounded(&self.table, deadline)
+            .expect("sql/claim_deadline.sql renders (src/outbox/rendered.rs)");
         self
     }
 

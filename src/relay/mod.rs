@@ -495,7 +495,9 @@ impl Relay {
                     cursor = claimed.cursor.take();
                     record_quarantined_at_claim(&claimed);
                     gather.claimed(claimed_at, claimed.len());
-                    let full = claimed.len() == limit;
+                    // Rows a takeover freed after the claim are claimable now, like the rest
+                    // of a full claim's backlog.
+                    let full = claimed.len() == limit || claimed.freed > 0;
                     limit = claim_size::next(c.claim.batch_size, limit, claimed.len());
                     let rows_claimed = !claimed.is_empty();
                     if rows_claimed {

@@ -289,3 +289,24 @@ pub const DEBEZIUM_COLUMNS: [&str; 8] = [
     "--column",
     "event_type=type",
 ];
+
+/// A claim as the relay's loop makes it: a claim that found claims whose lease ended takes them
+/// over after it (`Claimed::freed`), and the loop claims again at once; here the two claims'
+/// rows come back together.
+pub async fn claim_taking_over(
+    session: &outbox_relay::outbox::Session,
+    request: &outbox_relay::outbox::ClaimRequest,
+) -> outbox_relay::row::Claimed {
+    let mut claimed = session.claim(request).await.expect("claim");
+    if claimed.freed > 0 {
+        let again = session
+            .claim(request)
+            .await
+            .expect("claim after a takeover");
+        claimed.rows.extend(again.rows);
+        claimed.quarantined.extend(again.quarantined);
+        claimed.cursor = again.cursor;
+        claimed.freed = again.freed;
+    }
+    claimed
+}

@@ -30,11 +30,11 @@ impl Report {
         );
         let _ = writeln!(
             t,
-            "| events/s (reached) | app write µs/event | relay adds µs/event (× app) | its backends µs/event | log-based adds µs/event (walsender) | relay ÷ log-based | relay process % core (µs/event) | pg_recvlogical % core | claims/s | events/claim | plan / exec ms per claim | per settlement | probes/s | commit-to-sent p50 / p99 ms |"
+            "| events/s (reached) | app write µs/event | relay adds µs/event (× app) | its backends µs/event | log-based adds µs/event (walsender) | relay ÷ log-based | relay process % core (µs/event) | pg_recvlogical % core | claims/s | events/claim | its backends µs per claim cycle | statements / transactions per cycle | plan / exec ms per claim | per settlement | probes/s | commit-to-sent p50 / p99 ms |"
         );
         let _ = writeln!(
             t,
-            "|---:|---:|---|---:|---|---:|---|---:|---:|---:|---|---|---:|---|"
+            "|---:|---:|---|---:|---|---:|---|---:|---:|---:|---:|---|---|---|---:|---|"
         );
         for s in run.summaries() {
             let f = |figure: &dyn Fn(&RoundFigures) -> f64, digits: usize| fig(&s, figure, digits);
@@ -43,7 +43,7 @@ impl Report {
             };
             let _ = writeln!(
                 t,
-                "| {} ({}) | {} | **{}** (**{}**) | {} | {} ({}) | **{}** | {} ({}) | {} | {} | {} | {} / {} | {} / {} | {} | {:.1} / {:.1}{} |",
+                "| {} ({}) | {} | **{}** (**{}**) | {} | {} ({}) | **{}** | {} ({}) | {} | {} | {} | **{}** | {} / {} | {} / {} | {} / {} | {} | {:.1} / {:.1}{} |",
                 s.rate,
                 m(&|r| r.reached, 0),
                 f(&|r| r.app_us, 0),
@@ -58,6 +58,9 @@ impl Report {
                 f(&|r| r.recvlogical_share * 100.0, 1),
                 f(&|r| r.claims_per_second, 0),
                 f(&|r| r.events_per_claim, 1),
+                f(&|r| r.cycle_backend_us, 0),
+                m(&|r| r.statements_per_cycle, 1),
+                m(&|r| r.transactions_per_cycle, 1),
                 m(&|r| r.claim_ms.0, 3),
                 m(&|r| r.claim_ms.1, 3),
                 m(&|r| r.settlement_ms.0, 3),
