@@ -338,7 +338,7 @@ claimed AS (
            d.last_error AS doom_error,
            o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
-           row_number() OVER (ORDER BY o.id) AS turn,
+           o.id AS turn,
            -- The lowest live claim's token, this one's included (src/outbox/floors.rs).
            least((SELECT token FROM live_from), (SELECT token FROM lease)) AS live_from,
            -- The lowest unsent id from the rows' floor $5 on, this claim's rows included: the

@@ -293,7 +293,7 @@ impl ClaimStrategy {
                 ("claims", l),
                 ("max_payload", Value::Sql(&max_payload)),
                 ("max_attempts", Value::Sql(&max_attempts)),
-                ("order_o", Value::Sql(&self.order_by().columns(Some("o")))),
+                ("turn_o", Value::Sql(&self.order_by().turn("o"))),
             ],
         )?;
         if !self.full_ordered() {

@@ -40,6 +40,18 @@ impl OrderBy {
         }
     }
 
+    /// A claimed row's place in the order, as a value the relay sorts the claim's rows by:
+    /// the id itself where ids are the order (no window and no sort in the claim's plan),
+    /// else the row's rank by the columns.
+    pub fn turn(self, alias: &str) -> String {
+        match self {
+            OrderBy::Id => format!("{alias}.id"),
+            OrderBy::Transaction => {
+                format!("row_number() OVER (ORDER BY {})", self.columns(Some(alias)))
+            }
+        }
+    }
+
     /// The same columns, descending: the row just before another in its group's index.
     pub fn columns_desc(self, alias: Option<&str>) -> String {
         let a = prefix(alias);
