@@ -4,36 +4,15 @@
 -- `candidates`) comes from one of the claim_candidates*.sql files; the statement runs after
 -- sql/claim_start.sql in the same transaction.
 --
--- A candidate with a `refusal` (see `measured` in claim.rs) is quarantined here instead, in the
--- same statement: its payload is larger than the relay can hold ({max_payload} bytes), or its
--- claims kept ending without an outcome (its relays died holding it; sql/takeover.sql counts
--- each) until its attempts reached {max_attempts}. Such a row is not leased, spends no attempt,
--- and its payload is not returned: reading it may be what killed the relays before.
+-- A candidate with a `refusal` (see `measured` in claim.rs) is not leased: its payload is larger
+-- than the relay can hold, or its claims kept ending without an outcome (its relays died
+-- holding it; sql/takeover.sql counts each) until its attempts reached --max-attempts. It comes
+-- back with its refusal and its measured `bytes`, without its payload (reading it may be what
+-- killed the relays before), and the relay quarantines it right after this claim
+-- (sql/refuse.sql). It spends no attempt.
 --
 -- `attempts` is returned as this claim's attempt: the attempts before it plus one. The row
 -- keeps the count of attempts that ended; the settlement writes what this one came to.
-refused AS (
-    UPDATE {table} AS o
-    SET quarantined_at = now(),
-        quarantine_reason = candidates.refusal,
-        attempts = candidates.attempts,
-        last_error = CASE candidates.refusal
-            WHEN 'too_large' THEN format(
-                'payload of %s bytes is larger than the relay can hold (%s bytes, --max-payload-bytes); quarantined at claim without being read',
-                candidates.bytes, {max_payload})
-            ELSE format(
-                'claimed %s times (--max-attempts %s) and the last claim ended without an outcome: the relay holding it stopped or lost its lease; quarantined at claim, not sent again',
-                candidates.attempts, {max_attempts})
-            END
-    FROM candidates
-    WHERE o.id = candidates.id
-      -- An index condition whatever the join order: on a table the planner sees as empty,
-      -- starting from the outbox (its whole primary key) cost it as little as starting from
-      -- the candidates, and it did (see sql/settle.sql).
-      AND o.id = ANY (ARRAY(SELECT id FROM candidates WHERE refusal IS NOT NULL))
-      AND candidates.refusal IS NOT NULL
-    RETURNING o.id, o.last_error
-),
 lease AS (
     INSERT INTO {claims} (owner, until, ids)
     SELECT $2, now() + make_interval(secs => $3), array_agg(id ORDER BY id)
@@ -51,7 +30,7 @@ claimed AS (
            extract(epoch FROM o.created_at)::float8,
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
            c.refusal,
-           d.last_error AS doom_error,
+           c.bytes::bigint,
            o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
            {turn_o} AS turn,
@@ -66,6 +45,5 @@ claimed AS (
             LIMIT 1) AS lowest_unsent
     FROM candidates AS c
     JOIN {table} AS o ON o.id = c.id
-    LEFT JOIN refused AS d ON d.id = c.id
     WHERE o.id = ANY (ARRAY(SELECT id FROM candidates))
 )

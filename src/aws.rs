@@ -38,9 +38,7 @@ pub fn client_limits(timeout: Duration) -> (RetryConfig, TimeoutConfig) {
 }
 
 /// An SDK's client (`$sdk`: `aws_sdk_sqs`, ...) built as every AWS client of the relay is: the
-/// shared configuration, [`client_limits`] for `$timeout`, no stalled-stream protection (its
-/// interceptor and throughput timers ran on every request, and `$timeout` already bounds a
-/// call whole, a stalled one included), and `$endpoint` when given, set on
+/// shared configuration, [`client_limits`] for `$timeout`, and `$endpoint` when given, set on
 /// the client so that it wins over the SDK's own resolution (`AWS_ENDPOINT_URL_*`); `$more` are
 /// what a custom endpoint needs besides (S3's `force_path_style`). A macro because the SDKs'
 /// config builders are separate types with the same methods and no trait over them.
@@ -50,8 +48,7 @@ macro_rules! client {
         let (retry, timeouts) = $crate::aws::client_limits($timeout);
         let mut config = $sdk::config::Builder::from(&shared)
             .retry_config(retry)
-            .timeout_config(timeouts)
-            .stalled_stream_protection($sdk::config::StalledStreamProtectionConfig::disabled());
+            .timeout_config(timeouts);
         if let Some(endpoint) = $endpoint {
             config = config.endpoint_url(endpoint)$(.$more(true))*;
         }

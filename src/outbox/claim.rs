@@ -12,7 +12,7 @@ use super::ident::{key_sql, TableName};
 use super::order_by::OrderBy;
 use super::template::{fragment, render, Value};
 use crate::group::Routing;
-use crate::row::KeyColumn;
+use crate::row::{KeyColumn, QuarantineReason};
 
 /// How claims choose rows; built once at start-up from the configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,6 +82,24 @@ pub struct ClaimLimits {
     /// A row whose attempts already reached this is quarantined `max_attempts` instead of being
     /// claimed once more: its last claims ended without an outcome (`--max-attempts`).
     pub max_attempts: i32,
+}
+
+impl ClaimLimits {
+    /// What a row refused at claim gets in `last_error` (sql/refuse.sql): why, with the limit
+    /// it reached. `bytes` is its payload's size as the claim measured it, `attempts` the
+    /// attempts that ended.
+    pub fn refusal_error(&self, reason: QuarantineReason, bytes: i64, attempts: i32) -> String {
+        match reason {
+            QuarantineReason::TooLarge => format!(
+                "payload of {bytes} bytes is larger than the relay can hold ({} bytes, --max-payload-bytes); quarantined at claim without being read",
+                self.max_payload_bytes.max(1)
+            ),
+            _ => format!(
+                "claimed {attempts} times (--max-attempts {}) and the last claim ended without an outcome: the relay holding it stopped or lost its lease; quarantined at claim, not sent again",
+                self.max_attempts.max(1)
+            ),
+        }
+    }
 }
 
 impl Default for ClaimLimits {
@@ -291,8 +309,6 @@ impl ClaimStrategy {
             &[
                 ("table", t),
                 ("claims", l),
-                ("max_payload", Value::Sql(&max_payload)),
-                ("max_attempts", Value::Sql(&max_attempts)),
                 ("turn_o", Value::Sql(&self.order_by().turn("o"))),
             ],
         )?;
@@ -726,7 +742,8 @@ mod tests {
                 assert!(!sql.contains("p.id < c.id"), "{strategy:?}");
             } else {
                 assert!(!sql.contains(".xact_id"), "{strategy:?}");
-                assert!(sql.contains("ORDER BY o.id) AS turn"), "{strategy:?}");
+                // By id, the id is the turn: no window to compute it.
+                assert!(sql.contains("o.id AS turn"), "{strategy:?}");
             }
         }
     }

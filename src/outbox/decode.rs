@@ -11,6 +11,7 @@
 use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
 
+use super::claim::ClaimLimits;
 use super::error::OutboxError;
 use crate::destination::Destination;
 use crate::row::{ClaimedRow, QuarantineReason, QuarantinedAtClaim, Unreadable};
@@ -30,7 +31,8 @@ const CREATED_AT_EPOCH: usize = 10;
 const CREATED_AT: usize = 11;
 /// Why the claim quarantined the row instead of leasing it; NULL for a leased row.
 const REFUSAL: usize = 12;
-const DOOM_ERROR: usize = 13;
+/// The payload's size as the claim measured it: what a refused row's error names.
+const BYTES: usize = 13;
 /// The deduplication ID a replay gave the row; NULL: its event_id.
 const DEDUP_ID: usize = 14;
 /// The row's place in its group's order among the claim's rows (`--order-by`).
@@ -52,7 +54,7 @@ pub(super) enum Decoded {
 
 /// One row of a claim: leased (with the columns that failed, if any), or quarantined by the
 /// claim.
-pub(super) fn decode(row: &Row) -> Result<Decoded, OutboxError> {
+pub(super) fn decode(row: &Row, limits: &ClaimLimits) -> Result<Decoded, OutboxError> {
     let fenced = |index: usize, column: &'static str| {
         required::<i64>(row, index, column)
             .map_err(|detail| OutboxError::ClaimShape { column, detail })
@@ -69,14 +71,16 @@ pub(super) fn decode(row: &Row) -> Result<Decoded, OutboxError> {
             "too_large" => QuarantineReason::TooLarge,
             _ => QuarantineReason::MaxAttempts,
         };
+        let bytes: i64 = optional(row, BYTES, "bytes").ok().flatten().unwrap_or(0);
+        let attempts: i32 = optional(row, ATTEMPTS, "attempts")
+            .ok()
+            .flatten()
+            .unwrap_or(0);
         return Ok(Decoded::Quarantined(QuarantinedAtClaim {
             id,
             event_id: optional(row, EVENT_ID, "event_id").ok().flatten(),
             reason,
-            error: optional(row, DOOM_ERROR, "last_error")
-                .ok()
-                .flatten()
-                .unwrap_or_default(),
+            error: limits.refusal_error(reason, bytes, attempts),
         }));
     }
     Ok(Decoded::Row(Box::new(read(row, id, lease_token))))

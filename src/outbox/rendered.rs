@@ -118,6 +118,7 @@ fn expected() -> Vec<(String, String)> {
             &o.statements().settle_mark.sent_only,
         ),
         ("takeover", &o.statements().takeover),
+        ("refuse", &o.statements().refuse),
         ("lost_leases", &o.statements().lost_leases),
         ("unpark_destination", &o.statements().unpark_destination),
         ("sweep", &o.statements().sweep),

@@ -15,7 +15,7 @@ use super::settle::{Acknowledge, SettleAnswer, SettleArgs};
 use super::store::Outbox;
 use super::template::{render, Value};
 
-use crate::row::{Claimed, Settled, Settlement};
+use crate::row::{Claimed, QuarantinedAtClaim, Settled, Settlement};
 
 impl Outbox {
     /// A working connection with the relay's statements prepared.
@@ -106,6 +106,7 @@ impl Outbox {
             unpark_destination: next(),
             lost_leases: next(),
             takeover: next(),
+            refuse: next(),
         };
         // The strategy and its statement are built from one description; this catches the day
         // they drift apart, at start-up (and in `check`) instead of at every claim.
@@ -248,6 +249,7 @@ impl Outbox {
             ),
             s("lost_leases", &self.statements().lost_leases, false),
             s("takeover", &self.statements().takeover, true),
+            s("refuse", &self.statements().refuse, true),
         ]
     }
 }
@@ -277,6 +279,8 @@ struct Prepared {
     lost_leases: Stmt,
     /// Claims that ended, taken over (sql/takeover.sql).
     takeover: Stmt,
+    /// Rows a claim refused, quarantined (sql/refuse.sql).
+    refuse: Stmt,
     stats: Stmt,
     probe: Stmt,
     unpark_destination: Stmt,
@@ -379,7 +383,7 @@ impl Session {
             lowest_unsent = row
                 .try_get(LOWEST_UNSENT)
                 .map_err(query_err("reading the rows' floor"))?;
-            match decode(row)? {
+            match decode(row, &self.limits)? {
                 Decoded::Row(row) => turns.push((turn, *row)),
                 Decoded::Quarantined(row) => claimed.quarantined.push(row),
             }
@@ -396,10 +400,42 @@ impl Session {
         if lowest_unsent.is_some() {
             self.floors.raise(read, lowest_unsent);
         }
+        if !claimed.quarantined.is_empty() {
+            let refused = std::mem::take(&mut claimed.quarantined);
+            claimed.quarantined = self.refuse(refused, *bound.claims_floor()).await?;
+        }
         if ended {
             claimed.freed = self.take_over(*bound.claims_floor()).await?;
         }
         Ok(claimed)
+    }
+
+    /// Quarantines the rows a claim refused (sql/refuse.sql), after the claim lock, in a
+    /// transaction of its own: returns those it quarantined (a row another relay's claim
+    /// leased meanwhile is that claim's).
+    async fn refuse(
+        &self,
+        refused: Vec<QuarantinedAtClaim>,
+        claims_floor: i64,
+    ) -> Result<Vec<QuarantinedAtClaim>, OutboxError> {
+        let ids: Vec<i64> = refused.iter().map(|r| r.id).collect();
+        let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
+        let errors: Vec<&str> = refused.iter().map(|r| r.error.as_str()).collect();
+        let (_, rows) = self
+            .client
+            .query_in_transaction(
+                self.claim_settings,
+                (&self.statements.claim_start, &[&claims_floor]),
+                &self.statements.refuse,
+                &[&ids, &reasons, &errors, &claims_floor],
+            )
+            .await
+            .map_err(query_err("quarantining rows the claim refused"))?;
+        let quarantined: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
+        Ok(refused
+            .into_iter()
+            .filter(|r| quarantined.contains(&r.id))
+            .collect())
     }
 
     /// Takes over the claims that ended (sql/takeover.sql): how many rows it made claimable

@@ -27,6 +27,8 @@ pub(super) struct Statements {
     pub(super) claim_start: String,
     /// Claims that ended, taken over (sql/takeover.sql): run after a claim that found one.
     pub(super) takeover: String,
+    /// Rows a claim refused, quarantined (sql/refuse.sql): run after a claim that refused one.
+    pub(super) refuse: String,
     /// A claim's outcomes in one statement, acknowledged rows marked sent (sql/settle.sql).
     pub(super) settle_mark: SettleSql,
     /// The same, acknowledged rows deleted.
@@ -86,6 +88,7 @@ impl Statements {
             )
             .map_err(OutboxError::Template)?,
             takeover: fill(include_str!("../../sql/takeover.sql"))?,
+            refuse: fill(include_str!("../../sql/refuse.sql"))?,
             settle_mark: SettleSql::render(table, Acknowledge::MarkSent)
                 .map_err(OutboxError::Template)?,
             settle_delete: SettleSql::render(table, Acknowledge::Delete)
