@@ -18,11 +18,6 @@ use outbox_relay::outbox::{
 };
 use outbox_relay::relay;
 
-/// See Cargo.toml: the SDK's allocations per request cost glibc's malloc a fifth of the
-/// process's CPU.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
