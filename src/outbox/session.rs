@@ -400,12 +400,27 @@ impl Session {
         if lowest_unsent.is_some() {
             self.floors.raise(read, lowest_unsent);
         }
+        // The claim has committed: its rows are leased whatever happens next, so a failure of
+        // what follows it must not lose them. A refused row not quarantined now is refused
+        // again by the next claim; a takeover not done now, done by the next claim that looks.
         if !claimed.quarantined.is_empty() {
             let refused = std::mem::take(&mut claimed.quarantined);
-            claimed.quarantined = self.refuse(refused, *bound.claims_floor()).await?;
+            claimed.quarantined = match self.refuse(refused, *bound.claims_floor()).await {
+                Ok(quarantined) => quarantined,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not quarantine the rows the claim refused; the next claim refuses them again");
+                    Vec::new()
+                }
+            };
         }
         if ended {
-            claimed.freed = self.take_over(*bound.claims_floor()).await?;
+            claimed.freed = match self.take_over(*bound.claims_floor()).await {
+                Ok(freed) => freed,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not take over claims whose lease ended; the next claim tries again");
+                    0
+                }
+            };
         }
         Ok(claimed)
     }
