@@ -36,6 +36,8 @@
 //! - [`dbauth`]: each new connection's password: the URL, a password file, or an RDS IAM token.
 //! - [`aws`]: the AWS configuration, loaded once, shared by SQS and IAM database auth.
 //! - [`check`]: the `check` command: configuration, database and queues, one verdict a line.
+//! - [`command`]: what the commands share: a table's outbox, a selection's tables, a failure.
+//! - [`console`]: the `console` command: the operators' web page over every table.
 //! - [`otel`]: OpenTelemetry: a span per event, parented on the row's `traceparent`, over OTLP.
 //! - [`version`]: pure: this relay's version, and which versions a table's schema lets claim
 //!   (the compatibility contract `migrate` records).
@@ -44,8 +46,10 @@
 pub mod aws;
 pub mod batch;
 pub mod check;
+pub mod command;
 pub mod concurrency;
 pub mod config;
+pub mod console;
 pub mod dbauth;
 pub mod destination;
 pub mod group;

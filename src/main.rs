@@ -7,6 +7,7 @@ use std::sync::Arc;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
+use outbox_relay::command::{open, selected_tables, Failure};
 use outbox_relay::config::{
     Cli, Command, DatabaseArgs, DatabaseConfig, LogFormat, MigrateArgs, QuarantineCommand,
     QuarantineListArgs, QuarantineRetryArgs, ReplayArgs, RunArgs,
@@ -14,7 +15,7 @@ use outbox_relay::config::{
 use outbox_relay::metrics::{self, Health};
 use outbox_relay::otel::{self, Tracing};
 use outbox_relay::outbox::{
-    worst_first, Outbox, OutboxError, Purpose, RetrySelection, TableName, TableReport, TableStatus,
+    worst_first, Outbox, Purpose, RetryRows, RetrySelection, TableReport, TableStatus,
 };
 use outbox_relay::relay;
 
@@ -92,39 +93,12 @@ fn runtime_error(message: &dyn std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// Why a command could not do its work on a table, kept as a value so that a command over
-/// several tables can report it with the table and go on to the next; a command over one
-/// exits with it ([`Failure::exit`]).
-enum Failure {
-    /// A setting that cannot work: exit 2.
-    Config(String),
-    /// Doing the work failed: exit 1.
-    Runtime(String),
-    /// The database is not there yet (refused, reset, starting up, too many clients, no
-    /// answer): exit 1 for a one-shot command; `run` waits for it.
-    Unavailable(String),
-}
-
-impl Failure {
-    fn runtime(e: impl std::fmt::Display) -> Failure {
-        Failure::Runtime(e.to_string())
-    }
-
-    fn exit(self) -> ExitCode {
-        match self {
-            Failure::Config(message) => config_error(&message),
-            Failure::Runtime(message) | Failure::Unavailable(message) => runtime_error(&message),
-        }
-    }
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Config(message)
-            | Failure::Runtime(message)
-            | Failure::Unavailable(message) => f.write_str(message),
-        }
+/// The exit code of a command that could not do its work on its one table: 2 for a setting
+/// that cannot work, 1 otherwise.
+fn exit(failure: Failure) -> ExitCode {
+    match failure {
+        Failure::Config(message) => config_error(&message),
+        Failure::Runtime(message) | Failure::Unavailable(message) => runtime_error(&message),
     }
 }
 
@@ -137,6 +111,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Quarantine(QuarantineCommand::List(args)) => quarantine_list(args).await,
         Command::Quarantine(QuarantineCommand::Retry(args)) => quarantine_retry(args).await,
         Command::Replay(args) => replay(args).await,
+        Command::Console(args) => console(*args).await,
     }
 }
 
@@ -147,54 +122,7 @@ fn database(args: &DatabaseArgs) -> Result<DatabaseConfig, ExitCode> {
 
 /// The outbox a command uses, or the exit code for a bad database setting ([`open`]).
 async fn outbox(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, ExitCode> {
-    open(db, purpose).await.map_err(Failure::exit)
-}
-
-/// The outbox of `db`'s table: the files the settings name (password, CA, client
-/// certificate and key) are read here, once, so an unusable one is a configuration error in
-/// every command.
-///
-/// A `--table` without a schema is resolved once, on the role's search_path, and the outbox
-/// built on the schema-qualified name: every connection then uses that one table, whatever
-/// its own search_path. Where it cannot be resolved (no such table, no connection) the
-/// command goes on with the name as given and says what is wrong where it first needs it; a
-/// database it cannot reach, or a `--pooler` that cannot work there, ends it here.
-async fn open(db: &DatabaseConfig, purpose: Purpose) -> Result<Outbox, Failure> {
-    db.read_secrets().map_err(Failure::Config)?;
-    let given =
-        Outbox::from_config(db, purpose.clone()).map_err(|e| Failure::Config(e.to_string()))?;
-    match given.resolve_table().await {
-        Ok(Some(resolved)) => Outbox::from_config(&resolved.apply(db), purpose)
-            .map(|outbox| outbox.pooler_as(&given))
-            .map_err(|e| Failure::Config(e.to_string())),
-        // What the command's own first connection would meet again, a connect timeout later.
-        Err(e @ (OutboxError::Connect { .. } | OutboxError::Unanswered { .. })) => {
-            Err(Failure::Unavailable(e.to_string()))
-        }
-        Err(e @ (OutboxError::Rejected { .. } | OutboxError::Pooler(_))) => {
-            Err(Failure::runtime(e))
-        }
-        _ => Ok(given),
-    }
-}
-
-/// The tables of a selection that is not a single table: the named ones and those its
-/// patterns match now. A pattern that matches none is an error: a mistyped pattern would
-/// otherwise do nothing and succeed.
-async fn selected_tables(db: &DatabaseConfig, purpose: Purpose) -> Result<Vec<TableName>, Failure> {
-    db.read_secrets().map_err(Failure::Config)?;
-    let outbox = Outbox::from_config(db, purpose).map_err(|e| Failure::Config(e.to_string()))?;
-    let tables = outbox
-        .connector()
-        .select(&db.selection)
-        .await
-        .map_err(Failure::runtime)?;
-    match db.selection.unmatched(&tables).first() {
-        Some(pattern) => Err(Failure::Runtime(format!(
-            "--tables '{pattern}' matches no table"
-        ))),
-        None => Ok(tables),
-    }
+    open(db, purpose).await.map_err(exit)
 }
 
 /// The outbox of a one-shot command that reads or re-drives rows: of one table, since its
@@ -225,7 +153,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
     if db.selection.single().is_some() {
         return match migrate_table(&args, &db, locks).await {
             Ok(()) => ExitCode::SUCCESS,
-            Err(failure) => failure.exit(),
+            Err(failure) => exit(failure),
         };
     }
     // --column is refused with several tables, and adopting needs it.
@@ -234,7 +162,7 @@ async fn migrate(args: MigrateArgs) -> ExitCode {
     }
     let tables = match selected_tables(&db, Purpose::Migrate(locks)).await {
         Ok(tables) => tables,
-        Err(failure) => return failure.exit(),
+        Err(failure) => return exit(failure),
     };
     // One table after the other, each in its own steps and locks as when migrated alone; a
     // table that fails does not keep the others at an older schema version.
@@ -453,7 +381,7 @@ async fn connect_when_ready(
                 return Ok(connected);
             }
             Err(Failure::Unavailable(why)) => why,
-            Err(failure) => return Err(failure.exit()),
+            Err(failure) => return Err(exit(failure)),
         };
         if shutdown.is_cancelled() {
             return Err(runtime_error(&why));
@@ -538,7 +466,7 @@ async fn status(args: outbox_relay::config::StatusArgs) -> ExitCode {
     }
     let status = match table_status(&db).await {
         Ok(s) => s,
-        Err(failure) => return failure.exit(),
+        Err(failure) => return exit(failure),
     };
     if args.json {
         match serde_json::to_string(&status) {
@@ -561,7 +489,7 @@ async fn table_status(db: &DatabaseConfig) -> Result<TableStatus, Failure> {
 async fn status_of_tables(db: &DatabaseConfig, json: bool) -> ExitCode {
     let tables = match selected_tables(db, Purpose::Admin).await {
         Ok(tables) => tables,
-        Err(failure) => return failure.exit(),
+        Err(failure) => return exit(failure),
     };
     let mut reports = Vec::with_capacity(tables.len());
     for table in &tables {
@@ -609,7 +537,7 @@ async fn quarantine_list(args: QuarantineListArgs) -> ExitCode {
         Err(code) => return code,
     };
     let rows = match outbox
-        .quarantine_list(args.reason.as_deref(), args.limit)
+        .quarantine_list(args.reason.as_deref(), None, 0, args.limit)
         .await
     {
         Ok(rows) => rows,
@@ -651,20 +579,30 @@ async fn quarantine_retry(args: QuarantineRetryArgs) -> ExitCode {
         Ok(o) => o,
         Err(code) => return code,
     };
-    let which = match (args.id, args.event_id, args.all) {
-        (Some(id), _, _) => RetrySelection::Id(id),
-        (_, Some(event_id), _) => RetrySelection::EventId(event_id),
-        _ => RetrySelection::All {
-            reason: args.reason,
-        },
+    let rows = match (args.id, args.event_id) {
+        (Some(id), _) => RetryRows::Ids(vec![id]),
+        (_, Some(event_id)) => RetryRows::EventId(event_id),
+        _ => RetryRows::All,
     };
-    match outbox.quarantine_retry(&which).await {
-        Ok(moved) => {
-            println!("moved {} quarantined row(s) back to unsent", moved.moved);
-            if moved.maybe_accepted > 0 {
+    let which = RetrySelection {
+        rows,
+        reason: args.reason,
+        destination: args.destination,
+    };
+    match outbox.quarantine_retry(&which, args.dry_run).await {
+        Ok(done) => {
+            if args.dry_run {
+                println!(
+                    "would move {} quarantined row(s) back to unsent; nothing changed",
+                    done.selected
+                );
+            } else {
+                println!("moved {} quarantined row(s) back to unsent", done.moved);
+            }
+            if done.maybe_accepted > 0 {
                 eprintln!(
                     "warning: {} of them were quarantined less than 5 minutes ago after claims that ended without an outcome (max_attempts): SQS may have accepted a copy then, and a FIFO queue or topic silently drops the re-driven copy as its duplicate within 5 minutes of it",
-                    moved.maybe_accepted
+                    done.maybe_accepted
                 );
             }
             ExitCode::SUCCESS
@@ -710,6 +648,20 @@ async fn replay(args: ReplayArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+async fn console(args: outbox_relay::config::ConsoleArgs) -> ExitCode {
+    let config = match args.validate() {
+        Ok(c) => c,
+        Err(e) => return config_error(&e),
+    };
+    let shutdown = CancellationToken::new();
+    tokio::spawn(watch_signals(shutdown.clone()));
+    match outbox_relay::console::run(config, shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Config(message)) => config_error(&message),
+        Err(failure) => runtime_error(&failure),
+    }
 }
 
 /// SIGTERM or SIGINT starts a clean shutdown; a second signal is left to the default action

@@ -88,7 +88,10 @@ pub mod schema;
 mod search_path;
 mod status;
 
-pub use admin::{QuarantineEntry, Redriven, ReplaySelection, Replayed, RetrySelection};
+pub use admin::{
+    EventDetail, ParkedDestination, QuarantineEntry, Redriven, ReplaySelection, Replayed,
+    RetryRows, RetrySelection,
+};
 pub use claim::{ClaimLimits, ClaimRequest, ClaimStrategy, OrderScope, Ordered};
 pub use columns::ColumnMap;
 pub use conn::Conn;
@@ -107,7 +110,7 @@ pub use search_path::Resolved;
 pub use selection::{Pattern, Selection};
 pub use session::{RelayStatement, Session, PLANS};
 pub use settings::{DatabaseConfig, LockPolicy, Secret};
-pub use status::{worst_first, TableReport, TableStatus};
+pub use status::{worse_first, worst_first, TableReport, TableStatus};
 pub use store::{Outbox, Purpose, RelaySettings};
 pub use wakeup::{Installed, Wakeup};
 pub use watch::{Answer, Look, Watch};

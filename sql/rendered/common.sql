@@ -512,37 +512,79 @@ WHERE id = ANY (ARRAY(
 RETURNING id, sent_at
 
 -- quarantine_list
--- Quarantined rows, oldest first, optionally of one reason ($1 null = all), at most $2.
+-- Quarantined rows, oldest first, optionally of one reason ($1 null = all) and one destination
+-- ($4: a row's own queue_url, '' for rows without one; null = all), at most $2, after id $3 (a
+-- page's last; 0 from the start): a seek on the quarantined partial index, however many rows
+-- lie before it.
 SELECT id, event_id, aggregate_type, aggregate_id, event_type, coalesce(quarantine_reason, ''),
-       coalesce(last_error, ''), attempts, quarantined_at::text, created_at::text
+       coalesce(last_error, ''), attempts, quarantined_at::text, created_at::text,
+       coalesce(queue_url, '')
 FROM "app"."outbox"
 WHERE quarantined_at IS NOT NULL
+  AND id > $3::bigint
   AND ($1::text IS NULL OR quarantine_reason = $1)
+  AND ($4::text IS NULL OR coalesce(queue_url, '') = $4)
 ORDER BY id
 LIMIT $2
 
 -- quarantine_retry
 -- Re-drive quarantined rows: unsent again, attempts reset, available now, same event_id. The
--- last error is kept for the record until the next attempt replaces it. Selection: one id ($1),
--- one event_id ($2), or all ($3 = true), optionally narrowed to one reason ($4).
+-- last error is kept for the record until the next attempt replaces it. Selection: these ids
+-- ($1), one event_id ($2), or all ($3 = true); narrowed to one reason ($4) and to one
+-- destination ($5: a row's own queue_url, '' for rows without one, which go where the relays'
+-- --queue-url and routes say). With $6 (a dry run) the rows are counted and left as they are.
 --
--- Each moved row says whether SQS may have accepted a copy of it within a FIFO destination's
--- 5-minute deduplication window: quarantined `max_attempts` (its claims ended without an
--- outcome, a send among them may have been accepted) less than 5 minutes ago.
+-- The answer says how many rows were selected, how many moved, and of the selected how many
+-- SQS may have accepted a copy of within a FIFO destination's 5-minute deduplication window:
+-- quarantined `max_attempts` (its claims ended without an outcome, a send among them may have
+-- been accepted) less than 5 minutes ago.
 WITH chosen AS (
     SELECT id, quarantine_reason = 'max_attempts'
                AND quarantined_at > now() - interval '5 minutes' AS maybe_accepted
     FROM "app"."outbox"
     WHERE quarantined_at IS NOT NULL
-      AND (id = $1 OR event_id = $2 OR $3)
+      AND (id = ANY ($1::bigint[]) OR event_id = $2 OR $3)
       AND ($4::text IS NULL OR quarantine_reason = $4)
+      AND ($5::text IS NULL OR coalesce(queue_url, '') = $5)
     FOR UPDATE
+), moved AS (
+    UPDATE "app"."outbox" AS o
+    SET quarantined_at = NULL,
+        quarantine_reason = NULL,
+        attempts = 0,
+        available_at = now()
+    FROM chosen
+    WHERE o.id = chosen.id
+      AND NOT $6::boolean
+    RETURNING o.id
 )
-UPDATE "app"."outbox" AS o
-SET quarantined_at = NULL,
-    quarantine_reason = NULL,
-    attempts = 0,
-    available_at = now()
+SELECT count(*),
+       count(*) FILTER (WHERE maybe_accepted),
+       (SELECT count(*) FROM moved)
 FROM chosen
-WHERE o.id = chosen.id
-RETURNING o.id, chosen.maybe_accepted
+
+-- parked_destinations
+-- Rows parked for their destination (reason `destination`), per destination: a row's own
+-- queue_url, '' for the rows without one (they go where the relays' --queue-url and routes
+-- say). Reads the quarantined partial index only; at most $1 destinations, the largest first.
+SELECT coalesce(queue_url, '') AS destination,
+       count(*),
+       extract(epoch FROM now() - min(created_at))::float8,
+       left(max(last_error), 500)
+FROM "app"."outbox"
+WHERE quarantined_at IS NOT NULL
+  AND quarantine_reason = 'destination'
+GROUP BY 1
+ORDER BY 2 DESC, 1
+LIMIT $1
+
+-- event
+-- One row as an operator reads it, by primary key; its payload only when $2 (the console's
+-- --payloads). Text casts: what the application's columns hold is shown as it is, whatever
+-- its type on an adopted table.
+SELECT id, event_id::text, aggregate_type::text, aggregate_id::text, event_type::text,
+       headers::text, octet_length(payload::text), coalesce(queue_url, ''), created_at::text,
+       available_at::text, attempts, sent_at::text, quarantined_at::text, quarantine_reason,
+       last_error, CASE WHEN $2::boolean THEN payload::text END
+FROM "app"."outbox"
+WHERE id = $1

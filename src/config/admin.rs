@@ -49,6 +49,14 @@ pub struct QuarantineRetryArgs {
     /// With --all: only rows quarantined for this reason.
     #[arg(long, requires = "all")]
     pub reason: Option<String>,
+
+    /// With --all: only rows whose own queue_url is this one (`""`: rows without one).
+    #[arg(long, requires = "all")]
+    pub destination: Option<String>,
+
+    /// Count the rows that would move and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -112,7 +120,7 @@ impl ReplayArgs {
 
 /// A point in time: RFC 3339 (a UTC `Z` or an offset-free time read as UTC), or a duration
 /// before now.
-fn parse_when(text: &str) -> Result<SystemTime, String> {
+pub fn parse_when(text: &str) -> Result<SystemTime, String> {
     if let Ok(at) = humantime::parse_rfc3339_weak(text) {
         return Ok(at);
     }

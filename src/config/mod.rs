@@ -8,6 +8,7 @@
 //!   the groups live in `delivery` (claim, send, retry), `maintenance` (gauges, retention)
 //!   and `order` (order and routing, message format, offload).
 //! - `admin`: the flags of `migrate`, `status` and `quarantine`.
+//! - `console`: the flags of `console` and the rules that keep it closed by default.
 //! - `parse`: value parsers for flags whose values clap does not know.
 //!
 //! Validation reads no file and opens no connection; what the settings name is read once at
@@ -16,6 +17,7 @@
 use clap::{Parser, Subcommand, ValueEnum};
 
 mod admin;
+mod console;
 mod database;
 mod delivery;
 mod maintenance;
@@ -25,7 +27,10 @@ mod run;
 #[cfg(test)]
 mod tests;
 
-pub use admin::{MigrateArgs, QuarantineListArgs, QuarantineRetryArgs, ReplayArgs, StatusArgs};
+pub use admin::{
+    parse_when, MigrateArgs, QuarantineListArgs, QuarantineRetryArgs, ReplayArgs, StatusArgs,
+};
+pub use console::{ConsoleArgs, ConsoleConfig};
 pub use database::{DatabaseArgs, DatabaseConfig, Secret};
 pub use delivery::{
     check_db_timeouts, check_lease, ClaimArgs, ClaimConfig, RetryArgs, RetryConfig, SendArgs,
@@ -80,6 +85,9 @@ pub enum Command {
     /// Send sent rows kept by --retention again, same event_id: by event id, time range or
     /// type; --dry-run counts first.
     Replay(ReplayArgs),
+    /// Serve the operators' console: every table's backlog and why it does not move, the
+    /// fleet, quarantined rows and, where turned on, retry and replay (docs/console.md).
+    Console(Box<ConsoleArgs>),
 }
 
 #[derive(Debug, Subcommand)]

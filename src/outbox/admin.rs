@@ -6,16 +6,22 @@ use super::store::Outbox;
 use super::template::{render, Value};
 
 impl Outbox {
-    /// Quarantined rows, oldest first.
+    /// Quarantined rows, oldest first, of a reason and a destination where given, after id
+    /// `after` (0: from the first).
     pub async fn quarantine_list(
         &self,
         reason: Option<&str>,
+        destination: Option<&str>,
+        after: i64,
         limit: i64,
     ) -> Result<Vec<QuarantineEntry>, OutboxError> {
         let client = self.raw_connect().await?;
         self.resolve_channel(&client).await?;
         let rows = client
-            .query(&self.statements().quarantine_list, &[&reason, &limit])
+            .query(
+                &self.statements().quarantine_list,
+                &[&reason, &limit, &after, &destination],
+            )
             .await
             .map_err(query_err("listing quarantined rows"))?;
         // The application's columns are what a quarantined row most often has wrong (NULL,
@@ -36,35 +42,104 @@ impl Outbox {
                 attempts: r.get(7),
                 quarantined_at: r.get(8),
                 created_at: r.get(9),
+                destination: r.get(10),
             })
             .collect())
     }
 
+    /// Rows parked for their destination, per destination, the most first; at most `limit`.
+    pub async fn parked_destinations(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<ParkedDestination>, OutboxError> {
+        let client = self.raw_connect().await?;
+        self.resolve_channel(&client).await?;
+        let rows = client
+            .query(&self.statements().parked_destinations, &[&limit])
+            .await
+            .map_err(query_err("reading the parked destinations"))?;
+        Ok(rows
+            .iter()
+            .map(|r| ParkedDestination {
+                destination: r.get(0),
+                rows: r.get(1),
+                oldest_age_seconds: r.get(2),
+                last_error: r.get::<_, Option<String>>(3).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// One row by id, its payload only `with_payload`; `None` when there is no such row.
+    pub async fn event(
+        &self,
+        id: i64,
+        with_payload: bool,
+    ) -> Result<Option<EventDetail>, OutboxError> {
+        let client = self.raw_connect().await?;
+        self.resolve_channel(&client).await?;
+        let row = client
+            .query_opt(&self.statements().event, &[&id, &with_payload])
+            .await
+            .map_err(query_err("reading an event"))?;
+        let text = |r: &tokio_postgres::Row, i: usize| r.get::<_, Option<String>>(i);
+        Ok(row.map(|r| EventDetail {
+            id: r.get(0),
+            event_id: text(&r, 1),
+            aggregate_type: text(&r, 2),
+            aggregate_id: text(&r, 3),
+            event_type: text(&r, 4),
+            headers: text(&r, 5),
+            payload_bytes: r.get::<_, Option<i32>>(6).map(i64::from),
+            destination: r.get(7),
+            created_at: r.get(8),
+            available_at: r.get(9),
+            attempts: r.get(10),
+            sent_at: text(&r, 11),
+            quarantined_at: text(&r, 12),
+            quarantine_reason: text(&r, 13),
+            last_error: text(&r, 14),
+            payload: text(&r, 15),
+        }))
+    }
+
     /// Puts quarantined rows back to unsent (attempts reset, same event_id) and wakes the
-    /// relays; returns how many rows moved.
-    pub async fn quarantine_retry(&self, which: &RetrySelection) -> Result<Redriven, OutboxError> {
+    /// relays; with `dry_run` only counts them. The one re-drive of the CLI and the console.
+    pub async fn quarantine_retry(
+        &self,
+        which: &RetrySelection,
+        dry_run: bool,
+    ) -> Result<Redriven, OutboxError> {
         let client = self.raw_connect().await?;
         let channel = self.resolve_channel(&client).await?;
-        let (id, event_id, all, reason) = match which {
-            RetrySelection::Id(id) => (Some(*id), None, false, None),
-            RetrySelection::EventId(e) => (None, Some(e.as_str()), false, None),
-            RetrySelection::All { reason } => (None, None, true, reason.as_deref()),
+        let (ids, event_id, all): (Option<&[i64]>, Option<&str>, bool) = match &which.rows {
+            RetryRows::Ids(ids) => (Some(ids), None, false),
+            RetryRows::EventId(e) => (None, Some(e.as_str()), false),
+            RetryRows::All => (None, None, true),
         };
-        let rows = client
-            .write_in_transaction(
+        let row = client
+            .write_one_in_transaction(
                 &self.statements().quarantine_retry,
-                &[&id, &event_id, &all, &reason],
+                &[
+                    &ids,
+                    &event_id,
+                    &all,
+                    &which.reason,
+                    &which.destination,
+                    &dry_run,
+                ],
             )
             .await
             .map_err(query_err("re-driving quarantined rows"))?;
-        let moved = Redriven {
-            moved: rows.len() as u64,
-            maybe_accepted: rows.iter().filter(|r| r.get::<_, bool>(1)).count() as u64,
+        let count = |i: usize| row.get::<_, i64>(i) as u64;
+        let redriven = Redriven {
+            selected: count(0),
+            maybe_accepted: count(1),
+            moved: count(2),
         };
-        if moved.moved > 0 {
+        if redriven.moved > 0 {
             wake_relays(&client, &channel).await?;
         }
-        Ok(moved)
+        Ok(redriven)
     }
 }
 
@@ -146,9 +221,10 @@ pub struct Replayed {
     pub replayed: i64,
 }
 
-/// What `quarantine retry` moved.
+/// What `quarantine retry` selected and moved (none on a dry run).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Redriven {
+    pub selected: u64,
     pub moved: u64,
     /// Rows quarantined `max_attempts` less than 5 minutes ago: their claims ended without an
     /// outcome, so SQS may have accepted a copy within a FIFO destination's deduplication
@@ -156,12 +232,32 @@ pub struct Redriven {
     pub maybe_accepted: u64,
 }
 
-/// Which quarantined rows `quarantine retry` moves.
+/// Which quarantined rows `quarantine retry` moves: some rows, narrowed to a reason and a
+/// destination where given.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RetrySelection {
-    Id(i64),
+pub struct RetrySelection {
+    pub rows: RetryRows,
+    pub reason: Option<String>,
+    /// A row's own `queue_url`; `""`: the rows without one (the relays' --queue-url or route).
+    pub destination: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RetryRows {
+    Ids(Vec<i64>),
     EventId(String),
-    All { reason: Option<String> },
+    All,
+}
+
+impl RetrySelection {
+    /// The rows given, whatever their reason and destination.
+    pub fn rows(rows: RetryRows) -> RetrySelection {
+        RetrySelection {
+            rows,
+            reason: None,
+            destination: None,
+        }
+    }
 }
 
 /// One quarantined row, as operators see it.
@@ -178,4 +274,40 @@ pub struct QuarantineEntry {
     pub attempts: i32,
     pub quarantined_at: String,
     pub created_at: String,
+    /// Its own `queue_url`; empty: where the relays' --queue-url and routes send it.
+    pub destination: String,
+}
+
+/// Rows parked while one destination refuses them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ParkedDestination {
+    /// A row's own `queue_url`; empty: the relays' --queue-url or a route.
+    pub destination: String,
+    pub rows: i64,
+    /// now − created_at of the oldest of them.
+    pub oldest_age_seconds: f64,
+    /// What the destination answered (one of the rows' last errors).
+    pub last_error: String,
+}
+
+/// One row, every column an operator asks about; the payload only where asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventDetail {
+    pub id: i64,
+    pub event_id: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    pub headers: Option<String>,
+    pub payload_bytes: Option<i64>,
+    /// Its own `queue_url`; empty: the relays' --queue-url or a route.
+    pub destination: String,
+    pub created_at: String,
+    pub available_at: String,
+    pub attempts: i32,
+    pub sent_at: Option<String>,
+    pub quarantined_at: Option<String>,
+    pub quarantine_reason: Option<String>,
+    pub last_error: Option<String>,
+    pub payload: Option<String>,
 }

@@ -126,6 +126,8 @@ fn expected() -> Vec<(String, String)> {
         ("delete_expired", &o.statements().delete_expired),
         ("quarantine_list", &o.statements().quarantine_list),
         ("quarantine_retry", &o.statements().quarantine_retry),
+        ("parked_destinations", &o.statements().parked_destinations),
+        ("event", &o.statements().event),
     ];
     files.push(("common.sql".to_string(), file(&statements)));
     files

@@ -46,6 +46,10 @@ pub(super) struct Statements {
     pub(super) delete_expired: String,
     pub(super) quarantine_list: String,
     pub(super) quarantine_retry: String,
+    /// Rows parked for their destination, per destination (the console's overview).
+    pub(super) parked_destinations: String,
+    /// One row by id (the console's event page).
+    pub(super) event: String,
 }
 
 impl Statements {
@@ -102,6 +106,8 @@ impl Statements {
             delete_expired: fill(include_str!("../../sql/delete_expired.sql"))?,
             quarantine_list: fill(include_str!("../../sql/quarantine_list.sql"))?,
             quarantine_retry: fill(include_str!("../../sql/quarantine_retry.sql"))?,
+            parked_destinations: fill(include_str!("../../sql/parked_destinations.sql"))?,
+            event: fill(include_str!("../../sql/event.sql"))?,
         })
     }
 

@@ -83,8 +83,13 @@ impl TableReport {
 /// first (its backlog is unknown, so it may be the worst), then the oldest unsent row, then
 /// the most unsent rows, then the most quarantined; ties keep the selection's order.
 pub fn worst_first(reports: &mut [TableReport]) {
+    reports.sort_by(worse_first);
+}
+
+/// [`worst_first`]'s order of two tables (the console sorts its views by it).
+pub fn worse_first(a: &TableReport, b: &TableReport) -> std::cmp::Ordering {
     use std::cmp::Reverse;
-    reports.sort_by(|a, b| match (a, b) {
+    match (a, b) {
         (TableReport::Failed { .. }, TableReport::Failed { .. }) => std::cmp::Ordering::Equal,
         (TableReport::Failed { .. }, TableReport::Read(_)) => std::cmp::Ordering::Less,
         (TableReport::Read(_), TableReport::Failed { .. }) => std::cmp::Ordering::Greater,
@@ -93,7 +98,7 @@ pub fn worst_first(reports: &mut [TableReport]) {
             .total_cmp(&a.oldest_unsent_age_seconds)
             .then_with(|| Reverse(a.unsent).cmp(&Reverse(b.unsent)))
             .then_with(|| Reverse(a.quarantined).cmp(&Reverse(b.quarantined))),
-    });
+    }
 }
 
 impl fmt::Display for TableReport {
