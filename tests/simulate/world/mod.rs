@@ -776,8 +776,20 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             ));
         }
     }
-    if std::env::var_os("OUTBOX_SIM_ECHO").is_some_and(|v| v == "1") {
+    // A run that did not settle fails "nothing is left unsent": what holds the rows, and what
+    // each relay said last, are printed then, so that a failure in CI names its cause.
+    if !is_settled || std::env::var_os("OUTBOX_SIM_ECHO").is_some_and(|v| v == "1") {
         echo_what_holds_unsent_rows(&checker).await;
+    }
+    if !is_settled {
+        for p in &procs {
+            let output = p.output();
+            let lines: Vec<&str> = output.lines().collect();
+            println!("  -- the last lines of {}", p.name());
+            for line in &lines[lines.len().saturating_sub(30)..] {
+                println!("     {}", line.chars().take(400).collect::<String>());
+            }
+        }
     }
     for p in &procs {
         p.sigterm();
