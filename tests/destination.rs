@@ -15,7 +15,7 @@ use crate::support::{create_queue, receive_all, sqs, wait_until, RelayProcess};
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A URL in the server's own shape for a queue that does not exist yet, and its name.
-fn missing_queue(sibling: &str, prefix: &str) -> (String, String) {
+pub(crate) fn missing_queue(sibling: &str, prefix: &str) -> (String, String) {
     let (base, _) = sibling.rsplit_once('/').expect("queue URL has a path");
     let name = format!(
         "{prefix}-{}-{}",
@@ -25,7 +25,7 @@ fn missing_queue(sibling: &str, prefix: &str) -> (String, String) {
     (format!("{base}/{name}"), name)
 }
 
-async fn create_named(name: &str, expected_url: &str) {
+pub(crate) async fn create_named(name: &str, expected_url: &str) {
     let mut request = crate::support::sqs_client()
         .await
         .create_queue()

@@ -10,6 +10,7 @@ mod adopt;
 mod alerts;
 mod chaos;
 mod claim_races;
+mod console;
 mod crash;
 mod dashboard;
 mod dbauth;

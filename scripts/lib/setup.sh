@@ -163,10 +163,21 @@ ensure_fauxqs() {
 	node_major="$(node -p 'process.versions.node.split(".")[0]')"
 	[ "$node_major" -ge "$MIN_NODE_MAJOR" ] ||
 		die "Node.js $(node --version) is too old for fauxqs; install Node.js $MIN_NODE_MAJOR or newer"
-	if [ ! -f .tools/node_modules/fauxqs/package.json ]; then
-		step "npm ci --prefix .tools (fauxqs)"
+	if [ ! -f .tools/node_modules/fauxqs/package.json ] ||
+		[ ! -f .tools/node_modules/playwright-core/package.json ]; then
+		step "npm ci --prefix .tools (fauxqs, playwright-core)"
 		npm ci --prefix .tools --no-audit --no-fund
 	fi
+}
+
+# Debian's Chromium, which the console's browser test (tests/console.rs) drives headless with
+# playwright-core from .tools; `CHROMIUM` points elsewhere.
+ensure_chromium() {
+	if [ -n "${CHROMIUM:-}" ]; then
+		[ -x "$CHROMIUM" ] || die "CHROMIUM=$CHROMIUM is not an executable"
+		return 0
+	fi
+	[ -x /usr/bin/chromium ] || apt_install chromium
 }
 
 # PgBouncer from Debian's packages (1.18 on Debian 12, without protocol-level prepared

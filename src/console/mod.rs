@@ -49,7 +49,9 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(60);
 const REPLAY_LIMIT: i64 = 10_000;
 
 /// Every response's headers: no script, style or image from anywhere but the console, no
-/// framing, no caching of pages that show rows, no referrer leaving with a table's name.
+/// framing, no caching of pages that show rows, no referrer leaving with a table's name
+/// (`same-origin`, not `no-referrer`: under the latter a browser sends `Origin: null` with the
+/// console's own forms, and the origin check could not tell them from a sandboxed attacker's).
 const SECURITY_HEADERS: [(&str, &str); 6] = [
     (
         "content-security-policy",
@@ -57,7 +59,7 @@ const SECURITY_HEADERS: [(&str, &str); 6] = [
     ),
     ("x-content-type-options", "nosniff"),
     ("x-frame-options", "DENY"),
-    ("referrer-policy", "no-referrer"),
+    ("referrer-policy", "same-origin"),
     ("cache-control", "no-store"),
     ("cross-origin-opener-policy", "same-origin"),
 ];
@@ -295,6 +297,10 @@ async fn route(console: &Console, req: Request<Incoming>, peer: SocketAddr) -> A
             return answer(StatusCode::OK, "text/css; charset=utf-8", pages::STYLESHEET)
         }
         (&Method::GET, "/login") => return html(StatusCode::OK, pages::login(false)),
+        // Browsers ask for it on every page; not worth a 401 in their console.
+        (&Method::GET, "/favicon.ico") => {
+            return answer(StatusCode::NO_CONTENT, "image/x-icon", "")
+        }
         (&Method::POST, "/login") => return login(console, req, peer).await,
         _ => {}
     }
@@ -313,9 +319,10 @@ async fn route(console: &Console, req: Request<Incoming>, peer: SocketAddr) -> A
     match (method, path.as_str()) {
         (Method::GET, "/") => {
             let overview = console.tables.overview().await;
+            let held = first(&query(&req), "hold").is_some();
             html(
                 StatusCode::OK,
-                pages::overview(&overview, &ctx, console.tables.refresh().as_secs()),
+                pages::overview(&overview, &ctx, console.tables.refresh().as_secs(), held),
             )
         }
         (Method::GET, "/table") => quarantine_page(console, &query(&req), &ctx).await,

@@ -97,14 +97,14 @@ fn chart(view: &TableView) -> Markup {
         .iter()
         .map(|(_, n)| *n)
         .max()
-        .unwrap_or(0)
-        .max(1) as f64;
+        .unwrap_or(0);
+    let scale = max.max(1) as f64;
     let points: Vec<String> = view
         .sent_per_minute
         .iter()
         .map(|(ago, n)| {
             let x = w - (*ago as f64 / span) * w;
-            let y = h - (*n as f64 / max) * (h - 2.0) - 1.0;
+            let y = h - (*n as f64 / scale) * (h - 2.0) - 1.0;
             format!("{x:.1},{y:.1}")
         })
         .collect();
@@ -114,15 +114,28 @@ fn chart(view: &TableView) -> Markup {
             svg viewBox=(format!("0 0 {w} {h}")) width=(w) height=(h) role="img"
                 aria-label="rows sent per minute, last hour" {
                 polyline points=(points.join(" ")) {}
+                // The newest sample as a dot, so that a first one shows before there is a line.
+                @if let Some((x, y)) = points.last().and_then(|p| p.split_once(',')) {
+                    circle cx=(x) cy=(y) r="2" {}
+                }
             }
             figcaption { (last) " sent in the last minute · peak " (max as i64) " · last hour" }
         }
     }
 }
 
-pub fn overview(ov: &Overview, ctx: &Context, refresh: u64) -> Markup {
+/// The overview; it reloads itself every `refresh` seconds unless `held` (an operator reading
+/// or about to press a button does not want the page to move under them).
+pub fn overview(ov: &Overview, ctx: &Context, refresh: u64, held: bool) -> Markup {
     let body = html! {
-        p.read { "Read " (humantime::format_rfc3339_seconds(ov.read_at)) ", again every " (refresh) " s." }
+        p.read {
+            "Read " (humantime::format_rfc3339_seconds(ov.read_at)) ". "
+            @if held {
+                "Held: " a href="/" { "reload every " (refresh) " s" }
+            } @else {
+                "Reloads every " (refresh) " s · " a href="/?hold=1" { "hold this view" }
+            }
+        }
         @if let Some(error) = &ov.error {
             p.error { "The tables cannot be listed: " (error) }
         }
@@ -132,7 +145,7 @@ pub fn overview(ov: &Overview, ctx: &Context, refresh: u64) -> Markup {
         @for view in &ov.tables { (table_card(view, ctx)) }
         (fleet(ov))
     };
-    page("Overview", Some(ctx), Some(refresh), body)
+    page("Overview", Some(ctx), (!held).then_some(refresh), body)
 }
 
 fn table_card(view: &TableView, ctx: &Context) -> Markup {

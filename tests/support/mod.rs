@@ -22,6 +22,7 @@
 // Each test module uses a different part of the harness; the rest would warn as unused.
 #![allow(dead_code, unused_imports)]
 
+pub mod browser;
 pub mod http;
 pub mod iam_proxy;
 pub mod otlp;

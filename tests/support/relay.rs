@@ -165,6 +165,19 @@ impl RelayProcess {
         self.metrics_addr.get_or_init(|| addr).clone()
     }
 
+    /// The address a command logged in field `field` (`console_addr`), waiting for the line.
+    pub async fn logged_addr(&self, field: &str, timeout: Duration) -> String {
+        let line = self.wait_for_line(field, timeout).await.unwrap_or_else(|| {
+            panic!(
+                "{} logged no {field} in {timeout:?}; output:\n{}",
+                self.name,
+                self.output()
+            )
+        });
+        parse_logged_addr(&line, field)
+            .unwrap_or_else(|| panic!("cannot find {field} in log line: {line}"))
+    }
+
     /// Body of `GET /metrics`.
     pub async fn scrape(&self) -> String {
         let (status, body) = self.http_get("/metrics").await;
@@ -285,9 +298,14 @@ pub async fn run_to_end(
 
 /// The address after `metrics_addr=` (text logs) or `"metrics_addr":` (JSON logs).
 pub fn parse_metrics_addr(line: &str) -> Option<String> {
+    parse_logged_addr(line, "metrics_addr")
+}
+
+/// The address after `FIELD=` (text logs) or `"FIELD":` (JSON logs).
+pub fn parse_logged_addr(line: &str, field: &str) -> Option<String> {
     let rest = line
-        .split_once("metrics_addr=")
-        .or_else(|| line.split_once("\"metrics_addr\":"))?
+        .split_once(&format!("{field}="))
+        .or_else(|| line.split_once(&format!("\"{field}\":")))?
         .1;
     let rest = rest.trim_start_matches(['"', '\'']);
     let end = rest

@@ -1,0 +1,555 @@
+//! `outbox-relay console` (docs/console.md): closed and read-only by default, every value from
+//! the table escaped, actions behind a token, a same-origin POST and a confirmation; and an
+//! operator's story in a real browser (Debian's headless Chromium) on a real relay: the
+//! overview names why rows wait, the operator opens an event, and retries a destination's rows
+//! once its queue exists; they arrive, and the bad row stays quarantined with its reason.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::scenario::{args, count, events, insert_to, migrated_db, run_args, wait_count};
+use crate::support::browser::Browser;
+use crate::support::pg::TestDb;
+use crate::support::{
+    create_queue, make_temp_dir, random_hex, receive_all, repo_root, run_to_end, sqs, wait_until,
+    RelayProcess, TEST_SECRET_ACCESS_KEY,
+};
+
+/// Generous for a loaded 2-core machine; a bound on waiting only, never a measured time.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// An event id and an error text that would run if the console inserted them as HTML.
+const SCRIPT_EVENT_ID: &str = "<script>window.__pwned=1</script>";
+const ONERROR_TEXT: &str = "<img src=x onerror=\"window.__pwned=1\">";
+
+struct Console {
+    process: RelayProcess,
+    addr: String,
+}
+
+async fn start_console(db: &TestDb, extra: &[&str]) -> Console {
+    let mut a = args(&[
+        "console",
+        "--database-url",
+        &db.url,
+        "--listen",
+        "127.0.0.1:0",
+        "--refresh",
+        "1s",
+    ]);
+    a.extend(args(extra));
+    let process = RelayProcess::spawn(&a, &[]);
+    let addr = process.logged_addr("console_addr", WAIT).await;
+    Console { process, addr }
+}
+
+/// A token file naming `alice`; returns its path and the token.
+fn token_file() -> (PathBuf, String) {
+    let token = format!("tok-{}", random_hex(16));
+    let path = make_temp_dir("console-token").join("tokens");
+    std::fs::write(&path, format!("# the on-call\nalice:{token}\n")).unwrap();
+    (path, token)
+}
+
+/// One HTTP/1.1 request, the connection closed after it: status, head and body.
+async fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let mut text = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            text.push_str(&format!("Host: {addr}\r\n"));
+        }
+        for (k, v) in headers {
+            text.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if method == "POST" {
+            text.push_str("Content-Type: application/x-www-form-urlencoded\r\nContent-Length: ");
+            text.push_str(&format!("{}\r\n", body.len()));
+        }
+        text.push_str("\r\n");
+        text.push_str(body);
+        stream.write_all(text.as_bytes()).await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        std::io::Result::Ok(raw)
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(20), fetch)
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer in 20 s"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{method} {path}: bad response {text:?}"));
+    (status, head.to_string(), body.to_string())
+}
+
+/// The CSRF token a page's forms carry.
+fn csrf_of(page: &str) -> String {
+    let (_, rest) = page
+        .split_once("name=\"csrf\" value=\"")
+        .unwrap_or_else(|| panic!("no CSRF token in the page: {page}"));
+    rest.split('"').next().unwrap().to_string()
+}
+
+fn form(pairs: &[(&str, &str)]) -> String {
+    let mut s = form_urlencoded::Serializer::new(String::new());
+    for (k, v) in pairs {
+        s.append_pair(k, v);
+    }
+    s.finish()
+}
+
+/// The password in a libpq URL (`postgres://user:password@host/...`).
+fn password_of(url: &str) -> String {
+    let userinfo = url.split("://").nth(1).unwrap().split('@').next().unwrap();
+    userinfo
+        .split_once(':')
+        .map(|(_, p)| p.to_string())
+        .unwrap_or_default()
+}
+
+/// Rows an operator meets: an unsent one, and a quarantined one whose event id, error text and
+/// headers are markup and whose payload carries `payload_mark`.
+async fn hostile_rows(client: &tokio_postgres::Client, payload_mark: &str) -> i64 {
+    client
+        .execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ('plain-1', 'order', '1', 'order.paid', '{}', '{}')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let row = client
+        .query_one(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers,
+                                 quarantined_at, quarantine_reason, last_error)
+             VALUES ($1, 'order', '2', 'order.paid', jsonb_build_object('card', $2::text),
+                     jsonb_build_object('note', '<svg onload=\"window.__pwned=1\">'),
+                     now(), 'invalid', $3)
+             RETURNING id",
+            &[&SCRIPT_EVENT_ID, &payload_mark, &ONERROR_TEXT],
+        )
+        .await
+        .unwrap();
+    row.get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_refuses_an_address_beyond_loopback_without_a_token_in_one_line() {
+    let db = migrated_db().await;
+    for (extra, says) in [
+        (vec!["--listen", "0.0.0.0:0"], "beyond loopback"),
+        (vec!["--tls-cert", "/nonexistent.pem"], "go together"),
+        (vec!["--refresh", "100ms"], "--refresh"),
+    ] {
+        let mut a = args(&["console", "--database-url", &db.url]);
+        a.extend(args(&extra));
+        let (status, output) = run_to_end(&a, &[], WAIT).await;
+        assert_eq!(status.code(), Some(2), "{extra:?}: {output}");
+        assert_eq!(output.trim().lines().count(), 1, "{extra:?}: {output}");
+        assert!(output.contains(says), "{extra:?}: {output}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_is_closed_read_only_and_escaping_by_default() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let payload_mark = format!("PAYLOAD-{}", random_hex(8));
+    let hostile = hostile_rows(&client, &payload_mark).await;
+    let (tokens, token) = token_file();
+    let console = start_console(&db, &["--token-file", tokens.to_str().unwrap()]).await;
+    let addr = console.addr.as_str();
+    let bearer = format!("Bearer {token}");
+    let mut seen = Vec::new();
+
+    // No token, a wrong one, a wrong sign-in: nothing but the sign-in page.
+    for headers in [vec![], vec![("Authorization", "Bearer not-the-token")]] {
+        let (status, head, body) = request(addr, "GET", "/", &headers, "").await;
+        assert_eq!(status, 401, "{headers:?}: {head}");
+        assert!(!body.contains("unsent"), "{body}");
+        seen.push(head + &body);
+    }
+    let (status, _, body) = request(
+        addr,
+        "POST",
+        "/login",
+        &[("Origin", &format!("http://{addr}"))],
+        &form(&[("token", "not-the-token")]),
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+
+    // The token opens every page; what the table holds is text in them.
+    let auth = [("Authorization", bearer.as_str())];
+    let (status, head, overview) = request(addr, "GET", "/", &auth, "").await;
+    assert_eq!(status, 200, "{overview}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-security-policy: default-src 'none'; style-src 'self'"),
+        "{head}"
+    );
+    let table = "/table?t=%22outbox%22";
+    let (status, _, listing) = request(addr, "GET", table, &auth, "").await;
+    assert_eq!(status, 200, "{listing}");
+    assert!(
+        listing.contains("&lt;script&gt;window.__pwned=1&lt;/script&gt;"),
+        "{listing}"
+    );
+    assert!(!listing.contains("<script"), "{listing}");
+    assert!(!listing.contains("<img"), "{listing}");
+    let event = format!("/event?t=%22outbox%22&id={hostile}");
+    let (status, _, detail) = request(addr, "GET", &event, &auth, "").await;
+    assert_eq!(status, 200, "{detail}");
+    assert!(!detail.contains("<svg"), "{detail}");
+    assert!(detail.contains("&lt;svg onload="), "{detail}");
+    assert!(
+        !detail.contains(&payload_mark),
+        "a payload without --payloads: {detail}"
+    );
+    assert!(detail.contains("hidden (the console runs without --payloads)"));
+    assert!(
+        !detail.contains("Retry this row"),
+        "read-only: no action offered"
+    );
+    seen.extend([overview.clone(), listing.clone(), detail.clone()]);
+
+    // Actions are off: a well-formed, same-origin POST with its token is still refused.
+    let csrf = csrf_of(&overview);
+    let origin = format!("http://{addr}");
+    let retry = form(&[
+        ("csrf", &csrf),
+        ("t", "\"outbox\""),
+        ("id", &hostile.to_string()),
+        ("confirm", "yes"),
+    ]);
+    let same_origin = [
+        ("Authorization", bearer.as_str()),
+        ("Origin", origin.as_str()),
+    ];
+    let (status, _, body) = request(addr, "POST", "/retry", &same_origin, &retry).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("Actions are off"), "{body}");
+    assert_eq!(
+        count(&client, "quarantined_at IS NOT NULL").await,
+        1,
+        "nothing moved"
+    );
+
+    // A console with actions on still refuses a cross-site POST and one without its token.
+    let acting = start_console(
+        &db,
+        &["--token-file", tokens.to_str().unwrap(), "--actions"],
+    )
+    .await;
+    let (_, _, page) = request(&acting.addr, "GET", "/", &auth, "").await;
+    let csrf = csrf_of(&page);
+    let origin = format!("http://{}", acting.addr);
+    let retry = form(&[
+        ("csrf", &csrf),
+        ("t", "\"outbox\""),
+        ("id", &hostile.to_string()),
+        ("confirm", "yes"),
+    ]);
+    let without = form(&[
+        ("t", "\"outbox\""),
+        ("id", &hostile.to_string()),
+        ("confirm", "yes"),
+    ]);
+    for (headers, body, what) in [
+        (
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Origin", "http://evil.example"),
+            ],
+            retry.as_str(),
+            "another origin",
+        ),
+        (
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Sec-Fetch-Site", "cross-site"),
+            ],
+            retry.as_str(),
+            "a cross-site fetch",
+        ),
+        (
+            vec![
+                ("Authorization", bearer.as_str()),
+                ("Origin", origin.as_str()),
+            ],
+            without.as_str(),
+            "no CSRF token",
+        ),
+        (
+            vec![("Origin", origin.as_str())],
+            retry.as_str(),
+            "no bearer token",
+        ),
+    ] {
+        let (status, _, page) = request(&acting.addr, "POST", "/retry", &headers, body).await;
+        assert!(status == 403 || status == 401, "{what}: {status} {page}");
+        seen.push(page);
+    }
+    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 1);
+    // The same request from the console's own page moves the row.
+    let (status, _, page) = request(
+        &acting.addr,
+        "POST",
+        "/retry",
+        &[
+            ("Authorization", bearer.as_str()),
+            ("Origin", origin.as_str()),
+        ],
+        &retry,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Moved 1 row(s)"), "{page}");
+    assert_eq!(count(&client, "quarantined_at IS NOT NULL").await, 0);
+    seen.push(page);
+
+    // A console without a token answers only requests for a loopback host (DNS rebinding).
+    let open = start_console(&db, &[]).await;
+    let (status, _, _) =
+        request(&open.addr, "GET", "/", &[("Host", "evil.example:8089")], "").await;
+    assert_eq!(status, 403);
+    let (status, _, page) = request(&open.addr, "GET", "/", &[], "").await;
+    assert_eq!(status, 200, "{page}");
+    seen.push(page);
+
+    // No secret in any answer: the database password, the AWS secret key, the token.
+    let password = password_of(&db.url);
+    for text in &seen {
+        if !password.is_empty() {
+            assert!(
+                !text.contains(&password),
+                "the database password in: {text}"
+            );
+        }
+        assert!(
+            !text.contains(TEST_SECRET_ACCESS_KEY),
+            "the AWS secret key in: {text}"
+        );
+        assert!(!text.contains(&token), "the token in: {text}");
+    }
+    for output in [console.process.output(), acting.process.output()] {
+        assert!(!output.contains(&token), "the token logged: {output}");
+        if !password.is_empty() {
+            assert!(!output.contains(&password), "the password logged: {output}");
+        }
+    }
+}
+
+/// Where the story's screenshots go: OUTBOX_CONSOLE_SHOTS (docs/console refreshes the docs'
+/// pictures), else target/console-screenshots.
+fn shots_dir() -> PathBuf {
+    let dir = std::env::var_os("OUTBOX_CONSOLE_SHOTS")
+        .map(PathBuf::from)
+        .map(|d| {
+            if d.is_absolute() {
+                d
+            } else {
+                repo_root().join(d)
+            }
+        })
+        .unwrap_or_else(|| repo_root().join("target/console-screenshots"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_names_the_cause_and_retries_the_rows_in_a_browser_without_a_shell() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let good = create_queue("console-good", &[]).await;
+    let (missing, missing_name) = crate::destination::missing_queue(&good, "console-late");
+
+    // Five rows for a queue that does not exist yet, one with a header SQS refuses, three that
+    // flow.
+    let late = events("late", 5, 5);
+    insert_to(&client, &late, &vec![Some(missing.clone()); late.len()]).await;
+    client
+        .batch_execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES ('bad-header', 'order', '77', 'order.paid', '{}', '{\"AWS.trace\": \"x\"}')",
+        )
+        .await
+        .unwrap();
+    let flowing = events("flows", 3, 3);
+    insert_to(&client, &flowing, &vec![None; flowing.len()]).await;
+    let relay = RelayProcess::spawn(&run_args(&db, &good, sqs().endpoint(), &[]), &[]);
+    wait_count(&client, "quarantine_reason = 'destination'", 5, WAIT).await;
+    wait_count(&client, "quarantine_reason = 'invalid'", 1, WAIT).await;
+    wait_count(&client, "sent_at IS NOT NULL", 3, WAIT).await;
+    // A park's length is drawn with full jitter; the story needs the park still running when
+    // the operator acts, as it is for the minutes of a long outage.
+    client
+        .batch_execute(
+            "UPDATE outbox SET available_at = now() + interval '1 hour'
+             WHERE quarantine_reason = 'destination'",
+        )
+        .await
+        .unwrap();
+    // A row whose id and error are markup, to see the browser run none of it.
+    client
+        .execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload,
+                                 quarantined_at, quarantine_reason, last_error)
+             VALUES ($1, 'order', '78', 'order.paid', '{}', now(), 'rejected', $2)",
+            &[&SCRIPT_EVENT_ID, &ONERROR_TEXT],
+        )
+        .await
+        .unwrap();
+
+    let (tokens, token) = token_file();
+    let console = start_console(
+        &db,
+        &["--token-file", tokens.to_str().unwrap(), "--actions"],
+    )
+    .await;
+    let base = format!("http://{}", console.addr);
+    let shots = shots_dir();
+    let mut browser = Browser::start();
+
+    // The alert fired: the on-call opens the console and signs in with the token.
+    assert_eq!(browser.goto(&format!("{base}/")), 401);
+    browser.goto(&format!("{base}/login"));
+    browser.fill("input[name=token]", &token);
+    browser.click("button[type=submit]");
+    browser.goto(&format!("{base}/?hold=1"));
+    let overview = browser.text();
+    assert!(overview.contains("signed in as alice"), "{overview}");
+    // Both causes named, with their runbook sections.
+    let causes = browser.texts("ul.causes li").join("\n");
+    assert!(
+        causes.contains(&format!("5 row(s) parked while {missing} refuses them")),
+        "{causes}"
+    );
+    assert!(
+        causes.contains("rows-parked-for-their-queue-destination"),
+        "{causes}"
+    );
+    assert!(causes.contains("1 row(s) quarantined: invalid"), "{causes}");
+    browser.screenshot(&shots.join("overview.png"));
+
+    // The queue is created outside the console, as an operator would in AWS.
+    crate::destination::create_named(&missing_name, &missing).await;
+
+    // The operator opens one of the parked events and reads its reason.
+    browser.click("table.parked a:text('rows')");
+    browser.click("table.rows a[href^='/event']");
+    let event = browser.text();
+    assert!(event.contains("destination"), "{event}");
+    assert!(event.contains(&missing), "{event}");
+    assert!(
+        event.contains("NonExistentQueue") || event.contains("QueueDoesNotExist"),
+        "{event}"
+    );
+    browser.screenshot(&shots.join("event.png"));
+
+    // Back on the overview, held still: retry that destination's rows; the console counts
+    // them first.
+    browser.goto(&format!("{base}/?hold=1"));
+    browser.click("table.parked button:text(\"Retry this destination's rows\")");
+    let confirm = browser.text();
+    assert!(
+        confirm.contains("Retry 5 quarantined row(s)"),
+        "the count before anything changes: {confirm}"
+    );
+    assert_eq!(count(&client, "quarantine_reason = 'destination'").await, 5);
+    browser.screenshot(&shots.join("confirm.png"));
+    browser.click("button.danger");
+    let done = browser.text();
+    assert!(done.contains("Moved 5 row(s)"), "{done}");
+
+    // They arrive on the queue, read with the SQS client.
+    let received = receive_all(&missing, 5, WAIT).await;
+    let mut ids: Vec<String> = received
+        .iter()
+        .filter_map(|m| crate::scenario::attr(m, "event_id").map(str::to_string))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    let mut expected: Vec<String> = late.iter().map(|e| e.event_id.clone()).collect();
+    expected.sort();
+    assert_eq!(ids, expected, "relay output:\n{}", relay.output());
+
+    // The overview clears of the parked destination; the bad-header row stays with its reason.
+    let mut cleared = String::new();
+    wait_until(
+        "the overview to clear of the parked destination",
+        WAIT,
+        || {
+            let text = browser.goto(&format!("{base}/"));
+            assert_eq!(text, 200);
+            cleared = browser.texts("ul.causes li").join("\n");
+            let done = !cleared.contains("parked while");
+            async move { done }
+        },
+    )
+    .await;
+    assert!(
+        cleared.contains("1 row(s) quarantined: invalid"),
+        "{cleared}"
+    );
+    assert_eq!(
+        count(
+            &client,
+            "event_id = 'bad-header' AND quarantine_reason = 'invalid'"
+        )
+        .await,
+        1
+    );
+    browser.screenshot(&shots.join("cleared.png"));
+    browser.goto(&format!("{base}/table?t=%22outbox%22&reason=invalid"));
+    let listing = browser.text();
+    assert!(listing.contains("bad-header"), "{listing}");
+    assert!(listing.contains("AWS.trace"), "the reason shown: {listing}");
+
+    // Markup from the table is shown as text and runs nowhere.
+    browser.goto(&format!("{base}/table?t=%22outbox%22&reason=rejected"));
+    let listing = browser.text();
+    assert!(listing.contains(SCRIPT_EVENT_ID), "{listing}");
+    assert!(listing.contains(ONERROR_TEXT), "{listing}");
+    browser.click("table.rows a[href^='/event']");
+    assert!(browser.text().contains(SCRIPT_EVENT_ID));
+    assert_eq!(browser.ran_anything(), (false, 0, 0));
+
+    // The action is a log line naming who took it, and a counter.
+    assert!(
+        console
+            .process
+            .wait_for_line("console: quarantined rows retried", WAIT)
+            .await
+            .is_some_and(|line| line.contains("who=alice") && line.contains("moved=5")),
+        "{}",
+        console.process.output()
+    );
+    let bearer = format!("Bearer {token}");
+    let (_, _, metrics) = request(
+        &console.addr,
+        "GET",
+        "/metrics",
+        &[("Authorization", bearer.as_str())],
+        "",
+    )
+    .await;
+    assert!(
+        metrics
+            .contains("outbox_console_actions_total{action=\"retry\",table=\"\\\"outbox\\\"\"} 1"),
+        "{metrics}"
+    );
+}
