@@ -119,7 +119,7 @@ fn chart(view: &TableView) -> Markup {
                     circle cx=(x) cy=(y) r="2" {}
                 }
             }
-            figcaption { (last) " sent in the last minute · peak " (max as i64) " · last hour" }
+            figcaption { (last) " sent in the last minute · peak " (max) " · last hour" }
         }
     }
 }
