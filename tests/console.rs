@@ -7,10 +7,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use crate::scenario::{args, count, events, insert_to, migrated_db, run_args, wait_count};
 use crate::support::browser::Browser;
+use crate::support::http::request;
 use crate::support::pg::TestDb;
 use crate::support::{
     create_queue, make_temp_dir, random_hex, receive_all, repo_root, run_to_end, sqs, wait_until,
@@ -51,48 +50,6 @@ fn token_file() -> (PathBuf, String) {
     let path = make_temp_dir("console-token").join("tokens");
     std::fs::write(&path, format!("# the on-call\nalice:{token}\n")).unwrap();
     (path, token)
-}
-
-/// One HTTP/1.1 request, the connection closed after it: status, head and body.
-async fn request(
-    addr: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, String, String) {
-    let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let mut text = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
-        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
-            text.push_str(&format!("Host: {addr}\r\n"));
-        }
-        for (k, v) in headers {
-            text.push_str(&format!("{k}: {v}\r\n"));
-        }
-        if method == "POST" {
-            text.push_str("Content-Type: application/x-www-form-urlencoded\r\nContent-Length: ");
-            text.push_str(&format!("{}\r\n", body.len()));
-        }
-        text.push_str("\r\n");
-        text.push_str(body);
-        stream.write_all(text.as_bytes()).await?;
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await?;
-        std::io::Result::Ok(raw)
-    };
-    let raw = tokio::time::timeout(Duration::from_secs(20), fetch)
-        .await
-        .unwrap_or_else(|_| panic!("{method} {path}: no answer in 20 s"))
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("{method} {path}: bad response {text:?}"));
-    (status, head.to_string(), body.to_string())
 }
 
 /// The CSRF token a page's forms carry.

@@ -26,7 +26,7 @@
 //! | `OUTBOX_BENCH_HORIZON_RATES` | 200,2000 | the `horizon` group's rates, events/s, comma-separated |
 //! | `OUTBOX_BENCH_HORIZON_WINDOW` | 30 (quick: 10) | seconds of each `horizon` window |
 //! | `OUTBOX_BENCH_HOLD` | 3m (quick: 1m) | how long the `horizon` group holds its snapshot (humantime, e.g. `30m`) |
-//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,rates,horizon,wal,idle,storage,adopt,big-backlog,pooler,order-by,many-tables` (rates: the relay's database CPU per event at production rates beside the application's write and a log-based reader's, its process, claims and their planning, commit-to-sent, see rates.rs; horizon: the same costs per window while a read-only REPEATABLE READ snapshot holds the vacuum horizon, and before and after, see horizon.rs; order-by: the FIFO ordered drain and the 2,000/s durable steady stream in insertion and in transaction order, see steady.rs; harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; many-tables: one relay over 1, 100 and 1,000 tables idle, a backlog in one of 1,000 beside quiet ones, and 100 tables against one, see many_tables.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer) |
+//! | `OUTBOX_BENCH_ONLY` | all | comma list of `ceiling,drain,replicas,ordered,long-group,large-events,sweep,tracing,steady,harm,harm-own-core,rates,horizon,wal,idle,storage,adopt,big-backlog,pooler,order-by,many-tables,console` (rates: the relay's database CPU per event at production rates beside the application's write and a log-based reader's, its process, claims and their planning, commit-to-sent, see rates.rs; horizon: the same costs per window while a read-only REPEATABLE READ snapshot holds the vacuum horizon, and before and after, see horizon.rs; order-by: the FIFO ordered drain and the 2,000/s durable steady stream in insertion and in transaction order, see steady.rs; harm: the same-core table and the own-core one, see own_core.rs; harm-own-core: the own-core one alone; wal: WAL and database CPU per relayed event for each settlement mode, and a drain on a durable cluster, see wal.rs; adopt: see adopt.rs; big-backlog: backlog.rs; many-tables: one relay over 1, 100 and 1,000 tables idle, a backlog in one of 1,000 beside quiet ones, and 100 tables against one, see many_tables.rs; pooler: the drain with `--pooler transaction`, direct and through PgBouncer; console: the console's pages on 1,000,000 unsent and 100,000 quarantined rows beside `status`, see console.rs) |
 //! | `OUTBOX_BENCH_RELAY_ARGS` | | extra flags for every relay, split on whitespace |
 //! | `OUTBOX_BENCH_RELAY_PG_OPTIONS` | | server settings for the relays' own connections (libpq `options`), e.g. `-c synchronous_commit=off` |
 //! | `OUTBOX_BENCH_OUT` | `target/bench` | where results.json and the plot data go |
@@ -41,6 +41,7 @@ mod backlog;
 mod ceiling;
 mod cluster;
 mod collector;
+mod console;
 mod drain;
 mod drains;
 mod harm;
@@ -195,6 +196,9 @@ async fn run(settings: Settings) {
 
     if settings.runs("many-tables") {
         report.many_tables = Some(many_tables::run(&settings).await);
+    }
+    if settings.runs("console") {
+        console::run().await;
     }
 
     report.seconds = started.elapsed().as_secs_f64();

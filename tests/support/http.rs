@@ -6,8 +6,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
@@ -122,4 +123,47 @@ fn parse_head(head: &[u8]) -> Option<Head> {
         target,
         content_length: length.unwrap_or(0),
     })
+}
+
+/// One HTTP/1.1 request as a client, the connection closed after it: status, head and body
+/// (the console's tests and benchmark). A form body is sent url-encoded.
+pub async fn request(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
+    let fetch = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        let mut text = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            text.push_str(&format!("Host: {addr}\r\n"));
+        }
+        for (k, v) in headers {
+            text.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if method == "POST" {
+            text.push_str("Content-Type: application/x-www-form-urlencoded\r\nContent-Length: ");
+            text.push_str(&format!("{}\r\n", body.len()));
+        }
+        text.push_str("\r\n");
+        text.push_str(body);
+        stream.write_all(text.as_bytes()).await?;
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await?;
+        std::io::Result::Ok(raw)
+    };
+    let raw = tokio::time::timeout(Duration::from_secs(20), fetch)
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no answer in 20 s"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{method} {path}: bad response {text:?}"));
+    (status, head.to_string(), body.to_string())
 }
