@@ -51,10 +51,6 @@ pub const TABLE_SKIPPED: &str = "outbox_table_skipped";
 /// them): the relay stopped claiming it until restarted, labelled `table`.
 pub const TABLE_BLOCKED: &str = "outbox_table_blocked";
 
-/// `outbox-relay console`: actions taken in it, labelled `action` (`retry`, `replay`) and
-/// `table`; each is also a log line naming who took it.
-pub const CONSOLE_ACTIONS: &str = "outbox_console_actions_total";
-
 /// How often histogram samples are folded into their buckets when nobody scrapes.
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 

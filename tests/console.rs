@@ -35,9 +35,11 @@ async fn start_console(db: &TestDb, extra: &[&str]) -> Console {
         &db.url,
         "--listen",
         "127.0.0.1:0",
-        "--refresh",
-        "1s",
     ]);
+    // Figures a second old at most, unless the test says otherwise.
+    if !extra.contains(&"--refresh") {
+        a.extend(args(&["--refresh", "1s"]));
+    }
     a.extend(args(extra));
     let process = RelayProcess::spawn(&a, &[]);
     let addr = process.logged_addr("console_addr", WAIT).await;
@@ -509,4 +511,158 @@ async fn an_operator_names_the_cause_and_retries_the_rows_in_a_browser_without_a
             .contains("outbox_console_actions_total{action=\"retry\",table=\"\\\"outbox\\\"\"} 1"),
         "{metrics}"
     );
+}
+
+/// One request over TLS to `addr`, trusting `ca` for the name `localhost`: the raw answer.
+async fn tls_request(addr: &str, ca: &std::path::Path, text: &str) -> std::io::Result<String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await?;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tls.write_all(text.as_bytes()).await?;
+    let mut raw = Vec::new();
+    // A server may close without TLS's close_notify; what arrived before is the answer.
+    let _ = tls.read_to_end(&mut raw).await;
+    Ok(String::from_utf8_lossy(&raw).to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_serves_https_with_a_secure_cookie_and_hides_the_password_of_a_database_it_cannot_reach(
+) {
+    let db = migrated_db().await;
+    let certs = make_temp_dir("console-tls");
+    crate::ops_tls::make_certificates(&certs);
+    let (tokens, token) = token_file();
+    let console = start_console(
+        &db,
+        &[
+            "--token-file",
+            tokens.to_str().unwrap(),
+            "--tls-cert",
+            certs.join("server.crt").to_str().unwrap(),
+            "--tls-key",
+            certs.join("server.key").to_str().unwrap(),
+        ],
+    )
+    .await;
+    let ca = certs.join("ca.crt");
+    let page = tls_request(
+        &console.addr,
+        &ca,
+        &format!(
+            "GET / HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        ),
+    )
+    .await
+    .expect("an HTTPS request");
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    assert!(page.contains("unsent"), "{page}");
+    let body = form(&[("token", &token)]);
+    let login = tls_request(
+        &console.addr,
+        &ca,
+        &format!(
+            "POST /login HTTP/1.1\r\nHost: localhost\r\nOrigin: https://localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await
+    .expect("an HTTPS sign-in");
+    assert!(login.starts_with("HTTP/1.1 303"), "{login}");
+    let cookie = login
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {login}"));
+    for part in ["HttpOnly", "SameSite=Strict", "Secure"] {
+        assert!(cookie.contains(part), "{cookie}");
+    }
+    // Plain HTTP to the HTTPS port gets no page.
+    let plain = tokio::time::timeout(WAIT, request_or_error(&console.addr))
+        .await
+        .expect("the server answers or closes");
+    assert!(!plain.contains("unsent"), "{plain}");
+
+    // A database that does not answer: the overview says so, without the URL's password.
+    let password = format!("pw-{}", random_hex(8));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("postgres://operator:{password}@127.0.0.1:{port}/app?connect_timeout=2");
+    let unreachable = RelayProcess::spawn(
+        &args(&["console", "--database-url", &url, "--listen", "127.0.0.1:0"]),
+        &[],
+    );
+    let addr = unreachable.logged_addr("console_addr", WAIT).await;
+    let (status, head, page) = request(&addr, "GET", "/", &[], "").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("cannot be"), "the failure named: {page}");
+    assert!(!page.contains(&password), "{page}");
+    assert!(!head.contains(&password), "{head}");
+    assert!(
+        !unreachable.output().contains(&password),
+        "{}",
+        unreachable.output()
+    );
+}
+
+/// Plain HTTP sent to a TLS listener: whatever comes back (a TLS alert, or nothing).
+async fn request_or_error(addr: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return String::new();
+    };
+    let _ = stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await;
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw).await;
+    String::from_utf8_lossy(&raw).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_shows_many_tables_worst_first_and_reads_each_once_per_refresh() {
+    let db = crate::many_admin::tenants(true).await;
+    let client = db.client().await;
+    // tenant_2: the oldest unsent row; tenant_1: newer ones; tenant_3: nothing waits.
+    client
+        .batch_execute(
+            "INSERT INTO tenant_1.outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'a-' || g, 'order', g::text, 'order.paid', '{}' FROM generate_series(1, 3) g;
+             INSERT INTO tenant_2.outbox (event_id, aggregate_type, aggregate_id, event_type, payload, created_at)
+             VALUES ('b-1', 'order', '1', 'order.paid', '{}', now() - interval '1 hour');",
+        )
+        .await
+        .unwrap();
+    let console = start_console(&db, &["--tables", "tenant_*.outbox", "--refresh", "10m"]).await;
+    let mut pages = Vec::new();
+    for _ in 0..20 {
+        let (status, _, page) = request(&console.addr, "GET", "/", &[], "").await;
+        assert_eq!(status, 200, "{page}");
+        pages.push(page);
+    }
+    let at = |page: &str, table: &str| {
+        page.find(&format!("id=\"&quot;{table}&quot;.&quot;outbox&quot;\""))
+            .unwrap_or_else(|| panic!("{table} not on the page: {page}"))
+    };
+    let page = &pages[0];
+    assert!(at(page, "tenant_2") < at(page, "tenant_1"), "{page}");
+    assert!(at(page, "tenant_1") < at(page, "tenant_3"), "{page}");
+    // Twenty pages within one refresh interval: each table's figures read once (at start, for
+    // the sent-per-minute line), however many pages asked.
+    let (_, _, metrics) = request(&console.addr, "GET", "/metrics", &[], "").await;
+    let reads = crate::support::metric_value(&metrics, "outbox_console_table_reads_total");
+    assert_eq!(reads, Some(3.0), "{metrics}");
 }

@@ -21,7 +21,7 @@ async fn relay(db: &TestDb, parts: &[&str]) -> (Option<i32>, String) {
 
 /// A database with the three tenants' schemas and, beside them, a schema no pattern here
 /// selects; each tenant's outbox table migrated when `migrated`.
-async fn tenants(migrated: bool) -> TestDb {
+pub(crate) async fn tenants(migrated: bool) -> TestDb {
     let db = fresh_db().await;
     let client = db.client().await;
     for schema in TENANTS.iter().chain(&["other"]) {

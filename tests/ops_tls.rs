@@ -239,7 +239,7 @@ pub fn openssl(dir: &Path, args: &[&str]) {
 }
 
 /// A CA, a server certificate for DNS name `localhost` signed by it, and an unrelated CA.
-fn make_certificates(dir: &Path) {
+pub(crate) fn make_certificates(dir: &Path) {
     let openssl = |args: &[&str]| openssl(dir, args);
     let ec = [
         "-newkey",

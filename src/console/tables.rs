@@ -122,6 +122,7 @@ impl Tables {
                     .await
                     .map(Arc::new),
             };
+            metrics::counter!(super::TABLE_READS).increment(1);
             let read = match outbox {
                 Ok(outbox) => {
                     cache.outboxes.insert(key.clone(), Arc::clone(&outbox));
