@@ -313,6 +313,22 @@ pub struct Session {
     blockers: String,
 }
 
+/// What a committed claim leaves to [`Session::after_claim`]: the rows it refused (too large,
+/// out of attempts), and whether it saw claims whose lease ended.
+#[derive(Debug, Default)]
+pub struct AfterClaim {
+    refused: Vec<QuarantinedAtClaim>,
+    ended: bool,
+    claims_floor: i64,
+}
+
+impl AfterClaim {
+    /// Nothing to do after the claim.
+    pub fn is_empty(&self) -> bool {
+        self.refused.is_empty() && !self.ended
+    }
+}
+
 impl Session {
     pub fn is_closed(&self) -> bool {
         self.client.is_closed()
@@ -329,6 +345,18 @@ impl Session {
     /// claim's rows, marked `unreadable`, instead of failing the claim; one the claim quarantined
     /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
+        let (mut claimed, after) = self.lease(request).await?;
+        (claimed.quarantined, claimed.freed) = self.after_claim(after).await;
+        Ok(claimed)
+    }
+
+    /// The claim's own transaction, [`Session::claim`]'s first half: the rows it leased, and
+    /// what it leaves to [`Session::after_claim`]. The loop runs the two under deadlines of
+    /// their own, so that a connection lost after the claim committed costs none of its rows.
+    pub async fn lease(
+        &self,
+        request: &ClaimRequest,
+    ) -> Result<(Claimed, AfterClaim), OutboxError> {
         let read = self.floors.reading();
         let bound = ClaimParams::new(
             request,
@@ -400,29 +428,40 @@ impl Session {
         if lowest_unsent.is_some() {
             self.floors.raise(read, lowest_unsent);
         }
-        // The claim has committed: its rows are leased whatever happens next, so a failure of
-        // what follows it must not lose them. A refused row not quarantined now is refused
-        // again by the next claim; a takeover not done now, done by the next claim that looks.
-        if !claimed.quarantined.is_empty() {
-            let refused = std::mem::take(&mut claimed.quarantined);
-            claimed.quarantined = match self.refuse(refused, *bound.claims_floor()).await {
-                Ok(quarantined) => quarantined,
+        let after = AfterClaim {
+            refused: std::mem::take(&mut claimed.quarantined),
+            ended,
+            claims_floor: *bound.claims_floor(),
+        };
+        Ok((claimed, after))
+    }
+
+    /// What follows a committed claim, each in a transaction of its own: the rows it refused
+    /// quarantined (those it did quarantine are returned), and the claims it found ended taken
+    /// over (how many rows that made claimable). The claim's rows are leased whatever happens
+    /// here, so a failure is logged, never returned: a refused row not quarantined now is
+    /// refused again by the next claim; a takeover not done now, done by the next claim that
+    /// looks.
+    pub async fn after_claim(&self, after: AfterClaim) -> (Vec<QuarantinedAtClaim>, u64) {
+        let mut quarantined = Vec::new();
+        if !after.refused.is_empty() {
+            match self.refuse(after.refused, after.claims_floor).await {
+                Ok(q) => quarantined = q,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not quarantine the rows the claim refused; the next claim refuses them again");
-                    Vec::new()
                 }
-            };
+            }
         }
-        if ended {
-            claimed.freed = match self.take_over(*bound.claims_floor()).await {
-                Ok(freed) => freed,
+        let mut freed = 0;
+        if after.ended {
+            match self.take_over(after.claims_floor).await {
+                Ok(f) => freed = f,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not take over claims whose lease ended; the next claim tries again");
-                    0
                 }
-            };
+            }
         }
-        Ok(claimed)
+        (quarantined, freed)
     }
 
     /// Quarantines the rows a claim refused (sql/refuse.sql), after the claim lock, in a

@@ -477,12 +477,32 @@ impl Relay {
             let request = &request;
             let claim = async {
                 let started = Instant::now();
-                let claimed = self
+                let leased = self
                     .session
-                    .run("claiming rows", |s| async move { s.claim(request).await })
+                    .run("claiming rows", |s| async move { s.lease(request).await })
                     .await;
                 metrics::histogram!(names::CLAIM_DURATION).record(started.elapsed().as_secs_f64());
-                claimed
+                let (mut claimed, after) = leased?;
+                // Under a deadline of its own: the claim committed, and a connection lost now
+                // must not cost its leased rows.
+                if !after.is_empty() {
+                    match self
+                        .session
+                        .run("after a claim", |s| async move {
+                            Ok(s.after_claim(after).await)
+                        })
+                        .await
+                    {
+                        Ok((quarantined, freed)) => {
+                            claimed.quarantined = quarantined;
+                            claimed.freed = freed;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "the claim's refusals and takeovers did not finish; the next claim does them")
+                        }
+                    }
+                }
+                Ok::<_, crate::outbox::OutboxError>(claimed)
             };
             match claim.await {
                 Ok(mut claimed) => {
