@@ -666,3 +666,100 @@ async fn console_shows_many_tables_worst_first_and_reads_each_once_per_refresh()
     let reads = crate::support::metric_value(&metrics, "outbox_console_table_reads_total");
     assert_eq!(reads, Some(3.0), "{metrics}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_replays_sent_rows_only_after_showing_how_many_and_shows_payloads_when_asked() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    // Sent ten minutes ago and kept, as `--retention` keeps them: outside a FIFO queue's
+    // deduplication window.
+    client
+        .batch_execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, sent_at)
+             SELECT 's-' || g, 'order', g::text, 'order.paid', jsonb_build_object('mark', 'PAYLOAD-' || g),
+                    now() - interval '10 minutes'
+             FROM generate_series(1, 3) g",
+        )
+        .await
+        .unwrap();
+    let console = start_console(&db, &["--actions", "--payloads"]).await;
+    let addr = console.addr.as_str();
+    let origin = format!("http://{addr}");
+    let (status, _, page) = request(addr, "GET", "/replay?t=%22outbox%22", &[], "").await;
+    assert_eq!(status, 200, "{page}");
+    let csrf = csrf_of(&page);
+    let post = |fields: Vec<(&'static str, String)>| {
+        let body = form(
+            &fields
+                .iter()
+                .map(|(k, v)| (*k, v.as_str()))
+                .collect::<Vec<_>>(),
+        );
+        let origin = origin.clone();
+        async move {
+            request(
+                addr,
+                "POST",
+                "/replay",
+                &[("Origin", origin.as_str())],
+                &body,
+            )
+            .await
+        }
+    };
+    let base = vec![("csrf", csrf.clone()), ("t", "\"outbox\"".to_string())];
+
+    // A time that is not one is refused with what to write instead.
+    let mut bad = base.clone();
+    bad.push(("since", "last tuesday".to_string()));
+    let (status, _, page) = post(bad).await;
+    assert_eq!(status, 400, "{page}");
+    assert!(page.contains("RFC 3339"), "{page}");
+
+    // The count first; nothing changes until confirmed.
+    let mut two = base.clone();
+    two.push(("event_ids", "s-1\ns-2".to_string()));
+    let (status, _, page) = post(two.clone()).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Replay 2 sent row(s)"), "{page}");
+    assert_eq!(
+        count(&client, "sent_at IS NULL").await,
+        0,
+        "a count changes nothing"
+    );
+    two.push(("confirm", "yes".to_string()));
+    let (status, _, page) = post(two).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Replayed 2 sent row(s)"), "{page}");
+    assert_eq!(
+        count(&client, "sent_at IS NULL AND event_id IN ('s-1', 's-2')").await,
+        2
+    );
+    assert_eq!(count(&client, "sent_at IS NOT NULL").await, 1);
+    assert!(
+        console
+            .process
+            .wait_for_line("console: sent rows replayed", WAIT)
+            .await
+            .is_some_and(|line| line.contains("who=loopback") && line.contains("replayed=2")),
+        "{}",
+        console.process.output()
+    );
+
+    // With --payloads an event's page shows its payload, escaped like everything else.
+    let id: i64 = client
+        .query_one("SELECT id FROM outbox WHERE event_id = 's-3'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (status, _, page) = request(
+        addr,
+        "GET",
+        &format!("/event?t=%22outbox%22&id={id}"),
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("PAYLOAD-3"), "{page}");
+}
