@@ -135,6 +135,8 @@ mod tests {
                 running_seconds: 1.0,
                 last_claim_seconds_ago: Some(0.5),
                 claiming: true,
+                unsent_floor: None,
+                claims_floor: None,
             }],
             unregistered: Vec::new(),
             triggers: Vec::new(),

@@ -207,6 +207,10 @@ fn table_card(view: &TableView, ctx: &Context) -> Markup {
     }
 }
 
+fn floor(f: Option<i64>) -> String {
+    f.map_or_else(|| "-".to_string(), |f| f.to_string())
+}
+
 /// Every live relay of every table, once, with the tables it serves.
 fn fleet(ov: &Overview) -> Markup {
     let mut relays: Vec<(&crate::outbox::LiveRelay, Vec<&str>)> = Vec::new();
@@ -230,7 +234,7 @@ fn fleet(ov: &Overview) -> Markup {
                 p { "No live relay is registered on these tables." }
             } @else {
                 table {
-                    thead { tr { th { "relay" } th { "version" } th { "host" } th { "state" } th { "last claim" } th { "up" } th { "tables" } } }
+                    thead { tr { th { "relay" } th { "version" } th { "host" } th { "state" } th { "last claim" } th { "up" } th { "floors (rows, claims)" } th { "tables" } } }
                     tbody {
                         @for (r, tables) in &relays {
                             tr {
@@ -240,6 +244,7 @@ fn fleet(ov: &Overview) -> Markup {
                                 td { @if r.claiming { "claiming" } @else { "refused or stopping" } }
                                 td { @match r.last_claim_seconds_ago { Some(s) => { (age(s)) " ago" }, None => "never" } }
                                 td { (age(r.running_seconds)) }
+                                td { (floor(r.unsent_floor)) ", " (floor(r.claims_floor)) }
                                 td { (tables.join(", ")) }
                             }
                         }

@@ -62,6 +62,10 @@ pub struct LiveRelay {
     pub last_claim_seconds_ago: Option<f64>,
     /// The schema admits it and it claims; false while it is refused (or stopping).
     pub claiming: bool,
+    /// Where its scans of the unsent rows and of the lease table start (src/outbox/floors.rs),
+    /// as it last published them; `None` before it did, or on a registry without floors.
+    pub unsent_floor: Option<i64>,
+    pub claims_floor: Option<i64>,
 }
 
 /// The contract from the version table's row as JSON (sql/contract.sql); no row: version 0.
@@ -193,6 +197,8 @@ impl Outbox {
                 last_claim_seconds_ago: r.get(4),
                 claiming: r.get(5),
                 started_at: r.get(6),
+                unsent_floor: r.get(7),
+                claims_floor: r.get(8),
             })
             .collect();
         let others = client

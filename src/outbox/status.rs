@@ -426,6 +426,8 @@ mod tests {
                 running_seconds: 61.0,
                 last_claim_seconds_ago: Some(0.25),
                 claiming: true,
+                unsent_floor: None,
+                claims_floor: None,
             }],
             unregistered: vec!["lease owner 'old-1'".into()],
             triggers: vec![crate::outbox::inspect::TriggerFacts {
