@@ -338,11 +338,9 @@ async fn route(console: &Console, req: Request<Incoming>, peer: SocketAddr) -> A
                 return actions_off();
             }
             let fields = query(&req);
-            match first(&fields, "t") {
-                Some(t) if console.tables.outbox(t).await.is_some() => {
-                    html(StatusCode::OK, pages::replay_form(t, &ctx))
-                }
-                _ => not_found("No such table in this console's selection."),
+            match table_of(console, &fields).await {
+                Ok((table, _)) => html(StatusCode::OK, pages::replay_form(table, &ctx)),
+                Err(answer) => answer,
             }
         }
         (Method::GET, "/metrics") => answer(
@@ -409,11 +407,9 @@ fn actions_off() -> Answer {
 }
 
 async fn quarantine_page(console: &Console, fields: &Fields, ctx: &Context<'_>) -> Answer {
-    let Some(table) = first(fields, "t") else {
-        return not_found("Which table? (t=)");
-    };
-    let Some(outbox) = console.tables.outbox(table).await else {
-        return not_found("No such table in this console's selection.");
+    let (table, outbox) = match table_of(console, fields).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
     };
     let reason = first(fields, "reason").filter(|r| !r.is_empty());
     let destination = first(fields, "destination");
@@ -447,20 +443,41 @@ async fn quarantine_page(console: &Console, fields: &Fields, ctx: &Context<'_>) 
 }
 
 async fn event_page(console: &Console, fields: &Fields, ctx: &Context<'_>) -> Answer {
-    let (Some(table), Some(id)) = (
-        first(fields, "t"),
-        first(fields, "id").and_then(|i| i.parse::<i64>().ok()),
-    ) else {
-        return not_found("Which event? (t= and id=)");
+    let Some(id) = first(fields, "id").and_then(|i| i.parse::<i64>().ok()) else {
+        return not_found("Which event? (id=)");
     };
-    let Some(outbox) = console.tables.outbox(table).await else {
-        return not_found("No such table in this console's selection.");
+    let (table, outbox) = match table_of(console, fields).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
     };
     match outbox.event(id, console.payloads).await {
         Ok(Some(event)) => html(StatusCode::OK, pages::event(table, &event, ctx)),
         Ok(None) => not_found("No row with that id (sent and deleted, or never there)."),
         Err(e) => failed(&e),
     }
+}
+
+/// The table a request names (`t=`) and its outbox, if the console's selection holds it.
+async fn table_of<'a>(
+    console: &Console,
+    fields: &'a Fields,
+) -> Result<(&'a str, Arc<crate::outbox::Outbox>), Answer> {
+    let Some(table) = first(fields, "t") else {
+        return Err(not_found("Which table? (t=)"));
+    };
+    match console.tables.outbox(table).await {
+        Some(outbox) => Ok((table, outbox)),
+        None => Err(not_found("No such table in this console's selection.")),
+    }
+}
+
+/// A form's fields for its confirmation page, which adds its own CSRF token and `confirm`.
+fn resubmitted(fields: &Fields) -> Vec<(String, String)> {
+    fields
+        .iter()
+        .filter(|(k, _)| k != "csrf" && k != "confirm")
+        .cloned()
+        .collect()
 }
 
 fn failed(e: &dyn std::fmt::Display) -> Answer {
@@ -482,11 +499,9 @@ async fn retry(
     if !console.actions {
         return actions_off();
     }
-    let Some(table) = first(fields, "t") else {
-        return not_found("Which table? (t=)");
-    };
-    let Some(outbox) = console.tables.outbox(table).await else {
-        return not_found("No such table in this console's selection.");
+    let (table, outbox) = match table_of(console, fields).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
     };
     let ids: Vec<i64> = fields
         .iter()
@@ -519,11 +534,7 @@ async fn retry(
             "{} of them were quarantined less than 5 minutes ago after claims that ended without an outcome: a FIFO queue may drop the retried copy as a duplicate of one it accepted then.",
             done.maybe_accepted
         ));
-        let keep: Vec<(String, String)> = fields
-            .iter()
-            .filter(|(k, _)| k != "csrf" && k != "confirm")
-            .cloned()
-            .collect();
+        let keep = resubmitted(fields);
         return html(
             StatusCode::OK,
             pages::confirm(
@@ -593,11 +604,9 @@ async fn replay(
     if !console.actions {
         return actions_off();
     }
-    let Some(table) = first(fields, "t") else {
-        return not_found("Which table? (t=)");
-    };
-    let Some(outbox) = console.tables.outbox(table).await else {
-        return not_found("No such table in this console's selection.");
+    let (table, outbox) = match table_of(console, fields).await {
+        Ok(found) => found,
+        Err(answer) => return answer,
     };
     let back = href("/replay", &[("t", table)]);
     let event_ids: Vec<String> = first(fields, "event_ids")
@@ -656,11 +665,7 @@ async fn replay(
             "{} of them were sent less than 5 minutes ago: a FIFO queue drops a copy with a deduplication ID it accepted in the last 5 minutes (the CLI's replay --new-dedup-id sends those anyway).",
             done.sent_within_dedup_window
         ));
-        let keep: Vec<(String, String)> = fields
-            .iter()
-            .filter(|(k, _)| k != "csrf" && k != "confirm")
-            .cloned()
-            .collect();
+        let keep = resubmitted(fields);
         return html(
             StatusCode::OK,
             pages::confirm(
