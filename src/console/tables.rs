@@ -49,7 +49,6 @@ pub struct Overview {
 
 struct Cache {
     read: Option<(Instant, Arc<Overview>)>,
-    outboxes: HashMap<String, Arc<Outbox>>,
     /// Per table: when the console read its status, and `sent_last_minute` then.
     history: HashMap<String, VecDeque<(Instant, i64)>>,
 }
@@ -60,6 +59,9 @@ pub struct Tables {
     /// Held across a refresh, so that pages opened meanwhile wait for it rather than start
     /// their own: one `status` per table per interval.
     cache: tokio::sync::Mutex<Cache>,
+    /// The outbox of each table the last overview listed; apart from the cache, so that a
+    /// page of one table does not wait for a refresh of every table to finish.
+    outboxes: std::sync::Mutex<HashMap<String, Arc<Outbox>>>,
 }
 
 impl Tables {
@@ -69,9 +71,9 @@ impl Tables {
             refresh,
             cache: tokio::sync::Mutex::new(Cache {
                 read: None,
-                outboxes: HashMap::new(),
                 history: HashMap::new(),
             }),
+            outboxes: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -94,12 +96,20 @@ impl Tables {
 
     /// The outbox of a table the overview listed; `None` for any other name.
     pub async fn outbox(&self, key: &str) -> Option<Arc<Outbox>> {
-        if let Some(outbox) = self.cache.lock().await.outboxes.get(key) {
-            return Some(Arc::clone(outbox));
+        if let Some(outbox) = self.known(key) {
+            return Some(outbox);
         }
         // A link followed before the first overview (a bookmark) reads the selection first.
         self.overview().await;
-        self.cache.lock().await.outboxes.get(key).cloned()
+        self.known(key)
+    }
+
+    fn known(&self, key: &str) -> Option<Arc<Outbox>> {
+        self.outboxes
+            .lock()
+            .expect("outboxes lock")
+            .get(key)
+            .cloned()
     }
 
     async fn read(&self, cache: &mut Cache) -> Overview {
@@ -116,8 +126,8 @@ impl Tables {
         let mut tables = Vec::with_capacity(names.len());
         for name in &names {
             let key = name.quoted();
-            let outbox = match cache.outboxes.get(&key) {
-                Some(outbox) => Ok(Arc::clone(outbox)),
+            let outbox = match self.known(&key) {
+                Some(outbox) => Ok(outbox),
                 None => open(&self.db.for_table(name), Purpose::Admin)
                     .await
                     .map(Arc::new),
@@ -125,7 +135,10 @@ impl Tables {
             metrics::counter!(super::TABLE_READS).increment(1);
             let read = match outbox {
                 Ok(outbox) => {
-                    cache.outboxes.insert(key.clone(), Arc::clone(&outbox));
+                    self.outboxes
+                        .lock()
+                        .expect("outboxes lock")
+                        .insert(key.clone(), Arc::clone(&outbox));
                     read_table(&outbox).await
                 }
                 Err(failure) => Err(failure.to_string()),
@@ -163,7 +176,10 @@ impl Tables {
         }
         // Tables gone from the selection are forgotten with their history.
         let keys: Vec<String> = tables.iter().map(|t| t.key.clone()).collect();
-        cache.outboxes.retain(|k, _| keys.contains(k));
+        self.outboxes
+            .lock()
+            .expect("outboxes lock")
+            .retain(|k, _| keys.contains(k));
         cache.history.retain(|k, _| keys.contains(k));
         tables.sort_by(|a, b| worse_first(&a.report, &b.report));
         Overview {
