@@ -23,5 +23,6 @@ locked AS MATERIALIZED (
 SELECT set_config('statement_timeout',
                   greatest(1, {budget_ms} - floor(extract(epoch FROM clock_timestamp() - now()) * 1000))::bigint::text,
                   true),
-       EXISTS (SELECT 1 FROM {claims} AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended
+       EXISTS (SELECT 1 FROM {claims} AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended,
+       (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint AS server_started
 FROM locked

@@ -789,3 +789,79 @@ async fn a_writing_transaction_held_open_holds_back_no_other_row_and_its_rollbac
         relay.output()
     );
 }
+
+/// The claims' floor assumes tokens only grow, which holds until the server loses
+/// transactions: the relay commits its own asynchronously, so a crash (or a promoted standby)
+/// can lose its last settlements and claims, and the identity's advance with them: a row the
+/// relay settled is unsent again below the rows' floor, and tokens come back below the claims'
+/// floor. Here that loss is made by hand, with a claim of a relay that died since holding the
+/// row under a token handed out again, and the server restarts: the relay's next claims must
+/// read both tables from their start again, take the ended claim over and claim its row. With
+/// the floors kept, the row is never claimed (the sweep, which these sessions do not run,
+/// would find it below the rows' floor, but then count it free: its claim is below the
+/// claims' floor too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_restarted_sends_the_floors_back_to_the_start() {
+    let cluster = PrivatePg::start().await;
+    let db = cluster.create_db().await;
+    migrate_with(&db, &[]).await;
+    let app = db.client().await;
+    insert(&app, &events("restart", 4, 1), Duration::ZERO).await;
+    let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let request = |limit| ClaimRequest {
+        limit,
+        owner: "relay".into(),
+        lease: Duration::from_secs(60),
+        budget_bytes: i64::MAX,
+        cursor: None,
+        catching_up: false,
+    };
+    let session = outbox.connect().await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(session.claim(&request(1)).await.unwrap().rows.len(), 1);
+    }
+    // Settled as --retention settles them, then the fourth row claimed: both floors pass
+    // the first three rows and their claims.
+    app.batch_execute("UPDATE outbox SET sent_at = now() WHERE id <= 3; DELETE FROM outbox_claims")
+        .await
+        .unwrap();
+    let fourth = session.claim(&request(1)).await.unwrap();
+    assert_eq!(fourth.rows.iter().map(|r| r.id).collect::<Vec<_>>(), [4]);
+    let (floor, claims_floor) = (outbox.floors().rows(), outbox.floors().claims());
+    assert!(
+        floor > 3 && claims_floor > 3,
+        "floors past the first three: {floor}, {claims_floor}"
+    );
+    drop(session);
+
+    // What a crash that lost the third row's settlement and every claim leaves, and a claim
+    // made after it by a relay that died: the identity hands out token 1 again.
+    app.batch_execute(
+        "UPDATE outbox SET sent_at = NULL WHERE id = 3;
+         DELETE FROM outbox_claims;
+         ALTER TABLE outbox_claims ALTER COLUMN token RESTART WITH 1;
+         INSERT INTO outbox_claims (owner, until, ids) VALUES ('died', now() - interval '1 second', ARRAY[3::bigint])",
+    )
+    .await
+    .unwrap();
+    drop(app);
+    cluster.restart().await;
+
+    let session = outbox.connect().await.unwrap();
+    let mut ids = Vec::new();
+    // The first claim after the restart finds it and reads from the old floors; the next
+    // ones from the start. Bounded: with the floors kept, no claim finds the third row.
+    for _ in 0..5 {
+        let claimed = crate::support::claim_taking_over(&session, &request(10)).await;
+        ids.extend(claimed.rows.iter().map(|r| r.id));
+        if ids.contains(&3) {
+            break;
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(
+        ids,
+        [3, 4],
+        "the rows unsent after the restart claimed, the dead relay's included"
+    );
+}

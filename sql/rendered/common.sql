@@ -8,6 +8,12 @@
 -- statement's snapshot, taken before the lock was granted: a claim that had ended then has
 -- still ended, and one another relay took over meanwhile is found gone by the takeover.
 -- Materialized, so that the lock is taken when the query reads it, whatever the planner does.
+--
+-- `server_started` is when the server started: a server that restarted after a crash (or a
+-- standby promoted in its place) may have lost the last transactions the relay's asynchronous
+-- commits made, and with them lease tokens, which the lease table's identity then hands out
+-- again below the claims' floor. The relay then reads both tables from their start once
+-- (src/outbox/floors.rs).
 WITH locked AS MATERIALIZED (
     -- Claims of one table run one at a time, whichever replica makes them: each claim then sees
 -- every row the claims before it took (a claim that committed after this one's snapshot would
@@ -17,7 +23,8 @@ WITH locked AS MATERIALIZED (
 -- the relay's own ('outb'), the second the table's, so different tables claim side by side.
 SELECT pg_advisory_xact_lock(1869968482, '"app"."outbox_claims"'::regclass::oid::int)
 )
-SELECT EXISTS (SELECT 1 FROM "app"."outbox_claims" AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended
+SELECT EXISTS (SELECT 1 FROM "app"."outbox_claims" AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended,
+       (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint AS server_started
 FROM locked
 
 -- claim_start_with_a_deadline
@@ -52,7 +59,8 @@ SELECT pg_advisory_xact_lock(1869968482, '"app"."outbox_claims"'::regclass::oid:
 SELECT set_config('statement_timeout',
                   greatest(1, 3750 - floor(extract(epoch FROM clock_timestamp() - now()) * 1000))::bigint::text,
                   true),
-       EXISTS (SELECT 1 FROM "app"."outbox_claims" AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended
+       EXISTS (SELECT 1 FROM "app"."outbox_claims" AS l WHERE l.token >= $1::bigint AND l.until < now()) AS ended,
+       (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint AS server_started
 FROM locked
 
 -- settle_delete

@@ -105,6 +105,10 @@ pub(super) fn session_baseline(deadline: Option<Duration>) -> String {
     )
 }
 
+/// The rows of [`Conn::query_in_transaction`]'s statements: the one before (if any), the
+/// first and the query.
+pub(super) type InTransaction = (Option<Vec<Row>>, Vec<Row>, Vec<Row>);
+
 /// A statement the relay runs many times, in the form its connection can keep.
 #[derive(Debug)]
 pub(super) enum Stmt {
@@ -433,26 +437,37 @@ impl Conn {
         self.in_order(self.client.batch_execute(sql)).await
     }
 
-    /// Runs `first`, then `query`, in a write transaction of their own that starts with
-    /// `settings` (simple-protocol `SET LOCAL`s), pipelined: one round trip, and the server
-    /// parses neither statement again on a direct connection. A claim runs this way after its
-    /// lock. Returns both statements' rows.
+    /// Runs `before` (if any), `first`, then `query`, in a write transaction of their own that
+    /// starts with `settings` (simple-protocol `SET LOCAL`s), pipelined: one round trip, and
+    /// the server parses no statement again on a direct connection. A claim runs this way,
+    /// after the settlement it carries (`before`). Returns each statement's rows.
     pub(super) async fn query_in_transaction(
         &self,
         settings: &str,
+        before: Option<(&Stmt, &[&(dyn ToSql + Sync)])>,
         (first, first_params): (&Stmt, &[&(dyn ToSql + Sync)]),
         query: &Stmt,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<(Vec<Row>, Vec<Row>), Error> {
+    ) -> Result<InTransaction, Error> {
         let begin = match self.pooled() {
             true => self.begin(Access::Write, &join_settings(RELAXED, settings)),
             false => self.begin(Access::Write, settings),
         };
-        // Both requests leave on the first poll, in order; an error of `first` (its lock
-        // wait) is the one the caller hears, since its answer comes first.
-        let both =
-            futures_util::future::try_join(self.run(first, first_params), self.run(query, params));
-        self.pipelined(&begin, both).await
+        let before = async {
+            match before {
+                Some((statement, params)) => self.run(statement, params).await.map(Some),
+                None => Ok(None),
+            }
+        };
+        // Every request leaves on the first poll, in order; the error of the first that
+        // failed (a carried settlement's, the lock wait's) is the one the caller hears, since
+        // its answer comes first.
+        let all = futures_util::future::try_join3(
+            before,
+            self.run(first, first_params),
+            self.run(query, params),
+        );
+        self.pipelined(&begin, all).await
     }
 
     /// `statement`'s rows, as its form allows, sent on the first poll.

@@ -18,7 +18,12 @@
 //! - **claims**: no live claim in the lease table has a smaller token. Claims are inserted
 //!   one at a time under the claim lock, so tokens only grow; each claim reports the lowest
 //!   live token it saw (its own included), and the next claim reads the lease table from
-//!   there. Nothing needs a sweep: a claim with a smaller token cannot appear later.
+//!   there. Nothing needs a sweep: a claim with a smaller token cannot appear later, but after
+//!   the server lost transactions. The relay commits its own asynchronously, so a server that
+//!   restarted after a crash (or a standby promoted in its place) may have lost the last claims
+//!   and the identity's advance with them, and hands their tokens out again, below the floor.
+//!   Each claim reads when the server started; when that changes, both floors go back to the
+//!   start ([`Floors::server_started`]).
 //!
 //! - **sent rows** (`--retention`): the retention pass deletes sent rows oldest `sent_at`
 //!   first; the next pass starts a margin ([`SENT_MARGIN`]) below the newest `sent_at` it
@@ -52,6 +57,9 @@ pub struct Floors {
     /// The highest id this relay has claimed: a statistics pass that finds no unsent row at or
     /// above the floor raises it past this (every row up to it was seen settled).
     claimed: AtomicI64,
+    /// When the server the last claim ran on started (microseconds since the epoch; 0 before
+    /// the first claim).
+    server_started: AtomicI64,
     /// The newest `sent_at` a retention pass deleted.
     sent: Mutex<Option<SystemTime>>,
     /// Retention passes started.
@@ -83,6 +91,21 @@ impl Floors {
             claimed: self.claimed.load(Ordering::Relaxed),
             rows: self.rows(),
         }
+    }
+
+    /// A claim ran on a server that started at `started` (microseconds since the epoch):
+    /// whether it is another start than the last claim's. Then the server may have lost the
+    /// relay's last transactions (see the module's docs), and the floors go back to the start:
+    /// the claim that found it reports neither (it read from the old ones), the next one reads
+    /// both tables whole once and raises them again.
+    pub fn server_started(&self, started: i64) -> bool {
+        let before = self.server_started.swap(started, Ordering::Relaxed);
+        let restarted = before != 0 && before != started;
+        if restarted {
+            self.claims.store(0, Ordering::Relaxed);
+            self.rows.store(0, Ordering::Relaxed);
+        }
+        restarted
     }
 
     /// A claim took rows up to `highest_id` and saw no live claim below `live_from`.
@@ -153,6 +176,26 @@ pub fn raised(read: Reading, lowest: Option<i64>) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_server_start_sends_both_floors_back_to_the_start() {
+        let floors = Floors::default();
+        assert!(
+            !floors.server_started(1_000),
+            "the first claim knows no start before it"
+        );
+        floors.claimed(Some(40), Some(7));
+        floors.raise(floors.reading(), Some(30));
+        assert_eq!((floors.rows(), floors.claims()), (30, 7));
+        assert!(
+            !floors.server_started(1_000),
+            "the same start: nothing lost"
+        );
+        assert_eq!((floors.rows(), floors.claims()), (30, 7));
+        assert!(floors.server_started(2_000));
+        assert_eq!((floors.rows(), floors.claims()), (0, 0));
+        assert!(!floors.server_started(2_000));
+    }
 
     #[test]
     fn the_floor_rises_to_the_lowest_unsent_row_and_never_falls_by_statistics() {

@@ -357,6 +357,22 @@ impl Session {
         &self,
         request: &ClaimRequest,
     ) -> Result<(Claimed, AfterClaim), OutboxError> {
+        let (claimed, after, _) = self.lease_settling(request, "", &[]).await?;
+        Ok((claimed, after))
+    }
+
+    /// [`Session::lease`], whose transaction first applies `carried`, settlements of `owner`'s
+    /// earlier claims (as [`Session::write_settlement`] would, on its first try): one
+    /// transaction and one commit for both. Before the claim, so that it sees the rows the
+    /// settlements freed (the next rows of ordered groups), and before its lock: a settlement
+    /// never waits on another relay's claim while holding that lock. What each settlement did
+    /// comes back in their order; none applied if this fails.
+    pub async fn lease_settling(
+        &self,
+        request: &ClaimRequest,
+        owner: &str,
+        carried: &[&Settlement],
+    ) -> Result<(Claimed, AfterClaim, Vec<Settled>), OutboxError> {
         let read = self.floors.reading();
         let bound = ClaimParams::new(
             request,
@@ -364,25 +380,48 @@ impl Session {
             &self.limits,
             (read.rows, self.floors.claims()),
         );
-        let (start, rows) = self
+        let settle = SettleArgs::new(self.statements.settle.mode, owner, carried);
+        let settle_params = settle.params();
+        let before = match carried.iter().all(|s| s.is_empty()) {
+            true => None,
+            false => Some((self.settle_statement(&settle), &settle_params[..])),
+        };
+        let (settled, start, rows) = self
             .client
             .query_in_transaction(
                 match request.catching_up {
                     true => self.catch_up_settings,
                     false => self.claim_settings,
                 },
+                before,
                 (&self.statements.claim_start, &[bound.claims_floor()]),
                 &self.statements.claim,
                 &self.strategy.bind(&bound),
             )
             .await
-            .map_err(query_err("claiming rows"))?;
-        let ended: bool = match start.first() {
-            Some(row) => row
-                .try_get("ended")
-                .map_err(query_err("reading whether a claim ended"))?,
-            None => false,
+            .map_err(query_err(match before {
+                Some(_) => "settling earlier claims and claiming rows",
+                None => "claiming rows",
+            }))?;
+        let settled = match settled.as_deref() {
+            Some([row]) => SettleAnswer::read(row).shares(carried),
+            _ => Vec::new(),
         };
+        let (ended, server_started): (bool, i64) = match start.first() {
+            Some(row) => (
+                row.try_get("ended")
+                    .map_err(query_err("reading whether a claim ended"))?,
+                row.try_get("server_started")
+                    .map_err(query_err("reading when the server started"))?,
+            ),
+            None => (false, 0),
+        };
+        let restarted = self.floors.server_started(server_started);
+        if restarted {
+            tracing::info!(
+                "the database server restarted or another took its place: it may have lost the relay's last claims, so claims read the lease table and the outbox from their start once"
+            );
+        }
         let mut claimed = Claimed {
             cursor: request.cursor.clone(),
             ..Claimed::default()
@@ -423,17 +462,21 @@ impl Session {
         for id in claimed.rows.iter().map(|r| r.id) {
             highest = highest.max(Some(id));
         }
-        self.floors.claimed(highest, live_from);
-        // Only a claim that took rows says where the unsent ones start: its own are among them.
-        if lowest_unsent.is_some() {
-            self.floors.raise(read, lowest_unsent);
+        // A claim that found the server restarted read from floors that may be wrong.
+        if !restarted {
+            self.floors.claimed(highest, live_from);
+            // Only a claim that took rows says where the unsent ones start: its own are among
+            // them.
+            if lowest_unsent.is_some() {
+                self.floors.raise(read, lowest_unsent);
+            }
         }
         let after = AfterClaim {
             refused: std::mem::take(&mut claimed.quarantined),
             ended,
             claims_floor: *bound.claims_floor(),
         };
-        Ok((claimed, after))
+        Ok((claimed, after, settled))
     }
 
     /// What follows a committed claim, each in a transaction of its own: the rows it refused
@@ -475,10 +518,11 @@ impl Session {
         let ids: Vec<i64> = refused.iter().map(|r| r.id).collect();
         let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
         let errors: Vec<&str> = refused.iter().map(|r| r.error.as_str()).collect();
-        let (_, rows) = self
+        let (_, _, rows) = self
             .client
             .query_in_transaction(
                 self.claim_settings,
+                None,
                 (&self.statements.claim_start, &[&claims_floor]),
                 &self.statements.refuse,
                 &[&ids, &reasons, &errors, &claims_floor],
@@ -526,57 +570,28 @@ impl Session {
             return Ok(Settled::default());
         }
         let mode = self.statements.settle.mode;
-        let args = SettleArgs::new(mode, owner, s);
-        let statement = match args.others() {
-            true => &self.statements.settle.full,
-            false => &self.statements.settle.sent_only,
-        };
+        let args = SettleArgs::new(mode, owner, &[s]);
         let row = self
             .client
-            .query_one(statement, &args.params())
+            .query_one(self.settle_statement(&args), &args.params())
             .await
             .map_err(query_err(mode.context()))?;
-        let SettleAnswer {
-            fenced,
-            sent,
-            rescheduled,
-            quarantined,
-        } = SettleAnswer::read(&row);
-        let quarantined_reasons = s
-            .quarantine
-            .iter()
-            .filter(|r| quarantined.contains(&r.id))
-            .map(|r| r.reason)
-            .collect();
-        // Acknowledged rows of claims the fence found: each must have been settled. Fewer
-        // changed means something on the table may have undone the settlement (a trigger, a
-        // rule, a row-level security policy), and those rows would be claimed and sent again
-        // and again. The look that confirms it is the caller's, after it stopped sending.
-        let acknowledged: Vec<i64> = s
-            .sent
-            .iter()
-            .filter(|r| fenced.contains(&r.lease_token))
-            .map(|r| r.id)
-            .collect();
-        let suspect = match (sent as usize) < acknowledged.len() {
-            true => acknowledged,
-            false => Vec::new(),
-        };
-        let unfenced = s.without_claims(&fenced);
-        let lost = match (unfenced.is_empty(), retry) {
-            (true, _) => 0,
+        let answer = SettleAnswer::read(&row);
+        let mut settled = answer.shares(&[s]).remove(0);
+        if retry && settled.lost > 0 {
             // Nothing else removes a claim's row while its lease lasts but a claim after it
-            // ended: every row of it is another replica's to send now.
-            (false, false) => unfenced.len() as u64,
-            (false, true) => self.lost_leases(&unfenced).await?,
-        };
-        Ok(Settled {
-            sent: sent as u64,
-            rescheduled: rescheduled.len() as u64,
-            quarantined_reasons,
-            lost,
-            suspect,
-        })
+            // ended; after a retry, the first try may have removed it, and settled its rows.
+            settled.lost = self.lost_leases(&s.without_claims(&answer.fenced)).await?;
+        }
+        Ok(settled)
+    }
+
+    /// The statement that applies `args`: the cheaper one when every row was acknowledged.
+    fn settle_statement(&self, args: &SettleArgs) -> &Stmt {
+        match args.others() {
+            true => &self.statements.settle.full,
+            false => &self.statements.settle.sent_only,
+        }
     }
 
     /// Of the acknowledged `ids`, how many are still unsent.

@@ -20,7 +20,7 @@ use tokio_postgres::Row;
 
 use super::ident::TableName;
 use super::template::{render, Value};
-use crate::row::Settlement;
+use crate::row::{Settled, Settlement};
 
 /// `$1..$3`: the owner, the fence's tokens, the acknowledged ids.
 const FENCED_AND_ACKNOWLEDGED: usize = 3;
@@ -153,26 +153,30 @@ pub(super) struct SettleArgs<'a> {
 }
 
 impl<'a> SettleArgs<'a> {
-    pub(super) fn new(mode: Acknowledge, owner: &'a str, s: &'a Settlement) -> Self {
-        let (r, q) = (&s.reschedule, &s.quarantine);
+    /// The arguments that settle `parts` (each a claim's outcomes, or several claims') in one
+    /// statement: each outcome's rows one after the other, every claim's token once.
+    pub(super) fn new(mode: Acknowledge, owner: &'a str, parts: &[&'a Settlement]) -> Self {
+        let sent = || parts.iter().flat_map(|s| &s.sent);
+        let r = || parts.iter().flat_map(|s| &s.reschedule);
+        let q = || parts.iter().flat_map(|s| &s.quarantine);
+        let mut tokens: Vec<i64> = parts.iter().flat_map(|s| s.tokens()).collect();
+        tokens.sort_unstable();
+        tokens.dedup();
         SettleArgs {
             mode,
             owner,
-            tokens: s.tokens(),
-            sent_ids: s.sent.iter().map(|r| r.id).collect(),
-            message_ids: s.sent.iter().map(|r| r.message_id.as_str()).collect(),
-            others: !(r.is_empty() && q.is_empty()),
-            rescheduled_ids: r.iter().map(|r| r.id).collect(),
-            delays: r.iter().map(|r| r.delay.as_secs_f64()).collect(),
-            errors: r.iter().map(|r| r.error.as_deref()).collect(),
-            refunds: r.iter().map(|r| i32::from(r.refund)).collect(),
-            quarantined_ids: q.iter().map(|r| r.id).collect(),
-            reasons: q.iter().map(|r| r.reason.as_str()).collect(),
-            q_errors: q.iter().map(|r| r.error.as_str()).collect(),
-            q_delays: q
-                .iter()
-                .map(|r| r.retry_in.map(|d| d.as_secs_f64()))
-                .collect(),
+            tokens,
+            sent_ids: sent().map(|r| r.id).collect(),
+            message_ids: sent().map(|r| r.message_id.as_str()).collect(),
+            others: r().next().is_some() || q().next().is_some(),
+            rescheduled_ids: r().map(|r| r.id).collect(),
+            delays: r().map(|r| r.delay.as_secs_f64()).collect(),
+            errors: r().map(|r| r.error.as_deref()).collect(),
+            refunds: r().map(|r| i32::from(r.refund)).collect(),
+            quarantined_ids: q().map(|r| r.id).collect(),
+            reasons: q().map(|r| r.reason.as_str()).collect(),
+            q_errors: q().map(|r| r.error.as_str()).collect(),
+            q_delays: q().map(|r| r.retry_in.map(|d| d.as_secs_f64())).collect(),
         }
     }
 
@@ -223,6 +227,56 @@ impl SettleAnswer {
             quarantined: row.get(3),
         }
     }
+
+    /// What the statement did to each of `parts`, the settlements it applied together, in
+    /// their order; a row of a claim the fence did not find counts as lost (the caller asks
+    /// again after a retry, whose first try may have settled it).
+    ///
+    /// The statement counts the acknowledged rows it changed, not which: the count is shared
+    /// out in order, and when it falls short of the rows acknowledged under claims the fence
+    /// found, every part's are suspect, since any part's may be the ones left unsent.
+    pub(super) fn shares(&self, parts: &[&Settlement]) -> Vec<Settled> {
+        let acknowledged: Vec<Vec<i64>> = parts
+            .iter()
+            .map(|s| {
+                s.sent
+                    .iter()
+                    .filter(|r| self.fenced.contains(&r.lease_token))
+                    .map(|r| r.id)
+                    .collect()
+            })
+            .collect();
+        let total: usize = acknowledged.iter().map(Vec::len).sum();
+        let short = (self.sent.max(0) as usize) < total;
+        let mut sent_left = self.sent.max(0) as u64;
+        parts
+            .iter()
+            .zip(acknowledged)
+            .map(|(s, acknowledged)| {
+                let sent = sent_left.min(acknowledged.len() as u64);
+                sent_left -= sent;
+                Settled {
+                    sent,
+                    rescheduled: s
+                        .reschedule
+                        .iter()
+                        .filter(|r| self.rescheduled.contains(&r.id))
+                        .count() as u64,
+                    quarantined_reasons: s
+                        .quarantine
+                        .iter()
+                        .filter(|r| self.quarantined.contains(&r.id))
+                        .map(|r| r.reason)
+                        .collect(),
+                    lost: s.without_claims(&self.fenced).len() as u64,
+                    suspect: match short {
+                        true => acknowledged,
+                        false => Vec::new(),
+                    },
+                }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -269,7 +323,7 @@ mod tests {
         });
         for mode in [Acknowledge::MarkSent, Acknowledge::Delete] {
             for (s, others) in [(&sent_only, false), (&given_back, true)] {
-                let args = SettleArgs::new(mode, "relay", s);
+                let args = SettleArgs::new(mode, "relay", &[s]);
                 assert_eq!(args.others(), others);
                 assert_eq!(args.params().len(), mode.param_count(others), "{mode:?}");
             }
