@@ -4,9 +4,11 @@
 -- were all acknowledged, the usual one, is settled by the same statement without the others:
 -- a third of the work.
 --
--- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql; the relay settles one
--- claim at a time): the statement deletes them and applies the outcomes only to the ids they
--- listed. A claim that ended and was taken over is gone, and then nothing here changes
+-- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
+-- them and applies the outcomes only to the ids they listed. And by the server the claims were
+-- made on (when it started, the last parameter): the relay commits asynchronously, so a server
+-- that restarted after a crash may have lost the claims, and its lease table's identity hands
+-- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -23,6 +25,8 @@ WITH fence AS (
     DELETE FROM {claims} AS l
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
+      AND ({server}::bigint IS NULL
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = {server}::bigint)
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,

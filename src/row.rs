@@ -84,6 +84,9 @@ pub struct Claimed {
     /// Rows made claimable again after the claim, by taking over claims that had ended
     /// (sql/takeover.sql): the next claim may take them at once.
     pub freed: u64,
+    /// When the server the claim was made on started (microseconds since the epoch): after a
+    /// crash it may have lost the claim, and handed its token to another.
+    pub server: Option<i64>,
 }
 
 impl Claimed {
@@ -127,6 +130,9 @@ pub struct Settlement {
     pub sent: Vec<SentRow>,
     pub reschedule: Vec<RescheduledRow>,
     pub quarantine: Vec<QuarantinedRow>,
+    /// When the server the claim was made on started ([`Claimed::server`]): the settlement
+    /// applies there only. `None`: wherever.
+    pub server: Option<i64>,
 }
 
 #[derive(Debug)]
@@ -174,8 +180,7 @@ impl Settlement {
             .collect()
     }
 
-    /// The lease tokens of the claims whose outcomes these are (the relay settles one claim
-    /// at a time, so one), each once.
+    /// The lease tokens of the claims whose outcomes these are, each once.
     pub fn tokens(&self) -> Vec<i64> {
         let sent = self.sent.iter().map(|r| r.lease_token);
         let rescheduled = self.reschedule.iter().map(|r| r.lease_token);

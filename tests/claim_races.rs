@@ -7,7 +7,7 @@ use std::time::Duration;
 use outbox_relay::outbox::{
     ClaimLimits, ClaimRequest, ClaimStrategy, Maintenance, OrderBy, OrderScope, Ordered, Outbox,
 };
-use outbox_relay::row::KeyColumn;
+use outbox_relay::row::{KeyColumn, SentRow, Settlement};
 
 use crate::scenario::{count, events, insert, migrate_with, migrated_db, run_args};
 use crate::support::{count_claims, create_queue, sqs, wait_until, RelayProcess, TestDb};
@@ -320,4 +320,76 @@ async fn a_claim_over_its_deadline_is_ended_by_the_server_first_and_holds_no_lea
         "the relay gave a claim up instead of the server ending it:\n{output}"
     );
     drop(relay);
+}
+
+/// A claim carries the settlements of earlier claims (src/relay/carry.rs): they apply in the
+/// claim's own transaction, before the claim, so that it sees the rows they freed (the next
+/// row of an ordered group), and not at all when the claim fails (here its lock wait runs past
+/// the server's budget while a test transaction holds the claim lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_applies_the_settlements_it_carries_with_itself_or_not_at_all() {
+    let db = table_for_every_strategy().await;
+    let client = db.client().await;
+    insert(&client, &events("carried", 3, 1), Duration::ZERO).await;
+    let (_, strategy) = ordered_strategies(false)
+        .into_iter()
+        .find(|(name, _)| *name == "ordered, by id")
+        .expect("the plain ordered strategy");
+    let s = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5))
+        .unwrap()
+        .round_trip_deadline(Duration::from_millis(600))
+        .claim_strategy(strategy)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let first = s.claim(&request(1)).await.unwrap();
+    assert_eq!(
+        first.rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [1],
+        "one row, the group's head"
+    );
+    let settlement = Settlement {
+        sent: vec![SentRow {
+            id: 1,
+            lease_token: first.rows[0].lease_token,
+            message_id: "m1".into(),
+        }],
+        ..Settlement::default()
+    };
+
+    // The claim lock held past the claim's budget: the claim fails, and its settlement with it.
+    let holder = db.client().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder.batch_execute(CLAIM_LOCK).await.unwrap();
+    let failed = s.lease_settling(&request(1), "races", &[&settlement]).await;
+    assert!(
+        failed.is_err(),
+        "the claim waited past its budget: {failed:?}"
+    );
+    assert_eq!(
+        count(&client, "sent_at IS NULL").await,
+        3,
+        "nothing settled"
+    );
+    assert_eq!(
+        count_claims(&client, "true").await,
+        1,
+        "the first claim still holds row 1"
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+
+    let (claimed, _, settled) = s
+        .lease_settling(&request(1), "races", &[&settlement])
+        .await
+        .unwrap();
+    assert_eq!(settled.len(), 1);
+    assert_eq!((settled[0].sent, settled[0].lost), (1, 0));
+    assert!(settled[0].suspect.is_empty());
+    assert_eq!(count(&client, "sent_at IS NULL").await, 2, "row 1 settled");
+    assert_eq!(
+        claimed.rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [2],
+        "the same claim took the next row of the group, which the settlement freed"
+    );
 }

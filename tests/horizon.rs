@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use outbox_relay::outbox::{ClaimRequest, Maintenance, Outbox, Registration, Session, PLANS};
+use outbox_relay::row::{SentRow, Settlement};
 
 use crate::scenario::{
     count, events, insert, migrate_with, migrated_db, run_args, set_arg, wait_count,
@@ -864,4 +865,68 @@ async fn a_server_that_restarted_sends_the_floors_back_to_the_start() {
         [3, 4],
         "the rows unsent after the restart claimed, the dead relay's included"
     );
+}
+
+/// The other half of tokens handed out again after a crash: a settlement of a claim the
+/// server lost, written after the restart (a retry, a delivery that was in flight), meets a
+/// later claim of the same relay under the same token. It must settle nothing of it: the
+/// settlement is fenced by the server its claim was made on too (sql/settle.sql). Without
+/// that it would delete the later claim and free its other rows while they are being sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_of_a_claim_the_server_lost_leaves_the_claim_that_took_its_token_alone() {
+    let cluster = PrivatePg::start().await;
+    let db = cluster.create_db().await;
+    migrate_with(&db, &[]).await;
+    let app = db.client().await;
+    insert(&app, &events("lost", 2, 2), Duration::ZERO).await;
+    let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
+    let request = |limit| ClaimRequest {
+        limit,
+        owner: "relay".into(),
+        lease: Duration::from_secs(60),
+        budget_bytes: i64::MAX,
+        cursor: None,
+        catching_up: false,
+    };
+    let session = outbox.connect().await.unwrap();
+    let before = session.claim(&request(1)).await.unwrap();
+    let (row, token) = (before.rows[0].id, before.rows[0].lease_token);
+    let lost = Settlement {
+        sent: vec![SentRow {
+            id: row,
+            lease_token: token,
+            message_id: "m".into(),
+        }],
+        server: before.server,
+        ..Settlement::default()
+    };
+    drop(session);
+    // What a crash that lost the claim leaves: no claim, and its token to be handed out again.
+    app.batch_execute(&format!(
+        "DELETE FROM outbox_claims;
+         ALTER TABLE outbox_claims ALTER COLUMN token RESTART WITH {token}"
+    ))
+    .await
+    .unwrap();
+    cluster.restart().await;
+    let app = db.client().await;
+
+    let session = outbox.connect().await.unwrap();
+    let after = session.claim(&request(10)).await.unwrap();
+    assert_eq!(after.rows.len(), 2, "both rows claimed again");
+    assert!(
+        after.rows.iter().all(|r| r.lease_token == token),
+        "under the token handed out again"
+    );
+    let settled = session
+        .write_settlement("relay", &lost, true)
+        .await
+        .unwrap();
+    assert_eq!(settled.sent, 0, "{settled:?}");
+    assert_eq!(
+        crate::support::count_claims(&app, "true").await,
+        1,
+        "the later claim still holds its rows"
+    );
+    assert_eq!(count(&app, "true").await, 2, "no row settled");
 }

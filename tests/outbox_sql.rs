@@ -243,6 +243,7 @@ fn mixed(rows: &[outbox_relay::row::ClaimedRow]) -> Settlement {
             error: "bad".into(),
             retry_in: None,
         }],
+        server: None,
     }
 }
 

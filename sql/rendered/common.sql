@@ -70,9 +70,11 @@ FROM locked
 -- were all acknowledged, the usual one, is settled by the same statement without the others:
 -- a third of the work.
 --
--- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql; the relay settles one
--- claim at a time): the statement deletes them and applies the outcomes only to the ids they
--- listed. A claim that ended and was taken over is gone, and then nothing here changes
+-- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
+-- them and applies the outcomes only to the ids they listed. And by the server the claims were
+-- made on (when it started, the last parameter): the relay commits asynchronously, so a server
+-- that restarted after a crash may have lost the claims, and its lease table's identity hands
+-- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -89,6 +91,8 @@ WITH fence AS (
     DELETE FROM "app"."outbox_claims" AS l
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
+      AND ($12::bigint IS NULL
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $12::bigint)
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,
@@ -163,9 +167,11 @@ SELECT ARRAY(SELECT token FROM fence),
 -- were all acknowledged, the usual one, is settled by the same statement without the others:
 -- a third of the work.
 --
--- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql; the relay settles one
--- claim at a time): the statement deletes them and applies the outcomes only to the ids they
--- listed. A claim that ended and was taken over is gone, and then nothing here changes
+-- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
+-- them and applies the outcomes only to the ids they listed. And by the server the claims were
+-- made on (when it started, the last parameter): the relay commits asynchronously, so a server
+-- that restarted after a crash may have lost the claims, and its lease table's identity hands
+-- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -182,6 +188,8 @@ WITH fence AS (
     DELETE FROM "app"."outbox_claims" AS l
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
+      AND ($4::bigint IS NULL
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $4::bigint)
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,
@@ -220,9 +228,11 @@ SELECT ARRAY(SELECT token FROM fence),
 -- were all acknowledged, the usual one, is settled by the same statement without the others:
 -- a third of the work.
 --
--- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql; the relay settles one
--- claim at a time): the statement deletes them and applies the outcomes only to the ids they
--- listed. A claim that ended and was taken over is gone, and then nothing here changes
+-- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
+-- them and applies the outcomes only to the ids they listed. And by the server the claims were
+-- made on (when it started, the last parameter): the relay commits asynchronously, so a server
+-- that restarted after a crash may have lost the claims, and its lease table's identity hands
+-- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -239,6 +249,8 @@ WITH fence AS (
     DELETE FROM "app"."outbox_claims" AS l
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
+      AND ($13::bigint IS NULL
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $13::bigint)
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,
@@ -317,9 +329,11 @@ SELECT ARRAY(SELECT token FROM fence),
 -- were all acknowledged, the usual one, is settled by the same statement without the others:
 -- a third of the work.
 --
--- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql; the relay settles one
--- claim at a time): the statement deletes them and applies the outcomes only to the ids they
--- listed. A claim that ended and was taken over is gone, and then nothing here changes
+-- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
+-- them and applies the outcomes only to the ids they listed. And by the server the claims were
+-- made on (when it started, the last parameter): the relay commits asynchronously, so a server
+-- that restarted after a crash may have lost the claims, and its lease table's identity hands
+-- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -336,6 +350,8 @@ WITH fence AS (
     DELETE FROM "app"."outbox_claims" AS l
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
+      AND ($5::bigint IS NULL
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $5::bigint)
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,

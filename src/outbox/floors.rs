@@ -108,6 +108,11 @@ impl Floors {
         restarted
     }
 
+    /// When the server the last claim ran on started, if a claim ran.
+    pub fn server(&self) -> Option<i64> {
+        Some(self.server_started.load(Ordering::Relaxed)).filter(|s| *s != 0)
+    }
+
     /// A claim took rows up to `highest_id` and saw no live claim below `live_from`.
     pub fn claimed(&self, highest_id: Option<i64>, live_from: Option<i64>) {
         if let Some(id) = highest_id {

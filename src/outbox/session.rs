@@ -424,6 +424,7 @@ impl Session {
         }
         let mut claimed = Claimed {
             cursor: request.cursor.clone(),
+            server: Some(server_started),
             ..Claimed::default()
         };
         let mut turns = Vec::with_capacity(rows.len());

@@ -10,7 +10,9 @@
 //!   the rows acknowledged;
 //! - with rows given back or parked: `$4..$7` given back (id, delay, error, refund) and
 //!   `$8..$11` parked (id, reason, error, delay);
-//! - marking rows sent: the acknowledged rows' message ids, last.
+//! - marking rows sent: the acknowledged rows' message ids;
+//! - last, when the server the claims were made on started (`Settlement::server`; null: any):
+//!   a settlement applies on that server only.
 //!
 //! Its one row answers: the tokens of the claims it fenced, how many acknowledged rows it
 //! settled, the ids it gave back and the ids it parked.
@@ -43,6 +45,11 @@ impl Acknowledge {
     /// How many parameters this mode's statement takes, with or without the rows given back
     /// and parked.
     pub(super) fn param_count(self, others: bool) -> usize {
+        self.message_ids(others) + 1
+    }
+
+    /// The last of the parameters before the server's start: the message ids' when marking.
+    fn message_ids(self, others: bool) -> usize {
         let before = FENCED_AND_ACKNOWLEDGED + if others { GIVEN_BACK_AND_PARKED } else { 0 };
         match self {
             Acknowledge::MarkSent => before + 1,
@@ -111,8 +118,10 @@ fn statement(
     others: &str,
     [rescheduled, quarantined]: [&str; 2],
 ) -> Result<String, String> {
-    // The message ids come last, after whichever parameters the statement takes.
-    let message_ids = format!("${}", mode.param_count(with_others));
+    // The message ids and the server's start come last, after whichever parameters the
+    // statement takes.
+    let message_ids = format!("${}", mode.message_ids(with_others));
+    let server = format!("${}", mode.param_count(with_others));
     let acknowledge = render(
         mode.template(),
         &[
@@ -125,6 +134,7 @@ fn statement(
         &[
             ("table", Value::Table(table)),
             ("claims", Value::Table(&table.claims())),
+            ("server", Value::Sql(&server)),
             ("acknowledge", Value::Sql(&acknowledge)),
             ("others", Value::Sql(others)),
             ("rescheduled", Value::Sql(rescheduled)),
@@ -150,12 +160,15 @@ pub(super) struct SettleArgs<'a> {
     reasons: Vec<&'a str>,
     q_errors: Vec<&'a str>,
     q_delays: Vec<Option<f64>>,
+    server: Option<i64>,
 }
 
 impl<'a> SettleArgs<'a> {
     /// The arguments that settle `parts` (each a claim's outcomes, or several claims') in one
     /// statement: each outcome's rows one after the other, every claim's token once.
+    /// The parts' claims were all made on one server (`Settlement::server`).
     pub(super) fn new(mode: Acknowledge, owner: &'a str, parts: &[&'a Settlement]) -> Self {
+        debug_assert!(parts.windows(2).all(|w| w[0].server == w[1].server));
         let sent = || parts.iter().flat_map(|s| &s.sent);
         let r = || parts.iter().flat_map(|s| &s.reschedule);
         let q = || parts.iter().flat_map(|s| &s.quarantine);
@@ -177,6 +190,7 @@ impl<'a> SettleArgs<'a> {
             reasons: q().map(|r| r.reason.as_str()).collect(),
             q_errors: q().map(|r| r.error.as_str()).collect(),
             q_delays: q().map(|r| r.retry_in.map(|d| d.as_secs_f64())).collect(),
+            server: parts.first().and_then(|s| s.server),
         }
     }
 
@@ -203,6 +217,7 @@ impl<'a> SettleArgs<'a> {
         if self.mode == Acknowledge::MarkSent {
             params.push(&self.message_ids);
         }
+        params.push(&self.server);
         debug_assert_eq!(params.len(), self.mode.param_count(self.others));
         params
     }
@@ -282,6 +297,78 @@ impl SettleAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::row::{QuarantineReason, QuarantinedRow, SentRow};
+
+    /// One claim's outcomes: `sent` acknowledged, `parked` quarantined, under `token`.
+    fn part(token: i64, sent: &[i64], parked: &[i64]) -> Settlement {
+        Settlement {
+            sent: sent
+                .iter()
+                .map(|&id| SentRow {
+                    id,
+                    lease_token: token,
+                    message_id: format!("m{id}"),
+                })
+                .collect(),
+            quarantine: parked
+                .iter()
+                .map(|&id| QuarantinedRow {
+                    id,
+                    lease_token: token,
+                    reason: QuarantineReason::Invalid,
+                    error: "bad".into(),
+                    retry_in: None,
+                })
+                .collect(),
+            ..Settlement::default()
+        }
+    }
+
+    #[test]
+    fn claims_settled_together_each_get_their_own_rows_back() {
+        let (a, b) = (part(1, &[10, 11], &[12]), part(2, &[20], &[]));
+        let args = SettleArgs::new(Acknowledge::Delete, "relay", &[&a, &b]);
+        assert_eq!(args.tokens, [1, 2]);
+        assert_eq!(args.sent_ids, [10, 11, 20]);
+        assert!(args.others());
+        let answer = SettleAnswer {
+            fenced: vec![1, 2],
+            sent: 3,
+            rescheduled: vec![],
+            quarantined: vec![12],
+        };
+        let shares = answer.shares(&[&a, &b]);
+        assert_eq!((shares[0].sent, shares[1].sent), (2, 1));
+        assert_eq!(shares[0].quarantined_reasons, [QuarantineReason::Invalid]);
+        assert!(shares[1].quarantined_reasons.is_empty());
+        assert!(shares.iter().all(|s| s.suspect.is_empty() && s.lost == 0));
+    }
+
+    #[test]
+    fn a_short_count_makes_every_claims_rows_suspect_and_a_claim_not_fenced_lost() {
+        let (a, b, c) = (
+            part(1, &[10], &[]),
+            part(2, &[20, 21], &[]),
+            part(3, &[30], &[]),
+        );
+        // Claim 3 was taken over; of the other three acknowledged rows one stayed unsent, and
+        // the count cannot say whose.
+        let answer = SettleAnswer {
+            fenced: vec![1, 2],
+            sent: 2,
+            rescheduled: vec![],
+            quarantined: vec![],
+        };
+        let shares = answer.shares(&[&a, &b, &c]);
+        assert_eq!(shares[0].suspect, [10]);
+        assert_eq!(shares[1].suspect, [20, 21]);
+        assert!(
+            shares[2].suspect.is_empty(),
+            "not fenced: nothing of it was settled"
+        );
+        assert_eq!(shares[2].lost, 1);
+        assert_eq!(shares.iter().map(|s| s.sent).sum::<u64>(), 2);
+    }
 
     /// The highest `$n` a statement names outside its comments.
     fn highest_param(sql: &str) -> usize {

@@ -12,9 +12,10 @@ use crate::destination::Destination;
 use crate::metrics as names;
 use crate::otel::ClaimSpans;
 use crate::retry::{self, RequestReaction};
-use crate::row::{Claimed, ClaimedRow, QuarantineReason, Settlement};
+use crate::row::{Claimed, ClaimedRow, QuarantineReason, Settled, Settlement};
 use crate::sink::EntryOutcome;
 
+use super::carry::Carried;
 use super::decide::{Decide, Decision, Policy};
 use super::effect::{Count, Effect};
 use super::follow_ups::{FollowUps, Next};
@@ -30,7 +31,9 @@ impl Relay {
         _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
         shutdown: CancellationToken,
     ) {
-        let Claimed { mut rows, .. } = claimed;
+        let Claimed {
+            mut rows, server, ..
+        } = claimed;
         let holds_back = rows.iter().any(|r| self.plan_config.keeps_order_of(r));
         // Before planning: a row's `traceparent` becomes its span's, and the planner sizes the
         // message with the value that is sent.
@@ -58,7 +61,10 @@ impl Relay {
             limits = self.size_limits(&rows).await;
             plan = batch::plan_within(&rows, &self.plan_config, &limits);
         }
-        let mut settlement = Settlement::default();
+        let mut settlement = Settlement {
+            server,
+            ..Settlement::default()
+        };
         let mut planned = self.decide(Instant::now());
         planned.planned(&rows, plan.rejected, &plan.released);
         self.apply(planned.finish(), &rows, &mut settlement, &mut spans);
@@ -125,7 +131,7 @@ impl Relay {
         }
         drop(sends);
         spans.finish(&settlement);
-        self.settle(settlement, lease_deadline).await;
+        self.settle_soon(settlement, lease_deadline).await;
         // Rows of ordered groups held their group-mates back from other claims: settled, they
         // unblock them, which waited for them already. Claim again rather than wait for the
         // poll interval or the latency budget (no NOTIFY fires for a DELETE or an UPDATE).
@@ -301,17 +307,42 @@ impl Relay {
         }
     }
 
+    /// Writes a claim's outcomes: carried by the claim loop's next claim when one comes
+    /// within the latency budget ([`super::carry`]), else on the settlements' connection.
+    async fn settle_soon(&self, settlement: Settlement, lease_deadline: Instant) {
+        let patience = self.config.claim.max_delay;
+        if settlement.is_empty() || patience.is_zero() {
+            return self.settle(settlement, lease_deadline, false).await;
+        }
+        let ticket = match self.carry.hand(settlement) {
+            Ok(ticket) => ticket,
+            Err(settlement) => return self.settle(settlement, lease_deadline, false).await,
+        };
+        match self.carry.outcome(ticket, patience).await {
+            Carried::Settled(settled) => self.settled(settled, lease_deadline).await,
+            Carried::Back { settlement, tried } => {
+                self.settle(settlement, lease_deadline, tried).await
+            }
+        }
+    }
+
     /// Writes a claim's outcomes, retrying while the lease still protects the rows. If the
     /// database stays away past the lease, the rows are simply claimed and sent again later,
-    /// with the same event_id.
-    pub(super) async fn settle(&self, settlement: Settlement, lease_deadline: Instant) {
+    /// with the same event_id. `tried`: a claim that carried it failed, and may have applied
+    /// it unseen.
+    pub(super) async fn settle(
+        &self,
+        settlement: Settlement,
+        lease_deadline: Instant,
+        tried: bool,
+    ) {
         if settlement.is_empty() {
             return;
         }
         let mut attempt = 0u32;
         loop {
             let (owner, settlement) = (&self.config.claim.relay_id, &settlement);
-            let retry = attempt > 0;
+            let retry = tried || attempt > 0;
             let result = self
                 .settlements
                 .run("recording outcomes", |s| async move {
@@ -321,22 +352,7 @@ impl Relay {
             match result {
                 Ok(settled) => {
                     self.shared.health.set_database_ok(true);
-                    metrics::counter!(names::EVENTS_SENT).increment(settled.sent);
-                    for reason in &settled.quarantined_reasons {
-                        metrics::counter!(names::EVENTS_QUARANTINED, "reason" => reason.as_str())
-                            .increment(1);
-                    }
-                    if !settled.suspect.is_empty() {
-                        self.confirm_settled(&settled.suspect, lease_deadline).await;
-                    }
-                    if settled.lost > 0 {
-                        metrics::counter!(names::LEASE_LOST).increment(settled.lost);
-                        tracing::warn!(target: LOG_TARGET,
-                            rows = settled.lost,
-                            "lease lost: another replica owns these rows now; our outcome was not recorded"
-                        );
-                    }
-                    return;
+                    return self.settled(settled, lease_deadline).await;
                 }
                 Err(e) if e.rewritten_by_rule() => {
                     // The rows stay unsent and their claim ends with its lease: each is sent
@@ -357,6 +373,25 @@ impl Relay {
                     tokio::time::sleep(delay).await;
                 }
             }
+        }
+    }
+
+    /// What a settlement did, however it was written: counted, and looked into when it
+    /// changed fewer rows than it meant to or found its claim gone.
+    async fn settled(&self, settled: Settled, lease_deadline: Instant) {
+        metrics::counter!(names::EVENTS_SENT).increment(settled.sent);
+        for reason in &settled.quarantined_reasons {
+            metrics::counter!(names::EVENTS_QUARANTINED, "reason" => reason.as_str()).increment(1);
+        }
+        if !settled.suspect.is_empty() {
+            self.confirm_settled(&settled.suspect, lease_deadline).await;
+        }
+        if settled.lost > 0 {
+            metrics::counter!(names::LEASE_LOST).increment(settled.lost);
+            tracing::warn!(target: LOG_TARGET,
+                rows = settled.lost,
+                "lease lost: another replica owns these rows now; our outcome was not recorded"
+            );
         }
     }
 }

@@ -13,6 +13,7 @@
 //! - `admission`: whether the relay may claim now (the schema's verdict, a recent renewal).
 //! - `claim_size`, `gather`: pure: how many rows the next claim asks for, and when it runs.
 //! - `given_up`: claims whose answer did not come back in time, released once they committed.
+//! - `carry`: settlements handed to the next claim, which applies them in its own transaction.
 //! - `many`: one relay serving several tables (the look, turns, tables in trouble); `board`:
 //!   its table gauges, the worst tables' as series of their own.
 //!
@@ -47,6 +48,7 @@ use crate::sink::Sinks;
 
 mod admission;
 pub(crate) mod board;
+mod carry;
 mod claim_size;
 mod decide;
 mod deliver;
@@ -84,9 +86,12 @@ struct Relay {
     outbox: Arc<Outbox>,
     /// The connection claims and settlements share, replaced when it goes dark.
     session: LiveSession,
-    /// Settlements' own connection: a second backend, so that with the database's cores
-    /// saturated by the application the relay's claims and settlements each get a share.
+    /// Settlements' own connection, for those no claim carries ([`carry`]): a second backend,
+    /// so that with the database's cores saturated by the application the relay's claims and
+    /// settlements each get a share.
     settlements: LiveSession,
+    /// Settlements waiting for the next claim, which applies them in its own transaction.
+    carry: carry::Carry,
     /// Statistics and maintenance, on a connection of their own so they never delay claims
     /// and settlements.
     maintenance: Maintenance,
@@ -367,6 +372,7 @@ impl Relay {
             plan_config: config.plan(),
             session: sessions.claims,
             settlements: sessions.settlements,
+            carry: carry::Carry::default(),
             maintenance,
             shared: shared.clone(),
             outbox,
@@ -430,6 +436,7 @@ impl Relay {
                     self.claims_stopped(&gate, &why, deliveries.len());
                     stopped = Some(why);
                 }
+                self.carry.idle();
                 tokio::select! {
                     _ = self.admission.changed.notified() => {}
                     _ = self.sleep_or_shutdown(c.claim.poll_interval, shutdown) => {}
@@ -439,6 +446,7 @@ impl Relay {
             if stopped.take().is_some() {
                 self.claims_resumed();
             }
+            self.carry.claiming();
             if let Some(pause) = self.shared.pressure.remaining(Instant::now()) {
                 self.sleep_or_shutdown(pause.min(c.claim.poll_interval), shutdown)
                     .await;
@@ -475,14 +483,20 @@ impl Relay {
                 catching_up: limit > c.claim.batch_size,
             };
             let request = &request;
+            // What deliveries finished since the last claim: this claim applies it first.
+            let carried = self.carry.take(self.outbox.floors().server());
             let claim = async {
                 let started = Instant::now();
+                let (owner, settlements) = (&c.claim.relay_id, &carried.settlements());
                 let leased = self
                     .session
-                    .run("claiming rows", |s| async move { s.lease(request).await })
+                    .run("claiming rows", |s| async move {
+                        s.lease_settling(request, owner, settlements).await
+                    })
                     .await;
                 metrics::histogram!(names::CLAIM_DURATION).record(started.elapsed().as_secs_f64());
-                let (mut claimed, after) = leased?;
+                let (mut claimed, after, settled) = leased?;
+                carried.settled(settled);
                 // Under a deadline of its own: the claim committed, and a connection lost now
                 // must not cost its leased rows.
                 if !after.is_empty() {
@@ -555,6 +569,7 @@ impl Relay {
                             // rows of their groups, under ordered delivery): the turn claims
                             // again when one is done, rather than ending and waiting for the
                             // next look.
+                            self.carry.idle();
                             tokio::select! {
                                 done = deliveries.join_next() => {
                                     if let Some(Err(e)) = done {
@@ -582,6 +597,7 @@ impl Relay {
                             continue;
                         }
                     }
+                    self.carry.idle();
                     if let Woken::Bell(rang) =
                         self.wait_for_work(&mut idle, claimed_at, shutdown).await
                     {
@@ -622,10 +638,13 @@ impl Relay {
                         tracing::error!(error = %e, retry_in = ?delay,
                             "claim failed and will keep failing until the database or its permissions are fixed; backing off");
                     }
+                    self.carry.idle();
                     self.sleep_or_shutdown(delay, shutdown).await;
                 }
             }
         }
+        // Deliveries still running settle on their own from now on.
+        self.carry.idle();
         if turn.is_none() || shutdown.is_cancelled() {
             tracing::info!(
                 deliveries = deliveries.len(),

@@ -10,6 +10,8 @@ pub(super) struct Marks {
     pub(super) soft: HashSet<String>,
     pub(super) injected: Vec<&'static str>,
     pub(super) sqs_errors: bool,
+    /// When the server was killed (immediate shutdown), seconds since the epoch.
+    pub(super) crashes: Vec<f64>,
 }
 
 pub(super) async fn inject(
@@ -64,6 +66,11 @@ pub(super) async fn inject(
             let ids = all();
             marks.lock().unwrap().hard.extend(ids);
             if immediate {
+                marks
+                    .lock()
+                    .unwrap()
+                    .crashes
+                    .push(super::signal::unix_now());
                 cluster.kill_immediate().await;
                 cluster.start_again().await;
             } else {

@@ -132,6 +132,9 @@ pub struct Evidence {
     pub undone_by: HashSet<String>,
     /// The age signal, sampled while the relays ran (faults included) until the table settled.
     pub signal: Vec<Sample>,
+    /// When the server was killed (immediate shutdown, a crash), seconds since the epoch: the
+    /// relay's last asynchronous commits may be lost with it.
+    pub crashes: Vec<f64>,
 }
 
 pub enum Run {
@@ -864,6 +867,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         faulted_hard: marks.hard,
         faulted_soft: marks.soft,
         injected: marks.injected,
+        crashes: marks.crashes,
         pool_leaks,
         quiet,
         settled: is_settled,

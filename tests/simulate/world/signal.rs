@@ -239,7 +239,7 @@ pub(super) async fn sample(
     samples
 }
 
-fn unix_now() -> f64 {
+pub(super) fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
