@@ -34,6 +34,9 @@ pub const OFFLOADED: &str = "outbox_offloaded_total";
 pub const OFFLOAD_FAILURES: &str = "outbox_offload_failures_total";
 pub const EVENTS_QUARANTINED: &str = "outbox_events_quarantined_total";
 pub const LEASE_LOST: &str = "outbox_lease_lost_total";
+/// Claims' settlements written, by how: `with_claim` (in the next claim's transaction) or
+/// `alone` (a statement of its own, each try counted): the second costs a transaction each.
+pub const SETTLEMENTS: &str = "outbox_settlements_total";
 pub const SEND_DURATION: &str = "outbox_send_duration_seconds";
 pub const DELIVERY_LAG: &str = "outbox_delivery_lag_seconds";
 /// One claim statement, rows returned or none: what a growing backlog or a slow database
@@ -125,6 +128,10 @@ fn describe() {
         LEASE_LOST,
         "settlements refused because another replica owns the row now"
     );
+    describe_counter!(
+        SETTLEMENTS,
+        "claims' settlements written, by how: with_claim (in the next claim's transaction) or alone (a transaction of its own, each try)"
+    );
     describe_histogram!(
         SEND_DURATION,
         Unit::Seconds,
@@ -180,6 +187,9 @@ fn describe() {
     metrics::counter!(EVENTS_SENT).absolute(0);
     metrics::counter!(OFFLOADED).absolute(0);
     metrics::counter!(LEASE_LOST).absolute(0);
+    for written in ["with_claim", "alone"] {
+        metrics::counter!(SETTLEMENTS, "written" => written).absolute(0);
+    }
 }
 
 /// `t` in seconds since the epoch, as Prometheus's `time()` counts them and the series that

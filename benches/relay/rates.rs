@@ -641,7 +641,18 @@ async fn cell(
     let pacing = writers.pacing;
 
     tokio::time::sleep_until((pacing.start + WARM_UP).into()).await;
+    let alone = || async {
+        match &relay {
+            Some(relay) => {
+                relay
+                    .metric("outbox_settlements_total{written=\"alone\"}")
+                    .await
+            }
+            None => None,
+        }
+    };
     statements::reset(&monitor).await;
+    let alone_start = alone().await;
     let mut backends = parts(&monitor).await;
     let relay_at_start = backends.values().filter(|p| **p == Part::Relay).count();
     let (cpu_start, reader_start, bench_start) =
@@ -652,8 +663,13 @@ async fn cell(
     let cpu_end = procstat::tree_cpu(postmaster);
     let (reader_cpu, bench_cpu) = (reader_cpu() - reader_start, bench_cpu() - bench_start);
     let window_end = Instant::now();
+    let alone_end = alone().await;
     let statements = match reader {
-        Reader::Relay => Some(statements::read(&monitor).await),
+        Reader::Relay => {
+            let mut read = statements::read(&monitor).await;
+            read.settlements_alone = alone_start.zip(alone_end).map(|(a, b)| b - a);
+            Some(read)
+        }
         _ => None,
     };
     let at_end = parts(&monitor).await;

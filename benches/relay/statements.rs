@@ -113,6 +113,10 @@ pub struct RelayStatements {
     /// The three costliest `other` statements (plan + execution), their text shortened: what
     /// to look at when `other` grows or a change of the relay's SQL escaped [`kind`].
     pub top_other: Vec<(String, f64)>,
+    /// Settlements written as statements of their own over the window (the relay's
+    /// `outbox_settlements_total{written="alone"}`), where the relay says: the rest ran in a
+    /// claim's transaction. `None`: every settlement was a transaction of its own.
+    pub settlements_alone: Option<f64>,
 }
 
 impl RelayStatements {
@@ -163,10 +167,12 @@ impl RelayStatements {
         self.calls() / self.claim.calls
     }
 
-    /// Transactions per claim cycle: the ones with a BEGIN (a claim's), and the statements a
-    /// cycle runs on their own on a direct connection (settlements, probes), over the claims.
+    /// Transactions per claim cycle: the ones with a BEGIN (a claim's, with the settlements
+    /// it carries), and the statements a cycle runs on their own on a direct connection
+    /// (settlements no claim carried, probes), over the claims.
     pub fn transactions_per_claim(&self) -> f64 {
-        (self.begins.calls + self.settlement.calls + self.probe.calls) / self.claim.calls
+        let alone = self.settlements_alone.unwrap_or(self.settlement.calls);
+        (self.begins.calls + alone + self.probe.calls) / self.claim.calls
     }
 
     /// Executions of every statement of the relay's.
@@ -212,6 +218,7 @@ impl RelayStatements {
             "other": self.other.to_json(),
             "statements_per_claim": finite(self.statements_per_claim()),
             "transactions_per_claim": finite(self.transactions_per_claim()),
+            "settlements_alone": self.settlements_alone,
             "other_costliest": self.top_other.iter().map(|(q, ms)| json!({"query": q, "ms": ms})).collect::<Vec<_>>(),
             "events_per_claim": finite(self.events_per_claim()),
             "claim_plan_ms": finite(claim_plan),

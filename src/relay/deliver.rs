@@ -343,6 +343,7 @@ impl Relay {
         loop {
             let (owner, settlement) = (&self.config.claim.relay_id, &settlement);
             let retry = tried || attempt > 0;
+            metrics::counter!(names::SETTLEMENTS, "written" => "alone").increment(1);
             let result = self
                 .settlements
                 .run("recording outcomes", |s| async move {

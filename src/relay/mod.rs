@@ -496,6 +496,8 @@ impl Relay {
                     .await;
                 metrics::histogram!(names::CLAIM_DURATION).record(started.elapsed().as_secs_f64());
                 let (mut claimed, after, settled) = leased?;
+                metrics::counter!(names::SETTLEMENTS, "written" => "with_claim")
+                    .increment(settled.len() as u64);
                 carried.settled(settled);
                 // Under a deadline of its own: the claim committed, and a connection lost now
                 // must not cost its leased rows.
