@@ -3,11 +3,13 @@
 //! one transaction and one commit for both, on one connection. At the rates services run,
 //! a claim cycle is then one transaction instead of two (docs/benchmarks.md, "A claim cycle").
 //!
-//! A settlement is carried only while claims come soon: the loop takes what is waiting at
-//! each claim, and a delivery waits at most the latency budget (`--max-delay`) for it. An idle
-//! loop (waiting for work, or gone) hands everything back at once and takes nothing, and a
-//! delivery whose settlement was not taken in time takes it back; either way the delivery
-//! settles it on its own, as before. A settlement the loop took comes back with what each of
+//! A settlement is carried only while claims come soon and the relay keeps up: the loop takes
+//! what is waiting at each claim, and a delivery waits at most the latency budget
+//! (`--max-delay`) for it. A loop that is idle (waiting for work, or gone) or behind (its last
+//! claim came back full: settlements then keep a backend of their own, and a share of a busy
+//! database's cores) hands everything back at once and takes nothing, and a delivery whose
+//! settlement was not taken in time takes it back; either way the delivery settles it on its
+//! own, as before. A settlement the loop took comes back with what each of
 //! its rows came to, or whole when the claim failed (the delivery retries it on its own, as
 //! after a settlement of its own whose answer was lost): whatever ends a claim, a taken
 //! settlement always comes back ([`Taken`]'s drop).

@@ -446,7 +446,6 @@ impl Relay {
             if stopped.take().is_some() {
                 self.claims_resumed();
             }
-            self.carry.claiming();
             if let Some(pause) = self.shared.pressure.remaining(Instant::now()) {
                 self.sleep_or_shutdown(pause.min(c.claim.poll_interval), shutdown)
                     .await;
@@ -534,6 +533,15 @@ impl Relay {
                     // Rows a takeover freed after the claim are claimable now, like the rest
                     // of a full claim's backlog.
                     let full = claimed.len() == limit || claimed.freed > 0;
+                    // Settlements ride in claims only while the relay keeps up. Behind (full
+                    // claims back to back), they stay on their own connection: a second
+                    // backend, so that on a database the application saturates the relay's
+                    // claims and settlements each get a share of its cores (docs/benchmarks.md,
+                    // "Keeping up").
+                    match full {
+                        true => self.carry.idle(),
+                        false => self.carry.claiming(),
+                    }
                     limit = claim_size::next(c.claim.batch_size, limit, claimed.len());
                     let rows_claimed = !claimed.is_empty();
                     if rows_claimed {
