@@ -791,6 +791,32 @@ async fn a_writing_transaction_held_open_holds_back_no_other_row_and_its_rollbac
     );
 }
 
+/// A cluster of its own (these tests restart it) with a migrated table holding `written`, the
+/// application's connection, and the relay's table.
+async fn a_cluster_of_its_own(
+    written: &[crate::scenario::Event],
+) -> (PrivatePg, TestDb, tokio_postgres::Client, Outbox) {
+    let cluster = PrivatePg::start().await;
+    let db = cluster.create_db().await;
+    migrate_with(&db, &[]).await;
+    let app = db.client().await;
+    insert(&app, written, Duration::ZERO).await;
+    let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
+    (cluster, db, app, outbox)
+}
+
+/// A claim of up to `limit` rows by the relay `relay`, leased for a minute.
+fn relay_request(limit: i64) -> ClaimRequest {
+    ClaimRequest {
+        limit,
+        owner: "relay".into(),
+        lease: Duration::from_secs(60),
+        budget_bytes: i64::MAX,
+        cursor: None,
+        catching_up: false,
+    }
+}
+
 /// The claims' floor assumes tokens only grow, which holds until the server loses
 /// transactions: the relay commits its own asynchronously, so a crash (or a promoted standby)
 /// can lose its last settlements and claims, and the identity's advance with them: a row the
@@ -803,30 +829,20 @@ async fn a_writing_transaction_held_open_holds_back_no_other_row_and_its_rollbac
 /// claims' floor too).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_restarted_sends_the_floors_back_to_the_start() {
-    let cluster = PrivatePg::start().await;
-    let db = cluster.create_db().await;
-    migrate_with(&db, &[]).await;
-    let app = db.client().await;
-    insert(&app, &events("restart", 4, 1), Duration::ZERO).await;
-    let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
-    let request = |limit| ClaimRequest {
-        limit,
-        owner: "relay".into(),
-        lease: Duration::from_secs(60),
-        budget_bytes: i64::MAX,
-        cursor: None,
-        catching_up: false,
-    };
+    let (cluster, _db, app, outbox) = a_cluster_of_its_own(&events("restart", 4, 1)).await;
     let session = outbox.connect().await.unwrap();
     for _ in 0..3 {
-        assert_eq!(session.claim(&request(1)).await.unwrap().rows.len(), 1);
+        assert_eq!(
+            session.claim(&relay_request(1)).await.unwrap().rows.len(),
+            1
+        );
     }
     // Settled as --retention settles them, then the fourth row claimed: both floors pass
     // the first three rows and their claims.
     app.batch_execute("UPDATE outbox SET sent_at = now() WHERE id <= 3; DELETE FROM outbox_claims")
         .await
         .unwrap();
-    let fourth = session.claim(&request(1)).await.unwrap();
+    let fourth = session.claim(&relay_request(1)).await.unwrap();
     assert_eq!(fourth.rows.iter().map(|r| r.id).collect::<Vec<_>>(), [4]);
     let (floor, claims_floor) = (outbox.floors().rows(), outbox.floors().claims());
     assert!(
@@ -853,7 +869,7 @@ async fn a_server_that_restarted_sends_the_floors_back_to_the_start() {
     // The first claim after the restart finds it and reads from the old floors; the next
     // ones from the start. Bounded: with the floors kept, no claim finds the third row.
     for _ in 0..5 {
-        let claimed = crate::support::claim_taking_over(&session, &request(10)).await;
+        let claimed = crate::support::claim_taking_over(&session, &relay_request(10)).await;
         ids.extend(claimed.rows.iter().map(|r| r.id));
         if ids.contains(&3) {
             break;
@@ -874,22 +890,9 @@ async fn a_server_that_restarted_sends_the_floors_back_to_the_start() {
 /// that it would delete the later claim and free its other rows while they are being sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_of_a_claim_the_server_lost_leaves_the_claim_that_took_its_token_alone() {
-    let cluster = PrivatePg::start().await;
-    let db = cluster.create_db().await;
-    migrate_with(&db, &[]).await;
-    let app = db.client().await;
-    insert(&app, &events("lost", 2, 2), Duration::ZERO).await;
-    let outbox = Outbox::new(&db.url, "outbox".parse().unwrap(), Duration::from_secs(5)).unwrap();
-    let request = |limit| ClaimRequest {
-        limit,
-        owner: "relay".into(),
-        lease: Duration::from_secs(60),
-        budget_bytes: i64::MAX,
-        cursor: None,
-        catching_up: false,
-    };
+    let (cluster, db, app, outbox) = a_cluster_of_its_own(&events("lost", 2, 2)).await;
     let session = outbox.connect().await.unwrap();
-    let before = session.claim(&request(1)).await.unwrap();
+    let before = session.claim(&relay_request(1)).await.unwrap();
     let (row, token) = (before.rows[0].id, before.rows[0].lease_token);
     let lost = Settlement {
         sent: vec![SentRow {
@@ -912,7 +915,7 @@ async fn a_settlement_of_a_claim_the_server_lost_leaves_the_claim_that_took_its_
     let app = db.client().await;
 
     let session = outbox.connect().await.unwrap();
-    let after = session.claim(&request(10)).await.unwrap();
+    let after = session.claim(&relay_request(10)).await.unwrap();
     assert_eq!(after.rows.len(), 2, "both rows claimed again");
     assert!(
         after.rows.iter().all(|r| r.lease_token == token),

@@ -216,20 +216,29 @@ mod tests {
         s.sent.iter().map(|r| r.id).collect()
     }
 
+    /// The ids of each settlement a claim took.
+    fn taken_ids(taken: &Taken) -> Vec<Vec<i64>> {
+        taken.settlements().iter().map(|s| ids(s)).collect()
+    }
+
+    /// Asserts that `carried` is `ids`'s settlement given back, `tried` by a claim or not.
+    fn assert_back(carried: Carried, expected: &[i64], was_tried: bool) {
+        match carried {
+            Carried::Back { settlement, tried } => {
+                assert_eq!(ids(&settlement), expected);
+                assert_eq!(tried, was_tried);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_claim_that_applied_the_settlements_answers_each_its_own() {
         let carry = Carry::default();
         let first = carry.hand(settlement(1)).unwrap();
         let second = carry.hand(settlement(2)).unwrap();
         let taken = carry.take(None);
-        assert_eq!(
-            taken
-                .settlements()
-                .iter()
-                .map(|s| ids(s))
-                .collect::<Vec<_>>(),
-            [[1], [2]]
-        );
+        assert_eq!(taken_ids(&taken), [[1], [2]]);
         let outcome = |sent| Settled {
             sent,
             ..Settled::default()
@@ -256,21 +265,12 @@ mod tests {
         after.server = Some(2);
         let (old, new) = (carry.hand(before).unwrap(), carry.hand(after).unwrap());
         let taken = carry.take(Some(2));
-        assert_eq!(
-            taken
-                .settlements()
-                .iter()
-                .map(|s| ids(s))
-                .collect::<Vec<_>>(),
-            [[9]]
+        assert_eq!(taken_ids(&taken), [[9]]);
+        assert_back(
+            carry.outcome(old, Duration::from_secs(60)).await,
+            &[8],
+            false,
         );
-        match carry.outcome(old, Duration::from_secs(60)).await {
-            Carried::Back { settlement, tried } => {
-                assert_eq!(ids(&settlement), [8]);
-                assert!(!tried);
-            }
-            other => panic!("{other:?}"),
-        }
         taken.settled(vec![Settled::default()]);
         assert!(matches!(
             carry.outcome(new, Duration::from_secs(60)).await,
@@ -283,26 +283,22 @@ mod tests {
         let carry = Carry::default();
         let ticket = carry.hand(settlement(3)).unwrap();
         drop(carry.take(None));
-        match carry.outcome(ticket, Duration::from_secs(60)).await {
-            Carried::Back { settlement, tried } => {
-                assert_eq!(ids(&settlement), [3]);
-                assert!(tried);
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_back(
+            carry.outcome(ticket, Duration::from_secs(60)).await,
+            &[3],
+            true,
+        );
     }
 
     #[tokio::test]
     async fn a_settlement_no_claim_took_in_time_comes_back_untried() {
         let carry = Carry::default();
         let ticket = carry.hand(settlement(4)).unwrap();
-        match carry.outcome(ticket, Duration::from_millis(1)).await {
-            Carried::Back { settlement, tried } => {
-                assert_eq!(ids(&settlement), [4]);
-                assert!(!tried);
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_back(
+            carry.outcome(ticket, Duration::from_millis(1)).await,
+            &[4],
+            false,
+        );
         assert!(
             carry.take(None).settlements().is_empty(),
             "taken back, not left for a claim"
@@ -314,13 +310,11 @@ mod tests {
         let carry = Carry::default();
         let ticket = carry.hand(settlement(5)).unwrap();
         carry.idle();
-        match carry.outcome(ticket, Duration::from_secs(60)).await {
-            Carried::Back { settlement, tried } => {
-                assert_eq!(ids(&settlement), [5]);
-                assert!(!tried);
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_back(
+            carry.outcome(ticket, Duration::from_secs(60)).await,
+            &[5],
+            false,
+        );
         let refused = carry
             .hand(settlement(6))
             .err()
