@@ -131,8 +131,11 @@ pub struct Settlement {
     pub reschedule: Vec<RescheduledRow>,
     pub quarantine: Vec<QuarantinedRow>,
     /// When the server the claim was made on started ([`Claimed::server`]): the settlement
-    /// applies there only. `None`: wherever.
+    /// applies there only, or to a claim still there from before the server started.
+    /// `None`: wherever.
     pub server: Option<i64>,
+    /// The claim's lease (`--lease`): when its row was made, with its `until`.
+    pub lease: Duration,
 }
 
 #[derive(Debug)]

@@ -901,6 +901,7 @@ async fn a_settlement_of_a_claim_the_server_lost_leaves_the_claim_that_took_its_
             message_id: "m".into(),
         }],
         server: before.server,
+        lease: Duration::from_secs(60),
         ..Settlement::default()
     };
     drop(session);
@@ -932,4 +933,39 @@ async fn a_settlement_of_a_claim_the_server_lost_leaves_the_claim_that_took_its_
         "the later claim still holds its rows"
     );
     assert_eq!(count(&app, "true").await, 2, "no row settled");
+}
+
+/// And a clean restart loses nothing: a settlement of a claim made before it, written after
+/// it (a delivery in flight across the restart), applies to that claim, which is still there:
+/// its row made before the server started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_across_a_clean_restart_settles_its_claim() {
+    let (cluster, db, _, outbox) = a_cluster_of_its_own(&events("clean", 2, 2)).await;
+    let session = outbox.connect().await.unwrap();
+    let before = session.claim(&relay_request(1)).await.unwrap();
+    let settlement = Settlement {
+        sent: vec![SentRow {
+            id: before.rows[0].id,
+            lease_token: before.rows[0].lease_token,
+            message_id: "m".into(),
+        }],
+        server: before.server,
+        lease: Duration::from_secs(60),
+        ..Settlement::default()
+    };
+    drop(session);
+    cluster.restart().await;
+    let app = db.client().await;
+    let session = outbox.connect().await.unwrap();
+    let settled = session
+        .write_settlement("relay", &settlement, true)
+        .await
+        .unwrap();
+    assert_eq!((settled.sent, settled.lost), (1, 0), "{settled:?}");
+    assert_eq!(crate::support::count_claims(&app, "true").await, 0);
+    assert_eq!(
+        count(&app, "sent_at IS NULL").await,
+        1,
+        "the other row waits"
+    );
 }

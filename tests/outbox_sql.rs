@@ -244,6 +244,7 @@ fn mixed(rows: &[outbox_relay::row::ClaimedRow]) -> Settlement {
             retry_in: None,
         }],
         server: None,
+        lease: Duration::ZERO,
     }
 }
 

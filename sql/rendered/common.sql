@@ -72,9 +72,12 @@ FROM locked
 --
 -- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
 -- them and applies the outcomes only to the ids they listed. And by the server the claims were
--- made on (when it started, the last parameter): the relay commits asynchronously, so a server
--- that restarted after a crash may have lost the claims, and its lease table's identity hands
--- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
+-- made on (when it started, and their lease: the last two parameters): the relay commits
+-- asynchronously, so a server that restarted after a crash may have lost the claims, and its
+-- lease table's identity hands their tokens out again, to the same relay's later claims, whose
+-- rows this must not touch. On a server that started since the claims, a claim row made before
+-- it started (its `until` less the lease) is theirs, kept by a clean restart; one made since
+-- is another claim under a token handed out again. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -92,7 +95,8 @@ WITH fence AS (
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
       AND ($12::bigint IS NULL
-           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $12::bigint)
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $12::bigint
+           OR l.until - make_interval(secs => $13::float8) < pg_postmaster_start_time())
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,
@@ -169,9 +173,12 @@ SELECT ARRAY(SELECT token FROM fence),
 --
 -- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
 -- them and applies the outcomes only to the ids they listed. And by the server the claims were
--- made on (when it started, the last parameter): the relay commits asynchronously, so a server
--- that restarted after a crash may have lost the claims, and its lease table's identity hands
--- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
+-- made on (when it started, and their lease: the last two parameters): the relay commits
+-- asynchronously, so a server that restarted after a crash may have lost the claims, and its
+-- lease table's identity hands their tokens out again, to the same relay's later claims, whose
+-- rows this must not touch. On a server that started since the claims, a claim row made before
+-- it started (its `until` less the lease) is theirs, kept by a clean restart; one made since
+-- is another claim under a token handed out again. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -189,7 +196,8 @@ WITH fence AS (
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
       AND ($4::bigint IS NULL
-           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $4::bigint)
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $4::bigint
+           OR l.until - make_interval(secs => $5::float8) < pg_postmaster_start_time())
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,
@@ -230,9 +238,12 @@ SELECT ARRAY(SELECT token FROM fence),
 --
 -- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
 -- them and applies the outcomes only to the ids they listed. And by the server the claims were
--- made on (when it started, the last parameter): the relay commits asynchronously, so a server
--- that restarted after a crash may have lost the claims, and its lease table's identity hands
--- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
+-- made on (when it started, and their lease: the last two parameters): the relay commits
+-- asynchronously, so a server that restarted after a crash may have lost the claims, and its
+-- lease table's identity hands their tokens out again, to the same relay's later claims, whose
+-- rows this must not touch. On a server that started since the claims, a claim row made before
+-- it started (its `until` less the lease) is theirs, kept by a clean restart; one made since
+-- is another claim under a token handed out again. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -250,7 +261,8 @@ WITH fence AS (
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
       AND ($13::bigint IS NULL
-           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $13::bigint)
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $13::bigint
+           OR l.until - make_interval(secs => $14::float8) < pg_postmaster_start_time())
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,
@@ -331,9 +343,12 @@ SELECT ARRAY(SELECT token FROM fence),
 --
 -- Fenced by the claims' own rows (tokens $2, owner $1, sql/claims.sql): the statement deletes
 -- them and applies the outcomes only to the ids they listed. And by the server the claims were
--- made on (when it started, the last parameter): the relay commits asynchronously, so a server
--- that restarted after a crash may have lost the claims, and its lease table's identity hands
--- their tokens out again, to the same relay's later claims, whose rows this must not touch. A claim that ended and was taken over is gone, and then nothing here changes
+-- made on (when it started, and their lease: the last two parameters): the relay commits
+-- asynchronously, so a server that restarted after a crash may have lost the claims, and its
+-- lease table's identity hands their tokens out again, to the same relay's later claims, whose
+-- rows this must not touch. On a server that started since the claims, a claim row made before
+-- it started (its `until` less the lease) is theirs, kept by a clean restart; one made since
+-- is another claim under a token handed out again. A claim that ended and was taken over is gone, and then nothing here changes
 -- anything; deleting it also waits for (or makes wait) the next claim's removal of ended
 -- claims, so the two never both apply. Deleting it releases the rows given back: they are
 -- claimable again once their delay has passed.
@@ -351,7 +366,8 @@ WITH fence AS (
     WHERE l.token = ANY ($2::bigint[])
       AND l.owner = $1
       AND ($5::bigint IS NULL
-           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $5::bigint)
+           OR (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint = $5::bigint
+           OR l.until - make_interval(secs => $6::float8) < pg_postmaster_start_time())
     RETURNING l.token, l.ids
 ),
 -- Each outcome's rows are first narrowed to the ids the fence listed, in a CTE of their own,

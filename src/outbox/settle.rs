@@ -11,8 +11,10 @@
 //! - with rows given back or parked: `$4..$7` given back (id, delay, error, refund) and
 //!   `$8..$11` parked (id, reason, error, delay);
 //! - marking rows sent: the acknowledged rows' message ids;
-//! - last, when the server the claims were made on started (`Settlement::server`; null: any):
-//!   a settlement applies on that server only.
+//! - last, when the server the claims were made on started (`Settlement::server`; null: any)
+//!   and their lease, in seconds: on a server that started since, a settlement applies only to
+//!   a claim that was there before it started (one that survived a clean restart), never to
+//!   one made since under the same token.
 //!
 //! Its one row answers: the tokens of the claims it fenced, how many acknowledged rows it
 //! settled, the ids it gave back and the ids it parked.
@@ -45,7 +47,7 @@ impl Acknowledge {
     /// How many parameters this mode's statement takes, with or without the rows given back
     /// and parked.
     pub(super) fn param_count(self, others: bool) -> usize {
-        self.message_ids(others) + 1
+        self.message_ids(others) + 2
     }
 
     /// The last of the parameters before the server's start: the message ids' when marking.
@@ -121,7 +123,8 @@ fn statement(
     // The message ids and the server's start come last, after whichever parameters the
     // statement takes.
     let message_ids = format!("${}", mode.message_ids(with_others));
-    let server = format!("${}", mode.param_count(with_others));
+    let server = format!("${}", mode.message_ids(with_others) + 1);
+    let lease = format!("${}", mode.param_count(with_others));
     let acknowledge = render(
         mode.template(),
         &[
@@ -135,6 +138,7 @@ fn statement(
             ("table", Value::Table(table)),
             ("claims", Value::Table(&table.claims())),
             ("server", Value::Sql(&server)),
+            ("lease", Value::Sql(&lease)),
             ("acknowledge", Value::Sql(&acknowledge)),
             ("others", Value::Sql(others)),
             ("rescheduled", Value::Sql(rescheduled)),
@@ -161,14 +165,17 @@ pub(super) struct SettleArgs<'a> {
     q_errors: Vec<&'a str>,
     q_delays: Vec<Option<f64>>,
     server: Option<i64>,
+    lease: f64,
 }
 
 impl<'a> SettleArgs<'a> {
     /// The arguments that settle `parts` (each a claim's outcomes, or several claims') in one
     /// statement: each outcome's rows one after the other, every claim's token once.
-    /// The parts' claims were all made on one server (`Settlement::server`).
+    /// The parts' claims were all made on one server (`Settlement::server`), with one lease.
     pub(super) fn new(mode: Acknowledge, owner: &'a str, parts: &[&'a Settlement]) -> Self {
-        debug_assert!(parts.windows(2).all(|w| w[0].server == w[1].server));
+        debug_assert!(parts
+            .windows(2)
+            .all(|w| (w[0].server, w[0].lease) == (w[1].server, w[1].lease)));
         let sent = || parts.iter().flat_map(|s| &s.sent);
         let r = || parts.iter().flat_map(|s| &s.reschedule);
         let q = || parts.iter().flat_map(|s| &s.quarantine);
@@ -191,6 +198,7 @@ impl<'a> SettleArgs<'a> {
             q_errors: q().map(|r| r.error.as_str()).collect(),
             q_delays: q().map(|r| r.retry_in.map(|d| d.as_secs_f64())).collect(),
             server: parts.first().and_then(|s| s.server),
+            lease: parts.first().map_or(0.0, |s| s.lease.as_secs_f64()),
         }
     }
 
@@ -218,6 +226,7 @@ impl<'a> SettleArgs<'a> {
             params.push(&self.message_ids);
         }
         params.push(&self.server);
+        params.push(&self.lease);
         debug_assert_eq!(params.len(), self.mode.param_count(self.others));
         params
     }

@@ -63,6 +63,7 @@ impl Relay {
         }
         let mut settlement = Settlement {
             server,
+            lease: self.config.claim.lease,
             ..Settlement::default()
         };
         let mut planned = self.decide(Instant::now());
