@@ -264,10 +264,12 @@ async fn derived_and_true(prometheus: &Prometheus, fired: &Fired) -> Option<(f64
 }
 
 /// The oldest unsent row's age as a scraper of `expect`'s relays derives it at `at`: the
-/// freshest replica's, as the age alerts take it.
+/// freshest replica's, each relay's last scrape kept 2 minutes, as the age alerts take it
+/// (deploy/prometheus/alerts.yml). Without `last_over_time`, one scrape the loaded machine
+/// missed left no series at that instant.
 async fn derived_age(prometheus: &Prometheus, expect: &Expect, at: f64) -> Option<f64> {
     let expr = format!(
-        "min(time() - outbox_oldest_unsent_timestamp_seconds{{job=\"{JOB}\", scenario=\"{}\"{}}})",
+        "min(time() - last_over_time(outbox_oldest_unsent_timestamp_seconds{{job=\"{JOB}\", scenario=\"{}\"{}}}[2m]))",
         expect.scenario, expect.labels
     );
     let series = prometheus.query(&expr, at).await.ok()?;
