@@ -13,6 +13,11 @@
 --
 -- `attempts` is returned as this claim's attempt: the attempts before it plus one. The row
 -- keeps the count of attempts that ended; the settlement writes what this one came to.
+--
+-- The rows are returned from `candidates` as the strategy's `chosen` read them (it carries
+-- their columns, `row_columns` in claim.rs), not looked up again: a second lookup of the same
+-- rows by id was a fifth of the claim's execution. A payload is only carried there, never read
+-- (a large one stays a pointer to its TOAST): a refused row's is never rendered.
 lease AS (
     INSERT INTO {claims} (owner, until, ids)
     SELECT $2, now() + make_interval(secs => $3), array_agg(id ORDER BY id)
@@ -23,14 +28,14 @@ lease AS (
 ),
 claimed AS (
     SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-           CASE WHEN c.refusal IS NULL THEN o.payload::text END,
+           CASE WHEN o.refusal IS NULL THEN o.payload::text END,
            o.headers, o.queue_url,
            coalesce((SELECT token FROM lease), 0) AS lease_token,
-           c.attempts + CASE WHEN c.refusal IS NULL THEN 1 ELSE 0 END AS attempts,
+           o.attempts + CASE WHEN o.refusal IS NULL THEN 1 ELSE 0 END AS attempts,
            extract(epoch FROM o.created_at)::float8,
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-           c.refusal,
-           c.bytes::bigint,
+           o.refusal,
+           o.bytes::bigint,
            o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
            {turn_o} AS turn,
@@ -43,7 +48,5 @@ claimed AS (
             WHERE u.sent_at IS NULL AND u.quarantined_at IS NULL AND u.id >= $5::bigint
             ORDER BY u.id
             LIMIT 1) AS lowest_unsent
-    FROM candidates AS c
-    JOIN {table} AS o ON o.id = c.id
-    WHERE o.id = ANY (ARRAY(SELECT id FROM candidates))
+    FROM candidates AS o
 )

@@ -6,7 +6,7 @@
 -- bound for a FIFO queue that are not their group's head (see claim.rs).
 {leased}
 chosen AS (
-    SELECT id, c.attempts AS attempts, {payload_bytes} AS bytes
+    SELECT id, c.attempts AS attempts, {payload_bytes} AS bytes, {row_c}
     FROM {table} AS c
     WHERE sent_at IS NULL
       AND quarantined_at IS NULL
@@ -21,8 +21,8 @@ measured AS (
     {measured}
 ),
 candidates AS (
-    SELECT id, refusal, bytes, attempts
-    FROM (SELECT id, refusal, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
-          FROM measured) AS b
+    SELECT b.*
+    FROM (SELECT m.*, sum(m.held) OVER (ORDER BY m.id) - m.held AS before
+          FROM measured AS m) AS b
     WHERE b.before < $4
 )

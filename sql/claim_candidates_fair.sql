@@ -28,7 +28,7 @@ ranked AS (
     WHERE keys.k IS NOT NULL
 ),
 chosen AS (
-    SELECT c.id, c.attempts AS attempts, {payload_bytes} AS bytes
+    SELECT c.id, c.attempts AS attempts, {payload_bytes} AS bytes, {row_c}
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key whatever the
     -- statistics say, never by a join over the table.
@@ -39,8 +39,8 @@ measured AS (
     {measured}
 ),
 candidates AS (
-    SELECT id, refusal, bytes, attempts
-    FROM (SELECT id, refusal, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
-          FROM measured) AS b
+    SELECT b.*
+    FROM (SELECT m.*, sum(m.held) OVER (ORDER BY m.id) - m.held AS before
+          FROM measured AS m) AS b
     WHERE b.before < $4
 )

@@ -170,7 +170,7 @@ picked AS (
     LIMIT $1
 ),
 chosen AS (
-    SELECT c.id, c.attempts AS attempts, {payload_bytes} AS bytes
+    SELECT c.id, c.attempts AS attempts, {payload_bytes} AS bytes, {row_c}
     FROM {table} AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
@@ -188,8 +188,8 @@ measured AS (
 -- A run stops at a row quarantined at claim (`refusal`): the rows behind it wait for the next
 -- claim, where --on-poison decides whether it still holds its group.
 candidates AS (
-    SELECT b.id, b.refusal, b.bytes, b.attempts
-    FROM (SELECT p.id, l.refusal, l.bytes, l.attempts, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
+    SELECT b.*
+    FROM (SELECT l.*, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
           FROM picked AS p
           JOIN measured AS l ON l.id = p.id
           WHERE NOT EXISTS (

@@ -251,7 +251,7 @@ picked AS (
     LIMIT $1
 ),
 chosen AS (
-    SELECT c.id, c.attempts AS attempts, coalesce(CASE WHEN pg_column_compression(c.payload) IS NULL AND pg_column_size(c.payload) <= $9::bigint / 16384 THEN pg_column_size(c.payload) ELSE octet_length(c.payload::text) END, 0) AS bytes
+    SELECT c.id, c.attempts AS attempts, coalesce(CASE WHEN pg_column_compression(c.payload) IS NULL AND pg_column_size(c.payload) <= $9::bigint / 16384 THEN pg_column_size(c.payload) ELSE octet_length(c.payload::text) END, 0) AS bytes, c.event_id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload, c.headers, c.queue_url, c.created_at, c.dedup_id
     FROM "app"."outbox" AS c
     -- An array, not IN (subquery): the chosen ids are looked up by primary key.
     WHERE c.id = ANY (ARRAY(SELECT id FROM picked))
@@ -264,13 +264,13 @@ chosen AS (
       AND true
 ),
 measured AS (
-    SELECT id, bytes, attempts, refusal, CASE WHEN refusal IS NULL THEN bytes ELSE 0 END AS held FROM (SELECT id, bytes, attempts, CASE WHEN bytes > $9::bigint THEN 'too_large' WHEN attempts >= $10::int THEN 'max_attempts' END AS refusal FROM chosen) AS w
+    SELECT w.*, CASE WHEN w.refusal IS NULL THEN w.bytes ELSE 0 END AS held FROM (SELECT chosen.*, CASE WHEN bytes > $9::bigint THEN 'too_large' WHEN attempts >= $10::int THEN 'max_attempts' END AS refusal FROM chosen) AS w
 ),
 -- A run stops at a row quarantined at claim (`refusal`): the rows behind it wait for the next
 -- claim, where --on-poison decides whether it still holds its group.
 candidates AS (
-    SELECT b.id, b.refusal, b.bytes, b.attempts
-    FROM (SELECT p.id, l.refusal, l.bytes, l.attempts, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
+    SELECT b.*
+    FROM (SELECT l.*, sum(l.held) OVER (ORDER BY p.turn) - l.held AS before
           FROM picked AS p
           JOIN measured AS l ON l.id = p.id
           WHERE NOT EXISTS (
@@ -297,6 +297,11 @@ candidates AS (
 --
 -- `attempts` is returned as this claim's attempt: the attempts before it plus one. The row
 -- keeps the count of attempts that ended; the settlement writes what this one came to.
+--
+-- The rows are returned from `candidates` as the strategy's `chosen` read them (it carries
+-- their columns, `row_columns` in claim.rs), not looked up again: a second lookup of the same
+-- rows by id was a fifth of the claim's execution. A payload is only carried there, never read
+-- (a large one stays a pointer to its TOAST): a refused row's is never rendered.
 lease AS (
     INSERT INTO "app"."outbox_claims" (owner, until, ids)
     SELECT $2, now() + make_interval(secs => $3), array_agg(id ORDER BY id)
@@ -307,14 +312,14 @@ lease AS (
 ),
 claimed AS (
     SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-           CASE WHEN c.refusal IS NULL THEN o.payload::text END,
+           CASE WHEN o.refusal IS NULL THEN o.payload::text END,
            o.headers, o.queue_url,
            coalesce((SELECT token FROM lease), 0) AS lease_token,
-           c.attempts + CASE WHEN c.refusal IS NULL THEN 1 ELSE 0 END AS attempts,
+           o.attempts + CASE WHEN o.refusal IS NULL THEN 1 ELSE 0 END AS attempts,
            extract(epoch FROM o.created_at)::float8,
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-           c.refusal,
-           c.bytes::bigint,
+           o.refusal,
+           o.bytes::bigint,
            o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
            o.id AS turn,
@@ -327,9 +332,7 @@ claimed AS (
             WHERE u.sent_at IS NULL AND u.quarantined_at IS NULL AND u.id >= $5::bigint
             ORDER BY u.id
             LIMIT 1) AS lowest_unsent
-    FROM candidates AS c
-    JOIN "app"."outbox" AS o ON o.id = c.id
-    WHERE o.id = ANY (ARRAY(SELECT id FROM candidates))
+    FROM candidates AS o
 )
 
 SELECT claimed.*,

@@ -29,7 +29,7 @@ live_from AS (
     WHERE l.token >= $8::bigint
 ),
 chosen AS (
-    SELECT id, c.attempts AS attempts, coalesce(CASE WHEN pg_column_compression(c.payload) IS NULL AND pg_column_size(c.payload) <= $6::bigint / 16384 THEN pg_column_size(c.payload) ELSE octet_length(c.payload::text) END, 0) AS bytes
+    SELECT id, c.attempts AS attempts, coalesce(CASE WHEN pg_column_compression(c.payload) IS NULL AND pg_column_size(c.payload) <= $6::bigint / 16384 THEN pg_column_size(c.payload) ELSE octet_length(c.payload::text) END, 0) AS bytes, c.event_id, c.aggregate_type, c.aggregate_id, c.event_type, c.payload, c.headers, c.queue_url, c.created_at, c.dedup_id
     FROM "app"."outbox" AS c
     WHERE sent_at IS NULL
       AND quarantined_at IS NULL
@@ -41,12 +41,12 @@ chosen AS (
     LIMIT $1
 ),
 measured AS (
-    SELECT id, bytes, attempts, refusal, CASE WHEN refusal IS NULL THEN bytes ELSE 0 END AS held FROM (SELECT id, bytes, attempts, CASE WHEN bytes > $6::bigint THEN 'too_large' WHEN attempts >= $7::int THEN 'max_attempts' END AS refusal FROM chosen) AS w
+    SELECT w.*, CASE WHEN w.refusal IS NULL THEN w.bytes ELSE 0 END AS held FROM (SELECT chosen.*, CASE WHEN bytes > $6::bigint THEN 'too_large' WHEN attempts >= $7::int THEN 'max_attempts' END AS refusal FROM chosen) AS w
 ),
 candidates AS (
-    SELECT id, refusal, bytes, attempts
-    FROM (SELECT id, refusal, bytes, attempts, sum(held) OVER (ORDER BY id) - held AS before
-          FROM measured) AS b
+    SELECT b.*
+    FROM (SELECT m.*, sum(m.held) OVER (ORDER BY m.id) - m.held AS before
+          FROM measured AS m) AS b
     WHERE b.before < $4
 )
 ,
@@ -65,6 +65,11 @@ candidates AS (
 --
 -- `attempts` is returned as this claim's attempt: the attempts before it plus one. The row
 -- keeps the count of attempts that ended; the settlement writes what this one came to.
+--
+-- The rows are returned from `candidates` as the strategy's `chosen` read them (it carries
+-- their columns, `row_columns` in claim.rs), not looked up again: a second lookup of the same
+-- rows by id was a fifth of the claim's execution. A payload is only carried there, never read
+-- (a large one stays a pointer to its TOAST): a refused row's is never rendered.
 lease AS (
     INSERT INTO "app"."outbox_claims" (owner, until, ids)
     SELECT $2, now() + make_interval(secs => $3), array_agg(id ORDER BY id)
@@ -75,14 +80,14 @@ lease AS (
 ),
 claimed AS (
     SELECT o.id, o.event_id, o.aggregate_type, o.aggregate_id, o.event_type,
-           CASE WHEN c.refusal IS NULL THEN o.payload::text END,
+           CASE WHEN o.refusal IS NULL THEN o.payload::text END,
            o.headers, o.queue_url,
            coalesce((SELECT token FROM lease), 0) AS lease_token,
-           c.attempts + CASE WHEN c.refusal IS NULL THEN 1 ELSE 0 END AS attempts,
+           o.attempts + CASE WHEN o.refusal IS NULL THEN 1 ELSE 0 END AS attempts,
            extract(epoch FROM o.created_at)::float8,
            to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-           c.refusal,
-           c.bytes::bigint,
+           o.refusal,
+           o.bytes::bigint,
            o.dedup_id,
            -- Where the row stands in its group's order: the relay keeps a group's rows so.
            o.id AS turn,
@@ -95,9 +100,7 @@ claimed AS (
             WHERE u.sent_at IS NULL AND u.quarantined_at IS NULL AND u.id >= $5::bigint
             ORDER BY u.id
             LIMIT 1) AS lowest_unsent
-    FROM candidates AS c
-    JOIN "app"."outbox" AS o ON o.id = c.id
-    WHERE o.id = ANY (ARRAY(SELECT id FROM candidates))
+    FROM candidates AS o
 )
 
 SELECT * FROM claimed

