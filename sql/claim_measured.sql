@@ -1,7 +1,8 @@
 -- The `measured` CTE of every claim: the chosen rows (`id`, `attempts`, `bytes` and the
--- columns the claim returns, see sql/claim.sql) with their `refusal`, the reason a row is quarantined by the claim instead of leased (sql/claim.sql),
--- and what each holds of the byte budget (`held`: nothing for a refused row, which is not
--- read). Comment lines are dropped and the rest joined into one line.
+-- columns the claim returns) with their `refusal`, the reason a row is quarantined by the
+-- claim instead of leased (sql/claim.sql), and what each holds of the byte budget (`held`:
+-- nothing for a refused row, which is not read). Comment lines are dropped and the rest
+-- joined into one line.
 SELECT w.*, CASE WHEN w.refusal IS NULL THEN w.bytes ELSE 0 END AS held
 FROM (SELECT chosen.*,
 CASE WHEN bytes > {max_payload} THEN 'too_large'
