@@ -101,7 +101,9 @@ pub use floors::{Floors, FULL_RETENTION_PASS};
 pub use ident::{quote_ident, KeyIndex, TableName};
 pub use live::{HostConn, LiveSession};
 pub use liveness::{reconnect_delay, replacement, Replace};
-pub use maintenance::{extrapolate, Count, Maintenance, Stats, Swept, STATS_EXACT_UP_TO};
+pub use maintenance::{
+    extrapolate, BlockedGroups, Count, Maintenance, Stats, Swept, STATS_EXACT_UP_TO,
+};
 pub use order_by::{OrderBy, NOT_ON_ADOPTED, XACT_COLUMN};
 pub use pooler::Pooler;
 pub use registry::{LiveRelay, Registration, Renewed};

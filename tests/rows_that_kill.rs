@@ -233,7 +233,7 @@ async fn every_claim_quarantines_a_payload_too_large_to_hold_unread_and_ordered_
                         .unwrap();
                 let maintenance =
                     Maintenance::new(std::sync::Arc::new(outbox), Duration::from_secs(5));
-                let (parked, _) = maintenance.maintain_blocked_groups().await.unwrap();
+                let parked = maintenance.maintain_blocked_groups().await.unwrap().parked;
                 assert_eq!(parked, 2, "{name}");
                 assert_eq!(
                     count(

@@ -390,3 +390,72 @@ async fn three_relays_each_stop_and_no_event_is_sent_more_than_once_more_per_rel
     assert!(most <= 1 + relays.len(), "an event was sent {most} times");
     assert_eq!(count(&app, "sent_at IS NULL").await, 60);
 }
+
+/// Parking that changes nothing (simulation seed 505906779503356543): under `--on-poison block`
+/// the rows behind a quarantined event are parked by an UPDATE, and a row trigger that keeps
+/// every UPDATE left the rows committed after it unsent and unparked, out of `quarantine list`,
+/// with nothing said, while settlements (deletes here) still worked. The pass that meant to
+/// park them now names the trigger and stops claims as an undone settlement does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_that_keeps_the_parking_update_is_named_and_stops_claims() {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    let queue = create_queue("undone-parking.fifo", &[]).await;
+    let mut args = run_args(
+        &db,
+        &queue,
+        sqs().endpoint(),
+        &["--max-payload-bytes", "2048"],
+    );
+    // Settlements delete, which the trigger below leaves alone: only the parking meets it.
+    let at = args.iter().position(|a| a == "--retention").unwrap();
+    args.drain(at..at + 2);
+    let relay = RelayProcess::spawn(&args, &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    let row = |event_id: &str, pad: usize| {
+        format!(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('{event_id}', 'order', 'g', 'order.placed',
+                     jsonb_build_object('pad', repeat('x', {pad})))"
+        )
+    };
+    // The group's head is too large to send: quarantined at claim, the row behind it parked.
+    app.batch_execute(&format!("{}; {}", row("head", 4000), row("behind", 10)))
+        .await
+        .unwrap();
+    wait_count(
+        &app,
+        "quarantine_reason = 'blocked'",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    app.batch_execute(
+        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
+    )
+    .await
+    .unwrap();
+    app.batch_execute(&row("later", 10)).await.unwrap();
+    stopped_naming(&relay, "trigger keep_rows (BEFORE UPDATE").await;
+    let line = relay
+        .wait_for_line("claims stopped so that", Duration::ZERO)
+        .await
+        .unwrap_or_default();
+    assert!(
+        line.contains("1 row(s) behind a quarantined event of their group are still unparked"),
+        "{line}"
+    );
+    // Nothing was sent, and the later row waits where it was: unsent, not parked.
+    assert_eq!(
+        count(
+            &app,
+            "event_id = 'later' AND sent_at IS NULL AND quarantined_at IS NULL"
+        )
+        .await,
+        1
+    );
+    assert!(receive_all(&queue, 0, Duration::from_secs(2))
+        .await
+        .is_empty());
+}

@@ -363,6 +363,13 @@ LEFT JOIN claimed ON true
 -- one join, the plan started from the outbox instead (a hash join over a whole key index: on a
 -- table the planner sees as empty every index looks one page long), and read every entry a held
 -- vacuum horizon keeps, 11,000 buffers a pass after two minutes at 1,000 events/s.
+--
+-- It answers how many rows it parked, and the ids it meant to park and did not. Such a row
+-- that is still unsent and unparked after the commit (the application may have deleted it
+-- meanwhile; no claim took it: its group is behind a quarantined head) was kept by something
+-- on the table, a row trigger that skips the UPDATE or a policy: the relay names it and stops
+-- as for settlements that change nothing (src/relay/deliver.rs). Unnamed, those rows would
+-- wait unparked, out of `quarantine list`, and nothing would say why.
 WITH -- Ordered delivery: the groups (key and destination, sql/destination.sql) of the rows some
 -- claim holds (`leased_ids`). The one definition of "a row of this group is in flight",
 -- rendered into every ordered claim (after `leased`) and into the parking pass;
@@ -394,17 +401,22 @@ behind AS MATERIALIZED (
           AND (o.aggregate_id, coalesce(nullif(o.queue_url, ''), (ARRAY[]::text[])[array_position(ARRAY[]::text[], o.aggregate_type)], '')) NOT IN (SELECT k, d FROM in_flight)
           AND true
     ) AS o
+),
+parked AS (
+    UPDATE "app"."outbox" AS o
+    SET quarantined_at = now(),
+        quarantine_reason = 'blocked',
+        last_error = 'waiting behind quarantined event ' || b.head_event_id || ' (id ' || b.head_id || ') of its group'
+    FROM behind AS b
+    WHERE o.id = b.id
+      AND o.id = ANY (ARRAY(SELECT id FROM behind))
+      AND o.sent_at IS NULL
+      AND o.quarantined_at IS NULL
+    RETURNING o.id
 )
-UPDATE "app"."outbox" AS o
-SET quarantined_at = now(),
-    quarantine_reason = 'blocked',
-    last_error = 'waiting behind quarantined event ' || b.head_event_id || ' (id ' || b.head_id || ') of its group'
-FROM behind AS b
-WHERE o.id = b.id
-  AND o.id = ANY (ARRAY(SELECT id FROM behind))
-  AND o.sent_at IS NULL
-  AND o.quarantined_at IS NULL
-RETURNING o.id
+SELECT (SELECT count(*) FROM parked) AS parked,
+       ARRAY(SELECT b.id FROM behind AS b LEFT JOIN parked AS p ON p.id = b.id WHERE p.id IS NULL)
+           AS not_parked
 
 -- unpark_blocked
 -- The other half of park_blocked.sql: rows parked as `blocked` whose group (destination and

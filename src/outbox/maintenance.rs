@@ -407,13 +407,13 @@ impl Maintenance {
     }
 
     /// Ordered delivery with poison blocking: parks rows behind quarantined heads and unparks
-    /// those whose head was re-driven. Returns (parked, unparked); (0, 0) in other modes.
-    pub async fn maintain_blocked_groups(&self) -> Result<(u64, u64), OutboxError> {
+    /// those whose head was re-driven. Nothing in other modes.
+    pub async fn maintain_blocked_groups(&self) -> Result<BlockedGroups, OutboxError> {
         let (Some(park), Some(unpark)) = (
             &self.outbox.statements().park_blocked,
             &self.outbox.statements().unpark_blocked,
         ) else {
-            return Ok((0, 0));
+            return Ok(BlockedGroups::default());
         };
         let rows = self
             .run(unpark, &[], "unparking rows of re-driven groups")
@@ -428,16 +428,39 @@ impl Maintenance {
         };
         // It leaves leased rows alone: it must see every claim's.
         let context = "parking rows behind quarantined heads";
-        let parked = match routes {
+        let rows = match routes {
             Some(routes) => {
                 let params = [(routes as &(dyn ToSql + Sync), Type::TEXT_ARRAY)];
                 self.run_locked(park, &params, context, true).await
             }
             None => self.run_locked(park, &[], context, true).await,
-        }?
-        .len() as u64;
-        Ok((parked, unparked))
+        }?;
+        let (parked, not_parked) = match rows.first() {
+            Some(row) => (
+                row.try_get::<_, i64>("parked")
+                    .map_err(query_err(context))? as u64,
+                row.try_get("not_parked").map_err(query_err(context))?,
+            ),
+            None => (0, Vec::new()),
+        };
+        Ok(BlockedGroups {
+            parked,
+            unparked,
+            not_parked,
+        })
     }
+}
+
+/// What a pass over blocked groups did (sql/park_blocked.sql, sql/unpark_blocked.sql).
+#[derive(Debug, Default, PartialEq)]
+pub struct BlockedGroups {
+    /// Rows it parked behind a quarantined head.
+    pub parked: u64,
+    /// Parked rows it made unsent again: their head was re-driven.
+    pub unparked: u64,
+    /// Rows it meant to park and did not: the caller looks whether they are still unsent and
+    /// unparked, which only something on the table that undoes the relay's updates explains.
+    pub not_parked: Vec<i64>,
 }
 
 #[cfg(test)]

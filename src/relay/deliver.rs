@@ -236,6 +236,12 @@ impl Relay {
         }
         // Claims stop at once: the rows are free again since the settlement removed their
         // claim, and a claim now would send them again. The reason is named below.
+        let statement = match undone {
+            Undone::NotParked(_) => {
+                "UPDATE (parking, quarantines and, with --retention, settlements)"
+            }
+            _ => "DELETE (or, with --retention, UPDATE)",
+        };
         let what = match undone {
             Undone::Unchanged(rows) => format!(
                 "settlements on {} change nothing: {rows} row(s) SQS acknowledged are still unsent after the relay settled them under its claim",
@@ -243,6 +249,10 @@ impl Relay {
             ),
             Undone::Refused(error) => format!(
                 "settlements on {} change nothing: the server refuses the relay's own statements on it ({error})",
+                self.outbox.table()
+            ),
+            Undone::NotParked(rows) => format!(
+                "updates on {} change nothing: {rows} row(s) behind a quarantined event of their group are still unparked after the relay parked them",
                 self.outbox.table()
             ),
         };
@@ -263,7 +273,7 @@ impl Relay {
             Err(e) => format!("could not read the table's triggers, rules and policies: {e}"),
         };
         let why = format!(
-            "{what} ({causes}); claims stopped so that the same events are not sent again and again: make the relay's DELETE (or, with --retention, UPDATE) take effect, then restart the relay"
+            "{what} ({causes}); claims stopped so that the same events are not sent again and again: make the relay's {statement} take effect, then restart the relay"
         );
         // Not ready from the line on, not from the claim loop's next turn; a relay serving
         // several tables skips this one and stays ready for the others.
@@ -405,4 +415,7 @@ pub(super) enum Undone {
     Unchanged(u64),
     /// The server refused the settling statement itself (a rule that rewrites it).
     Refused(String),
+    /// The parking left rows unparked that it meant to park (sql/park_blocked.sql): the same
+    /// row trigger or policy skips every UPDATE of the relay's.
+    NotParked(u64),
 }

@@ -7,12 +7,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Retention, RETENTION_BATCH};
 use crate::metrics as names;
-use crate::outbox::Renewed;
 use crate::outbox::Wakeup;
+use crate::outbox::{BlockedGroups, Renewed};
 use crate::poll;
 use crate::version;
 
 use super::admission::Gate;
+use super::deliver::Undone;
 use super::reads::Read;
 use super::{Gauges, Relay, Woken, LOG_TARGET};
 
@@ -432,7 +433,14 @@ impl Relay {
     /// Runs with the gauges; every replica may run it, the statements are idempotent.
     pub(super) async fn maintain_blocked_groups(&self) {
         match self.maintenance.maintain_blocked_groups().await {
-            Ok((parked, unparked)) => {
+            Ok(BlockedGroups {
+                parked,
+                unparked,
+                not_parked,
+            }) => {
+                if !not_parked.is_empty() {
+                    self.confirm_parked(&not_parked).await;
+                }
                 if parked > 0 {
                     metrics::counter!(names::EVENTS_QUARANTINED, "reason" => "blocked")
                         .increment(parked);
@@ -451,6 +459,28 @@ impl Relay {
             Err(e) if e.rewritten_by_rule() => self.refused_by_rule(&e).await,
             Err(e) => {
                 tracing::warn!(target: LOG_TARGET, error = %e, "could not maintain blocked groups")
+            }
+        }
+    }
+
+    /// The parking left `ids` out of the rows it meant to park: those still unsent and
+    /// unparked now were kept by something on the table, which would undo the relay's
+    /// settlements and quarantines as well. Claims stop as for settlements that change nothing,
+    /// and the cause is named. A look that fails is left to the next pass, which parks them or
+    /// looks again.
+    async fn confirm_parked(&self, ids: &[i64]) {
+        let unchanged = self
+            .settlements
+            .run(
+                "looking for rows the parking left unparked",
+                |s| async move { s.unsettled(ids).await },
+            )
+            .await;
+        match unchanged {
+            Ok(0) => {}
+            Ok(rows) => self.settlements_undone(Undone::NotParked(rows)).await,
+            Err(e) => {
+                tracing::warn!(target: LOG_TARGET, error = %e, "could not look for rows the parking left unparked")
             }
         }
     }

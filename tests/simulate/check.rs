@@ -640,7 +640,8 @@ pub const OVERSTATES_SLACK: f64 = 0.25;
 ///
 /// - it never hides a waiting row: at least the age of the oldest unsent row that the picked
 ///   reading could know of, less [`HIDES_SLACK`];
-/// - it overstates by at most the time since the freshest read began: at most `now -` the
+/// - it overstates by at most the time since the freshest read it derives from began (of
+///   the relays that can read the table now, or of all when none can): at most `now -` the
 ///   oldest `created_at` of the rows unsent now or settled since that read began, plus the
 ///   time since it began (which bounds the read's own duration), plus [`OVERSTATES_SLACK`].
 fn signal(plan: &Plan, ev: &Evidence, report: &mut Report) {
@@ -708,7 +709,7 @@ fn signal(plan: &Plan, ev: &Evidence, report: &mut Report) {
             + OVERSTATES_SLACK;
         if derived > bound {
             report.add(
-                "the age a scraper derives from /metrics overstates by at most the time since the freshest read",
+                "the age a scraper derives from /metrics overstates by at most the time since the freshest read it derives from",
                 format!("{}; bound {bound:.2} s", shown()),
             );
         }

@@ -72,18 +72,27 @@ impl Sample {
     /// relays that can read the table now, scraped in this sample with `outbox_table_up` 1;
     /// over every reading when there is none.
     pub fn picked(&self) -> Option<&Reading> {
-        let reading_now = |r: &&Reading| r.up == 1.0 && self.at - r.scraped < SCRAPED_NOW;
-        let any_now = self.readings.iter().any(|r| reading_now(&r));
-        self.readings
-            .iter()
-            .filter(|r| !any_now || reading_now(r))
+        self.read_by_rule()
             .max_by(|a, b| a.oldest.total_cmp(&b.oldest))
     }
 
+    /// The latest read among those the rule reads. Not the latest of all: a relay stopped
+    /// (SIGSTOP) for less than its reads take to be overdue wakes with `outbox_table_up` 1 and
+    /// its reading from before the stop, which the rule prefers over the fresher readings of
+    /// relays that lost the database meanwhile (seed 505906779503356568).
     pub fn freshest(&self) -> Option<&Reading> {
+        self.read_by_rule()
+            .max_by(|a, b| a.last_read.total_cmp(&b.last_read))
+    }
+
+    /// The readings the rule derives from: those scraped in this sample with
+    /// `outbox_table_up` 1; every reading when there is none.
+    fn read_by_rule(&self) -> impl Iterator<Item = &Reading> {
+        let reading_now = |r: &Reading| r.up == 1.0 && self.at - r.scraped < SCRAPED_NOW;
+        let any_now = self.readings.iter().any(reading_now);
         self.readings
             .iter()
-            .max_by(|a, b| a.last_read.total_cmp(&b.last_read))
+            .filter(move |r| !any_now || reading_now(r))
     }
 }
 
