@@ -562,3 +562,67 @@ async fn a_claim_that_committed_after_the_relay_gave_it_up_is_released_before_it
     let messages = receive_all(&queue, total as usize, Duration::from_secs(30)).await;
     assert_eq!(copies(&messages).len(), total as usize);
 }
+
+/// The link goes dark while the relay starts: its first connection was made, and its
+/// registration waits on a lock when the proxy stops forwarding on every open connection. The
+/// start used to wait for that answer for as long as TCP takes to give up, not ready and
+/// silent (simulation seed 13374753696320402105); now its statements are bounded together, and
+/// the start is tried again on new connections, which the proxy forwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_goes_dark_while_the_relay_starts_delays_the_start_only() {
+    let db = migrated_db().await;
+    let client = db.client().await;
+    let queue = create_queue("dark-start", &[]).await;
+    let proxy = TcpProxy::start(pg().port());
+    let through = TestDb {
+        name: db.name.clone(),
+        url: proxy.url_through(&db.url),
+    };
+    // Holds the registry: the relay's first registration waits behind this transaction.
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE outbox_relays IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let relay = RelayProcess::spawn(&run_args(&through, &queue, sqs().endpoint(), &TIMINGS), &[]);
+    crate::support::wait_until(
+        "the relay's registration waits for the lock",
+        Duration::from_secs(30),
+        || async {
+            client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'
+                       AND query LIKE '%INSERT INTO%outbox_relays%'",
+                    &[],
+                )
+                .await
+                .map(|r| r.get::<_, i64>(0) == 1)
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    let before = proxy.accepted();
+    proxy.blackhole_existing();
+    lock.rollback().await.unwrap();
+    let marker = events("after-dark-start", 1, 1);
+    insert(&client, &marker, Duration::ZERO).await;
+    let dark = Instant::now();
+    while !sent_at_set(&client, &marker[0].event_id).await {
+        assert!(
+            dark.elapsed() < Duration::from_secs(60),
+            "the relay did not start after its link went dark:\n{}",
+            relay.output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        proxy.accepted() > before,
+        "the relay opened no new connection"
+    );
+    let output = relay.output();
+    assert!(
+        output.contains("waiting for the database: no answer from the database within"),
+        "{output}"
+    );
+}

@@ -25,7 +25,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::board::Board;
-use super::{Relay, Sessions, Shared, Turn, TurnEnd};
+use super::{within, Relay, Sessions, Shared, Turn, TurnEnd};
 use crate::config::RunConfig;
 use crate::metrics::{Health, Section};
 use crate::otel::Tracing;
@@ -577,20 +577,6 @@ impl Many {
             self.rewatch();
         }
     }
-}
-
-/// `work` (statements on one connection, each under the server's `--db-timeout`) within a
-/// bound of the relay's own: a connection gone dark would otherwise hold the rotation until
-/// TCP gives up. Each statement has `--db-timeout`; the whole gets ten, then fails.
-async fn within<T>(
-    db_timeout: std::time::Duration,
-    what: &'static str,
-    work: impl std::future::Future<Output = Result<T, OutboxError>>,
-) -> Result<T, OutboxError> {
-    let after = db_timeout * 10;
-    tokio::time::timeout(after, work)
-        .await
-        .unwrap_or(Err(OutboxError::Unanswered { what, after }))
 }
 
 /// The table is not served until its back-off ends: said once per reason, at ERROR when it

@@ -243,35 +243,44 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
             after: limit,
         })??;
     outbox.connector().pooler_allows(config.claim.wakeup)?;
-    let installed = outbox.installed_wakeup().await?;
-    match (config.claim.wakeup, installed.judge(config.claim.wakeup)) {
-        (_, Ok(())) => {}
-        // Polling works with the trigger still there; it only costs the application.
-        (Wakeup::Poll, Err(harm)) => tracing::warn!("{harm}"),
-        (_, Err(fix)) => return Err(OutboxError::Wakeup(fix).into()),
-    }
-    if config.claim.wakeup == Wakeup::Logical {
-        outbox.check_logical().await?;
-    }
-    // The contract was read with the first connection: a schema that no longer admits this
-    // relay is refused here, at start, rather than after the relay reported ready.
-    if let Some((verdict, _)) = outbox.verdict().filter(|(v, _)| !v.claims()) {
-        return Err(OutboxError::Refused(outbox.refusal(verdict)).into());
-    }
-    // Registered before the first claim, so the fleet (and `migrate --contract`) sees every
-    // relay that claims; a role that may not write the registry stops the start here. A
-    // server that takes no writes (a standby first in the URL) or a failure worth retrying
-    // does not: claims wait for the first renewal that succeeds (`admission`).
-    let registration = Registration::starting(&config.claim.relay_id, config.claim.lease);
-    let began = Instant::now();
-    let renewed = match outbox.renew(&first, &registration).await {
-        Ok(renewed) => Some((began, renewed)),
-        Err(e) if e.is_transient() || crate::outbox::replacement(&e).is_some() => {
-            tracing::debug!(error = %e, "first registration failed; claims wait for a renewal that succeeds");
-            None
+    // Later round trips each have --db-timeout (LiveSession); the start's have this bound
+    // together, then the start is tried again on new connections. Without it a link gone dark
+    // after the first connection was made held the relay at its start, silently, for as long
+    // as TCP takes to give up (simulation seed 13374753696320402105).
+    let start = async {
+        let installed = outbox.installed_wakeup().await?;
+        match (config.claim.wakeup, installed.judge(config.claim.wakeup)) {
+            (_, Ok(())) => {}
+            // Polling works with the trigger still there; it only costs the application.
+            (Wakeup::Poll, Err(harm)) => tracing::warn!("{harm}"),
+            (_, Err(fix)) => return Err(OutboxError::Wakeup(fix)),
         }
-        Err(e) => return Err(e.into()),
+        if config.claim.wakeup == Wakeup::Logical {
+            outbox.check_logical().await?;
+        }
+        // The contract was read with the first connection: a schema that no longer admits
+        // this relay is refused here, at start, rather than after the relay reported ready.
+        if let Some((verdict, _)) = outbox.verdict().filter(|(v, _)| !v.claims()) {
+            return Err(OutboxError::Refused(outbox.refusal(verdict)));
+        }
+        // Registered before the first claim, so the fleet (and `migrate --contract`) sees
+        // every relay that claims; a role that may not write the registry stops the start
+        // here. A server that takes no writes (a standby first in the URL) or a failure worth
+        // retrying does not: claims wait for the first renewal that succeeds (`admission`).
+        let registration = Registration::starting(&config.claim.relay_id, config.claim.lease);
+        let began = Instant::now();
+        let renewed = match outbox.renew(&first, &registration).await {
+            Ok(renewed) => Some((began, renewed)),
+            Err(e) if e.is_transient() || crate::outbox::replacement(&e).is_some() => {
+                tracing::debug!(error = %e, "first registration failed; claims wait for a renewal that succeeds");
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        Ok((registration, renewed))
     };
+    let (registration, renewed) =
+        within(config.retry.db_timeout, "starting the relay", start).await?;
     Ok(Connected {
         config,
         outbox,
@@ -279,6 +288,21 @@ pub async fn connect(config: RunConfig, outbox: Outbox) -> Result<Connected, Rel
         registration,
         renewed,
     })
+}
+
+/// `work` (statements on one connection, each under the server's `--db-timeout`) within a
+/// bound of the relay's own: a connection gone dark would otherwise hold the start, or a
+/// table's turn, until TCP gives up. Each statement has `--db-timeout`; the whole gets ten,
+/// then fails as unanswered, which is retried like a connection lost.
+async fn within<T>(
+    db_timeout: std::time::Duration,
+    what: &'static str,
+    work: impl std::future::Future<Output = Result<T, OutboxError>>,
+) -> Result<T, OutboxError> {
+    let after = db_timeout * 10;
+    tokio::time::timeout(after, work)
+        .await
+        .unwrap_or(Err(OutboxError::Unanswered { what, after }))
 }
 
 /// Relays until `shutdown` fires and in-flight work has drained. After start-up every failure
