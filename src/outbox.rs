@@ -110,7 +110,7 @@ pub use registry::{LiveRelay, Registration, Renewed};
 pub use schema::{MigrateReport, SCHEMA_VERSION};
 pub use search_path::Resolved;
 pub use selection::{Pattern, Selection};
-pub use session::{AfterClaim, RelayStatement, Session, PLANS};
+pub use session::{AfterClaim, AfterClaimed, RelayStatement, Session, PLANS};
 pub use settings::{DatabaseConfig, LockPolicy, Secret};
 pub use status::{worse_first, worst_first, TableReport, TableStatus};
 pub use store::{Outbox, Purpose, RelaySettings};

@@ -84,6 +84,8 @@ pub struct Claimed {
     /// Rows made claimable again after the claim, by taking over claims that had ended
     /// (sql/takeover.sql): the next claim may take them at once.
     pub freed: u64,
+    /// Refused rows that the quarantine after the claim did not change (sql/refuse.sql).
+    pub kept: Kept,
     /// When the server the claim was made on started (microseconds since the epoch): after a
     /// crash it may have lost the claim, and handed its token to another.
     pub server: Option<i64>,
@@ -110,6 +112,19 @@ pub struct Unreadable {
     /// Every column that failed (`aggregate_id`, `headers`, ...): a row whose group key is
     /// among them belongs to no group.
     pub columns: Vec<&'static str>,
+}
+
+/// Refused rows that their quarantine after a claim did not change (sql/refuse.sql): what
+/// the relay looks at, since the same cause would undo its settlements.
+#[derive(Debug, Default)]
+pub enum Kept {
+    #[default]
+    Nothing,
+    /// The ids it meant to quarantine and left out: those still unsent and unquarantined
+    /// after its commit were kept by something on the table.
+    Rows(Vec<i64>),
+    /// The server refused the quarantine itself: a rule rewrites its UPDATE.
+    ByRule(String),
 }
 
 /// A row the claim quarantined instead of leasing it: its payload is larger than the relay

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::scenario::{
     copies, count, events, insert, migrated_db, relay_command, run_args, wait_count,
 };
-use crate::support::{create_queue, pg, receive_all, sqs, RelayProcess, TcpProxy};
+use crate::support::{create_queue, pg, receive_all, sqs, RelayProcess, TcpProxy, TestDb};
 
 /// With `setup` applied to a migrated table and the relay run with `retention` (`None`: its
 /// default, delete on acknowledgement), 30 rows are written: the relay sends some, finds its
@@ -398,27 +398,8 @@ async fn three_relays_each_stop_and_no_event_is_sent_more_than_once_more_per_rel
 /// park them now names the trigger and stops claims as an undone settlement does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trigger_that_keeps_the_parking_update_is_named_and_stops_claims() {
-    let db = migrated_db().await;
-    let app = db.client().await;
-    let queue = create_queue("undone-parking.fifo", &[]).await;
-    let mut args = run_args(
-        &db,
-        &queue,
-        sqs().endpoint(),
-        &["--max-payload-bytes", "2048"],
-    );
-    // Settlements delete, which the trigger below leaves alone: only the parking meets it.
-    let at = args.iter().position(|a| a == "--retention").unwrap();
-    args.drain(at..at + 2);
-    let relay = RelayProcess::spawn(&args, &[]);
-    relay.metrics_addr(Duration::from_secs(30)).await;
-    let row = |event_id: &str, pad: usize| {
-        format!(
-            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
-             VALUES ('{event_id}', 'order', 'g', 'order.placed',
-                     jsonb_build_object('pad', repeat('x', {pad})))"
-        )
-    };
+    let (_db, app, queue, relay) = deleting_relay("undone-parking.fifo").await;
+    let row = |event_id: &str, pad: usize| sized_row(event_id, "g", pad);
     // The group's head is too large to send: quarantined at claim, the row behind it parked.
     app.batch_execute(&format!("{}; {}", row("head", 4000), row("behind", 10)))
         .await
@@ -458,4 +439,115 @@ async fn a_trigger_that_keeps_the_parking_update_is_named_and_stops_claims() {
     assert!(receive_all(&queue, 0, Duration::from_secs(2))
         .await
         .is_empty());
+}
+
+/// The quarantine of a row refused at claim (too large here) that changes nothing: a row
+/// trigger keeps every UPDATE while settlements (deletes) still work. The row was refused again
+/// at every claim, never sent and never in `quarantine list`, with only its age to say so. The
+/// quarantine now answers the rows it left out, and the relay names the trigger and stops
+/// claims as an undone settlement does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_that_keeps_the_quarantine_at_claim_is_named_and_stops_claims() {
+    let (_db, app, queue, relay) = deleting_relay("undone-refused").await;
+    app.batch_execute(
+        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
+    )
+    .await
+    .unwrap();
+    app.batch_execute(&sized_row("small", "small", 10))
+        .await
+        .unwrap();
+    wait_count(&app, "true", 0, Duration::from_secs(30)).await;
+    app.batch_execute(&sized_row("large", "large", 4000))
+        .await
+        .unwrap();
+    stopped_naming(&relay, "trigger keep_rows (BEFORE UPDATE").await;
+    let line = relay
+        .wait_for_line("claims stopped so that", Duration::ZERO)
+        .await
+        .unwrap_or_default();
+    assert!(
+        line.contains(
+            "1 row(s) a claim refused (too large, or out of attempts) are still unquarantined"
+        ),
+        "{line}"
+    );
+    assert_eq!(
+        count(
+            &app,
+            "event_id = 'large' AND sent_at IS NULL AND quarantined_at IS NULL"
+        )
+        .await,
+        1
+    );
+    // The small row was sent and settled: only the quarantine met the trigger.
+    let received = receive_all(&queue, 1, Duration::from_secs(2)).await;
+    assert_eq!(copies(&received).into_keys().collect::<Vec<_>>(), ["small"]);
+}
+
+/// A rule that does nothing instead of an UPDATE refuses the quarantine of a row refused at
+/// claim (PostgreSQL refuses the data-modifying WITH). The relay logged a warning at each
+/// claim's quarantine until another of its statements met the rule; the quarantine now names
+/// it and stops claims, without a warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_that_refuses_the_quarantine_at_claim_is_named_and_stops_claims() {
+    let (_db, app, _queue, relay) = deleting_relay("undone-refused-rule").await;
+    // Once the relay runs: at its start it would refuse the rule in the same words, and exit.
+    app.batch_execute(&sized_row("small", "small", 10))
+        .await
+        .unwrap();
+    wait_count(&app, "true", 0, Duration::from_secs(30)).await;
+    app.batch_execute("CREATE RULE keep_rows AS ON UPDATE TO outbox DO INSTEAD NOTHING")
+        .await
+        .unwrap();
+    app.batch_execute(&sized_row("large", "large", 4000))
+        .await
+        .unwrap();
+    stopped_naming(&relay, "rule keep_rows (ON UPDATE DO INSTEAD)").await;
+    assert_eq!(
+        count(
+            &app,
+            "event_id = 'large' AND sent_at IS NULL AND quarantined_at IS NULL"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        relay
+            .output()
+            .matches("could not quarantine the rows the claim refused")
+            .count(),
+        0,
+        "{}",
+        relay.output()
+    );
+}
+
+/// A relay whose settlements delete (a trigger or rule on UPDATE leaves them alone) and whose
+/// `--max-payload-bytes` is 2048, ready.
+async fn deleting_relay(name: &str) -> (TestDb, tokio_postgres::Client, String, RelayProcess) {
+    let db = migrated_db().await;
+    let app = db.client().await;
+    let queue = create_queue(name, &[]).await;
+    let mut args = run_args(
+        &db,
+        &queue,
+        sqs().endpoint(),
+        &["--max-payload-bytes", "2048"],
+    );
+    let at = args.iter().position(|a| a == "--retention").unwrap();
+    args.drain(at..at + 2);
+    let relay = RelayProcess::spawn(&args, &[]);
+    relay.metrics_addr(Duration::from_secs(30)).await;
+    (db, app, queue, relay)
+}
+
+/// An event of `group` whose payload pads to `pad` bytes.
+fn sized_row(event_id: &str, group: &str, pad: usize) -> String {
+    format!(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('{event_id}', 'order', '{group}', 'order.placed',
+                 jsonb_build_object('pad', repeat('x', {pad})))"
+    )
 }

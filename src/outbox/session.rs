@@ -15,7 +15,7 @@ use super::settle::{Acknowledge, SettleAnswer, SettleArgs};
 use super::store::Outbox;
 use super::template::{render, Value};
 
-use crate::row::{Claimed, QuarantinedAtClaim, Settled, Settlement};
+use crate::row::{Claimed, Kept, QuarantinedAtClaim, Settled, Settlement};
 
 impl Outbox {
     /// A working connection with the relay's statements prepared.
@@ -322,6 +322,15 @@ pub struct AfterClaim {
     claims_floor: i64,
 }
 
+/// What [`Session::after_claim`] did: the refused rows it quarantined and those the
+/// quarantine left out, and how many rows its takeover made claimable again.
+#[derive(Debug, Default)]
+pub struct AfterClaimed {
+    pub quarantined: Vec<QuarantinedAtClaim>,
+    pub kept: Kept,
+    pub freed: u64,
+}
+
 impl AfterClaim {
     /// Nothing to do after the claim.
     pub fn is_empty(&self) -> bool {
@@ -346,7 +355,9 @@ impl Session {
     /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
         let (mut claimed, after) = self.lease(request).await?;
-        (claimed.quarantined, claimed.freed) = self.after_claim(after).await;
+        let done = self.after_claim(after).await;
+        (claimed.quarantined, claimed.freed, claimed.kept) =
+            (done.quarantined, done.freed, done.kept);
         Ok(claimed)
     }
 
@@ -481,41 +492,47 @@ impl Session {
     }
 
     /// What follows a committed claim, each in a transaction of its own: the rows it refused
-    /// quarantined (those it did quarantine are returned), and the claims it found ended taken
-    /// over (how many rows that made claimable). The claim's rows are leased whatever happens
-    /// here, so a failure is logged, never returned: a refused row not quarantined now is
-    /// refused again by the next claim; a takeover not done now, done by the next claim that
-    /// looks.
-    pub async fn after_claim(&self, after: AfterClaim) -> (Vec<QuarantinedAtClaim>, u64) {
-        let mut quarantined = Vec::new();
+    /// quarantined (those it did quarantine are returned, with those it left out), and the
+    /// claims it found ended taken over (how many rows that made claimable). The claim's rows
+    /// are leased whatever happens here, so a failure is logged, never returned: a refused row
+    /// not quarantined now is refused again by the next claim; a takeover not done now, done
+    /// by the next claim that looks. A rule that rewrites the quarantine is returned as
+    /// [`Kept::ByRule`], since no retry changes it.
+    pub async fn after_claim(&self, after: AfterClaim) -> AfterClaimed {
+        let mut done = AfterClaimed::default();
         if !after.refused.is_empty() {
             match self.refuse(after.refused, after.claims_floor).await {
-                Ok(q) => quarantined = q,
+                Ok((quarantined, kept)) => {
+                    done.quarantined = quarantined;
+                    if !kept.is_empty() {
+                        done.kept = Kept::Rows(kept);
+                    }
+                }
+                Err(e) if e.rewritten_by_rule() => done.kept = Kept::ByRule(e.to_string()),
                 Err(e) => {
                     tracing::warn!(error = %e, "could not quarantine the rows the claim refused; the next claim refuses them again");
                 }
             }
         }
-        let mut freed = 0;
         if after.ended {
             match self.take_over(after.claims_floor).await {
-                Ok(f) => freed = f,
+                Ok(f) => done.freed = f,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not take over claims whose lease ended; the next claim tries again");
                 }
             }
         }
-        (quarantined, freed)
+        done
     }
 
     /// Quarantines the rows a claim refused (sql/refuse.sql), after the claim lock, in a
     /// transaction of its own: returns those it quarantined (a row another relay's claim
-    /// leased meanwhile is that claim's).
+    /// leased meanwhile is that claim's), and the ids of those it meant to and left out.
     async fn refuse(
         &self,
         refused: Vec<QuarantinedAtClaim>,
         claims_floor: i64,
-    ) -> Result<Vec<QuarantinedAtClaim>, OutboxError> {
+    ) -> Result<(Vec<QuarantinedAtClaim>, Vec<i64>), OutboxError> {
         let ids: Vec<i64> = refused.iter().map(|r| r.id).collect();
         let reasons: Vec<&str> = refused.iter().map(|r| r.reason.as_str()).collect();
         let errors: Vec<&str> = refused.iter().map(|r| r.error.as_str()).collect();
@@ -530,11 +547,20 @@ impl Session {
             )
             .await
             .map_err(query_err("quarantining rows the claim refused"))?;
-        let quarantined: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
-        Ok(refused
+        let context = "reading what the quarantine of refused rows changed";
+        let (quarantined, kept): (Vec<i64>, Vec<i64>) = match rows.first() {
+            Some(row) => (
+                row.try_get("quarantined").map_err(query_err(context))?,
+                row.try_get("kept").map_err(query_err(context))?,
+            ),
+            None => (Vec::new(), Vec::new()),
+        };
+        let quarantined: std::collections::HashSet<i64> = quarantined.into_iter().collect();
+        let quarantined = refused
             .into_iter()
             .filter(|r| quarantined.contains(&r.id))
-            .collect())
+            .collect();
+        Ok((quarantined, kept))
     }
 
     /// Takes over the claims that ended (sql/takeover.sql): how many rows it made claimable

@@ -237,7 +237,7 @@ impl Relay {
         // Claims stop at once: the rows are free again since the settlement removed their
         // claim, and a claim now would send them again. The reason is named below.
         let statement = match undone {
-            Undone::NotParked(_) => {
+            Undone::NotParked(_) | Undone::NotQuarantined(_) => {
                 "UPDATE (parking, quarantines and, with --retention, settlements)"
             }
             _ => "DELETE (or, with --retention, UPDATE)",
@@ -253,6 +253,10 @@ impl Relay {
             ),
             Undone::NotParked(rows) => format!(
                 "updates on {} change nothing: {rows} row(s) behind a quarantined event of their group are still unparked after the relay parked them",
+                self.outbox.table()
+            ),
+            Undone::NotQuarantined(rows) => format!(
+                "updates on {} change nothing: {rows} row(s) a claim refused (too large, or out of attempts) are still unquarantined after the relay quarantined them",
                 self.outbox.table()
             ),
         };
@@ -418,4 +422,7 @@ pub(super) enum Undone {
     /// The parking left rows unparked that it meant to park (sql/park_blocked.sql): the same
     /// row trigger or policy skips every UPDATE of the relay's.
     NotParked(u64),
+    /// The quarantine after a claim left rows it refused unquarantined (sql/refuse.sql): the
+    /// same.
+    NotQuarantined(u64),
 }

@@ -439,7 +439,9 @@ impl Relay {
                 not_parked,
             }) => {
                 if !not_parked.is_empty() {
-                    self.confirm_parked(&not_parked).await;
+                    let looking = "looking for rows the parking left unparked";
+                    self.confirm_changed(&not_parked, looking, Undone::NotParked)
+                        .await;
                 }
                 if parked > 0 {
                     metrics::counter!(names::EVENTS_QUARANTINED, "reason" => "blocked")
@@ -463,25 +465,26 @@ impl Relay {
         }
     }
 
-    /// The parking left `ids` out of the rows it meant to park: those still unsent and
-    /// unparked now were kept by something on the table, which would undo the relay's
-    /// settlements and quarantines as well. Claims stop as for settlements that change nothing,
-    /// and the cause is named. A look that fails is left to the next pass, which parks them or
-    /// looks again.
-    async fn confirm_parked(&self, ids: &[i64]) {
+    /// One of the relay's UPDATEs (the parking, the quarantine after a claim) left `ids` out
+    /// of the rows it meant to change: those still unsent and unquarantined now were kept by
+    /// something on the table, which would undo the relay's settlements as well. Claims stop
+    /// as for settlements that change nothing (`undone` says which statement found it), and
+    /// the cause is named. A look that fails is left to the next pass or claim, which changes
+    /// them or looks again.
+    pub(super) async fn confirm_changed(
+        &self,
+        ids: &[i64],
+        looking: &'static str,
+        undone: fn(u64) -> Undone,
+    ) {
         let unchanged = self
             .settlements
-            .run(
-                "looking for rows the parking left unparked",
-                |s| async move { s.unsettled(ids).await },
-            )
+            .run(looking, |s| async move { s.unsettled(ids).await })
             .await;
         match unchanged {
             Ok(0) => {}
-            Ok(rows) => self.settlements_undone(Undone::NotParked(rows)).await,
-            Err(e) => {
-                tracing::warn!(target: LOG_TARGET, error = %e, "could not look for rows the parking left unparked")
-            }
+            Ok(rows) => self.settlements_undone(undone(rows)).await,
+            Err(e) => tracing::warn!(target: LOG_TARGET, error = %e, "could not finish {looking}"),
         }
     }
 

@@ -43,8 +43,10 @@ use crate::outbox::{
     ClaimRequest, LiveSession, Maintenance, Outbox, OutboxError, Registration, Session, Wakeup,
 };
 use crate::poll;
-use crate::row::Claimed;
+use crate::row::{Claimed, Kept};
+
 use crate::sink::Sinks;
+use deliver::Undone;
 
 mod admission;
 pub(crate) mod board;
@@ -532,9 +534,10 @@ impl Relay {
                         })
                         .await
                     {
-                        Ok((quarantined, freed)) => {
-                            claimed.quarantined = quarantined;
-                            claimed.freed = freed;
+                        Ok(done) => {
+                            claimed.quarantined = done.quarantined;
+                            claimed.freed = done.freed;
+                            claimed.kept = done.kept;
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "the claim's refusals and takeovers did not finish; the next claim does them")
@@ -553,6 +556,18 @@ impl Relay {
                     self.shared.health.set_database_ok(true);
                     cursor = claimed.cursor.take();
                     record_quarantined_at_claim(&claimed);
+                    match std::mem::take(&mut claimed.kept) {
+                        Kept::Nothing => {}
+                        Kept::Rows(ids) => {
+                            let looking =
+                                "looking for refused rows the quarantine left unquarantined";
+                            self.confirm_changed(&ids, looking, Undone::NotQuarantined)
+                                .await
+                        }
+                        Kept::ByRule(error) => {
+                            self.settlements_undone(Undone::Refused(error)).await
+                        }
+                    }
                     gather.claimed(claimed_at, claimed.len());
                     // Rows a takeover freed after the claim are claimable now, like the rest
                     // of a full claim's backlog.
