@@ -180,6 +180,18 @@ async fn own_session_retrying(url: &str, deadline: Instant) -> Option<Client> {
     }
 }
 
+/// Whether a session gets in at `url` and answers: nothing is set on it, since behind
+/// PgBouncer a session's settings would stay on the server connection for the relays.
+async fn reaches(url: &str) -> bool {
+    let Ok((client, connection)) = tokio_postgres::connect(url, NoTls).await else {
+        return false;
+    };
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client.simple_query("SELECT 1").await.is_ok()
+}
+
 fn with_app(url: &str, app: &str) -> String {
     format!("{url}?application_name={app}")
 }
@@ -544,6 +556,7 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         }))
         .await;
     }
+    let probe_url = relay_url.clone();
     let fleet = Mutex::new(Fleet {
         url: relay_url,
         flags: flags_of,
@@ -563,13 +576,23 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         }
         _ => None,
     };
-    let database_up = async move {
+    // A relay refuses its configuration once it reaches its database, so the window for a
+    // refusal opens when a session gets in by the relays' way: for relays started before their
+    // database, once it is up and PgBouncer lets logins through again (after a failed login it
+    // waits `server_login_retry`, 15 s, before trying the server again).
+    let spawned = Instant::now();
+    let reachable = async move {
         if let Some(up) = database_up {
             up.await;
         }
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while !reaches(&probe_url).await && Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Instant::now()
     };
-    tokio::pin!(database_up);
-    let mut database_is_up = false;
+    tokio::pin!(reachable);
+    let mut reached_at = None;
     let mut all_ids = Vec::new();
     for i in 0..n {
         let mut f = fleet.lock().unwrap();
@@ -578,10 +601,12 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
     }
 
     // A relay that refuses its configuration exits at once.
-    let window = Instant::now() + START_WINDOW;
-    while Instant::now() < window {
-        if !database_is_up {
-            database_is_up = futures_util::FutureExt::now_or_never(&mut database_up).is_some();
+    loop {
+        if reached_at.is_none() {
+            reached_at = futures_util::FutureExt::now_or_never(&mut reachable);
+        }
+        if reached_at.is_some_and(|at: Instant| Instant::now() >= spawned.max(at) + START_WINDOW) {
+            break;
         }
         let refused = {
             let f = fleet.lock().unwrap();
@@ -604,8 +629,8 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         if let Some((line, error_lines)) = refused {
             // The same flags, straight to the database and without the seed's setting: if
             // they start, the setting or the pool was what the relay refused.
-            if !database_is_up {
-                (&mut database_up).await;
+            if reached_at.is_none() {
+                (&mut reachable).await;
             }
             if let Some(reset) = setting_sql(plan, &db.name, true) {
                 // A session of its own: the database may have been down since `admin` connected.
@@ -628,9 +653,6 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
             };
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    if !database_is_up {
-        database_up.await;
     }
 
     let start = Instant::now();
