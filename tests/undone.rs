@@ -87,24 +87,37 @@ async fn undone_settlements_stop_claims(setup: &str, retention: Option<&str>, ca
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_before_delete_trigger_that_keeps_the_rows_stops_claims_with_each_event_sent_at_most_twice(
 ) {
-    undone_settlements_stop_claims(
-        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
-         CREATE TRIGGER keep_rows BEFORE DELETE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
-        None,
-        "trigger keep_rows (BEFORE DELETE",
-    )
-    .await;
+    undone_settlements_stop_claims(&keeping("DELETE"), None, "trigger keep_rows (BEFORE DELETE")
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_before_update_trigger_that_keeps_the_rows_stops_claims_under_retention() {
     undone_settlements_stop_claims(
-        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
-         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
+        &keeping("UPDATE"),
         Some("1h"),
         "trigger keep_rows (BEFORE UPDATE",
     )
     .await;
+}
+
+/// A row trigger that keeps every row an `event` (`UPDATE`, `DELETE`) would change, as
+/// soft-delete tooling does.
+fn keeping(event: &str) -> String {
+    format!(
+        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
+         CREATE TRIGGER keep_rows BEFORE {event} ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()"
+    )
+}
+
+/// As [`stopped_naming`], and the line says `said`.
+async fn stopped_saying(relay: &RelayProcess, cause: &str, said: &str) {
+    stopped_naming(relay, cause).await;
+    let line = relay
+        .wait_for_line("claims stopped so that", Duration::ZERO)
+        .await
+        .unwrap_or_default();
+    assert!(line.contains(said), "{line}");
 }
 
 /// The relay logged its one line about undone settlements, naming `cause`, is not ready, and
@@ -335,12 +348,7 @@ async fn a_partitioned_outbox_is_refused_in_one_line_by_migrate_check_and_run() 
 async fn three_relays_each_stop_and_no_event_is_sent_more_than_once_more_per_relay() {
     let db = migrated_db().await;
     let app = db.client().await;
-    app.batch_execute(
-        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
-         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
-    )
-    .await
-    .unwrap();
+    app.batch_execute(&keeping("UPDATE")).await.unwrap();
     let queue = create_queue("undone-three", &[]).await;
     let relays: Vec<RelayProcess> = (0..3)
         .map(|i| {
@@ -411,22 +419,14 @@ async fn a_trigger_that_keeps_the_parking_update_is_named_and_stops_claims() {
         Duration::from_secs(30),
     )
     .await;
-    app.batch_execute(
-        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
-         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
-    )
-    .await
-    .unwrap();
+    app.batch_execute(&keeping("UPDATE")).await.unwrap();
     app.batch_execute(&row("later", 10)).await.unwrap();
-    stopped_naming(&relay, "trigger keep_rows (BEFORE UPDATE").await;
-    let line = relay
-        .wait_for_line("claims stopped so that", Duration::ZERO)
-        .await
-        .unwrap_or_default();
-    assert!(
-        line.contains("1 row(s) behind a quarantined event of their group are still unparked"),
-        "{line}"
-    );
+    stopped_saying(
+        &relay,
+        "trigger keep_rows (BEFORE UPDATE",
+        "1 row(s) behind a quarantined event of their group are still unparked",
+    )
+    .await;
     // Nothing was sent, and the later row waits where it was: unsent, not parked.
     assert_eq!(
         count(
@@ -449,12 +449,7 @@ async fn a_trigger_that_keeps_the_parking_update_is_named_and_stops_claims() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trigger_that_keeps_the_quarantine_at_claim_is_named_and_stops_claims() {
     let (_db, app, queue, relay) = deleting_relay("undone-refused").await;
-    app.batch_execute(
-        "CREATE FUNCTION keep_rows() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; \
-         CREATE TRIGGER keep_rows BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION keep_rows()",
-    )
-    .await
-    .unwrap();
+    app.batch_execute(&keeping("UPDATE")).await.unwrap();
     app.batch_execute(&sized_row("small", "small", 10))
         .await
         .unwrap();
@@ -462,17 +457,12 @@ async fn a_trigger_that_keeps_the_quarantine_at_claim_is_named_and_stops_claims(
     app.batch_execute(&sized_row("large", "large", 4000))
         .await
         .unwrap();
-    stopped_naming(&relay, "trigger keep_rows (BEFORE UPDATE").await;
-    let line = relay
-        .wait_for_line("claims stopped so that", Duration::ZERO)
-        .await
-        .unwrap_or_default();
-    assert!(
-        line.contains(
-            "1 row(s) a claim refused (too large, or out of attempts) are still unquarantined"
-        ),
-        "{line}"
-    );
+    stopped_saying(
+        &relay,
+        "trigger keep_rows (BEFORE UPDATE",
+        "1 row(s) a claim refused (too large, or out of attempts) are still unquarantined",
+    )
+    .await;
     assert_eq!(
         count(
             &app,

@@ -577,17 +577,17 @@ async fn run_in(plan: &Plan, cluster: &PrivatePg, db: &crate::support::TestDb) -
         _ => None,
     };
     // A relay refuses its configuration once it reaches its database, so the window for a
-    // refusal opens when a session gets in by the relays' way: for relays started before their
-    // database, once it is up and PgBouncer lets logins through again (after a failed login it
-    // waits `server_login_retry`, 15 s, before trying the server again).
+    // refusal opens when a session can get in by the relays' way: at once, or, for relays
+    // started before their database, once it is up and a probe gets in (PgBouncer waits
+    // `server_login_retry`, 15 s, after a failed login before it tries the server again).
     let spawned = Instant::now();
     let reachable = async move {
         if let Some(up) = database_up {
             up.await;
-        }
-        let give_up = Instant::now() + Duration::from_secs(60);
-        while !reaches(&probe_url).await && Instant::now() < give_up {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            let give_up = Instant::now() + Duration::from_secs(60);
+            while !reaches(&probe_url).await && Instant::now() < give_up {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
         Instant::now()
     };
