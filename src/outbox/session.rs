@@ -331,6 +331,15 @@ pub struct AfterClaimed {
     pub freed: u64,
 }
 
+impl AfterClaimed {
+    /// Into the claim's outcome, where the relay reads it.
+    pub fn apply_to(self, claimed: &mut Claimed) {
+        claimed.quarantined = self.quarantined;
+        claimed.kept = self.kept;
+        claimed.freed = self.freed;
+    }
+}
+
 impl AfterClaim {
     /// Nothing to do after the claim.
     pub fn is_empty(&self) -> bool {
@@ -355,9 +364,7 @@ impl Session {
     /// (too large, out of attempts) among its `quarantined`, without its payload.
     pub async fn claim(&self, request: &ClaimRequest) -> Result<Claimed, OutboxError> {
         let (mut claimed, after) = self.lease(request).await?;
-        let done = self.after_claim(after).await;
-        (claimed.quarantined, claimed.freed, claimed.kept) =
-            (done.quarantined, done.freed, done.kept);
+        self.after_claim(after).await.apply_to(&mut claimed);
         Ok(claimed)
     }
 

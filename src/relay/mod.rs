@@ -534,11 +534,7 @@ impl Relay {
                         })
                         .await
                     {
-                        Ok(done) => {
-                            claimed.quarantined = done.quarantined;
-                            claimed.freed = done.freed;
-                            claimed.kept = done.kept;
-                        }
+                        Ok(done) => done.apply_to(&mut claimed),
                         Err(e) => {
                             tracing::warn!(error = %e, "the claim's refusals and takeovers did not finish; the next claim does them")
                         }
